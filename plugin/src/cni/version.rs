@@ -1,0 +1,85 @@
+//! CNI spec versions: which we speak, and what an empty result looks like in
+//! each.
+
+use serde_json::{Map, Value};
+
+/// Every released spec version; we answer all of them, because CRI-O drops a
+/// whole network whose version one plugin of the list does not list.
+pub const SUPPORTED: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
+
+/// The version we answer VERSION with when the caller does not ask for one.
+pub const LATEST: &str = "1.1.0";
+
+/// The version a config without `cniVersion` is read as (libcni does the same).
+pub const IMPLICIT: &str = "0.1.0";
+
+pub fn is_supported(v: &str) -> bool {
+    SUPPORTED.contains(&v)
+}
+
+/// The answer to VERSION.
+pub fn version_info(requested: &str) -> Value {
+    let mut m = Map::new();
+    m.insert("cniVersion".into(), Value::String(requested.into()));
+    m.insert(
+        "supportedVersions".into(),
+        Value::Array(
+            SUPPORTED
+                .iter()
+                .map(|v| Value::String((*v).into()))
+                .collect(),
+        ),
+    );
+    Value::Object(m)
+}
+
+/// A well-formed result with nothing in it, for a chained ADD that received no
+/// prevResult. Multus and others fail on an empty stdout, so something valid
+/// must be printed; `dns` is the one member every version's result carries.
+pub fn empty_result(cni_version: &str) -> Value {
+    let mut m = Map::new();
+    m.insert("cniVersion".into(), Value::String(cni_version.into()));
+    if cni_version >= "0.3.0" {
+        m.insert("interfaces".into(), Value::Array(vec![]));
+        m.insert("ips".into(), Value::Array(vec![]));
+    }
+    m.insert("dns".into(), Value::Object(Map::new()));
+    Value::Object(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_info_lists_all_seven() {
+        let v = version_info("0.3.1");
+        assert_eq!(v["cniVersion"], "0.3.1");
+        let listed: Vec<&str> = v["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_results_match_their_version() {
+        assert_eq!(
+            empty_result("0.2.0").to_string(),
+            r#"{"cniVersion":"0.2.0","dns":{}}"#
+        );
+        assert_eq!(
+            empty_result("1.0.0").to_string(),
+            r#"{"cniVersion":"1.0.0","interfaces":[],"ips":[],"dns":{}}"#
+        );
+    }
+}

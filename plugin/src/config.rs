@@ -1,0 +1,479 @@
+//! linkerd-cni's own config keys, read from the stdin config.
+//!
+//! Keys and meaning follow upstream linkerd-cni and the `linkerd2-cni` Helm
+//! chart, so existing configs work unchanged; new keys are ours and optional.
+//! Each key is read by hand rather than by serde derive so that a bad value
+//! yields an error naming the key and the value.
+//!
+//! Where upstream's Go struct would silently read an absent port as 0 (a
+//! REDIRECT to port 0), we default to the chart's values instead.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use log::LevelFilter;
+use serde_json::{Map, Value};
+
+use crate::cni::config::short;
+use crate::cni::{CniError, NetConf, code};
+use crate::logging;
+
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
+pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
+pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
+
+/// Which iptables binaries to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IptablesMode {
+    /// `iptables-legacy` (upstream's default; also what "" means).
+    Legacy,
+    /// `iptables-nft`.
+    Nft,
+    /// Plain `iptables`, whatever the node links it to.
+    Plain,
+}
+
+impl IptablesMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IptablesMode::Legacy => "legacy",
+            IptablesMode::Nft => "nft",
+            IptablesMode::Plain => "plain",
+        }
+    }
+}
+
+/// The `linkerd` block: what proxy-init would have been told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyInit {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    /// Traffic of this uid skips the proxy; no rule when <= 0.
+    pub proxy_uid: i64,
+    /// Traffic of this gid skips the proxy; no rule when <= 0.
+    pub proxy_gid: i64,
+    /// Inbound ports to redirect; empty means all.
+    pub ports_to_redirect: Vec<u16>,
+    /// Ports or `a-b` ranges, as given (validated when rules are built).
+    pub inbound_ports_to_ignore: Vec<String>,
+    pub outbound_ports_to_ignore: Vec<String>,
+    /// CIDRs, as given.
+    pub subnets_to_ignore: Vec<String>,
+    pub simulate: bool,
+    pub use_wait_flag: bool,
+    pub iptables_mode: IptablesMode,
+    pub ipv6: bool,
+}
+
+impl Default for ProxyInit {
+    fn default() -> Self {
+        ProxyInit {
+            incoming_proxy_port: 4143,
+            outgoing_proxy_port: 4140,
+            proxy_uid: 2102,
+            proxy_gid: -1,
+            ports_to_redirect: vec![],
+            inbound_ports_to_ignore: vec![],
+            outbound_ports_to_ignore: vec![],
+            subnets_to_ignore: vec![],
+            simulate: false,
+            use_wait_flag: false,
+            iptables_mode: IptablesMode::Legacy,
+            ipv6: false,
+        }
+    }
+}
+
+/// Everything linkerd-cni reads from its stdin config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginConfig {
+    pub log_level: LevelFilter,
+    /// `kubernetes.kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `kubernetes.api-budget-seconds`: total time for all API calls of one ADD.
+    pub api_budget: Duration,
+    pub proxy: ProxyInit,
+    /// `exempt-namespaces`: pods here pass through without any API call.
+    pub exempt_namespaces: Vec<String>,
+    /// `cni_conf_dir`: where the active conflist lives.
+    pub cni_conf_dir: PathBuf,
+    /// `chain_heal`: check (and repair) the chain on every ADD.
+    pub chain_heal: bool,
+    /// `chain_repair_budget_seconds`: the most an ADD spends repairing.
+    pub chain_repair_budget: Duration,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            log_level: LevelFilter::Warn,
+            kubeconfig: None,
+            api_budget: DEFAULT_API_BUDGET,
+            proxy: ProxyInit::default(),
+            exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
+            cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
+            chain_heal: true,
+            chain_repair_budget: DEFAULT_REPAIR_BUDGET,
+        }
+    }
+}
+
+impl PluginConfig {
+    /// Reads our keys; a present key with a bad value is an invalid config
+    /// (code 7) naming the key. An old `policy` block is ignored, like upstream.
+    pub fn from_netconf(conf: &NetConf) -> Result<PluginConfig, CniError> {
+        Self::from_map(&conf.raw)
+    }
+
+    pub fn from_map(raw: &Map<String, Value>) -> Result<PluginConfig, CniError> {
+        let mut c = PluginConfig::default();
+        let top = Obj { map: raw, path: "" };
+        c.log_level = logging::level_from_config(top.string("log_level")?.as_deref());
+        if let Some(dir) = top.string("cni_conf_dir")?
+            && !dir.is_empty()
+        {
+            c.cni_conf_dir = PathBuf::from(dir);
+        }
+        if let Some(list) = top.strings("exempt-namespaces")? {
+            c.exempt_namespaces = list;
+        }
+        if let Some(b) = top.bool("chain_heal")? {
+            c.chain_heal = b;
+        }
+        if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
+            c.chain_repair_budget = d;
+        }
+        if let Some(k8s) = top.object("kubernetes")? {
+            if let Some(path) = k8s.string("kubeconfig")?
+                && !path.is_empty()
+            {
+                c.kubeconfig = Some(PathBuf::from(path));
+            }
+            if let Some(d) = k8s.seconds("api-budget-seconds")? {
+                c.api_budget = d;
+            }
+        }
+        if let Some(l) = top.object("linkerd")? {
+            let p = &mut c.proxy;
+            if let Some(v) = l.port("incoming-proxy-port")? {
+                p.incoming_proxy_port = v;
+            }
+            if let Some(v) = l.port("outgoing-proxy-port")? {
+                p.outgoing_proxy_port = v;
+            }
+            if let Some(v) = l.int("proxy-uid")? {
+                p.proxy_uid = v;
+            }
+            if let Some(v) = l.int("proxy-gid")? {
+                p.proxy_gid = v;
+            }
+            if let Some(v) = l.ports("ports-to-redirect")? {
+                p.ports_to_redirect = v;
+            }
+            if let Some(v) = l.strings("inbound-ports-to-ignore")? {
+                p.inbound_ports_to_ignore = v;
+            }
+            if let Some(v) = l.strings("outbound-ports-to-ignore")? {
+                p.outbound_ports_to_ignore = v;
+            }
+            if let Some(v) = l.strings("subnets-to-ignore")? {
+                p.subnets_to_ignore = v;
+            }
+            if let Some(v) = l.bool("simulate")? {
+                p.simulate = v;
+            }
+            if let Some(v) = l.bool("use-wait-flag")? {
+                p.use_wait_flag = v;
+            }
+            if let Some(v) = l.string("iptables-mode")? {
+                p.iptables_mode = match v.as_str() {
+                    "" | "legacy" => IptablesMode::Legacy,
+                    "nft" => IptablesMode::Nft,
+                    "plain" => IptablesMode::Plain,
+                    _ => {
+                        return Err(bad(
+                            "linkerd.iptables-mode",
+                            &Value::String(v.clone()),
+                            "one of \"legacy\", \"nft\", \"plain\"",
+                        ));
+                    }
+                };
+            }
+            if let Some(v) = l.bool("ipv6")? {
+                p.ipv6 = v;
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// A JSON object being read, with its path for error messages. `null` reads as
+/// absent, as Go's decoder treats it.
+struct Obj<'a> {
+    map: &'a Map<String, Value>,
+    path: &'a str,
+}
+
+impl<'a> Obj<'a> {
+    fn key(&self, k: &str) -> String {
+        if self.path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{}.{k}", self.path)
+        }
+    }
+
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.map.get(k).filter(|v| !v.is_null())
+    }
+
+    fn object(&self, k: &'a str) -> Result<Option<Obj<'a>>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(Obj { map, path: k })),
+            Some(v) => Err(bad(&self.key(k), v, "an object")),
+        }
+    }
+
+    fn string(&self, k: &str) -> Result<Option<String>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(bad(&self.key(k), v, "a string")),
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(bad(&self.key(k), v, "true or false")),
+        }
+    }
+
+    fn int(&self, k: &str) -> Result<Option<i64>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => int_of(v)
+                .map(Some)
+                .ok_or_else(|| bad(&self.key(k), v, "an integer")),
+        }
+    }
+
+    fn port(&self, k: &str) -> Result<Option<u16>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => port_of(v)
+                .map(Some)
+                .ok_or_else(|| bad(&self.key(k), v, "a port number 1-65535")),
+        }
+    }
+
+    fn ports(&self, k: &str) -> Result<Option<Vec<u16>>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| port_of(v).ok_or_else(|| bad(&self.key(k), v, "port numbers 1-65535")))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(bad(&self.key(k), v, "a list of port numbers")),
+        }
+    }
+
+    /// A list of strings; numbers are taken as their decimal text, because
+    /// hand-written configs often list ports as numbers.
+    fn strings(&self, k: &str) -> Result<Option<Vec<String>>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    Value::Number(n) if int_of(v).is_some() => Ok(n.to_string()),
+                    _ => Err(bad(&self.key(k), v, "a list of strings")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(bad(&self.key(k), v, "a list of strings")),
+        }
+    }
+
+    fn seconds(&self, k: &str) -> Result<Option<Duration>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+                .map(|s| Some(Duration::from_secs_f64(s)))
+                .ok_or_else(|| bad(&self.key(k), v, "a number of seconds in (0, 3600]")),
+        }
+    }
+}
+
+fn int_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn port_of(v: &Value) -> Option<u16> {
+    int_of(v)
+        .and_then(|i| u16::try_from(i).ok())
+        .filter(|p| *p > 0)
+}
+
+fn bad(key: &str, v: &Value, want: &str) -> CniError {
+    CniError::new(
+        code::INVALID_CONFIG,
+        format!("invalid linkerd-cni config key {key:?}"),
+        format!("expected {want}, got {}", short(v)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<PluginConfig, CniError> {
+        let Value::Object(m) = serde_json::from_str(json).unwrap() else {
+            panic!("not an object")
+        };
+        PluginConfig::from_map(&m)
+    }
+
+    /// The config the linkerd2-cni Helm chart renders by default.
+    const CHART: &str = r#"{
+        "name": "linkerd-cni", "type": "linkerd-cni", "log_level": "info",
+        "policy": {"type": "k8s", "k8s_api_root": "https://10.96.0.1:443", "k8s_auth_token": "x"},
+        "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
+        "linkerd": {
+            "incoming-proxy-port": 4143, "outgoing-proxy-port": 4140, "proxy-uid": 2102,
+            "ports-to-redirect": [], "inbound-ports-to-ignore": ["4191","4190"],
+            "outbound-ports-to-ignore": [], "simulate": false, "use-wait-flag": false,
+            "iptables-mode": "legacy", "ipv6": false
+        }
+    }"#;
+
+    #[test]
+    fn chart_default_config() {
+        let c = parse(CHART).unwrap();
+        assert_eq!(c.log_level, LevelFilter::Info);
+        assert_eq!(
+            c.kubeconfig.as_deref(),
+            Some(std::path::Path::new(
+                "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"
+            ))
+        );
+        assert_eq!(c.proxy.inbound_ports_to_ignore, ["4191", "4190"]);
+        assert_eq!(c.proxy.proxy_uid, 2102);
+        assert_eq!(c.proxy.iptables_mode, IptablesMode::Legacy);
+        assert_eq!(c.cni_conf_dir, PathBuf::from(DEFAULT_CONF_DIR));
+        assert_eq!(c.exempt_namespaces, ["linkerd-cni", "kube-system"]);
+    }
+
+    #[test]
+    fn nulls_read_as_absent_and_numbers_as_strings() {
+        let c = parse(
+            r#"{"linkerd":{"proxy-gid":"2103","inbound-ports-to-ignore":[4191,"4000-5000"],
+                "ports-to-redirect":null,"iptables-mode":""}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.proxy.proxy_gid, 2103);
+        assert_eq!(c.proxy.inbound_ports_to_ignore, ["4191", "4000-5000"]);
+        assert!(c.proxy.ports_to_redirect.is_empty());
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        for (json, key) in [
+            (r#"{"linkerd":{"proxy-uid":"abc"}}"#, "linkerd.proxy-uid"),
+            (
+                r#"{"linkerd":{"incoming-proxy-port":70000}}"#,
+                "linkerd.incoming-proxy-port",
+            ),
+            (
+                r#"{"linkerd":{"iptables-mode":"ebpf"}}"#,
+                "linkerd.iptables-mode",
+            ),
+            (
+                r#"{"linkerd":{"ports-to-redirect":[80,"x"]}}"#,
+                "linkerd.ports-to-redirect",
+            ),
+            (r#"{"linkerd":[]}"#, "linkerd"),
+            (
+                r#"{"kubernetes":{"kubeconfig":5}}"#,
+                "kubernetes.kubeconfig",
+            ),
+            (
+                r#"{"chain_repair_budget_seconds":-1}"#,
+                "chain_repair_budget_seconds",
+            ),
+        ] {
+            let e = parse(json).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert!(e.msg.contains(&format!("{key:?}")), "{json}: {}", e.msg);
+        }
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const KEYS: [&str; 16] = [
+            "log_level",
+            "kubernetes",
+            "kubeconfig",
+            "api-budget-seconds",
+            "linkerd",
+            "incoming-proxy-port",
+            "proxy-uid",
+            "proxy-gid",
+            "ports-to-redirect",
+            "inbound-ports-to-ignore",
+            "iptables-mode",
+            "ipv6",
+            "exempt-namespaces",
+            "cni_conf_dir",
+            "chain_heal",
+            "chain_repair_budget_seconds",
+        ];
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                ".{0,8}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    proptest::collection::vec((proptest::sample::select(&KEYS[..]), inner), 0..5)
+                        .prop_map(|kv| Value::Object(
+                            kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+                        )),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(3000))]
+            /// Any JSON object: a config or an error that names a key.
+            #[test]
+            fn any_object_parses_or_names_the_key(
+                kv in proptest::collection::vec((proptest::sample::select(&KEYS[..]), value()), 0..6)
+            ) {
+                let m: Map<String, Value> = kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                if let Err(e) = PluginConfig::from_map(&m) {
+                    prop_assert_eq!(e.code, code::INVALID_CONFIG);
+                    prop_assert!(e.msg.contains("config key"));
+                }
+            }
+        }
+    }
+}

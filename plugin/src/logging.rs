@@ -1,0 +1,157 @@
+//! Logging for the plugin and the installer: one line per record on stderr,
+//! and a copy to syslog when `/dev/log` exists (it does not in containers or
+//! CI; then stderr alone is used, silently).
+//!
+//! Never stdout: for the plugin, stdout carries the CNI result.
+
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+struct Logger {
+    program: &'static str,
+    syslog: Option<UnixDatagram>,
+    /// Prefixed to every line, e.g. the container and pod being handled.
+    context: Mutex<String>,
+}
+
+static LOGGER: OnceLock<Logger> = OnceLock::new();
+
+/// Installs the logger (once; later calls only change the level).
+pub fn init(program: &'static str, level: LevelFilter) {
+    let logger = LOGGER.get_or_init(|| Logger {
+        program,
+        syslog: connect_syslog(),
+        context: Mutex::new(String::new()),
+    });
+    // Fails only when another logger is already installed (tests); harmless.
+    let _ = log::set_logger(logger);
+    log::set_max_level(level);
+}
+
+pub fn set_level(level: LevelFilter) {
+    log::set_max_level(level);
+}
+
+/// Sets the text every following line starts with.
+pub fn set_context(ctx: impl Into<String>) {
+    if let Some(l) = LOGGER.get() {
+        let mut c = l.context.lock().unwrap_or_else(|p| p.into_inner());
+        *c = ctx.into();
+    }
+}
+
+/// `log_level` as upstream reads it: debug or info, anything else is warn.
+pub fn level_from_config(s: Option<&str>) -> LevelFilter {
+    match s.map(str::to_ascii_lowercase).as_deref() {
+        Some("debug") => LevelFilter::Debug,
+        Some("info") => LevelFilter::Info,
+        _ => LevelFilter::Warn,
+    }
+}
+
+fn connect_syslog() -> Option<UnixDatagram> {
+    let sock = UnixDatagram::unbound().ok()?;
+    sock.connect("/dev/log").ok()?;
+    sock.set_nonblocking(true).ok()?;
+    Some(sock)
+}
+
+impl Log for Logger {
+    fn enabled(&self, m: &Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let ctx = self.context.lock().map(|c| c.clone()).unwrap_or_default();
+        let sep = if ctx.is_empty() { "" } else { " " };
+        let pid = std::process::id();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let line = format!(
+            "{} {:<5} {}[{pid}]: {ctx}{sep}{}\n",
+            rfc3339(now.as_secs(), now.subsec_millis()),
+            record.level(),
+            self.program,
+            record.args()
+        );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        if let Some(sock) = &self.syslog {
+            // RFC 3164 without a timestamp: syslog daemons stamp it.
+            let pri = 8 /* facility user */ + severity(record.level());
+            let msg = format!(
+                "<{pri}>{}[{pid}]: {ctx}{sep}{}",
+                self.program,
+                record.args()
+            );
+            let _ = sock.send(msg.as_bytes());
+        }
+    }
+
+    fn flush(&self) {
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn severity(l: Level) -> u8 {
+    match l {
+        Level::Error => 3,
+        Level::Warn => 4,
+        Level::Info => 6,
+        Level::Debug | Level::Trace => 7,
+    }
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
+pub fn rfc3339(secs: u64, millis: u32) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
+    }
+
+    #[test]
+    fn levels_as_upstream() {
+        assert_eq!(level_from_config(Some("debug")), LevelFilter::Debug);
+        assert_eq!(level_from_config(Some("info")), LevelFilter::Info);
+        assert_eq!(level_from_config(Some("trace")), LevelFilter::Warn);
+        assert_eq!(level_from_config(None), LevelFilter::Warn);
+    }
+}
