@@ -121,6 +121,8 @@ func run(args []string, exec *tracingExec) ([]byte, error) {
 			"supportedVersions": info.SupportedVersions(),
 			// What libcni asked for: the spec version it implements.
 			"requested": version.Current(),
+			// The spec versions whose results this libcni can parse.
+			"libcniVersions": version.All.SupportedVersions(),
 		})
 	}
 

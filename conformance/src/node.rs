@@ -266,7 +266,8 @@ impl Node {
     }
 
     /// libcni's `GetVersionInfo` for plugin `plugin_type` of the bin dir:
-    /// `{"supportedVersions": [...], "requested": "<libcni's version>"}`.
+    /// `{"supportedVersions": [...], "requested": "<libcni's version>",
+    /// "libcniVersions": [<versions libcni itself can parse results of>]}`.
     pub fn version_info(&self, plugin_type: &str) -> Outcome {
         self.run(self.driver_command(["version", plugin_type]))
     }
