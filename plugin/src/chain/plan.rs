@@ -263,12 +263,21 @@ fn checked(edited: Option<String>, want: &Map<String, Value>, orig: Option<&str>
     {
         return e.into_bytes();
     }
+    log::info!("a config could not be edited in place; writing it re-serialized in its layout");
+    #[cfg(test)]
+    FALLBACKS.with(|n| n.set(n.get() + 1));
     let style = Style::detect(orig.unwrap_or("{\n  \"\": 0\n}"));
     let mut s = style.value(&Value::Object(want.clone()), "");
     if orig.is_none_or(|o| o.ends_with('\n')) {
         s.push('\n');
     }
     s.into_bytes()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often [`checked`] fell back to serialization, on this thread.
+    pub(crate) static FALLBACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Map equality that also requires the same key order, at every depth.
