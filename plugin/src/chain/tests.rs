@@ -671,3 +671,193 @@ mod props {
 fn a_path_outside_any_dir_is_fine() {
     assert_eq!(write::parent(Path::new("x")), Path::new("."));
 }
+
+mod heal {
+    //! Healing on ADD, with the plugin's config as the runtime passes it.
+
+    use super::*;
+    use crate::cni::NetConf;
+    use crate::config::PluginConfig;
+
+    struct Node {
+        conf: TempDir,
+        state: TempDir,
+    }
+
+    fn node() -> Node {
+        Node {
+            conf: TempDir::new("heal-conf"),
+            state: TempDir::new("heal-state"),
+        }
+    }
+
+    /// The stdin of an ADD for the entry `desired()`, as libcni builds it.
+    fn stdin(n: &Node, extra: &[(&str, Value)]) -> NetConf {
+        let mut m = desired();
+        m.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().to_string_lossy().into(),
+        );
+        m.insert("state_dir".into(), n.state.path().to_string_lossy().into());
+        for (k, v) in extra {
+            m.insert((*k).into(), v.clone());
+        }
+        m.insert("name".into(), "k8s-pod-network".into());
+        m.insert("cniVersion".into(), "0.3.1".into());
+        m.insert(
+            "prevResult".into(),
+            serde_json::json!({"cniVersion":"0.3.1","ips":[]}),
+        );
+        m.insert(
+            "runtimeConfig".into(),
+            serde_json::json!({"portMappings":[]}),
+        );
+        NetConf::parse(Value::Object(m).to_string().as_bytes()).unwrap()
+    }
+
+    fn heal(conf: &NetConf) {
+        heal_on_add(conf, &PluginConfig::from_netconf(conf).unwrap());
+    }
+
+    /// The entry the plugin derives from `stdin(n, extra)`.
+    fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
+        entry_from_stdin(&stdin(n, extra).raw)
+    }
+
+    #[test]
+    fn stdin_entry_is_the_config_minus_runtime_keys() {
+        let n = node();
+        let e = derived(&n, &[]);
+        for k in ["name", "cniVersion", "prevResult", "runtimeConfig", "args"] {
+            assert!(!e.contains_key(k), "{k}");
+        }
+        assert_eq!(e.get("type"), Some(&Value::from(PLUGIN_TYPE)));
+        assert!(e.contains_key("cni_conf_dir") && e.contains_key("linkerd"));
+    }
+
+    #[test]
+    fn stale_first_entry_is_moved_last_and_refreshed() {
+        let n = node();
+        let mut stale = desired();
+        stale.insert("log_level".into(), "debug".into());
+        let calico = CALICO.replacen(
+            "\"plugins\": [\n",
+            &format!("\"plugins\": [\n    {},\n", Value::Object(stale)),
+            1,
+        );
+        let f = n.conf.write("10-calico.conflist", &calico);
+        let conf = stdin(&n, &[]);
+        heal(&conf);
+        let text = fs::read_to_string(&f).unwrap();
+        let want = derived(&n, &[]);
+        assert_eq!(
+            plan::analyze(Kind::List, text.as_bytes(), &want).state,
+            ChainState::Healthy,
+            "{text}"
+        );
+        // The state dir remembers the repair, for fight detection.
+        assert!(
+            n.state
+                .read(fight::STATE_FILE)
+                .contains("10-calico.conflist")
+        );
+    }
+
+    #[test]
+    fn entry_file_wins_over_stdin() {
+        let n = node();
+        n.conf.write("10-calico.conflist", CALICO);
+        let mut persisted = desired();
+        persisted.insert("log_level".into(), "debug".into());
+        persist_entry(n.conf.path(), &persisted).unwrap();
+        heal(&stdin(&n, &[]));
+        assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());
+    }
+
+    #[test]
+    fn healthy_path_takes_no_lock_and_writes_nothing() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.2))]);
+        heal(&conf);
+        let m1 = fs::metadata(&f).unwrap();
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        for _ in 0..20 {
+            heal(&conf);
+        }
+        // Twenty healthy checks with the lock held: none waited for it.
+        assert!(start.elapsed() < Duration::from_millis(200 * 5));
+        let m2 = fs::metadata(&f).unwrap();
+        assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
+    }
+
+    #[test]
+    fn repair_trouble_never_fails_or_outlasts_the_budget() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        heal(&conf);
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+        drop(holder);
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+    }
+
+    #[test]
+    fn unusable_state_dir_or_conf_dir_never_fails() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        // The state dir is a regular file: nothing can be saved there.
+        let bogus = n.state.write("not-a-dir", "x");
+        let mut conf = stdin(&n, &[]);
+        conf.raw
+            .insert("state_dir".into(), bogus.to_string_lossy().into());
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+        let mut conf = stdin(&n, &[]);
+        conf.raw.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().join("absent").to_string_lossy().into(),
+        );
+        heal(&conf);
+        // Off switch.
+        let f2 = n.conf.write("10-calico.conflist", CALICO);
+        heal(&stdin(&n, &[("chain_heal", Value::Bool(false))]));
+        assert_eq!(fs::read_to_string(&f2).unwrap(), CALICO);
+    }
+
+    #[test]
+    fn a_fight_is_detected_and_repairs_are_rate_limited() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        let mut repairs = 0;
+        for _ in 0..8 {
+            // Another agent rewrites the file without our entry.
+            let f = n.conf.write("10-calico.conflist", CALICO);
+            heal(&conf);
+            if fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE) {
+                repairs += 1;
+            }
+        }
+        // The fifth repair within the window is a fight; then one per
+        // window / threshold (two minutes), so none more in this test.
+        assert_eq!(repairs, 5);
+        let saved: Value = serde_json::from_str(&n.state.read(fight::STATE_FILE)).unwrap();
+        let key = n.conf.path().join("10-calico.conflist");
+        assert_eq!(
+            saved[key.to_string_lossy().as_ref()]
+                .as_array()
+                .unwrap()
+                .len(),
+            5
+        );
+    }
+}
