@@ -213,15 +213,18 @@ fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
     let mut new = Vec::new();
     let mut took = Vec::new();
     for (name, old, out) in cases {
-        reset(name, old);
-        let start = Instant::now();
-        let o = repair_cmd(d.path(), &entry).output().unwrap();
-        took.push(start.elapsed());
-        assert!(o.status.success(), "{o:?}");
-        assert_eq!(d.names(), [out]);
+        for _ in 0..3 {
+            reset(name, old);
+            let start = Instant::now();
+            let o = repair_cmd(d.path(), &entry).output().unwrap();
+            took.push(start.elapsed());
+            assert!(o.status.success(), "{o:?}");
+            assert_eq!(d.names(), [out]);
+        }
         new.push(fs::read(d.join(out)).unwrap());
     }
     took.sort();
+    // Kills spread over the whole run and a little past it.
     let span = took[took.len() / 2].as_micros() as u64 * 3 / 2;
 
     let mut rng = Rng::new();
