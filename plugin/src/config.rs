@@ -19,6 +19,7 @@ use crate::cni::{CniError, NetConf, code};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
@@ -102,6 +103,10 @@ pub struct PluginConfig {
     pub chain_heal: bool,
     /// `chain_repair_budget_seconds`: the most an ADD spends repairing.
     pub chain_repair_budget: Duration,
+    /// `state_dir`: where the plugin keeps what it remembers between
+    /// invocations (repair history for fight detection). Outside the conf
+    /// dir, where every write would make runtimes reload.
+    pub state_dir: PathBuf,
 }
 
 impl Default for PluginConfig {
@@ -115,6 +120,7 @@ impl Default for PluginConfig {
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             chain_heal: true,
             chain_repair_budget: DEFAULT_REPAIR_BUDGET,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
 }
@@ -134,6 +140,11 @@ impl PluginConfig {
             && !dir.is_empty()
         {
             c.cni_conf_dir = PathBuf::from(dir);
+        }
+        if let Some(dir) = top.string("state_dir")?
+            && !dir.is_empty()
+        {
+            c.state_dir = PathBuf::from(dir);
         }
         if let Some(list) = top.strings("exempt-namespaces")? {
             c.exempt_namespaces = list;
@@ -372,6 +383,7 @@ mod tests {
         assert_eq!(c.proxy.proxy_uid, 2102);
         assert_eq!(c.proxy.iptables_mode, IptablesMode::Legacy);
         assert_eq!(c.cni_conf_dir, PathBuf::from(DEFAULT_CONF_DIR));
+        assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(c.exempt_namespaces, ["linkerd-cni", "kube-system"]);
     }
 
@@ -423,7 +435,7 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 16] = [
+        const KEYS: [&str; 17] = [
             "log_level",
             "kubernetes",
             "kubeconfig",
@@ -440,6 +452,7 @@ mod tests {
             "cni_conf_dir",
             "chain_heal",
             "chain_repair_budget_seconds",
+            "state_dir",
         ];
 
         fn value() -> impl Strategy<Value = Value> {

@@ -5,10 +5,13 @@
 //! The crate is both the plugin binary and the library the installer shares:
 //!
 //! - [`cni`]: the CNI protocol (environment, stdin config, results, errors).
+//! - [`chain`]: keeping our entry last in the active conflist (diagnosis,
+//!   repair, healing on ADD), shared with the installer.
 //! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 
+pub mod chain;
 pub mod cni;
 pub mod config;
 pub mod logging;

@@ -2,9 +2,12 @@
 //! is a CNI plugin; run by a person it is a small diagnostic tool.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
+use linkerd_cni::config::DEFAULT_CONF_DIR;
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
 
@@ -18,6 +21,19 @@ stdin. Run by hand:
 USAGE:
     linkerd-cni version     print the version and the CNI versions supported
     linkerd-cni --help      print this help
+    linkerd-cni chain status [--conf-dir DIR] [--entry FILE]
+                            show the active network config and whether the
+                            linkerd-cni entry is in place (exit 0 healthy,
+                            1 not healthy, 2 error)
+    linkerd-cni chain repair [--conf-dir DIR] [--entry FILE]
+                            put the linkerd-cni entry last in the active
+                            config (under the conf-dir lock, atomically) and
+                            print what changed (exit 0 healthy afterwards,
+                            1 cannot be made healthy, 2 error)
+
+    --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
+    --entry FILE     JSON file holding the desired linkerd-cni entry (default:
+                     the installer's ZZZ-linkerd-cni-entry in the conf dir)
 ";
 
 fn main() -> ExitCode {
@@ -39,10 +55,95 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        ["chain", rest @ ..] => chain_cli(rest),
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error.
+fn chain_cli(args: &[&str]) -> ExitCode {
+    logging::init("linkerd-cni", log::LevelFilter::Warn);
+    let fail = |msg: &str| {
+        eprintln!("linkerd-cni chain: {msg}");
+        ExitCode::from(2)
+    };
+    let Some((&cmd, mut rest)) = args.split_first() else {
+        return fail(&format!("expected status or repair\n\n{USAGE}"));
+    };
+    let mut conf_dir = PathBuf::from(DEFAULT_CONF_DIR);
+    let mut entry_file: Option<PathBuf> = None;
+    while let Some((&flag, tail)) = rest.split_first() {
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        let (value, tail) = match (inline, tail.split_first()) {
+            (Some(v), _) => (v, tail),
+            (None, Some((&v, t))) => (v, t),
+            (None, None) => return fail(&format!("{name} needs a value")),
+        };
+        match name {
+            "--conf-dir" => conf_dir = PathBuf::from(value),
+            "--entry" => entry_file = Some(PathBuf::from(value)),
+            _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
+        }
+        rest = tail;
+    }
+    let desired = match desired_entry(&conf_dir, entry_file.as_deref()) {
+        Ok(e) => e,
+        Err(msg) => return fail(&msg),
+    };
+    match cmd {
+        "status" => match chain::diagnose(&conf_dir, &desired) {
+            Ok(d) => {
+                print!("{d}");
+                if d.is_healthy() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => fail(&e.to_string()),
+        },
+        "repair" => match chain::repair(&conf_dir, &desired, &RepairOptions::default()) {
+            Ok(r) => {
+                println!("{}", r.summary);
+                match chain::diagnose(&conf_dir, &desired) {
+                    Ok(d) if d.state == chain::ChainState::Healthy => ExitCode::SUCCESS,
+                    Ok(d) => {
+                        print!("{d}");
+                        ExitCode::from(1)
+                    }
+                    Err(e) => fail(&e.to_string()),
+                }
+            }
+            Err(e) => fail(&e.to_string()),
+        },
+        other => fail(&format!(
+            "unknown chain command {other:?}: expected status or repair"
+        )),
+    }
+}
+
+/// `--entry FILE`, else the installer's entry file in the conf dir.
+fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> {
+    match file {
+        Some(f) => {
+            let bytes =
+                std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            chain::parse_entry(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
+        }
+        None => match chain::load_entry(conf_dir) {
+            Ok(Some(e)) => Ok(e),
+            Ok(None) => Err(format!(
+                "no desired entry: {} does not exist; pass --entry FILE (a JSON file holding the linkerd-cni plugin object) or run the linkerd-cni installer, which writes it",
+                conf_dir.join(ENTRY_FILE).display()
+            )),
+            Err(e) => Err(e.to_string()),
+        },
     }
 }
 

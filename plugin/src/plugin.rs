@@ -18,7 +18,10 @@ impl cni::Plugin for LinkerdCni {
     }
 
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
-        let _config = PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_netconf(&inv.conf)?;
+        // Per-pod work goes before this line; its error is returned only
+        // after the chain has been healed.
+        crate::chain::heal_on_add(&inv.conf, &config);
         Ok(inv.conf.pass_through_result())
     }
 

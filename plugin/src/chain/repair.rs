@@ -1,0 +1,562 @@
+//! Repairing the active config, and removing our entries on uninstall.
+//!
+//! Everything here runs under the conf-dir lock ([`super::lock`]), which
+//! orders linkerd-cni's own writers. The primary CNI's installer does not
+//! take it, so a replacement must also be safe against a file that changes
+//! between our read and our rename: the new file is swapped in with
+//! `renameat2(RENAME_EXCHANGE)`, which hands back exactly what it replaced.
+//! If that is not what the repair was computed from, someone wrote in
+//! between: their content becomes the new base and is repaired in turn (or,
+//! when it needs no repair or cannot be read, put back as it was, the very
+//! same inode, so a writer still holding it open keeps writing to the live
+//! file). A primary's write is never silently undone.
+
+use std::fs::{self, Metadata};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::plan;
+use super::scan::{self, Kind, Listing};
+use super::write::{self, parent};
+use super::{ChainError, ChainState, Entry, diagnose_listing, lock, validate_entry};
+
+/// Bounds for one repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepairOptions {
+    /// The most to wait for the conf-dir lock.
+    pub lock_timeout: Duration,
+    /// The whole repair ends by then (it never leaves a half-done change).
+    pub deadline: Option<Instant>,
+}
+
+impl Default for RepairOptions {
+    fn default() -> Self {
+        RepairOptions {
+            lock_timeout: Duration::from_secs(2),
+            deadline: None,
+        }
+    }
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// The config file written (`None`: no config was written).
+    pub file: Option<PathBuf>,
+    /// Whether a config file's content changed.
+    pub changed: bool,
+    /// The state found (on the first look under the lock).
+    pub before: ChainState,
+    /// One line for logs: what changed and why.
+    pub summary: String,
+}
+
+/// Re-diagnoses after someone else's write this many times at most.
+const MAX_ATTEMPTS: u32 = 8;
+/// Swaps with a file that keeps changing under us, at most.
+const MAX_SWAPS: u32 = 16;
+
+/// How one replacement attempt ended.
+enum Outcome {
+    /// Our content is in place.
+    Written,
+    /// Someone else's content is in place (newer than what we read, and
+    /// either healthy or not ours to repair): look again.
+    Superseded,
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+/// Repairs the active config under the conf-dir lock. Never writes when
+/// nothing would change, never writes a linkerd-only config, never touches
+/// an active file it cannot parse. Leftover temp files are removed.
+pub fn repair(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<RepairReport, ChainError> {
+    validate_entry(desired, "the desired entry")?;
+    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    let mut before = None;
+    let mut notes = Vec::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let listing = scan::list(conf_dir)?;
+        let cleaned = clean_leftovers(conf_dir, &listing)?;
+        if cleaned > 0 {
+            notes.push(format!("removed {cleaned} leftover temp file(s)"));
+        }
+        let (diag, base) = diagnose_listing(&listing, desired);
+        let before = before.get_or_insert_with(|| diag.state.clone()).clone();
+        let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
+        else {
+            let mut summary = match &diag.active {
+                Some(a) => format!("{}: {}; nothing written", a.display(), diag.state),
+                None => format!("{}: {}; nothing written", conf_dir.display(), diag.state),
+            };
+            for n in &notes {
+                summary.push_str("; ");
+                summary.push_str(n);
+            }
+            return Ok(RepairReport {
+                file: None,
+                changed: false,
+                before,
+                summary,
+            });
+        };
+        if past(opts.deadline) {
+            return Err(ChainError::Deadline {
+                path: active.clone(),
+            });
+        }
+        let (outcome, file, how) = match Kind::of(active) {
+            Kind::List => {
+                let (o, via) = replace(active, &base, opts.deadline, |b| {
+                    plan::repaired(Kind::List, b, desired)
+                })?;
+                (o, active.clone(), via)
+            }
+            Kind::Single => {
+                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts.deadline)?;
+                let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
+                (o, dst, how)
+            }
+        };
+        match outcome {
+            Outcome::Superseded => {
+                notes.push(format!(
+                    "{} changed while being repaired; looked again",
+                    file_name(active)
+                ));
+                continue;
+            }
+            Outcome::Written => {
+                let mut summary = format!(
+                    "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
+                    file.display(),
+                    diag.state
+                );
+                for n in &notes {
+                    summary.push_str("; ");
+                    summary.push_str(n);
+                }
+                return Ok(RepairReport {
+                    file: Some(file),
+                    changed: true,
+                    before,
+                    summary,
+                });
+            }
+        }
+    }
+    Err(ChainError::Contended {
+        path: conf_dir.to_path_buf(),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Removes every linkerd-cni entry from every config file in `conf_dir`
+/// (uninstall), under the lock, with the same write discipline. Returns the
+/// files rewritten. A file is otherwise left byte-identical; a `.conflist`
+/// once converted from a `.conf` stays a `.conflist`. A file that would be
+/// left with no plugin, or a single-plugin file of ours, is left alone and
+/// logged: it is not a primary's config.
+pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
+    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    let listing = scan::list(conf_dir)?;
+    clean_leftovers(conf_dir, &listing)?;
+    let mut rewritten = Vec::new();
+    for path in &listing.configs {
+        let Ok(bytes) = scan::read_file(path) else {
+            continue;
+        };
+        if Kind::of(path) == Kind::Single {
+            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::is_ours(&t.into())) {
+                log::warn!(
+                    "{} is a linkerd-cni-only config, not a primary's: left as it is",
+                    path.display()
+                );
+            }
+            continue;
+        }
+        if plan::without_entries(&bytes).is_none() {
+            if plan::analyze(Kind::List, &bytes, &Entry::new()).state == ChainState::NoPrimaryPlugin
+            {
+                log::warn!(
+                    "{} holds only linkerd-cni entries: left as it is (removing them would leave an empty chain)",
+                    path.display()
+                );
+            }
+            continue;
+        }
+        if past(opts.deadline) {
+            return Err(ChainError::Deadline { path: path.clone() });
+        }
+        // Superseded: someone's newer content, which holds no entry of ours.
+        let (outcome, _) = replace(path, &bytes, opts.deadline, plan::without_entries)?;
+        if let Outcome::Written = outcome {
+            rewritten.push(path.clone());
+        }
+    }
+    Ok(rewritten)
+}
+
+/// Removes our temp files; the lock guarantees no live repair owns them.
+fn clean_leftovers(conf_dir: &Path, listing: &Listing) -> Result<usize, ChainError> {
+    let mut n = 0;
+    for p in &listing.leftovers {
+        match fs::remove_file(p) {
+            Ok(()) => n += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+        }
+    }
+    if n > 0 {
+        write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    }
+    Ok(n)
+}
+
+/// What to put at the target next.
+enum Candidate {
+    /// New content, to be written to a fresh temp file.
+    New(Vec<u8>),
+    /// An inode we displaced (someone else's newer content), held at a temp
+    /// name, with its content: to be put back.
+    Restore(PathBuf, Vec<u8>),
+}
+
+/// Replaces the list `path` (through a symlink, its target) by
+/// `transform(content)`, computed from `base`, safe against other writers.
+/// Returns how it ended and a note for the summary.
+fn replace(
+    path: &Path,
+    base: &[u8],
+    deadline: Option<Instant>,
+    transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<(Outcome, String), ChainError> {
+    let is_link = fs::symlink_metadata(path)
+        .map_err(|e| ChainError::io("inspect", path, e))?
+        .file_type()
+        .is_symlink();
+    let real = if is_link {
+        fs::canonicalize(path).map_err(|e| ChainError::io("resolve the symlink", path, e))?
+    } else {
+        path.to_path_buf()
+    };
+    let via = if is_link {
+        format!(" (through the symlink, in {})", real.display())
+    } else {
+        String::new()
+    };
+    let dir = parent(&real).to_path_buf();
+    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
+    let Some(first) = transform(base) else {
+        return Ok((Outcome::Superseded, via));
+    };
+    swap_loop(&real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
+}
+
+fn swap_loop(
+    real: &Path,
+    dir: &Path,
+    meta: &Metadata,
+    base: &[u8],
+    first: Vec<u8>,
+    deadline: Option<Instant>,
+    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Outcome, ChainError> {
+    let io_err = |action: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |e| ChainError::io(action, p, e)
+    };
+    // What the target holds, as far as we know.
+    let mut expected = base.to_vec();
+    let mut candidate = Candidate::New(first);
+    for swaps in 0..MAX_SWAPS {
+        let (held, placed, ours) = match candidate {
+            Candidate::New(bytes) => {
+                if swaps > 0 && past(deadline) {
+                    return Err(ChainError::Deadline {
+                        path: real.to_path_buf(),
+                    });
+                }
+                let t = write::write_temp(dir, &bytes, Some(meta))
+                    .map_err(io_err("write a temp file in", dir))?;
+                // A last look right before the swap (writing the temp file
+                // took an fsync): a change seen here costs nobody anything.
+                let now = scan::read_file(real).ok();
+                if now.as_deref() != Some(&expected[..]) {
+                    let _ = fs::remove_file(&t);
+                    match now.as_deref().and_then(transform) {
+                        Some(next) => {
+                            expected = now.unwrap_or_default();
+                            candidate = Candidate::New(next);
+                            continue;
+                        }
+                        // Healthy, unreadable or half-written now: look again
+                        // from the top.
+                        None => return Ok(Outcome::Superseded),
+                    }
+                }
+                (t, bytes, true)
+            }
+            Candidate::Restore(t, bytes) => (t, bytes, false),
+        };
+        #[cfg(test)]
+        if ours {
+            testing::before_swap();
+        }
+        match write::exchange(&held, real) {
+            Ok(()) => {}
+            Err(e) if write::unsupported(&e) && ours => {
+                return rename_checked(real, held, expected, transform);
+            }
+            Err(e) => {
+                if ours {
+                    let _ = fs::remove_file(&held);
+                }
+                return Err(ChainError::io("swap a temp file with", real, e));
+            }
+        }
+        // `held` now names what the target held an instant ago.
+        let displaced = scan::read_file(&held).ok();
+        if displaced.as_deref() == Some(&expected[..]) {
+            let _ = fs::remove_file(&held);
+            write::fsync_dir(dir).map_err(io_err("fsync", dir))?;
+            if ours {
+                return Ok(Outcome::Written);
+            }
+            // Someone's newer content is back in place: repair it in turn.
+            match transform(&placed) {
+                Some(next) => {
+                    expected = placed;
+                    candidate = Candidate::New(next);
+                    continue;
+                }
+                None => return Ok(Outcome::Superseded),
+            }
+        }
+        // Someone wrote in the microseconds since our last look. Put their
+        // content back at once, the very inode (a writer may still hold it
+        // open), before any slow work: ours was computed from an older base.
+        log::info!(
+            "{} changed while being repaired; putting the newer content back",
+            real.display()
+        );
+        expected = placed;
+        candidate = Candidate::Restore(held, displaced.unwrap_or_default());
+    }
+    if let Candidate::Restore(newest, _) = candidate {
+        // Put the newest content we hold back in place, once more.
+        if write::exchange(&newest, real).is_ok()
+            && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
+        {
+            let _ = fs::remove_file(&newest);
+        }
+    }
+    Err(ChainError::Contended {
+        path: real.to_path_buf(),
+        attempts: MAX_SWAPS,
+    })
+}
+
+/// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
+/// before an ordinary rename (a window of microseconds instead of none).
+fn rename_checked(
+    real: &Path,
+    mut tmp: PathBuf,
+    mut expected: Vec<u8>,
+    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Outcome, ChainError> {
+    let dir = parent(real).to_path_buf();
+    for _ in 0..MAX_SWAPS {
+        let current = scan::read_file(real).ok();
+        if current.as_deref() == Some(&expected[..]) {
+            if let Err(e) = fs::rename(&tmp, real) {
+                let _ = fs::remove_file(&tmp);
+                return Err(ChainError::io("rename a temp file to", real, e));
+            }
+            write::fsync_dir(&dir).map_err(|e| ChainError::io("fsync", &dir, e))?;
+            return Ok(Outcome::Written);
+        }
+        let _ = fs::remove_file(&tmp);
+        let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
+            return Ok(Outcome::Superseded);
+        };
+        let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
+        tmp = write::write_temp(&dir, &next, Some(&meta))
+            .map_err(|e| ChainError::io("write a temp file in", &dir, e))?;
+        expected = current;
+    }
+    let _ = fs::remove_file(&tmp);
+    Err(ChainError::Contended {
+        path: real.to_path_buf(),
+        attempts: MAX_SWAPS,
+    })
+}
+
+/// Turns the single-plugin `active` into a `.conflist` of the same base
+/// name holding it and the desired entry, then retires `active` (only once
+/// the list is in place, so a crash leaves one or the other loadable).
+/// Returns the new list's path.
+fn convert(
+    conf_dir: &Path,
+    listing: &Listing,
+    active: &Path,
+    base: &[u8],
+    desired: &Entry,
+    deadline: Option<Instant>,
+) -> Result<(Outcome, PathBuf), ChainError> {
+    let dst = active.with_extension("conflist");
+    let dst_name = dst.file_name().unwrap_or_default().to_os_string();
+    // The list must become the active config: nothing may sort before it.
+    let mut dst_exists = false;
+    for c in listing.configs.iter().skip(1) {
+        let name = c.file_name().unwrap_or_default();
+        if name == dst_name {
+            dst_exists = true;
+        } else if name.as_encoded_bytes() < dst_name.as_encoded_bytes() {
+            return Err(ChainError::Refused {
+                path: active.to_path_buf(),
+                reason: format!(
+                    "once converted to {} it would no longer be the active config, because {} sorts before it; rename one of them",
+                    file_name(&dst),
+                    c.display()
+                ),
+            });
+        }
+    }
+    let old_dst = if dst_exists {
+        let bytes = scan::read_file(&dst).map_err(|e| ChainError::io("read", &dst, e))?;
+        // A list holding our entry is what a conversion interrupted after
+        // writing it leaves; anything else is someone's config.
+        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
+            t.get("plugins")
+                .and_then(|p| p.as_array())
+                .is_some_and(|p| p.iter().any(plan::is_ours))
+        }) {
+            return Err(ChainError::Refused {
+                path: active.to_path_buf(),
+                reason: format!(
+                    "it must become {}, which already exists and is not linkerd-cni's; remove one of the two files",
+                    dst.display()
+                ),
+            });
+        }
+        Some(bytes)
+    } else {
+        None
+    };
+    let Some(content) = plan::repaired(Kind::Single, base, desired) else {
+        return Ok((Outcome::Superseded, dst));
+    };
+    if past(deadline) {
+        return Err(ChainError::Deadline {
+            path: active.to_path_buf(),
+        });
+    }
+    let meta = fs::metadata(active).map_err(|e| ChainError::io("inspect", active, e))?;
+    let tmp = write::write_temp(conf_dir, &content, Some(&meta))
+        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let placed = match &old_dst {
+        None => write::rename_noreplace(&tmp, &dst).map(|()| true),
+        Some(old) => match write::exchange(&tmp, &dst) {
+            Ok(()) => {
+                if scan::read_file(&tmp).ok().as_ref() == Some(old) {
+                    Ok(true)
+                } else {
+                    // Changed since we looked: not ours to overwrite.
+                    write::exchange(&tmp, &dst).map(|()| false)
+                }
+            }
+            Err(e) if write::unsupported(&e) => fs::rename(&tmp, &dst).map(|()| true),
+            Err(e) => Err(e),
+        },
+    };
+    let _ = fs::remove_file(&tmp);
+    match placed {
+        Ok(true) => {}
+        Ok(false) => return Ok((Outcome::Superseded, dst)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Ok((Outcome::Superseded, dst));
+        }
+        Err(e) => return Err(ChainError::io("put in place", &dst, e)),
+    }
+    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+
+    // Retire the single-plugin file, capturing atomically what it holds now.
+    let grave = write::temp_path(conf_dir);
+    match fs::rename(active, &grave) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Outcome::Written, dst)),
+        Err(e) => return Err(ChainError::io("remove", active, e)),
+    }
+    let captured = scan::read_file(&grave).ok();
+    if captured.as_deref() == Some(base) {
+        let _ = fs::remove_file(&grave);
+        write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+        return Ok((Outcome::Written, dst));
+    }
+    // The primary rewrote it meanwhile: its content wins. Put it back and
+    // take back the list built from the old content.
+    match write::rename_noreplace(&grave, active) {
+        Ok(()) => {}
+        // An even newer one is there already.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = fs::remove_file(&grave);
+        }
+        Err(e) => return Err(ChainError::io("restore", active, e)),
+    }
+    if scan::read_file(&dst).ok().as_deref() == Some(&content[..]) {
+        let _ = fs::remove_file(&dst);
+    }
+    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    Ok((Outcome::Superseded, dst))
+}
+
+/// Test access: act as another writer between our last look and the swap
+/// (a window too short to hit on purpose otherwise), and [`replace`] with
+/// a base of the test's choosing.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::cell::RefCell;
+    use std::path::Path;
+
+    use super::{ChainError, Entry, Kind, Outcome, plan, replace};
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+    }
+
+    /// Runs `f` before the next swap of new content (once).
+    pub(crate) fn before_next_swap(f: impl FnMut() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn before_swap() {
+        if let Some(mut f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    /// Replaces `path` as a repair computed from `base` would. Returns
+    /// whether our content ended up in place.
+    pub(crate) fn replace_from(
+        path: &Path,
+        base: &[u8],
+        desired: &Entry,
+    ) -> Result<bool, ChainError> {
+        let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
+        Ok(matches!(o, Outcome::Written))
+    }
+}
