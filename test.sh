@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set-up, formatting, lints, then every test in the
-# workspace (unit, binary, real netns/iptables, conformance through libcni).
+# workspace (unit, binary, real netns/iptables, conformance through libcni),
+# then the image and manifest lints.
 # Run as root on Debian: the tests create network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -10,3 +11,12 @@ bash scripts/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# Image and manifests: hadolint and kubernetes-validate (strict: unknown
+# fields are errors), installed by scripts/setup.sh, offline. The manifests
+# are checked against the oldest and the newest Kubernetes the tool knows.
+lint=target/lint-venv/bin
+"$lint/hadolint" Dockerfile
+for k8s in 1.25.0 1.37.0; do
+  "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
+done
