@@ -314,6 +314,10 @@ impl Installer {
         let dir = self.cfg.conf_dir();
         let opts = RepairOptions::default();
         let unchain = |pass: &str| -> Result<(), String> {
+            if !dir.is_dir() {
+                // No conf dir: no config can name the plugin.
+                return Ok(());
+            }
             let files = chain::remove_entries(&dir, &opts).map_err(|e| {
                 format!(
                     "cannot remove the linkerd-cni entries from the configs in {}: {e}; \

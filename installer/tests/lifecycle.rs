@@ -335,3 +335,19 @@ fn binaries_and_kubeconfig_are_written_only_when_needed() {
         == 0o755));
     assert!(inst.wait_log("not executable", GRACE), "{}", inst.log());
 }
+
+/// Uninstall on a node whose conf dir is gone: no config can name the
+/// plugin, so the binary goes too.
+#[test]
+fn uninstall_without_a_conf_dir() {
+    let node = Node::new("uninstall-noconf");
+    fs::copy(
+        node.image_bin.join("linkerd-cni"),
+        node.bin_dir.join("linkerd-cni"),
+    )
+    .unwrap();
+    fs::remove_dir(&node.conf_dir).unwrap();
+    let out = node.run(&["uninstall"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(file_names(&node.bin_dir).is_empty());
+}
