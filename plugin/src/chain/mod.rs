@@ -15,7 +15,7 @@
 //! - the plugin's invocation-time healing ([`heal_on_add`]).
 
 mod error;
-mod fight;
+pub(crate) mod fight;
 mod heal;
 mod lock;
 mod plan;
@@ -294,15 +294,16 @@ impl fmt::Display for Diagnosis {
             writeln!(f, "chain:         {}", self.plugins.join(" -> "))?;
         }
         writeln!(f, "state:         {}", self.state)?;
-        if self.needs_repair() || !self.state.is_repairable() && self.state != ChainState::Healthy {
-            let mut remedy = self.remedy();
+        if !self.is_healthy() {
+            let mut remedy = match self.state {
+                ChainState::Healthy => String::new(),
+                _ => self.remedy(),
+            };
             if !self.leftovers.is_empty() {
-                if self.state.is_repairable() {
+                if !remedy.is_empty() {
                     remedy.push_str("; ");
-                } else {
-                    remedy.clear();
                 }
-                remedy.push_str("remove leftover temp files");
+                remedy.push_str("remove the leftover temp files");
             }
             writeln!(f, "repair would:  {remedy}")?;
         }

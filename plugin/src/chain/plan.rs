@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::scan::Kind;
-use super::text::{self, Style};
+use super::text::{self, Append, Style};
 use super::{ChainState, Entry, PLUGIN_TYPE};
 
 /// A config file's content, as far as the chain is concerned.
@@ -173,17 +173,34 @@ pub(crate) fn repaired(kind: Kind, bytes: &[u8], desired: &Entry) -> Option<Vec<
             let keep: Vec<usize> = (0..plugins.len())
                 .filter(|&i| plugins.get(i).is_some_and(|p| !is_ours(p)))
                 .collect();
+            // An entry that already is the desired one moves verbatim (the
+            // last such, if several): no reformatting, no key dropped.
+            let reuse = (0..plugins.len()).rev().find(|&i| {
+                plugins
+                    .get(i)
+                    .filter(|p| is_ours(p))
+                    .and_then(Value::as_object)
+                    .is_some_and(|p| differing_keys(p, desired).is_empty())
+            });
+            let last = match reuse.and_then(|i| plugins.get(i)) {
+                Some(p) => p.clone(),
+                None => entry.clone(),
+            };
             let mut want = top.clone();
             let mut list: Vec<Value> = keep
                 .iter()
                 .filter_map(|&i| plugins.get(i).cloned())
                 .collect();
-            list.push(entry.clone());
+            list.push(last);
             want.insert("plugins".into(), Value::Array(list));
+            let append = match reuse {
+                Some(i) => Append::Element(i),
+                None => Append::Value(&entry),
+            };
             let spliced = text.and_then(|t| {
                 let arr = text::find_plugins(t)?;
                 (arr.elems.len() == plugins.len()).then_some(())?;
-                text::splice_plugins(t, &arr, &keep, Some(&entry))
+                text::splice_plugins(t, &arr, &keep, Some(append))
             });
             Some(checked(spliced, &want, text))
         }
@@ -246,15 +263,21 @@ fn checked(edited: Option<String>, want: &Map<String, Value>, orig: Option<&str>
     {
         return e.into_bytes();
     }
-    let style = orig.map(Style::detect).unwrap_or(Style::Pretty {
-        indent: "  ".into(),
-        newline: "\n",
-    });
+    log::info!("a config could not be edited in place; writing it re-serialized in its layout");
+    #[cfg(test)]
+    FALLBACKS.with(|n| n.set(n.get() + 1));
+    let style = Style::detect(orig.unwrap_or("{\n  \"\": 0\n}"));
     let mut s = style.value(&Value::Object(want.clone()), "");
     if orig.is_none_or(|o| o.ends_with('\n')) {
         s.push('\n');
     }
     s.into_bytes()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often [`checked`] fell back to serialization, on this thread.
+    pub(crate) static FALLBACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Map equality that also requires the same key order, at every depth.

@@ -530,3 +530,11 @@ fn convert(
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
     Ok((Outcome::Superseded, dst))
 }
+
+/// [`replace`] with the repair's transform, for tests that hand it an
+/// out-of-date base. Returns whether our content ended up in place.
+#[cfg(test)]
+pub(crate) fn test_replace(path: &Path, base: &[u8], desired: &Entry) -> Result<bool, ChainError> {
+    let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
+    Ok(matches!(o, Outcome::Written))
+}

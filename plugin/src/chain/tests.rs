@@ -1,6 +1,16 @@
-//! Tests of the chain module against real directories.
+//! Tests of the chain module against real directories, and properties of
+//! the text-preserving repair on generated conflists.
 
-use super::testutil::{TempDir, desired};
+use std::fs::{self, File, Permissions};
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::plan::{self, differing_keys, is_ours};
+use super::scan::Kind;
+use super::testutil::{TempDir, desired, entry};
 use super::*;
 
 const CALICO: &str = r#"{
@@ -21,30 +31,833 @@ const CALICO: &str = r#"{
 }
 "#;
 
+fn opts() -> RepairOptions {
+    RepairOptions::default()
+}
+
 #[test]
-fn missing_entry_is_repaired_once() {
-    let d = TempDir::new("basic");
-    d.write("10-calico.conflist", CALICO);
+fn missing_entry_is_repaired_once_and_then_never_written() {
+    let d = TempDir::new("once");
+    let f = d.write("10-calico.conflist", CALICO);
     let want = desired();
-    let diag = diagnose(d.path(), &want).unwrap();
-    assert_eq!(diag.state, ChainState::Missing);
-    let r = repair(d.path(), &want, &RepairOptions::default()).unwrap();
+    assert_eq!(
+        diagnose(d.path(), &want).unwrap().state,
+        ChainState::Missing
+    );
+    let r = repair(d.path(), &want, &opts()).unwrap();
     assert!(r.changed);
+    assert_eq!(r.file.as_deref(), Some(f.as_path()));
     assert_eq!(r.before, ChainState::Missing);
+    assert!(r.summary.contains("10-calico.conflist"), "{}", r.summary);
     assert!(diagnose(d.path(), &want).unwrap().is_healthy());
-    let again = repair(d.path(), &want, &RepairOptions::default()).unwrap();
+    let m1 = fs::metadata(&f).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let again = repair(d.path(), &want, &opts()).unwrap();
     assert!(!again.changed);
+    assert_eq!(again.file, None);
+    let m2 = fs::metadata(&f).unwrap();
+    assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
     assert_eq!(d.names(), ["10-calico.conflist"]);
 }
 
 #[test]
-fn entry_file_round_trip() {
+fn entry_file_round_trip_and_validation() {
     let d = TempDir::new("entry");
     assert_eq!(load_entry(d.path()).unwrap(), None);
     assert!(persist_entry(d.path(), &desired()).unwrap());
+    let ino = fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino();
     assert!(!persist_entry(d.path(), &desired()).unwrap());
+    assert_eq!(fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino(), ino);
     assert_eq!(load_entry(d.path()).unwrap(), Some(desired()));
-    assert!(!d.read(ENTRY_FILE).is_empty());
+    assert!(!is_config_name(std::ffi::OsStr::new(ENTRY_FILE)));
+    let mut other = desired();
+    other.insert("log_level".into(), "debug".into());
+    assert!(persist_entry(d.path(), &other).unwrap());
+    assert_eq!(load_entry(d.path()).unwrap(), Some(other));
     assert!(remove_entry_file(d.path()).unwrap());
     assert!(!remove_entry_file(d.path()).unwrap());
+
+    // Not ours, not an object, not JSON: clear errors, nothing written.
+    let bad = entry(r#"{"type":"calico"}"#);
+    assert!(matches!(
+        persist_entry(d.path(), &bad),
+        Err(ChainError::InvalidEntry { .. })
+    ));
+    d.write(ENTRY_FILE, "[1]");
+    let e = load_entry(d.path()).unwrap_err().to_string();
+    assert!(
+        e.contains(ENTRY_FILE) && e.contains("not a JSON object"),
+        "{e}"
+    );
+    d.write(ENTRY_FILE, "{\"type\":");
+    assert!(load_entry(d.path()).is_err());
+    assert!(matches!(
+        diagnose(d.path(), &bad),
+        Err(ChainError::InvalidEntry { .. })
+    ));
+}
+
+#[test]
+fn runtime_set_keys_are_not_compared() {
+    let mut have = desired();
+    have.shift_remove("name");
+    have.insert("cniVersion".into(), "0.3.1".into());
+    assert!(differing_keys(&have, &desired()).is_empty());
+    have.insert("extra".into(), Value::Bool(true));
+    have.shift_remove("log_level");
+    assert_eq!(differing_keys(&have, &desired()), ["log_level", "extra"]);
+}
+
+#[test]
+fn symlinked_conflist_is_written_through_to_its_target() {
+    let d = TempDir::new("symlink");
+    fs::create_dir(d.path().join("real")).unwrap();
+    let target = d.path().join("real/calico.conflist");
+    fs::write(&target, CALICO).unwrap();
+    let link = d.path().join("10-calico.conflist");
+    symlink("real/calico.conflist", &link).unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.changed, "{}", r.summary);
+    assert!(r.summary.contains("symlink"), "{}", r.summary);
+    assert!(
+        fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+    let text = fs::read_to_string(&target).unwrap();
+    assert!(text.contains("linkerd-cni"));
+    let mut names: Vec<_> = fs::read_dir(d.path().join("real"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["calico.conflist"]);
+}
+
+#[test]
+fn mode_and_owner_are_kept() {
+    let d = TempDir::new("mode");
+    let f = d.write("10-calico.conflist", CALICO);
+    fs::set_permissions(&f, Permissions::from_mode(0o600)).unwrap();
+    // Tests run as root (the brief); elsewhere only the mode is checked.
+    let chowned = std::os::unix::fs::chown(&f, Some(4321), Some(8765)).is_ok();
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let m = fs::metadata(&f).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    if chowned {
+        assert_eq!((m.uid(), m.gid()), (4321, 8765));
+    }
+}
+
+#[test]
+fn leftovers_are_reported_and_cleaned() {
+    let d = TempDir::new("leftover");
+    d.write("10-calico.conflist", CALICO);
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let tmp = d.write(&format!("{TEMP_PREFIX}999-1-abc"), "{half");
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    assert_eq!(diag.state, ChainState::Healthy);
+    assert!(!diag.is_healthy());
+    assert!(diag.needs_repair());
+    assert_eq!(diag.leftovers, std::slice::from_ref(&tmp));
+    assert!(diag.to_string().contains("interrupted"), "{diag}");
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(!r.changed);
+    assert!(r.summary.contains("leftover"), "{}", r.summary);
+    assert!(!tmp.exists());
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+}
+
+#[test]
+fn invalid_active_file_is_never_touched() {
+    let d = TempDir::new("invalid");
+    let f = d.write("10-calico.conflist", &CALICO[..100]);
+    d.write("20-other.conflist", CALICO);
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(!r.changed);
+    assert!(matches!(r.before, ChainState::Invalid { .. }));
+    assert_eq!(fs::read_to_string(&f).unwrap(), &CALICO[..100]);
+    assert!(
+        !fs::read_to_string(d.path().join("20-other.conflist"))
+            .unwrap()
+            .contains("linkerd")
+    );
+}
+
+#[test]
+fn fifo_and_huge_files_do_not_hang_or_load() {
+    let d = TempDir::new("fifo");
+    let fifo = d.path().join("00-pipe.conflist");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    assert!(
+        matches!(&diag.state, ChainState::Invalid { reason } if reason.contains("regular")),
+        "{diag}"
+    );
+    fs::remove_file(&fifo).unwrap();
+    let big = format!("{{\"name\":\"x\",\"pad\":\"{}\"}}", "a".repeat(2 << 20));
+    d.write("00-big.conflist", &big);
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    assert!(
+        matches!(&diag.state, ChainState::Invalid { reason } if reason.contains("larger")),
+        "{diag}"
+    );
+}
+
+#[test]
+fn conf_becomes_conflist_and_the_conf_goes_only_after() {
+    let d = TempDir::new("conf");
+    let conf = r#"{"cniVersion":"0.4.0","name":"br","type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.22.0.0/16"}}"#;
+    let f = d.write("10-bridge.conf", conf);
+    fs::set_permissions(&f, Permissions::from_mode(0o640)).unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.changed);
+    assert_eq!(r.before, ChainState::SingleConf);
+    assert_eq!(d.names(), ["10-bridge.conflist"]);
+    let list = d.path().join("10-bridge.conflist");
+    assert_eq!(r.file.as_deref(), Some(list.as_path()));
+    assert_eq!(fs::metadata(&list).unwrap().mode() & 0o7777, 0o640);
+    let text = d.read("10-bridge.conflist");
+    assert!(
+        text.starts_with(&format!(
+            r#"{{"name":"br","cniVersion":"0.4.0","plugins":[{conf},{{"name":"linkerd-cni""#
+        )),
+        "{text}"
+    );
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+}
+
+#[test]
+fn conversion_never_shadows_or_clobbers() {
+    let want = desired();
+    let conf = r#"{"cniVersion":"0.4.0","name":"br","type":"bridge"}"#;
+    // Someone's own 10-bridge.conflist: not ours to overwrite.
+    let d = TempDir::new("conv1");
+    d.write("10-bridge.conf", conf);
+    d.write("10-bridge.conflist", CALICO);
+    let e = repair(d.path(), &want, &opts()).unwrap_err();
+    assert!(matches!(e, ChainError::Refused { .. }), "{e}");
+    assert!(e.to_string().contains("remove one of the two"), "{e}");
+    assert_eq!(d.read("10-bridge.conflist"), CALICO);
+    assert_eq!(d.read("10-bridge.conf"), conf);
+    // A file sorting between the .conf and the .conflist would take over.
+    let d = TempDir::new("conv2");
+    d.write("10-bridge.conf", conf);
+    d.write("10-bridge.conf.json", r#"{"name":"x","type":"y"}"#);
+    let e = repair(d.path(), &want, &opts()).unwrap_err();
+    assert!(e.to_string().contains("10-bridge.conf.json"), "{e}");
+    assert_eq!(d.names(), ["10-bridge.conf", "10-bridge.conf.json"]);
+    // A .conflist of ours left by a conversion killed half-way is replaced.
+    let d = TempDir::new("conv3");
+    d.write("10-bridge.conf", conf);
+    repair(d.path(), &want, &opts()).unwrap();
+    let done = d.read("10-bridge.conflist");
+    d.write("10-bridge.conf", conf);
+    let mut old = desired();
+    old.insert("log_level".into(), "debug".into());
+    let stale = plan::repaired(Kind::Single, conf.as_bytes(), &old).unwrap();
+    fs::write(d.path().join("10-bridge.conflist"), stale).unwrap();
+    repair(d.path(), &want, &opts()).unwrap();
+    assert_eq!(d.names(), ["10-bridge.conflist"]);
+    assert_eq!(d.read("10-bridge.conflist"), done);
+}
+
+#[test]
+fn symlinked_conf_is_converted_and_its_target_kept() {
+    let d = TempDir::new("conflink");
+    fs::create_dir(d.path().join("src")).unwrap();
+    fs::write(
+        d.path().join("src/bridge.conf"),
+        r#"{"name":"br","type":"bridge"}"#,
+    )
+    .unwrap();
+    symlink("src/bridge.conf", d.path().join("10-bridge.conf")).unwrap();
+    assert!(repair(d.path(), &desired(), &opts()).unwrap().changed);
+    assert_eq!(d.names(), ["10-bridge.conflist", "src"]);
+    assert!(d.path().join("src/bridge.conf").exists());
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+}
+
+#[test]
+fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
+    let d = TempDir::new("lock");
+    let f = d.write("10-calico.conflist", CALICO);
+    let holder = File::open(d.path()).unwrap();
+    holder.lock().unwrap();
+    let start = Instant::now();
+    let o = RepairOptions {
+        lock_timeout: Duration::from_millis(150),
+        deadline: None,
+    };
+    let e = repair(d.path(), &desired(), &o).unwrap_err();
+    assert!(matches!(e, ChainError::LockTimeout { .. }), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // A deadline shorter than the timeout wins.
+    let o = RepairOptions {
+        lock_timeout: Duration::from_secs(60),
+        deadline: Some(Instant::now() + Duration::from_millis(50)),
+    };
+    assert!(matches!(
+        repair(d.path(), &desired(), &o),
+        Err(ChainError::LockTimeout { .. })
+    ));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+    // The diagnosis needs no lock.
+    assert_eq!(
+        diagnose(d.path(), &desired()).unwrap().state,
+        ChainState::Missing
+    );
+    drop(holder);
+    assert!(repair(d.path(), &desired(), &opts()).unwrap().changed);
+}
+
+#[test]
+fn remove_entries_restores_every_file_byte_for_byte() {
+    let d = TempDir::new("remove");
+    let kindnet = "{\n\t\"cniVersion\": \"0.3.1\",\n\t\"name\": \"kindnet\",\n\t\"plugins\": [\n\t{\n\t\t\"type\": \"ptp\"\n\t}\n\t]\n}";
+    d.write("10-calico.conflist", CALICO);
+    d.write("20-kindnet.conflist", kindnet);
+    d.write("30-bridge.conf", r#"{"name":"br","type":"bridge"}"#);
+    repair(d.path(), &desired(), &opts()).unwrap();
+    // An old install's entry in a non-active file.
+    let stray = plan::repaired(Kind::List, kindnet.as_bytes(), &desired()).unwrap();
+    fs::write(d.path().join("20-kindnet.conflist"), stray).unwrap();
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    assert_eq!(diag.stray, [d.path().join("20-kindnet.conflist")]);
+    let mut removed = remove_entries(d.path(), &opts()).unwrap();
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            d.path().join("10-calico.conflist"),
+            d.path().join("20-kindnet.conflist")
+        ]
+    );
+    assert_eq!(d.read("10-calico.conflist"), CALICO);
+    assert_eq!(d.read("20-kindnet.conflist"), kindnet);
+    assert_eq!(d.read("30-bridge.conf"), r#"{"name":"br","type":"bridge"}"#);
+    assert!(remove_entries(d.path(), &opts()).unwrap().is_empty());
+}
+
+#[test]
+fn remove_entries_keeps_a_converted_conflist_and_linkerd_only_files() {
+    let d = TempDir::new("remove2");
+    d.write(
+        "10-bridge.conf",
+        r#"{"name":"br","cniVersion":"1.0.0","type":"bridge"}"#,
+    );
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let only = format!(
+        r#"{{"name":"l","cniVersion":"1.0.0","plugins":[{}]}}"#,
+        Value::Object(desired())
+    );
+    d.write("90-linkerd.conflist", &only);
+    assert_eq!(
+        remove_entries(d.path(), &opts()).unwrap(),
+        [d.path().join("10-bridge.conflist")]
+    );
+    assert_eq!(
+        d.read("10-bridge.conflist"),
+        r#"{"name":"br","cniVersion":"1.0.0","plugins":[{"name":"br","cniVersion":"1.0.0","type":"bridge"}]}"#
+    );
+    assert_eq!(d.read("90-linkerd.conflist"), only);
+}
+
+#[test]
+fn no_primary_means_no_write() {
+    let d = TempDir::new("noprimary");
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert_eq!(r.before, ChainState::NoPrimaryConfig);
+    assert!(!r.changed);
+    assert!(d.names().is_empty());
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    assert!(
+        diag.to_string()
+            .contains("never writes a config of its own"),
+        "{diag}"
+    );
+    assert!(diagnose(&d.path().join("absent"), &desired()).is_err());
+}
+
+mod lost_update {
+    //! A primary writing between our read and our swap, made deterministic
+    //! by handing the repair a base that is already out of date.
+
+    use super::*;
+    use crate::chain::repair::test_replace;
+
+    fn calico_with(mtu: u32) -> String {
+        CALICO.replace("1440", &mtu.to_string())
+    }
+
+    #[test]
+    fn newer_content_is_repaired_not_undone() {
+        let d = TempDir::new("lost1");
+        let f = d.write("10-calico.conflist", &calico_with(9000));
+        let stale_base = calico_with(1440);
+        let written = test_replace(&f, stale_base.as_bytes(), &desired()).unwrap();
+        assert!(written);
+        let text = fs::read_to_string(&f).unwrap();
+        assert!(text.contains("9000"), "{text}");
+        assert_eq!(
+            plan::analyze(Kind::List, text.as_bytes(), &desired()).state,
+            ChainState::Healthy
+        );
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
+    fn half_written_content_is_put_back_as_the_same_file() {
+        let d = TempDir::new("lost2");
+        let half = &CALICO[..50];
+        let f = d.write("10-calico.conflist", half);
+        let ino = fs::metadata(&f).unwrap().ino();
+        let written = test_replace(&f, CALICO.as_bytes(), &desired()).unwrap();
+        assert!(!written);
+        assert_eq!(fs::read_to_string(&f).unwrap(), half);
+        // The very inode: a writer still holding it open writes to the live file.
+        assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
+    fn newer_healthy_content_is_kept() {
+        let d = TempDir::new("lost3");
+        let healthy = String::from_utf8(
+            plan::repaired(Kind::List, calico_with(1).as_bytes(), &desired()).unwrap(),
+        )
+        .unwrap();
+        let f = d.write("10-calico.conflist", &healthy);
+        assert!(!test_replace(&f, CALICO.as_bytes(), &desired()).unwrap());
+        assert_eq!(fs::read_to_string(&f).unwrap(), healthy);
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+}
+
+mod props {
+    //! Properties of the repair on generated conflists of every layout.
+
+    use super::*;
+    use crate::chain::text::{self, Style};
+    use proptest::prelude::*;
+
+    fn number() -> impl Strategy<Value = Value> {
+        // Number texts serde_json keeps as written (arbitrary_precision).
+        prop_oneof![
+            any::<i64>().prop_map(|i| i.to_string()),
+            prop::sample::select(vec![
+                "123456789012345678901234567890",
+                "1.50",
+                "-0.0",
+                "1e3",
+                "2.5E-7",
+            ])
+            .prop_map(String::from),
+        ]
+        .prop_map(|t| serde_json::from_str::<Value>(&t).unwrap())
+    }
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            number(),
+            "[a-z\"\\\\\\]\\[{},:é\u{1F600} ]{0,8}".prop_map(Value::String),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec(("[a-zA-Z_\"-]{1,6}", inner), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn primary() -> impl Strategy<Value = Value> {
+        (
+            prop::sample::select(vec![
+                "calico",
+                "portmap",
+                "bandwidth",
+                "cilium-cni",
+                "tuning",
+            ]),
+            proptest::collection::vec(("[a-z]{1,6}", value()), 0..4),
+        )
+            .prop_map(|(t, kv)| {
+                let mut m = serde_json::Map::new();
+                m.insert("type".into(), t.into());
+                for (k, v) in kv {
+                    if k != "type" {
+                        m.insert(k, v);
+                    }
+                }
+                Value::Object(m)
+            })
+    }
+
+    /// A linkerd entry: the desired one (maybe without its name), or stale.
+    fn linkerd() -> impl Strategy<Value = Value> {
+        (0..3u8).prop_map(|k| {
+            let mut e = desired();
+            match k {
+                0 => {}
+                1 => {
+                    e.shift_remove("name");
+                }
+                _ => {
+                    e.insert("log_level".into(), "debug".into());
+                }
+            }
+            Value::Object(e)
+        })
+    }
+
+    fn layout() -> impl Strategy<Value = (&'static str, &'static str)> {
+        // (a sample of the layout, trailing text)
+        (
+            prop::sample::select(vec![
+                "{\"a\":1}",
+                "{\"a\": 1, \"b\": 2}",
+                "{\n  \"a\": 1\n}",
+                "{\n    \"a\":1\n}",
+                "{\n\t\"a\": 1\n}",
+                "{\r\n  \"a\": 1\r\n}",
+            ]),
+            prop::sample::select(vec!["", "\n", "\n\n", "  \n"]),
+        )
+    }
+
+    fn conflist() -> impl Strategy<Value = (String, Vec<bool>)> {
+        (
+            proptest::collection::vec(primary(), 1..4),
+            proptest::collection::vec((linkerd(), 0..5usize), 0..3),
+            proptest::collection::vec(("x-[a-z]{1,4}", value()), 0..2),
+            layout(),
+        )
+            .prop_map(|(primaries, ours, extra, (sample, trailing))| {
+                let mut plugins = primaries;
+                for (e, at) in ours {
+                    let at = at.min(plugins.len());
+                    plugins.insert(at, e);
+                }
+                let flags = plugins.iter().map(is_ours).collect();
+                let mut top = serde_json::Map::new();
+                top.insert("cniVersion".into(), "0.3.1".into());
+                top.insert("name".into(), "k8s-pod-network".into());
+                for (k, v) in extra.clone() {
+                    top.insert(k, v);
+                }
+                top.insert("plugins".into(), Value::Array(plugins));
+                top.insert("x-after".into(), Value::from(1));
+                let style = Style::detect(sample);
+                let mut s = style.value(&Value::Object(top), "");
+                s.push_str(trailing);
+                (s, flags)
+            })
+    }
+
+    fn top(text: &[u8]) -> serde_json::Map<String, Value> {
+        match serde_json::from_slice(text).unwrap() {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn repair_is_exact_and_idempotent((input, flags) in conflist()) {
+            let want = desired();
+            let fallbacks = plan::FALLBACKS.with(|n| n.get());
+            let state = plan::analyze(Kind::List, input.as_bytes(), &want).state;
+            let out = plan::repaired(Kind::List, input.as_bytes(), &want);
+            let Some(out) = out else {
+                prop_assert_eq!(state, ChainState::Healthy);
+                return Ok(());
+            };
+            prop_assert!(state.is_repairable());
+            let outs = String::from_utf8(out.clone()).unwrap();
+            // Exactly one linkerd entry, last, the desired one.
+            let t = top(&out);
+            let list = t["plugins"].as_array().unwrap().clone();
+            let ours: Vec<usize> = (0..list.len()).filter(|&i| is_ours(&list[i])).collect();
+            prop_assert_eq!(ours, vec![list.len() - 1]);
+            prop_assert!(differing_keys(list.last().unwrap().as_object().unwrap(), &want).is_empty());
+            // Every other plugin and member as before, in order.
+            let before = top(input.as_bytes());
+            let kept: Vec<&Value> = list.iter().filter(|p| !is_ours(p)).collect();
+            let orig: Vec<&Value> = before["plugins"].as_array().unwrap().iter().filter(|p| !is_ours(p)).collect();
+            prop_assert_eq!(kept.len(), orig.len());
+            prop_assert_eq!(flags.iter().filter(|f| !**f).count(), orig.len());
+            for (a, b) in kept.iter().zip(&orig) {
+                prop_assert_eq!(a.to_string(), b.to_string());
+            }
+            let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+            prop_assert_eq!(keys(&t), keys(&before));
+            for (k, v) in &before {
+                if k != "plugins" {
+                    prop_assert_eq!(t[k].to_string(), v.to_string());
+                }
+            }
+            // Byte-identical outside the plugins array.
+            let a = text::find_plugins(&input).unwrap();
+            let b = text::find_plugins(&outs).unwrap();
+            prop_assert_eq!(&input[..a.open], &outs[..b.open]);
+            prop_assert_eq!(&input[a.close..], &outs[b.close..]);
+            // Idempotent.
+            prop_assert_eq!(plan::analyze(Kind::List, &out, &want).state, ChainState::Healthy);
+            prop_assert!(plan::repaired(Kind::List, &out, &want).is_none());
+            // Uninstall gives back the input when it held no entry of ours.
+            let back = plan::without_entries(&out).unwrap();
+            if !flags.contains(&true) {
+                prop_assert_eq!(String::from_utf8(back).unwrap(), input);
+            }
+            // All of it by editing the text, never by re-serializing.
+            prop_assert_eq!(plan::FALLBACKS.with(|n| n.get()), fallbacks);
+        }
+
+        #[test]
+        fn single_plugin_files_convert_exactly(
+            p in primary(),
+            (sample, trailing) in layout(),
+        ) {
+            let mut m = p.as_object().unwrap().clone();
+            m.insert("name".into(), "net".into());
+            m.insert("cniVersion".into(), "1.0.0".into());
+            let mut input = Style::detect(sample).value(&Value::Object(m.clone()), "");
+            input.push_str(trailing);
+            let want = desired();
+            let fallbacks = plan::FALLBACKS.with(|n| n.get());
+            let out = plan::repaired(Kind::Single, input.as_bytes(), &want).unwrap();
+            prop_assert_eq!(plan::FALLBACKS.with(|n| n.get()), fallbacks);
+            let t = top(&out);
+            prop_assert_eq!(t.keys().collect::<Vec<_>>(), vec!["name", "cniVersion", "plugins"]);
+            prop_assert_eq!(&t["name"], &m["name"]);
+            prop_assert_eq!(&t["cniVersion"], &m["cniVersion"]);
+            let list = t["plugins"].as_array().unwrap();
+            prop_assert_eq!(list.len(), 2);
+            prop_assert_eq!(list[0].to_string(), Value::Object(m).to_string());
+            prop_assert_eq!(plan::analyze(Kind::List, &out, &want).state, ChainState::Healthy);
+            let end = format!("}}{trailing}");
+            prop_assert!(String::from_utf8(out).unwrap().ends_with(&end));
+        }
+
+        /// Whatever bytes the active file holds: a state, never a panic.
+        #[test]
+        fn any_bytes_analyze(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            for kind in [Kind::List, Kind::Single] {
+                let _ = plan::analyze(kind, &bytes, &desired());
+                let _ = plan::repaired(kind, &bytes, &desired());
+                let _ = plan::without_entries(&bytes);
+                if let Ok(s) = std::str::from_utf8(&bytes) {
+                    let _ = text::find_plugins(s);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_path_outside_any_dir_is_fine() {
+    assert_eq!(write::parent(Path::new("x")), Path::new("."));
+}
+
+mod heal {
+    //! Healing on ADD, with the plugin's config as the runtime passes it.
+
+    use super::*;
+    use crate::cni::NetConf;
+    use crate::config::PluginConfig;
+
+    struct Node {
+        conf: TempDir,
+        state: TempDir,
+    }
+
+    fn node() -> Node {
+        Node {
+            conf: TempDir::new("heal-conf"),
+            state: TempDir::new("heal-state"),
+        }
+    }
+
+    /// The stdin of an ADD for the entry `desired()`, as libcni builds it.
+    fn stdin(n: &Node, extra: &[(&str, Value)]) -> NetConf {
+        let mut m = desired();
+        m.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().to_string_lossy().into(),
+        );
+        m.insert("state_dir".into(), n.state.path().to_string_lossy().into());
+        for (k, v) in extra {
+            m.insert((*k).into(), v.clone());
+        }
+        m.insert("name".into(), "k8s-pod-network".into());
+        m.insert("cniVersion".into(), "0.3.1".into());
+        m.insert(
+            "prevResult".into(),
+            serde_json::json!({"cniVersion":"0.3.1","ips":[]}),
+        );
+        m.insert(
+            "runtimeConfig".into(),
+            serde_json::json!({"portMappings":[]}),
+        );
+        NetConf::parse(Value::Object(m).to_string().as_bytes()).unwrap()
+    }
+
+    fn heal(conf: &NetConf) {
+        heal_on_add(conf, &PluginConfig::from_netconf(conf).unwrap());
+    }
+
+    /// The entry the plugin derives from `stdin(n, extra)`.
+    fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
+        entry_from_stdin(&stdin(n, extra).raw)
+    }
+
+    #[test]
+    fn stdin_entry_is_the_config_minus_runtime_keys() {
+        let n = node();
+        let e = derived(&n, &[]);
+        for k in ["name", "cniVersion", "prevResult", "runtimeConfig", "args"] {
+            assert!(!e.contains_key(k), "{k}");
+        }
+        assert_eq!(e.get("type"), Some(&Value::from(PLUGIN_TYPE)));
+        assert!(e.contains_key("cni_conf_dir") && e.contains_key("linkerd"));
+    }
+
+    #[test]
+    fn stale_first_entry_is_moved_last_and_refreshed() {
+        let n = node();
+        let mut stale = desired();
+        stale.insert("log_level".into(), "debug".into());
+        let calico = CALICO.replacen(
+            "\"plugins\": [\n",
+            &format!("\"plugins\": [\n    {},\n", Value::Object(stale)),
+            1,
+        );
+        let f = n.conf.write("10-calico.conflist", &calico);
+        let conf = stdin(&n, &[]);
+        heal(&conf);
+        let text = fs::read_to_string(&f).unwrap();
+        let want = derived(&n, &[]);
+        assert_eq!(
+            plan::analyze(Kind::List, text.as_bytes(), &want).state,
+            ChainState::Healthy,
+            "{text}"
+        );
+        // The state dir remembers the repair, for fight detection.
+        assert!(
+            n.state
+                .read(fight::STATE_FILE)
+                .contains("10-calico.conflist")
+        );
+    }
+
+    #[test]
+    fn entry_file_wins_over_stdin() {
+        let n = node();
+        n.conf.write("10-calico.conflist", CALICO);
+        let mut persisted = desired();
+        persisted.insert("log_level".into(), "debug".into());
+        persist_entry(n.conf.path(), &persisted).unwrap();
+        heal(&stdin(&n, &[]));
+        assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());
+    }
+
+    #[test]
+    fn healthy_path_takes_no_lock_and_writes_nothing() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.2))]);
+        heal(&conf);
+        let m1 = fs::metadata(&f).unwrap();
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        for _ in 0..20 {
+            heal(&conf);
+        }
+        // Twenty healthy checks with the lock held: none waited for it.
+        assert!(start.elapsed() < Duration::from_millis(200 * 5));
+        let m2 = fs::metadata(&f).unwrap();
+        assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
+    }
+
+    #[test]
+    fn repair_trouble_never_fails_or_outlasts_the_budget() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        heal(&conf);
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+        drop(holder);
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+    }
+
+    #[test]
+    fn unusable_state_dir_or_conf_dir_never_fails() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        // The state dir is a regular file: nothing can be saved there.
+        let bogus = n.state.write("not-a-dir", "x");
+        let mut conf = stdin(&n, &[]);
+        conf.raw
+            .insert("state_dir".into(), bogus.to_string_lossy().into());
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+        let mut conf = stdin(&n, &[]);
+        conf.raw.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().join("absent").to_string_lossy().into(),
+        );
+        heal(&conf);
+        // Off switch.
+        let f2 = n.conf.write("10-calico.conflist", CALICO);
+        heal(&stdin(&n, &[("chain_heal", Value::Bool(false))]));
+        assert_eq!(fs::read_to_string(&f2).unwrap(), CALICO);
+    }
+
+    #[test]
+    fn a_fight_is_detected_and_repairs_are_rate_limited() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        let mut repairs = 0;
+        for _ in 0..8 {
+            // Another agent rewrites the file without our entry.
+            let f = n.conf.write("10-calico.conflist", CALICO);
+            heal(&conf);
+            if fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE) {
+                repairs += 1;
+            }
+        }
+        // The fifth repair within the window is a fight; then one per
+        // window / threshold (two minutes), so none more in this test.
+        assert_eq!(repairs, 5);
+        let saved: Value = serde_json::from_str(&n.state.read(fight::STATE_FILE)).unwrap();
+        let key = n.conf.path().join("10-calico.conflist");
+        assert_eq!(
+            saved[key.to_string_lossy().as_ref()]
+                .as_array()
+                .unwrap()
+                .len(),
+            5
+        );
+    }
 }

@@ -8,8 +8,10 @@
 //! two ever disagree. The scanner still never indexes out of bounds: on
 //! anything unexpected it returns `None`.
 
+use std::io;
+
 use serde::Serialize;
-use serde_json::ser::{PrettyFormatter, Serializer};
+use serde_json::ser::{Formatter, Serializer};
 use serde_json::{Map, Value};
 
 /// Byte spans of the top-level `plugins` array of a conflist.
@@ -156,55 +158,188 @@ pub(crate) fn find_plugins(text: &str) -> Option<PluginsArray> {
 
 /// How a file is laid out, so that what we add looks like what is there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Style {
-    /// Everything on one line.
-    Compact,
-    /// One member per line, nested by `indent`; lines end with `newline`.
-    Pretty {
-        indent: String,
-        newline: &'static str,
-    },
+pub(crate) struct Style {
+    /// One member per line (`None`: everything on one line).
+    pub pretty: Option<Pretty>,
+    /// Between a key and its value: `":"` or `": "`.
+    pub colon: &'static str,
+    /// Between members on one line (compact style): `","` or `", "`.
+    pub comma: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pretty {
+    /// One level of nesting.
+    pub indent: String,
+    pub newline: &'static str,
 }
 
 impl Style {
     pub(crate) fn detect(text: &str) -> Style {
+        let t = text.as_bytes();
+        // The first member of the top-level object shows the spacing.
+        let mut colon = ": ";
+        let mut comma = ", ";
+        let i = skip_ws(t, 0);
+        if t.get(i) == Some(&b'{')
+            && let Some(kend) = skip_string(t, skip_ws(t, i + 1))
+        {
+            let c = skip_ws(t, kend);
+            if t.get(c) == Some(&b':') {
+                if !t.get(c + 1).copied().is_some_and(is_ws) {
+                    colon = ":";
+                }
+                let v = skip_ws(t, c + 1);
+                if let Some(vend) = skip_value(t, v) {
+                    let k = skip_ws(t, vend);
+                    if t.get(k) == Some(&b',') && !t.get(k + 1).copied().is_some_and(is_ws) {
+                        comma = ",";
+                    }
+                }
+            }
+        }
         let body = text.trim();
-        let Some(first_nl) = body.find('\n') else {
-            return Style::Compact;
-        };
-        let newline = if body.contains("\r\n") { "\r\n" } else { "\n" };
-        // The first line holding something, after the opening brace's line:
-        // a member of the top-level object, one indent deep.
-        let indent = body
-            .get(first_nl + 1..)
-            .unwrap_or_default()
-            .split('\n')
-            .map(|l| l.trim_end_matches('\r'))
-            .find(|l| !l.trim().is_empty())
-            .map(|l| l[..l.len() - l.trim_start().len()].to_string())
-            .unwrap_or_else(|| "  ".to_string());
-        Style::Pretty { indent, newline }
+        let pretty = body.find('\n').map(|first_nl| {
+            let newline = if body.contains("\r\n") { "\r\n" } else { "\n" };
+            // The first line holding something, after the opening brace's
+            // line: a member of the top-level object, one indent deep.
+            let indent = body
+                .get(first_nl + 1..)
+                .unwrap_or_default()
+                .split('\n')
+                .map(|l| l.trim_end_matches('\r'))
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l[..l.len() - l.trim_start().len()].to_string())
+                .unwrap_or_else(|| "  ".to_string());
+            Pretty { indent, newline }
+        });
+        Style {
+            pretty,
+            colon,
+            comma,
+        }
     }
 
     /// `v` serialized in this style, each line after the first prefixed with
     /// `base` (the indentation of the line it starts on).
     pub(crate) fn value(&self, v: &Value, base: &str) -> String {
-        match self {
-            Style::Compact => v.to_string(),
-            Style::Pretty { indent, newline } => {
-                let mut out = Vec::new();
-                let fmt = PrettyFormatter::with_indent(indent.as_bytes());
-                let mut ser = Serializer::with_formatter(&mut out, fmt);
-                // Serializing a Value into a Vec cannot fail.
-                if v.serialize(&mut ser).is_err() {
-                    return v.to_string();
-                }
-                let s = String::from_utf8_lossy(&out);
-                // JSON text has no raw newline inside strings: every '\n' is
-                // layout.
-                s.replace('\n', &format!("{newline}{base}"))
+        let mut out = Vec::new();
+        let fmt = Layout {
+            style: self,
+            base: base.as_bytes(),
+            depth: 0,
+            has_value: false,
+        };
+        let mut ser = Serializer::with_formatter(&mut out, fmt);
+        // Serializing a Value into a Vec cannot fail.
+        if v.serialize(&mut ser).is_err() {
+            return v.to_string();
+        }
+        String::from_utf8(out).unwrap_or_else(|_| v.to_string())
+    }
+
+    /// Separator between array elements when there is no example to copy.
+    fn separator(&self, lead: &str) -> String {
+        match &self.pretty {
+            None => self.comma.to_string(),
+            Some(_) if lead.contains('\n') => format!(",{lead}"),
+            Some(_) => ", ".to_string(),
+        }
+    }
+}
+
+/// A serde_json formatter for [`Style`]: `PrettyFormatter`'s layout with the
+/// file's indent, line ending and spacing, nested under `base`.
+struct Layout<'a> {
+    style: &'a Style,
+    base: &'a [u8],
+    depth: usize,
+    has_value: bool,
+}
+
+impl Layout<'_> {
+    fn line<W: ?Sized + io::Write>(&self, w: &mut W) -> io::Result<()> {
+        if let Some(p) = &self.style.pretty {
+            w.write_all(p.newline.as_bytes())?;
+            w.write_all(self.base)?;
+            for _ in 0..self.depth {
+                w.write_all(p.indent.as_bytes())?;
             }
         }
+        Ok(())
+    }
+
+    fn sep<W: ?Sized + io::Write>(&self, w: &mut W, first: bool) -> io::Result<()> {
+        if !first {
+            let sep = if self.style.pretty.is_some() {
+                ","
+            } else {
+                self.style.comma
+            };
+            w.write_all(sep.as_bytes())?;
+        }
+        self.line(w)
+    }
+
+    fn close<W: ?Sized + io::Write>(&mut self, w: &mut W, c: &[u8]) -> io::Result<()> {
+        self.depth = self.depth.saturating_sub(1);
+        if self.has_value {
+            self.line(w)?;
+        }
+        self.has_value = true;
+        w.write_all(c)
+    }
+}
+
+impl Formatter for Layout<'_> {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.sep(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.sep(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(self.style.colon.as_bytes())
+    }
+
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
     }
 }
 
@@ -216,13 +351,22 @@ fn line_indent(text: &str, pos: usize) -> &str {
     &line[..line.len() - line.trim_start().len()]
 }
 
+/// An element to add at the end of a `plugins` array.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Append<'a> {
+    /// Serialized in the file's style.
+    Value(&'a Value),
+    /// An existing element of the array, moved verbatim.
+    Element(usize),
+}
+
 /// `text` with its `plugins` array holding the elements `keep` (indices into
 /// `arr.elems`, in order) followed by `append`, everything else untouched.
 pub(crate) fn splice_plugins(
     text: &str,
     arr: &PluginsArray,
     keep: &[usize],
-    append: Option<&Value>,
+    append: Option<Append<'_>>,
 ) -> Option<String> {
     let seg = |a: usize, b: usize| text.get(a..b);
     let n = arr.elems.len();
@@ -239,11 +383,7 @@ pub(crate) fn splice_plugins(
         None => "",
     };
     let style = Style::detect(text);
-    let default_sep = match &style {
-        Style::Compact => ",".to_string(),
-        Style::Pretty { .. } if lead.contains('\n') => format!(",{lead}"),
-        Style::Pretty { .. } => ", ".to_string(),
-    };
+    let default_sep = style.separator(lead);
     let sep_before = |k: usize| -> Option<&str> {
         let (_, prev_end) = *arr.elems.get(k.checked_sub(1)?)?;
         let (start, _) = *arr.elems.get(k)?;
@@ -269,13 +409,19 @@ pub(crate) fn splice_plugins(
         items.push((sep.to_string(), seg(s, e)?));
     }
     let new_elem;
-    if let Some(v) = append {
+    if let Some(append) = append {
         let base = match (keep.last(), first) {
             (Some(&k), _) => line_indent(text, arr.elems.get(k)?.0),
             (None, Some((s, _))) => line_indent(text, s),
             (None, None) => line_indent(text, arr.open),
         };
-        new_elem = style.value(v, base);
+        new_elem = match append {
+            Append::Value(v) => style.value(v, base),
+            Append::Element(i) => {
+                let (s, e) = *arr.elems.get(i)?;
+                seg(s, e)?.to_string()
+            }
+        };
         let sep = if items.is_empty() { "" } else { &append_sep };
         items.push((sep.to_string(), &new_elem));
     }
@@ -303,48 +449,39 @@ pub(crate) fn wrap_single(text: &str, top: &Map<String, Value>, entry: &Value) -
     let orig = text.get(start..end)?;
     let trailing = text.get(end..)?;
     let style = Style::detect(text);
+    let key = |k: &str| Value::String(k.to_string()).to_string();
     let mut out = String::with_capacity(text.len() * 2 + 256);
-    match &style {
-        Style::Compact => {
+    match &style.pretty {
+        None => {
+            let (colon, comma) = (style.colon, style.comma);
             out.push('{');
             for (k, v) in top {
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                out.push_str(&v.to_string());
-                out.push(',');
+                out.push_str(&format!("{}{colon}{}{comma}", key(k), style.value(v, "")));
             }
-            out.push_str("\"plugins\":[");
-            out.push_str(orig);
-            out.push(',');
-            out.push_str(&entry.to_string());
-            out.push_str("]}");
+            out.push_str(&format!(
+                "{}{colon}[{orig}{comma}{}]}}",
+                key("plugins"),
+                style.value(entry, "")
+            ));
         }
-        Style::Pretty { indent, newline } => {
+        Some(Pretty { indent, newline }) => {
+            let colon = style.colon;
             let inner = format!("{indent}{indent}");
             out.push('{');
             for (k, v) in top {
-                out.push_str(newline);
-                out.push_str(indent);
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push_str(": ");
-                out.push_str(&style.value(v, indent));
-                out.push(',');
+                out.push_str(&format!(
+                    "{newline}{indent}{}{colon}{},",
+                    key(k),
+                    style.value(v, indent)
+                ));
             }
-            out.push_str(newline);
-            out.push_str(indent);
-            out.push_str("\"plugins\": [");
-            out.push_str(newline);
-            out.push_str(&inner);
-            out.push_str(&orig.replace('\n', &format!("\n{inner}")));
-            out.push(',');
-            out.push_str(newline);
-            out.push_str(&inner);
-            out.push_str(&style.value(entry, &inner));
-            out.push_str(newline);
-            out.push_str(indent);
-            out.push(']');
-            out.push_str(newline);
-            out.push('}');
+            // JSON strings hold no raw newline: every '\n' is layout.
+            let orig = orig.replace('\n', &format!("\n{inner}"));
+            out.push_str(&format!(
+                "{newline}{indent}{}{colon}[{newline}{inner}{orig},{newline}{inner}{}{newline}{indent}]{newline}}}",
+                key("plugins"),
+                style.value(entry, &inner)
+            ));
         }
     }
     out.push_str(trailing);
@@ -384,32 +521,40 @@ mod tests {
 
     #[test]
     fn style_detection() {
-        assert_eq!(Style::detect(r#"{"a":1}"#), Style::Compact);
+        let s = Style::detect(r#"{"a":1,"b":2}"#);
+        assert_eq!((s.pretty, s.colon, s.comma), (None, ":", ","));
+        let s = Style::detect(r#"{"a": 1, "b": 2}"#);
+        assert_eq!((s.pretty, s.colon, s.comma), (None, ": ", ", "));
+        let s = Style::detect("{\n    \"a\": 1\n}\n");
         assert_eq!(
-            Style::detect("{\n    \"a\": 1\n}\n"),
-            Style::Pretty {
+            s.pretty,
+            Some(Pretty {
                 indent: "    ".into(),
                 newline: "\n"
-            }
+            })
         );
+        let s = Style::detect("{\r\n\t\"a\":1\r\n}");
         assert_eq!(
-            Style::detect("{\r\n\t\"a\": 1\r\n}"),
-            Style::Pretty {
+            s.pretty,
+            Some(Pretty {
                 indent: "\t".into(),
                 newline: "\r\n"
-            }
+            })
         );
+        assert_eq!(s.colon, ":");
     }
 
     #[test]
     fn pretty_value_is_indented_from_its_line() {
-        let s = Style::Pretty {
-            indent: "  ".into(),
-            newline: "\n",
-        };
+        let s = Style::detect("{\n  \"x\": 1\n}");
         assert_eq!(
-            s.value(&json!({"type":"l","a":[1]}), "    "),
-            "{\n      \"type\": \"l\",\n      \"a\": [\n        1\n      ]\n    }"
+            s.value(&json!({"type":"l","a":[1],"e":[],"o":{}}), "    "),
+            "{\n      \"type\": \"l\",\n      \"a\": [\n        1\n      ],\n      \"e\": [],\n      \"o\": {}\n    }"
+        );
+        let s = Style::detect("{\"x\": 1, \"y\": 2}");
+        assert_eq!(
+            s.value(&json!({"a":[1,2],"b":{"c":3}}), "  "),
+            r#"{"a": [1, 2], "b": {"c": 3}}"#
         );
     }
 }

@@ -1,0 +1,323 @@
+//! `linkerd-cni chain status|repair` and healing through the real binary,
+//! as a person and a runtime run it: the issue's acceptance scenarios.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{TempDir, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
+
+fn chain(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("chain")
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("run linkerd-cni chain")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn calico(dir: &TempDir) -> std::path::PathBuf {
+    let src = fixtures().join("calico/in/10-calico.conflist");
+    let dst = dir.join("10-calico.conflist");
+    fs::copy(src, &dst).unwrap();
+    dst
+}
+
+/// Acceptance: status says missing (1), repair fixes it, status 0, a second
+/// repair writes nothing.
+#[test]
+fn status_repair_status_repair() {
+    let d = TempDir::new("cli");
+    let f = calico(&d);
+    let entry = TempDir::new("cli-entry");
+    let entry_file = entry.write(
+        "entry.json",
+        &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
+    );
+    let args = [
+        "--conf-dir",
+        d.path().to_str().unwrap(),
+        "--entry",
+        entry_file.to_str().unwrap(),
+    ];
+
+    let o = chain(&[&["status"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("10-calico.conflist"), "{out}");
+    assert!(out.contains("missing"), "{out}");
+    assert!(
+        out.contains("append the linkerd-cni entry (plugin 4 of 4)"),
+        "{out}"
+    );
+    assert!(out.contains("calico -> bandwidth -> portmap"), "{out}");
+
+    let o = chain(&[&["repair"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("repaired"),
+        "{}",
+        text(&o)
+    );
+
+    let o = chain(&[&["status"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("healthy"));
+
+    let m1 = fs::metadata(&f).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let o = chain(&[&["repair"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("nothing written"),
+        "{}",
+        text(&o)
+    );
+    let m2 = fs::metadata(&f).unwrap();
+    assert_eq!(
+        (m1.ino(), m1.mtime(), m1.mtime_nsec()),
+        (m2.ino(), m2.mtime(), m2.mtime_nsec())
+    );
+    assert_eq!(d.names(), ["10-calico.conflist"]);
+}
+
+#[test]
+fn entry_file_in_the_conf_dir_is_the_default() {
+    let d = TempDir::new("cli-default");
+    calico(&d);
+    let o = chain(&["status", "--conf-dir", d.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--entry") && err.contains("installer"),
+        "{err}"
+    );
+    linkerd_cni::chain::persist_entry(d.path(), &desired()).unwrap();
+    let conf_dir = format!("--conf-dir={}", d.path().display());
+    let o = chain(&["repair", &conf_dir]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = chain(&["status", &conf_dir]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn not_repairable_is_1_and_bad_usage_is_2() {
+    let d = TempDir::new("cli-bad");
+    let entry = TempDir::new("cli-bad-entry");
+    let good = entry.write("e.json", &Value::Object(desired()).to_string());
+    let dir = d.path().to_str().unwrap();
+    // No primary config: nothing to do, not healthy.
+    let o = chain(&[
+        "repair",
+        "--conf-dir",
+        dir,
+        "--entry",
+        good.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(d.names().is_empty());
+    d.write("10-calico.conflist", "{\"name\":");
+    let o = chain(&[
+        "status",
+        "--conf-dir",
+        dir,
+        "--entry",
+        good.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("not valid JSON"),
+        "{}",
+        text(&o)
+    );
+
+    let not_ours = entry.write("n.json", r#"{"type":"calico"}"#);
+    for args in [
+        vec![
+            "status",
+            "--conf-dir",
+            dir,
+            "--entry",
+            not_ours.to_str().unwrap(),
+        ],
+        vec![
+            "status",
+            "--conf-dir",
+            dir,
+            "--entry",
+            "/nonexistent/entry.json",
+        ],
+        vec![
+            "status",
+            "--conf-dir",
+            "/nonexistent/dir",
+            "--entry",
+            good.to_str().unwrap(),
+        ],
+        vec!["status", "--conf-dir"],
+        vec!["status", "--frobnicate", "x"],
+        vec!["fix"],
+        vec![],
+    ] {
+        let o = chain(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(!o.stderr.is_empty(), "{args:?}");
+    }
+}
+
+fn run_cni(command: &str, stdin: &[u8]) -> Output {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs([
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", "3f1c2b9a7e"),
+            ("CNI_NETNS", "/var/run/netns/cni-1234"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
+            ),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The plugin's config as the runtime passes it for the entry `e`.
+fn add_stdin(e: &serde_json::Map<String, Value>) -> (Vec<u8>, Value) {
+    let prev: Value = serde_json::from_str(
+        r#"{"cniVersion": "0.3.1",
+        "interfaces": [{"name": "cali5ad3b6c0e1f"}, {"name": "eth0", "sandbox": "/var/run/netns/cni-1234"}],
+        "ips": [{"version": "4", "interface": 1, "address": "10.244.1.17/32"}],
+        "dns": {}, "x": 0.30000000000000000004}"#,
+    )
+    .unwrap();
+    let mut m = e.clone();
+    m.insert("name".into(), "k8s-pod-network".into());
+    m.insert("cniVersion".into(), "0.3.1".into());
+    m.insert("prevResult".into(), prev.clone());
+    (Value::Object(m).to_string().into_bytes(), prev)
+}
+
+/// Acceptance: the linkerd entry first and stale; after one ADD it is last
+/// and the desired one, and the ADD printed the prevResult.
+#[test]
+fn add_heals_a_stale_first_entry() {
+    let d = TempDir::new("add");
+    let state = TempDir::new("add-state");
+    let mut e = desired();
+    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
+    e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    // What the conflist holds: an older version of the entry, first.
+    let mut stale = e.clone();
+    stale.insert("log_level".into(), "debug".into());
+    let linkerd_first =
+        fs::read_to_string(fixtures().join("linkerd-first/in/10-calico.conflist")).unwrap();
+    let mut top = object(&linkerd_first);
+    let mut list = plugins(&linkerd_first);
+    list[0] = Value::Object(stale);
+    top.insert("plugins".into(), Value::Array(list));
+    let f = d.write(
+        "10-calico.conflist",
+        &serde_json::to_string_pretty(&top).unwrap(),
+    );
+
+    let (stdin, prev) = add_stdin(&e);
+    let o = run_cni("ADD", &stdin);
+    assert!(o.status.success(), "{}", text(&o));
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out.to_string(), prev.to_string());
+
+    let after = fs::read_to_string(&f).unwrap();
+    let list = plugins(&after);
+    let ours: Vec<usize> = (0..list.len()).filter(|&i| is_linkerd(&list[i])).collect();
+    assert_eq!(ours, [list.len() - 1], "{after}");
+    let mut want = e.clone();
+    want.shift_remove("name");
+    assert!(
+        same_order(list.last().unwrap(), &Value::Object(want)),
+        "{after}"
+    );
+    assert_eq!(list.len(), 3);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("repaired"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(d.names(), ["10-calico.conflist"]);
+}
+
+/// Only ADD ever writes: the others leave an unhealthy conf dir as it is.
+#[test]
+fn other_commands_never_write() {
+    let d = TempDir::new("readonly");
+    let state = TempDir::new("readonly-state");
+    calico(&d);
+    let before = tree(d.path());
+    let mut e = desired();
+    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
+    e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    let (stdin, _) = add_stdin(&e);
+    for cmd in ["VERSION", "DEL", "CHECK", "GC", "STATUS"] {
+        let o = run_cni(cmd, &stdin);
+        assert!(o.status.success(), "{cmd}: {}", text(&o));
+        assert_eq!(tree(d.path()), before, "{cmd} wrote to the conf dir");
+    }
+    assert!(state.names().is_empty());
+    let o = run_cni("ADD", &stdin);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_ne!(tree(d.path()), before);
+}
+
+/// The ADD ends within the budget when another repair holds the lock.
+#[test]
+fn add_is_not_delayed_past_the_budget() {
+    let d = TempDir::new("budget");
+    let state = TempDir::new("budget-state");
+    let f = calico(&d);
+    let mut e = desired();
+    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
+    e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    e.insert("chain_repair_budget_seconds".into(), Value::from(0.5));
+    let holder = fs::File::open(d.path()).unwrap();
+    holder.lock().unwrap();
+    let start = std::time::Instant::now();
+    let (stdin, prev) = add_stdin(&e);
+    let o = run_cni("ADD", &stdin);
+    let took = start.elapsed();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout)
+            .unwrap()
+            .to_string(),
+        prev.to_string()
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("lock"),
+        "{}",
+        text(&o)
+    );
+    assert!(!fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
+}
