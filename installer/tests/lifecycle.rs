@@ -348,6 +348,10 @@ fn uninstall_without_a_conf_dir() {
     .unwrap();
     fs::remove_dir(&node.conf_dir).unwrap();
     let out = node.run(&["uninstall"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(file_names(&node.bin_dir).is_empty());
 }
