@@ -17,6 +17,8 @@ cargo test --workspace --locked
 # are checked against the oldest and the newest Kubernetes the tool knows.
 lint=target/lint-venv/bin
 "$lint/hadolint" Dockerfile
+echo "hadolint: Dockerfile ok"
 for k8s in 1.25.0 1.37.0; do
   "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
+  echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
 done
