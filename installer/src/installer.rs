@@ -102,7 +102,7 @@ impl Installer {
                         b.dest.display(),
                         b.source.display()
                     );
-                    self.notes.clear(&topic, String::new);
+                    self.notes.forget(&topic);
                 }
                 Err(e) => {
                     ok = false;
@@ -125,7 +125,7 @@ impl Installer {
                 .clear("kubeconfig", || format!("{} is current", path.display())),
             Ok(Some(before)) => {
                 log::info!("wrote {}: it was {before}", path.display());
-                self.notes.clear("kubeconfig", String::new);
+                self.notes.forget("kubeconfig");
             }
             Err(e) => self.notes.say(
                 "kubeconfig",
@@ -166,7 +166,7 @@ impl Installer {
                     "wrote the desired entry to {}: {why}",
                     dir.join(chain::ENTRY_FILE).display()
                 );
-                self.notes.clear("entry", String::new);
+                self.notes.forget("entry");
             }
             Err(e) => self.notes.say(
                 "entry",

@@ -181,4 +181,34 @@ mod tests {
         assert!(!n.matches("calico"));
         assert!(Filter::Any.matches("..data"));
     }
+
+    #[test]
+    fn relevant_events_and_rearm_after_the_dir_comes_back() {
+        let dir = std::env::temp_dir().join(format!("lcni-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut w =
+            Watcher::new(vec![(dir.clone(), Filter::ConfigsAnd(vec!["kc".into()]))]).unwrap();
+        // Not there yet: reported once, retried silently.
+        assert_eq!(w.arm().len(), 1);
+        assert!(w.arm().is_empty());
+        std::fs::create_dir(&dir).unwrap();
+        assert!(w.arm().is_empty());
+
+        std::fs::write(dir.join("README"), "x").unwrap();
+        assert!(!w.drain());
+        std::fs::write(dir.join("10-calico.conflist"), "{}").unwrap();
+        assert!(w.drain());
+        std::fs::write(dir.join("kc"), "x").unwrap();
+        assert!(w.drain());
+        assert!(!w.drain());
+
+        // The directory goes away and comes back: the watch follows.
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(w.drain());
+        std::fs::create_dir(&dir).unwrap();
+        assert!(w.arm().is_empty());
+        std::fs::write(dir.join("05-cilium.conflist"), "{}").unwrap();
+        assert!(w.drain());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
