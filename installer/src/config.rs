@@ -359,11 +359,10 @@ fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
-/// Whether a runtime would load a file of this name as a network config.
+/// Whether a runtime would load a file of this name as a network config
+/// (the chain library's rule, so both agree).
 pub fn has_config_extension(name: &str) -> bool {
-    [".conf", ".conflist", ".json"]
-        .iter()
-        .any(|ext| name.ends_with(ext))
+    linkerd_cni::chain::is_config_name(std::ffi::OsStr::new(name))
 }
 
 #[cfg(test)]

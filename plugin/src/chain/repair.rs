@@ -231,7 +231,7 @@ enum Candidate {
     /// New content, to be written to a fresh temp file.
     New(Vec<u8>),
     /// An inode we displaced (someone else's newer content), held at a temp
-    /// name, with its content.
+    /// name, with its content: to be put back.
     Restore(PathBuf, Vec<u8>),
 }
 
@@ -279,31 +279,47 @@ fn swap_loop(
         let p = p.to_path_buf();
         move |e| ChainError::io(action, p, e)
     };
-    // What we believe the target holds now.
+    // What the target holds, as far as we know.
     let mut expected = base.to_vec();
     let mut candidate = Candidate::New(first);
-    // Displaced inodes whose content a later candidate incorporates: removed
-    // once that candidate is in place.
-    let mut superseded: Vec<PathBuf> = Vec::new();
     for swaps in 0..MAX_SWAPS {
-        if swaps > 0 && past(deadline) {
-            give_up(real, candidate, &superseded);
-            return Err(ChainError::Deadline {
-                path: real.to_path_buf(),
-            });
-        }
         let (held, placed, ours) = match candidate {
             Candidate::New(bytes) => {
+                if swaps > 0 && past(deadline) {
+                    return Err(ChainError::Deadline {
+                        path: real.to_path_buf(),
+                    });
+                }
                 let t = write::write_temp(dir, &bytes, Some(meta))
                     .map_err(io_err("write a temp file in", dir))?;
+                // A last look right before the swap (writing the temp file
+                // took an fsync): a change seen here costs nobody anything.
+                let now = scan::read_file(real).ok();
+                if now.as_deref() != Some(&expected[..]) {
+                    let _ = fs::remove_file(&t);
+                    match now.as_deref().and_then(transform) {
+                        Some(next) => {
+                            expected = now.unwrap_or_default();
+                            candidate = Candidate::New(next);
+                            continue;
+                        }
+                        // Healthy, unreadable or half-written now: look again
+                        // from the top.
+                        None => return Ok(Outcome::Superseded),
+                    }
+                }
                 (t, bytes, true)
             }
             Candidate::Restore(t, bytes) => (t, bytes, false),
         };
+        #[cfg(test)]
+        if ours {
+            testing::before_swap();
+        }
         match write::exchange(&held, real) {
             Ok(()) => {}
-            Err(e) if write::unsupported(&e) && swaps == 0 && ours => {
-                return rename_checked(real, held, placed, expected, transform);
+            Err(e) if write::unsupported(&e) && ours => {
+                return rename_checked(real, held, expected, transform);
             }
             Err(e) => {
                 if ours {
@@ -315,57 +331,43 @@ fn swap_loop(
         // `held` now names what the target held an instant ago.
         let displaced = scan::read_file(&held).ok();
         if displaced.as_deref() == Some(&expected[..]) {
-            for p in superseded.iter().chain(std::iter::once(&held)) {
-                let _ = fs::remove_file(p);
-            }
+            let _ = fs::remove_file(&held);
             write::fsync_dir(dir).map_err(io_err("fsync", dir))?;
-            return Ok(if ours {
-                Outcome::Written
-            } else {
-                Outcome::Superseded
-            });
+            if ours {
+                return Ok(Outcome::Written);
+            }
+            // Someone's newer content is back in place: repair it in turn.
+            match transform(&placed) {
+                Some(next) => {
+                    expected = placed;
+                    candidate = Candidate::New(next);
+                    continue;
+                }
+                None => return Ok(Outcome::Superseded),
+            }
         }
-        // Someone wrote after we read: their content is the newest.
+        // Someone wrote in the microseconds since our last look. Put their
+        // content back at once, the very inode (a writer may still hold it
+        // open), before any slow work: ours was computed from an older base.
         log::info!(
-            "{} changed while being repaired; repairing the newer content",
+            "{} changed while being repaired; putting the newer content back",
             real.display()
         );
         expected = placed;
-        let displaced = displaced.unwrap_or_default();
-        candidate = match transform(&displaced) {
-            Some(next) => {
-                superseded.push(held);
-                Candidate::New(next)
-            }
-            None => Candidate::Restore(held, displaced),
-        };
+        candidate = Candidate::Restore(held, displaced.unwrap_or_default());
     }
-    give_up(real, candidate, &superseded);
+    if let Candidate::Restore(newest, _) = candidate {
+        // Put the newest content we hold back in place, once more.
+        if write::exchange(&newest, real).is_ok()
+            && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
+        {
+            let _ = fs::remove_file(&newest);
+        }
+    }
     Err(ChainError::Contended {
         path: real.to_path_buf(),
         attempts: MAX_SWAPS,
     })
-}
-
-/// Stops swapping with a writer faster than us: puts the newest content we
-/// displaced back in place so that it is not lost.
-fn give_up(real: &Path, candidate: Candidate, superseded: &[PathBuf]) {
-    let newest = match &candidate {
-        Candidate::Restore(p, _) => Some(p.clone()),
-        Candidate::New(_) => superseded.last().cloned(),
-    };
-    if let Some(p) = newest
-        && write::exchange(&p, real).is_ok()
-    {
-        log::warn!(
-            "{} keeps changing; left the newest content found in place",
-            real.display()
-        );
-        let _ = fs::remove_file(&p);
-    }
-    for p in superseded {
-        let _ = fs::remove_file(p);
-    }
 }
 
 /// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
@@ -373,21 +375,13 @@ fn give_up(real: &Path, candidate: Candidate, superseded: &[PathBuf]) {
 fn rename_checked(
     real: &Path,
     mut tmp: PathBuf,
-    mut placed: Vec<u8>,
     mut expected: Vec<u8>,
     transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
 ) -> Result<Outcome, ChainError> {
     let dir = parent(real).to_path_buf();
     for _ in 0..MAX_SWAPS {
-        let current = scan::read_file(real).map_err(|e| ChainError::io("read", real, e));
-        let current = match current {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        if current == expected {
+        let current = scan::read_file(real).ok();
+        if current.as_deref() == Some(&expected[..]) {
             if let Err(e) = fs::rename(&tmp, real) {
                 let _ = fs::remove_file(&tmp);
                 return Err(ChainError::io("rename a temp file to", real, e));
@@ -396,16 +390,15 @@ fn rename_checked(
             return Ok(Outcome::Written);
         }
         let _ = fs::remove_file(&tmp);
-        let Some(next) = transform(&current) else {
+        let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
             return Ok(Outcome::Superseded);
         };
         let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
         tmp = write::write_temp(&dir, &next, Some(&meta))
             .map_err(|e| ChainError::io("write a temp file in", &dir, e))?;
-        placed = next;
         expected = current;
     }
-    let _ = (fs::remove_file(&tmp), placed);
+    let _ = fs::remove_file(&tmp);
     Err(ChainError::Contended {
         path: real.to_path_buf(),
         attempts: MAX_SWAPS,
@@ -531,10 +524,39 @@ fn convert(
     Ok((Outcome::Superseded, dst))
 }
 
-/// [`replace`] with the repair's transform, for tests that hand it an
-/// out-of-date base. Returns whether our content ended up in place.
+/// Test access: act as another writer between our last look and the swap
+/// (a window too short to hit on purpose otherwise), and [`replace`] with
+/// a base of the test's choosing.
 #[cfg(test)]
-pub(crate) fn test_replace(path: &Path, base: &[u8], desired: &Entry) -> Result<bool, ChainError> {
-    let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
-    Ok(matches!(o, Outcome::Written))
+pub(crate) mod testing {
+    use std::cell::RefCell;
+    use std::path::Path;
+
+    use super::{ChainError, Entry, Kind, Outcome, plan, replace};
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+    }
+
+    /// Runs `f` before the next swap of new content (once).
+    pub(crate) fn before_next_swap(f: impl FnMut() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn before_swap() {
+        if let Some(mut f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    /// Replaces `path` as a repair computed from `base` would. Returns
+    /// whether our content ended up in place.
+    pub(crate) fn replace_from(
+        path: &Path,
+        base: &[u8],
+        desired: &Entry,
+    ) -> Result<bool, ChainError> {
+        let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
+        Ok(matches!(o, Outcome::Written))
+    }
 }

@@ -385,56 +385,106 @@ fn no_primary_means_no_write() {
 }
 
 mod lost_update {
-    //! A primary writing between our read and our swap, made deterministic
-    //! by handing the repair a base that is already out of date.
+    //! Another writer changing the file after our read: either before our
+    //! last look (an out-of-date base) or in the instant between that look
+    //! and the swap (a test hook).
 
     use super::*;
-    use crate::chain::repair::test_replace;
+    use crate::chain::repair::testing::{before_next_swap, replace_from};
+    use std::io::Write;
 
     fn calico_with(mtu: u32) -> String {
         CALICO.replace("1440", &mtu.to_string())
     }
 
+    fn healthy(text: &str) -> bool {
+        plan::analyze(Kind::List, text.as_bytes(), &desired()).state == ChainState::Healthy
+    }
+
     #[test]
-    fn newer_content_is_repaired_not_undone() {
+    fn newer_content_seen_at_the_last_look_is_repaired() {
         let d = TempDir::new("lost1");
         let f = d.write("10-calico.conflist", &calico_with(9000));
-        let stale_base = calico_with(1440);
-        let written = test_replace(&f, stale_base.as_bytes(), &desired()).unwrap();
-        assert!(written);
+        assert!(replace_from(&f, calico_with(1440).as_bytes(), &desired()).unwrap());
         let text = fs::read_to_string(&f).unwrap();
-        assert!(text.contains("9000"), "{text}");
-        assert_eq!(
-            plan::analyze(Kind::List, text.as_bytes(), &desired()).state,
-            ChainState::Healthy
-        );
+        assert!(text.contains("9000") && healthy(&text), "{text}");
         assert_eq!(d.names(), ["10-calico.conflist"]);
     }
 
     #[test]
-    fn half_written_content_is_put_back_as_the_same_file() {
+    fn half_written_content_is_left_alone() {
         let d = TempDir::new("lost2");
         let half = &CALICO[..50];
         let f = d.write("10-calico.conflist", half);
         let ino = fs::metadata(&f).unwrap().ino();
-        let written = test_replace(&f, CALICO.as_bytes(), &desired()).unwrap();
-        assert!(!written);
+        assert!(!replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
         assert_eq!(fs::read_to_string(&f).unwrap(), half);
-        // The very inode: a writer still holding it open writes to the live file.
         assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
         assert_eq!(d.names(), ["10-calico.conflist"]);
     }
 
     #[test]
-    fn newer_healthy_content_is_kept() {
+    fn a_rename_in_the_last_instant_is_put_back_then_repaired() {
         let d = TempDir::new("lost3");
-        let healthy = String::from_utf8(
+        let f = d.write("10-calico.conflist", CALICO);
+        let (dir, target) = (d.path().to_path_buf(), f.clone());
+        before_next_swap(move || {
+            let tmp = dir.join(".primary.tmp");
+            fs::write(&tmp, calico_with(7777)).unwrap();
+            fs::rename(&tmp, &target).unwrap();
+        });
+        assert!(replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
+        let text = fs::read_to_string(&f).unwrap();
+        assert!(text.contains("7777") && healthy(&text), "{text}");
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
+    fn a_write_in_progress_is_put_back_as_the_same_file() {
+        let d = TempDir::new("lost4");
+        let f = d.write("10-calico.conflist", CALICO);
+        let ino = fs::metadata(&f).unwrap().ino();
+        let target = f.clone();
+        // The primary opens the file (truncating it) and is still writing
+        // when the swap happens.
+        let writer = std::rc::Rc::new(std::cell::RefCell::new(None));
+        let w = writer.clone();
+        before_next_swap(move || {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&target)
+                .unwrap();
+            file.write_all(&calico_with(5555).as_bytes()[..60]).unwrap();
+            *w.borrow_mut() = Some(file);
+        });
+        assert!(!replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
+        // Its inode is back in place: the rest of its write lands in the
+        // live file.
+        assert_eq!(fs::metadata(&f).unwrap().ino(), ino);
+        let mut file = writer.borrow_mut().take().unwrap();
+        file.write_all(&calico_with(5555).as_bytes()[60..]).unwrap();
+        drop(file);
+        assert_eq!(fs::read_to_string(&f).unwrap(), calico_with(5555));
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
+    fn a_healthy_write_in_the_last_instant_is_kept() {
+        let d = TempDir::new("lost5");
+        let f = d.write("10-calico.conflist", CALICO);
+        let theirs = String::from_utf8(
             plan::repaired(Kind::List, calico_with(1).as_bytes(), &desired()).unwrap(),
         )
         .unwrap();
-        let f = d.write("10-calico.conflist", &healthy);
-        assert!(!test_replace(&f, CALICO.as_bytes(), &desired()).unwrap());
-        assert_eq!(fs::read_to_string(&f).unwrap(), healthy);
+        let (dir, target, t) = (d.path().to_path_buf(), f.clone(), theirs.clone());
+        before_next_swap(move || {
+            let tmp = dir.join(".primary.tmp");
+            fs::write(&tmp, &t).unwrap();
+            fs::rename(&tmp, &target).unwrap();
+        });
+        assert!(!replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
+        assert_eq!(fs::read_to_string(&f).unwrap(), theirs);
         assert_eq!(d.names(), ["10-calico.conflist"]);
     }
 }
