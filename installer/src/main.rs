@@ -1,6 +1,122 @@
-//! `linkerd-cni-installer`: the DaemonSet container. Placeholder until the
-//! installer issue lands; it only reports its version.
+//! `linkerd-cni-installer`: the DaemonSet container that installs the
+//! linkerd-cni plugin on a node and keeps it chained in the node's active
+//! CNI config, level-triggered (see [`run`]).
 
-fn main() {
-    println!("linkerd-cni-installer {}", env!("CARGO_PKG_VERSION"));
+mod binaries;
+mod config;
+mod entry;
+mod fsutil;
+mod installer;
+mod kubeconfig;
+mod notes;
+mod run;
+mod signals;
+mod watch;
+
+use std::process::ExitCode;
+
+use linkerd_cni::logging;
+use log::LevelFilter;
+
+use crate::config::{Config, ConfigError};
+use crate::installer::Installer;
+
+const USAGE: &str = "\
+linkerd-cni-installer: installs the linkerd-cni CNI plugin on this node and
+keeps it chained in the active CNI config. Configured by environment
+variables (those of the linkerd2-cni Helm chart, plus LINKERD_CNI_*).
+
+USAGE:
+    linkerd-cni-installer            install, then reconcile until SIGTERM
+    linkerd-cni-installer check      exit 0 when the node is ready (readiness
+                                     probe); otherwise print why and exit 1
+    linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
+                                     config, then the kubeconfig and the
+                                     persisted entry, then the binaries
+    linkerd-cni-installer version
+    linkerd-cni-installer --help
+";
+
+/// Exit code for a configuration the installer cannot run with.
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let command = match args.as_slice() {
+        [] | ["run"] => Command::Run,
+        ["check"] => Command::Check,
+        ["uninstall"] => Command::Uninstall,
+        ["version" | "--version" | "-V"] => {
+            println!("linkerd-cni-installer {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        ["-h" | "--help" | "help"] => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("linkerd-cni-installer: unknown arguments {args:?}\n\n{USAGE}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    // `check` runs every few seconds as a probe: its stdout says why the
+    // node is not ready, and routine log lines would only add noise.
+    let level = match command {
+        Command::Check => LevelFilter::Warn,
+        _ => LevelFilter::Info,
+    };
+    logging::init("linkerd-cni-installer", level);
+
+    let installer = match load() {
+        Ok(i) => i,
+        Err(e) => {
+            log::error!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match command {
+        Command::Run => run::run(installer),
+        Command::Check => {
+            let problems = installer.check();
+            if problems.is_empty() {
+                println!("ready: linkerd-cni is installed and chained");
+                ExitCode::SUCCESS
+            } else {
+                println!("not ready:");
+                for p in problems {
+                    println!("- {p}");
+                }
+                ExitCode::FAILURE
+            }
+        }
+        Command::Uninstall => match installer.uninstall() {
+            Ok(()) => {
+                log::info!("uninstalled");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                log::error!("uninstall incomplete: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+enum Command {
+    Run,
+    Check,
+    Uninstall,
+}
+
+fn load() -> Result<Installer, ConfigError> {
+    for var in config::VARIABLES {
+        if std::env::var_os(var).is_some_and(|v| v.to_str().is_none()) {
+            return Err(ConfigError::new(var, "not valid UTF-8"));
+        }
+    }
+    let cfg = Config::from_env(|k| std::env::var(k).ok())?;
+    let bins = binaries::list(&cfg)?;
+    let entry = cfg.desired_entry()?;
+    Ok(Installer::new(cfg, bins, entry))
 }

@@ -1,0 +1,521 @@
+//! The installer's configuration, read once from the environment.
+//!
+//! Variable names and defaults follow upstream's install-cni.sh and the
+//! `linkerd2-cni` Helm chart, so the chart can run this image unchanged; new
+//! knobs carry the `LINKERD_CNI_` prefix. As in the shell installer, an empty
+//! variable counts as unset. Anything malformed is an error that names the
+//! variable: the container then exits at once instead of running with a
+//! guess.
+//!
+//! Paths come in two views. `DEST_CNI_NET_DIR` and `DEST_CNI_BIN_DIR` are
+//! host paths: they are what the runtime and the plugin see, and what goes
+//! into files the plugin reads. The installer itself reaches them under
+//! `CONTAINER_MOUNT_PREFIX`.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use crate::entry::{self, Entry, Template};
+
+pub const DEFAULT_DEST_CNI_NET_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_DEST_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_CONTAINER_MOUNT_PREFIX: &str = "/host";
+pub const DEFAULT_CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
+pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
+/// Longest accepted resync period: beyond an hour a missed event would leave
+/// a node unchained for longer than anyone would wait.
+const MAX_RESYNC_SECONDS: f64 = 3600.0;
+
+/// Every variable the installer reads.
+pub const VARIABLES: [&str; 16] = [
+    "DEST_CNI_NET_DIR",
+    "DEST_CNI_BIN_DIR",
+    "CONTAINER_MOUNT_PREFIX",
+    "CONTAINER_CNI_BIN_DIR",
+    "KUBECONFIG_FILE_NAME",
+    "KUBE_CA_FILE",
+    "SKIP_TLS_VERIFY",
+    "KUBERNETES_SERVICE_PROTOCOL",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
+    "CNI_NETWORK_CONFIG",
+    "CNI_NETWORK_CONFIG_FILE",
+    "LINKERD_CNI_RESYNC_SECONDS",
+    "LINKERD_CNI_WATCH",
+    "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
+    "LINKERD_CNI_UNINSTALL_ON_EXIT",
+];
+
+/// A variable that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {var}: {reason}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(var: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError {
+            var,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Everything the installer is told by its environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `DEST_CNI_NET_DIR`, host view.
+    pub dest_cni_net_dir: PathBuf,
+    /// `DEST_CNI_BIN_DIR`, host view.
+    pub dest_cni_bin_dir: PathBuf,
+    /// `CONTAINER_MOUNT_PREFIX`: where the host's root is seen.
+    pub mount_prefix: PathBuf,
+    /// `CONTAINER_CNI_BIN_DIR`: the binaries to install (container view).
+    pub container_cni_bin_dir: PathBuf,
+    /// `KUBECONFIG_FILE_NAME`: a plain file name in the conf dir.
+    pub kubeconfig_file_name: String,
+    /// `KUBE_CA_FILE` (container view); default `ca.crt` in the service
+    /// account dir. Used only when it exists, as upstream does.
+    pub kube_ca_file: PathBuf,
+    /// `SKIP_TLS_VERIFY`: write `insecure-skip-tls-verify` instead of a CA.
+    pub skip_tls_verify: bool,
+    /// `KUBERNETES_SERVICE_PROTOCOL` (upstream's knob; default https).
+    pub k8s_protocol: String,
+    /// `KUBERNETES_SERVICE_HOST`.
+    pub k8s_host: String,
+    /// `KUBERNETES_SERVICE_PORT`.
+    pub k8s_port: u16,
+    /// `CNI_NETWORK_CONFIG_FILE` or `CNI_NETWORK_CONFIG`.
+    pub template: Template,
+    /// `LINKERD_CNI_RESYNC_SECONDS`.
+    pub resync: Duration,
+    /// `LINKERD_CNI_WATCH`.
+    pub watch: bool,
+    /// `LINKERD_CNI_SERVICE_ACCOUNT_DIR`.
+    pub service_account_dir: PathBuf,
+    /// `LINKERD_CNI_UNINSTALL_ON_EXIT`.
+    pub uninstall_on_exit: bool,
+}
+
+impl Config {
+    /// Reads the configuration through `get` (the process environment in
+    /// production, a map in tests). The template is read and rendered once
+    /// here so that a bad one stops the container at start.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        // Upstream's `${VAR:-default}`: empty is the same as unset.
+        let var = |name: &str| get(name).filter(|v| !v.is_empty());
+
+        let dest_cni_net_dir = host_dir(
+            "DEST_CNI_NET_DIR",
+            var("DEST_CNI_NET_DIR"),
+            DEFAULT_DEST_CNI_NET_DIR,
+        )?;
+        let dest_cni_bin_dir = host_dir(
+            "DEST_CNI_BIN_DIR",
+            var("DEST_CNI_BIN_DIR"),
+            DEFAULT_DEST_CNI_BIN_DIR,
+        )?;
+        let mount_prefix = absolute(
+            "CONTAINER_MOUNT_PREFIX",
+            var("CONTAINER_MOUNT_PREFIX"),
+            DEFAULT_CONTAINER_MOUNT_PREFIX,
+        )?;
+        let container_cni_bin_dir = absolute(
+            "CONTAINER_CNI_BIN_DIR",
+            var("CONTAINER_CNI_BIN_DIR"),
+            DEFAULT_CONTAINER_CNI_BIN_DIR,
+        )?;
+
+        let kubeconfig_file_name =
+            var("KUBECONFIG_FILE_NAME").unwrap_or_else(|| DEFAULT_KUBECONFIG_FILE_NAME.to_string());
+        if !is_plain_file_name(&kubeconfig_file_name) {
+            return Err(ConfigError::new(
+                "KUBECONFIG_FILE_NAME",
+                format!("{kubeconfig_file_name:?} is not a plain file name"),
+            ));
+        }
+        if has_config_extension(&kubeconfig_file_name) {
+            // The runtime would try to load it as the node's network config.
+            return Err(ConfigError::new(
+                "KUBECONFIG_FILE_NAME",
+                format!(
+                    "{kubeconfig_file_name:?} ends in .conf, .conflist or .json, which the \
+                     container runtime would load as a network config; pick another name"
+                ),
+            ));
+        }
+
+        let service_account_dir = absolute(
+            "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
+            var("LINKERD_CNI_SERVICE_ACCOUNT_DIR"),
+            DEFAULT_SERVICE_ACCOUNT_DIR,
+        )?;
+        let kube_ca_file = match var("KUBE_CA_FILE") {
+            Some(p) => PathBuf::from(p),
+            None => service_account_dir.join("ca.crt"),
+        };
+        let skip_tls_verify = boolean("SKIP_TLS_VERIFY", var("SKIP_TLS_VERIFY"), false)?;
+
+        let k8s_protocol = var("KUBERNETES_SERVICE_PROTOCOL").unwrap_or_else(|| "https".into());
+        if !matches!(k8s_protocol.as_str(), "https" | "http") {
+            return Err(ConfigError::new(
+                "KUBERNETES_SERVICE_PROTOCOL",
+                format!("expected https or http, got {k8s_protocol:?}"),
+            ));
+        }
+        let k8s_host = var("KUBERNETES_SERVICE_HOST").ok_or_else(|| {
+            ConfigError::new(
+                "KUBERNETES_SERVICE_HOST",
+                "not set; the kubelet sets it in every pod, set it by hand outside one",
+            )
+        })?;
+        if k8s_host.contains(['/', ' ', '@', '?', '#']) {
+            return Err(ConfigError::new(
+                "KUBERNETES_SERVICE_HOST",
+                format!("{k8s_host:?} is not a host name or IP address"),
+            ));
+        }
+        let port = var("KUBERNETES_SERVICE_PORT").ok_or_else(|| {
+            ConfigError::new(
+                "KUBERNETES_SERVICE_PORT",
+                "not set; the kubelet sets it in every pod, set it by hand outside one",
+            )
+        })?;
+        let k8s_port = port
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "KUBERNETES_SERVICE_PORT",
+                    format!("expected a port number 1-65535, got {port:?}"),
+                )
+            })?;
+
+        let template = Template::from_env(
+            var("CNI_NETWORK_CONFIG_FILE").map(PathBuf::from),
+            var("CNI_NETWORK_CONFIG"),
+        )?;
+
+        let resync = match var("LINKERD_CNI_RESYNC_SECONDS") {
+            None => DEFAULT_RESYNC,
+            Some(s) => s
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_RESYNC_SECONDS)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "LINKERD_CNI_RESYNC_SECONDS",
+                        format!("expected a number of seconds in (0, 3600], got {s:?}"),
+                    )
+                })?,
+        };
+        let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
+        let uninstall_on_exit = boolean(
+            "LINKERD_CNI_UNINSTALL_ON_EXIT",
+            var("LINKERD_CNI_UNINSTALL_ON_EXIT"),
+            false,
+        )?;
+
+        let config = Config {
+            dest_cni_net_dir,
+            dest_cni_bin_dir,
+            mount_prefix,
+            container_cni_bin_dir,
+            kubeconfig_file_name,
+            kube_ca_file,
+            skip_tls_verify,
+            k8s_protocol,
+            k8s_host,
+            k8s_port,
+            template,
+            resync,
+            watch,
+            service_account_dir,
+            uninstall_on_exit,
+        };
+        // Fail at start on a template that can never render.
+        config.desired_entry()?;
+        Ok(config)
+    }
+
+    /// The conf dir as the installer reaches it.
+    pub fn conf_dir(&self) -> PathBuf {
+        under_prefix(&self.mount_prefix, &self.dest_cni_net_dir)
+    }
+
+    /// The bin dir as the installer reaches it.
+    pub fn bin_dir(&self) -> PathBuf {
+        under_prefix(&self.mount_prefix, &self.dest_cni_bin_dir)
+    }
+
+    /// The kubeconfig as the installer reaches it.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.conf_dir().join(&self.kubeconfig_file_name)
+    }
+
+    /// The kubeconfig as the plugin, running on the host, finds it.
+    pub fn kubeconfig_host_path(&self) -> PathBuf {
+        self.dest_cni_net_dir.join(&self.kubeconfig_file_name)
+    }
+
+    /// The API server URL for the kubeconfig.
+    pub fn server_url(&self) -> String {
+        // An IPv6 literal must be bracketed in a URL; upstream brackets every
+        // host, which some clients reject for names and IPv4.
+        let host = if self.k8s_host.contains(':') && !self.k8s_host.starts_with('[') {
+            format!("[{}]", self.k8s_host)
+        } else {
+            self.k8s_host.clone()
+        };
+        format!("{}://{host}:{}", self.k8s_protocol, self.k8s_port)
+    }
+
+    /// Reads the template (again, when it is a file: a mounted ConfigMap may
+    /// change) and renders the entry the active conflist must end with.
+    pub fn desired_entry(&self) -> Result<Entry, ConfigError> {
+        let text = self.template.read()?;
+        entry::render(
+            &text,
+            self.template.var(),
+            &self.kubeconfig_host_path(),
+            &self.dest_cni_net_dir,
+        )
+    }
+}
+
+/// `prefix` + `path`, as upstream concatenates them (`/host` + `/etc/cni/net.d`).
+pub fn under_prefix(prefix: &Path, path: &Path) -> PathBuf {
+    let relative: PathBuf = path
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::Prefix(_)))
+        .collect();
+    prefix.join(relative)
+}
+
+fn absolute(
+    name: &'static str,
+    value: Option<String>,
+    default: &str,
+) -> Result<PathBuf, ConfigError> {
+    let v = value.unwrap_or_else(|| default.to_string());
+    let p = PathBuf::from(&v);
+    if !p.is_absolute() {
+        return Err(ConfigError::new(
+            name,
+            format!("expected an absolute path, got {v:?}"),
+        ));
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(ConfigError::new(
+            name,
+            format!("{v:?} must not contain \"..\""),
+        ));
+    }
+    // Collecting the components drops trailing and doubled slashes, so the
+    // paths written into the entry are canonical in form.
+    Ok(p.components().collect())
+}
+
+/// A host directory: absolute, and also usable under the mount prefix.
+fn host_dir(
+    name: &'static str,
+    value: Option<String>,
+    default: &str,
+) -> Result<PathBuf, ConfigError> {
+    let p = absolute(name, value, default)?;
+    if p.to_str().is_none() {
+        return Err(ConfigError::new(name, "must be valid UTF-8"));
+    }
+    if p == Path::new("/") {
+        return Err(ConfigError::new(name, "must not be the root directory"));
+    }
+    Ok(p)
+}
+
+fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
+    match value.as_deref().map(str::trim).map(str::to_ascii_lowercase) {
+        None => Ok(default),
+        Some(v) if v == "true" => Ok(true),
+        Some(v) if v == "false" => Ok(false),
+        Some(_) => Err(ConfigError::new(
+            name,
+            format!(
+                "expected true or false, got {:?}",
+                value.unwrap_or_default()
+            ),
+        )),
+    }
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// Whether a runtime would load a file of this name as a network config
+/// (the chain library's rule, so both agree).
+pub fn has_config_extension(name: &str) -> bool {
+    linkerd_cni::chain::is_config_name(std::ffi::OsStr::new(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    const TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni",
+        "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}"#;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut m: HashMap<String, String> = [
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("CNI_NETWORK_CONFIG", TEMPLATE),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, v) in pairs {
+            m.insert(k.to_string(), v.to_string());
+        }
+        Config::from_env(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let c = env(&[]).unwrap();
+        assert_eq!(c.conf_dir(), Path::new("/host/etc/cni/net.d"));
+        assert_eq!(c.bin_dir(), Path::new("/host/opt/cni/bin"));
+        assert_eq!(c.container_cni_bin_dir, Path::new("/opt/cni/bin"));
+        assert_eq!(
+            c.kubeconfig_path(),
+            Path::new("/host/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig")
+        );
+        assert_eq!(
+            c.kubeconfig_host_path(),
+            Path::new("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig")
+        );
+        assert_eq!(
+            c.kube_ca_file,
+            Path::new("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
+        assert!(!c.skip_tls_verify);
+        assert_eq!(c.resync, Duration::from_secs(10));
+        assert!(c.watch);
+        assert!(!c.uninstall_on_exit);
+        assert_eq!(c.server_url(), "https://10.96.0.1:443");
+    }
+
+    #[test]
+    fn empty_means_default_and_paths_are_normalised() {
+        let c = env(&[
+            (
+                "DEST_CNI_NET_DIR",
+                "/var/lib/rancher/k3s/agent/etc/cni/net.d/",
+            ),
+            ("CONTAINER_MOUNT_PREFIX", ""),
+            ("LINKERD_CNI_WATCH", ""),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.conf_dir(),
+            Path::new("/host/var/lib/rancher/k3s/agent/etc/cni/net.d")
+        );
+        assert_eq!(
+            c.dest_cni_net_dir,
+            Path::new("/var/lib/rancher/k3s/agent/etc/cni/net.d")
+        );
+        assert!(c.watch);
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        let c = env(&[("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")]).unwrap();
+        assert_eq!(c.server_url(), "https://[fd00:10:96::1]:443");
+        let c = env(&[("KUBERNETES_SERVICE_HOST", "[fd00::1]")]).unwrap();
+        assert_eq!(c.server_url(), "https://[fd00::1]:443");
+        let c = env(&[("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")]).unwrap();
+        assert_eq!(c.server_url(), "https://kubernetes.default.svc:443");
+    }
+
+    #[test]
+    fn knobs() {
+        let c = env(&[
+            ("LINKERD_CNI_RESYNC_SECONDS", "0.5"),
+            ("LINKERD_CNI_WATCH", "FALSE"),
+            ("LINKERD_CNI_UNINSTALL_ON_EXIT", "true"),
+            ("SKIP_TLS_VERIFY", "true"),
+            ("KUBE_CA_FILE", "/etc/ca.pem"),
+            ("LINKERD_CNI_SERVICE_ACCOUNT_DIR", "/sa"),
+        ])
+        .unwrap();
+        assert_eq!(c.resync, Duration::from_millis(500));
+        assert!(!c.watch && c.uninstall_on_exit && c.skip_tls_verify);
+        assert_eq!(c.kube_ca_file, Path::new("/etc/ca.pem"));
+        assert_eq!(c.service_account_dir, Path::new("/sa"));
+        // The CA default follows the service-account dir.
+        let c = env(&[("LINKERD_CNI_SERVICE_ACCOUNT_DIR", "/sa")]).unwrap();
+        assert_eq!(c.kube_ca_file, Path::new("/sa/ca.crt"));
+    }
+
+    #[test]
+    fn every_bad_value_names_its_variable() {
+        for (var, value) in [
+            ("LINKERD_CNI_RESYNC_SECONDS", "0"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "-3"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "ten"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "NaN"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "99999"),
+            ("LINKERD_CNI_WATCH", "yes"),
+            ("LINKERD_CNI_UNINSTALL_ON_EXIT", "1"),
+            ("SKIP_TLS_VERIFY", "maybe"),
+            ("KUBERNETES_SERVICE_PORT", "0"),
+            ("KUBERNETES_SERVICE_PORT", "https"),
+            ("KUBERNETES_SERVICE_PORT", "70000"),
+            ("KUBERNETES_SERVICE_HOST", "http://x/"),
+            ("KUBERNETES_SERVICE_PROTOCOL", "ftp"),
+            ("DEST_CNI_NET_DIR", "etc/cni/net.d"),
+            ("DEST_CNI_NET_DIR", "/"),
+            ("DEST_CNI_BIN_DIR", "/opt/../bin"),
+            ("CONTAINER_MOUNT_PREFIX", "host"),
+            ("CONTAINER_CNI_BIN_DIR", "bin"),
+            ("LINKERD_CNI_SERVICE_ACCOUNT_DIR", "sa"),
+            ("KUBECONFIG_FILE_NAME", "a/b"),
+            ("KUBECONFIG_FILE_NAME", "kubeconfig.json"),
+            ("CNI_NETWORK_CONFIG", "[1,2]"),
+            ("CNI_NETWORK_CONFIG", "{not json"),
+            ("CNI_NETWORK_CONFIG", r#"{"type":"calico"}"#),
+        ] {
+            let e = env(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var, "{var}={value}: {e}");
+            assert!(e.to_string().contains(var), "{e}");
+        }
+    }
+
+    #[test]
+    fn required_variables() {
+        for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+            let e = env(&[(var, "")]).unwrap_err();
+            assert_eq!(e.var, var);
+        }
+        let e = env(&[("CNI_NETWORK_CONFIG", "")]).unwrap_err();
+        assert_eq!(e.var, "CNI_NETWORK_CONFIG");
+    }
+
+    #[test]
+    fn config_extensions() {
+        assert!(has_config_extension("10-calico.conflist"));
+        assert!(has_config_extension(".tmp.conf"));
+        assert!(has_config_extension("x.json"));
+        assert!(!has_config_extension("ZZZ-linkerd-cni-kubeconfig"));
+        assert!(!has_config_extension("a.conf.bak"));
+    }
+}

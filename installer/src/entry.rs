@@ -1,0 +1,224 @@
+//! The desired linkerd entry: rendered from the chart's template
+//! (`CNI_NETWORK_CONFIG`, or the file `CNI_NETWORK_CONFIG_FILE` names), as
+//! upstream's install-cni.sh does, plus the `cni_conf_dir` key our plugin
+//! uses to find the conflist it keeps itself chained in.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::config::ConfigError;
+
+/// One element of a conflist's `plugins`.
+pub use linkerd_cni::chain::Entry;
+
+/// The placeholder upstream's installer replaces with the kubeconfig's path.
+pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
+
+/// Where the template text comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Template {
+    /// `CNI_NETWORK_CONFIG`: fixed for the life of the process.
+    Env(String),
+    /// `CNI_NETWORK_CONFIG_FILE`: read at every reconcile.
+    File(PathBuf),
+}
+
+impl Template {
+    /// The file wins when both are set, as upstream's installer has it. A
+    /// file that is named but missing is an error rather than upstream's
+    /// silent fall-back: a typo would otherwise go unnoticed.
+    pub fn from_env(file: Option<PathBuf>, text: Option<String>) -> Result<Template, ConfigError> {
+        match (file, text) {
+            (Some(f), _) => Ok(Template::File(f)),
+            (None, Some(t)) => Ok(Template::Env(t)),
+            (None, None) => Err(ConfigError::new(
+                "CNI_NETWORK_CONFIG",
+                "not set, and neither is CNI_NETWORK_CONFIG_FILE: one of them must hold \
+                 the linkerd-cni plugin config (the chart's linkerd-cni-config ConfigMap)",
+            )),
+        }
+    }
+
+    /// The variable to name in errors about the template.
+    pub fn var(&self) -> &'static str {
+        match self {
+            Template::Env(_) => "CNI_NETWORK_CONFIG",
+            Template::File(_) => "CNI_NETWORK_CONFIG_FILE",
+        }
+    }
+
+    pub fn read(&self) -> Result<String, ConfigError> {
+        match self {
+            Template::Env(t) => Ok(t.clone()),
+            Template::File(p) => std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::new(
+                    "CNI_NETWORK_CONFIG_FILE",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            }),
+        }
+    }
+}
+
+/// Renders the entry: the placeholder becomes the kubeconfig's host path,
+/// `cni_conf_dir` is set to the host conf dir, and `type` must be ours.
+pub fn render(
+    template: &str,
+    var: &'static str,
+    kubeconfig_host_path: &Path,
+    host_conf_dir: &Path,
+) -> Result<Entry, ConfigError> {
+    // Substituted as JSON string content, so a path with a quote or a
+    // backslash cannot break the document.
+    let path = kubeconfig_host_path.to_string_lossy();
+    let quoted = Value::String(path.into_owned()).to_string();
+    let inner = &quoted[1..quoted.len() - 1];
+    let text = template.replace(KUBECONFIG_PLACEHOLDER, inner);
+
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError::new(var, format!("not valid JSON: {e}")))?;
+    let Value::Object(mut entry) = value else {
+        return Err(ConfigError::new(
+            var,
+            format!(
+                "must be a JSON object (the linkerd-cni plugin config), got {}",
+                kind(&value)
+            ),
+        ));
+    };
+    match entry.get("type") {
+        None => {
+            entry.insert(
+                "type".into(),
+                Value::String(linkerd_cni::chain::PLUGIN_TYPE.into()),
+            );
+        }
+        Some(Value::String(t)) if t == linkerd_cni::chain::PLUGIN_TYPE => {}
+        Some(other) => {
+            return Err(ConfigError::new(
+                var,
+                format!(
+                    "\"type\" must be {:?}, got {other}",
+                    linkerd_cni::chain::PLUGIN_TYPE
+                ),
+            ));
+        }
+    }
+    entry.insert(
+        "cni_conf_dir".into(),
+        Value::String(host_conf_dir.to_string_lossy().into_owned()),
+    );
+    Ok(entry)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the linkerd2-cni chart renders into its ConfigMap by default.
+    const CHART: &str = r#"{
+      "name": "linkerd-cni",
+      "type": "linkerd-cni",
+      "log_level": "info",
+      "kubernetes": {
+          "kubeconfig": "__KUBECONFIG_FILEPATH__"
+      },
+      "linkerd": {
+        "incoming-proxy-port": 4143,
+        "outgoing-proxy-port": 4140,
+        "proxy-uid": 2102,
+        "ports-to-redirect": [],
+        "inbound-ports-to-ignore": ["4191","4190"],
+        "simulate": false,
+        "use-wait-flag": false,
+        "iptables-mode": "legacy",
+        "ipv6": false
+      }
+    }"#;
+
+    fn r(t: &str) -> Result<Entry, ConfigError> {
+        render(
+            t,
+            "CNI_NETWORK_CONFIG",
+            Path::new("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"),
+            Path::new("/etc/cni/net.d"),
+        )
+    }
+
+    #[test]
+    fn chart_template() {
+        let e = r(CHART).unwrap();
+        assert_eq!(
+            e["kubernetes"]["kubeconfig"],
+            "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"
+        );
+        assert_eq!(e["cni_conf_dir"], "/etc/cni/net.d");
+        // Key order is the template's, with ours appended.
+        let keys: Vec<&str> = e.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "name",
+                "type",
+                "log_level",
+                "kubernetes",
+                "linkerd",
+                "cni_conf_dir"
+            ]
+        );
+        // The plugin accepts what we render.
+        let c = linkerd_cni::config::PluginConfig::from_map(&e).unwrap();
+        assert_eq!(c.cni_conf_dir, Path::new("/etc/cni/net.d"));
+    }
+
+    #[test]
+    fn odd_paths_stay_inside_the_string() {
+        let e = render(
+            CHART,
+            "CNI_NETWORK_CONFIG",
+            Path::new("/we\"ird\\dir/kc"),
+            Path::new("/we\"ird\\dir"),
+        )
+        .unwrap();
+        assert_eq!(e["kubernetes"]["kubeconfig"], "/we\"ird\\dir/kc");
+    }
+
+    #[test]
+    fn type_is_ours_and_cni_conf_dir_is_overridden() {
+        let e = r(r#"{"name":"l","cni_conf_dir":"/elsewhere"}"#).unwrap();
+        assert_eq!(e["type"], "linkerd-cni");
+        assert_eq!(e["cni_conf_dir"], "/etc/cni/net.d");
+        let err = r(r#"{"type":"calico"}"#).unwrap_err();
+        assert_eq!(err.var, "CNI_NETWORK_CONFIG");
+        assert!(err.reason.contains("calico"), "{err}");
+    }
+
+    #[test]
+    fn not_an_object() {
+        for t in ["[]", "\"x\"", "3", "null", "", "{", "{\"a\":1} trailing"] {
+            let err = r(t).unwrap_err();
+            assert_eq!(err.var, "CNI_NETWORK_CONFIG", "{t}");
+        }
+        let err = render(
+            "[]",
+            "CNI_NETWORK_CONFIG_FILE",
+            Path::new("/k"),
+            Path::new("/c"),
+        )
+        .unwrap_err();
+        assert_eq!(err.var, "CNI_NETWORK_CONFIG_FILE");
+        assert!(err.reason.contains("an array"), "{err}");
+    }
+}

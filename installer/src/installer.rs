@@ -1,0 +1,411 @@
+//! One reconcile pass, the readiness check, and uninstall.
+//!
+//! A pass recomputes everything from the state on disk, in the order the
+//! node needs it: binaries, kubeconfig, persisted entry, chain. Nothing is
+//! remembered between passes except what to log (see [`crate::notes`]) and
+//! the repair history that detects a fight with another agent; so whatever
+//! happened in between (a missed event, a restart, a rotated token), the
+//! pass converges on the right state.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use linkerd_cni::chain::{self, FightDetector, RepairOptions};
+use log::Level;
+
+use crate::binaries::{self, Binary, PLUGIN_BINARY};
+use crate::config::Config;
+use crate::entry::Entry;
+use crate::fsutil;
+use crate::kubeconfig::{self, KubeconfigState};
+use crate::notes::Notes;
+
+/// The longest a pass may spend repairing the chain: a pass must stay short
+/// so that SIGTERM is answered promptly.
+const REPAIR_BUDGET: Duration = Duration::from_secs(3);
+/// This many repairs of one file within the window is a fight; repairs of it
+/// are then limited to one per window / threshold (6 s). A primary that
+/// rewrites its file now and then (a restart, an upgrade) stays far below.
+const FIGHT_WINDOW: Duration = Duration::from_secs(60);
+const FIGHT_THRESHOLD: u32 = 10;
+
+pub struct Installer {
+    cfg: Config,
+    bins: Vec<Binary>,
+    notes: Notes,
+    fights: FightDetector,
+    /// The last entry rendered successfully: used while a template file is
+    /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
+    last_entry: Entry,
+}
+
+impl Installer {
+    pub fn new(cfg: Config, bins: Vec<Binary>, entry: Entry) -> Installer {
+        Installer {
+            cfg,
+            bins,
+            notes: Notes::default(),
+            fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
+            last_entry: entry,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn binaries(&self) -> &[Binary] {
+        &self.bins
+    }
+
+    /// Removes temp files a crashed predecessor left behind.
+    pub fn clean_stale_temps(&self) {
+        for dir in [self.cfg.bin_dir(), self.cfg.conf_dir()] {
+            for p in fsutil::remove_stale_temps(&dir) {
+                log::info!(
+                    "removed {}: a temp file left by an interrupted write",
+                    p.display()
+                );
+            }
+        }
+    }
+
+    /// One pass. Never fails: every problem is logged (once) and retried on
+    /// the next pass.
+    pub fn reconcile(&mut self) {
+        let bins_ok = self.reconcile_binaries();
+        self.reconcile_kubeconfig();
+        let entry = self.reconcile_entry();
+        if !bins_ok {
+            // A conflist must never name a plugin the node does not have.
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                format!("leaving the chain alone until {PLUGIN_BINARY} is installed"),
+            );
+            return;
+        }
+        self.reconcile_chain(&entry);
+    }
+
+    fn reconcile_binaries(&mut self) -> bool {
+        let mut ok = true;
+        for b in &self.bins {
+            let topic = format!("binary {}", b.name);
+            match binaries::ensure(b) {
+                Ok(None) => self
+                    .notes
+                    .clear(&topic, || format!("{} is installed", b.dest.display())),
+                Ok(Some(before)) => {
+                    log::info!(
+                        "installed {} from {}: the node's copy was {before}",
+                        b.dest.display(),
+                        b.source.display()
+                    );
+                    self.notes.forget(&topic);
+                }
+                Err(e) => {
+                    ok = false;
+                    self.notes.say(
+                        &topic,
+                        Level::Error,
+                        format!("cannot install {}: {e}", b.dest.display()),
+                    );
+                }
+            }
+        }
+        ok
+    }
+
+    fn reconcile_kubeconfig(&mut self) {
+        let path = self.cfg.kubeconfig_path();
+        match kubeconfig::ensure(&self.cfg) {
+            Ok(None) => self
+                .notes
+                .clear("kubeconfig", || format!("{} is current", path.display())),
+            Ok(Some(before)) => {
+                log::info!("wrote {}: it was {before}", path.display());
+                self.notes.forget("kubeconfig");
+            }
+            Err(e) => self.notes.say(
+                "kubeconfig",
+                Level::Error,
+                format!("cannot write the kubeconfig {}: {e}", path.display()),
+            ),
+        }
+    }
+
+    fn reconcile_entry(&mut self) -> Entry {
+        match self.cfg.desired_entry() {
+            Ok(e) => {
+                self.notes.clear("template", || {
+                    format!("{} renders again", self.cfg.template.var())
+                });
+                self.last_entry = e;
+            }
+            Err(e) => self.notes.say(
+                "template",
+                Level::Error,
+                format!("{e}; keeping the last entry that rendered"),
+            ),
+        }
+        let entry = self.last_entry.clone();
+        let dir = self.cfg.conf_dir();
+        let before = chain::load_entry(&dir);
+        match chain::persist_entry(&dir, &entry) {
+            Ok(false) => self.notes.clear("entry", || {
+                format!("the desired entry is persisted in {}", dir.display())
+            }),
+            Ok(true) => {
+                let why = match before {
+                    Ok(None) => "it was absent",
+                    Ok(Some(_)) => "it differed from the template",
+                    Err(_) => "it was unreadable",
+                };
+                log::info!(
+                    "wrote the desired entry to {}: {why}",
+                    dir.join(chain::ENTRY_FILE).display()
+                );
+                self.notes.forget("entry");
+            }
+            Err(e) => self.notes.say(
+                "entry",
+                Level::Error,
+                format!("cannot persist the desired entry in {}: {e}", dir.display()),
+            ),
+        }
+        entry
+    }
+
+    fn reconcile_chain(&mut self, entry: &Entry) {
+        let dir = self.cfg.conf_dir();
+        let diagnosis = match chain::diagnose(&dir, entry) {
+            Ok(d) => d,
+            Err(e) => {
+                self.notes.say(
+                    "chain",
+                    Level::Error,
+                    format!("cannot read the CNI configs in {}: {e}", dir.display()),
+                );
+                return;
+            }
+        };
+        if diagnosis.is_healthy() {
+            self.notes
+                .say("chain", Level::Info, healthy_note(&diagnosis.active));
+            return;
+        }
+        let Some(active) = diagnosis.active.clone() else {
+            // Never write a linkerd-only config: the node would get a
+            // "network" that gives pods no connectivity.
+            self.notes.say(
+                "chain",
+                Level::Info,
+                format!(
+                    "no primary CNI config in {} yet: waiting for the primary CNI to write \
+                     one (nothing written)",
+                    dir.display()
+                ),
+            );
+            return;
+        };
+        let found = format!("{}: {}", active.display(), diagnosis.state);
+        if !diagnosis.needs_repair() {
+            // Not ours to fix (an unreadable or linkerd-only active file).
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                format!("{found}; repair would do {}", diagnosis.remedy()),
+            );
+            return;
+        }
+        let now = Instant::now();
+        if !self.fights.allow(&active, now) {
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                format!("{found}; not repairing it again yet (another agent keeps undoing it)"),
+            );
+            return;
+        }
+        let opts = RepairOptions {
+            deadline: Some(now + REPAIR_BUDGET),
+            ..RepairOptions::default()
+        };
+        match chain::repair(&dir, entry, &opts) {
+            Ok(report) if report.changed => {
+                log::info!("{}", report.summary);
+                let file = report.file.clone().unwrap_or(active);
+                match self.fights.record_repair(&file, now) {
+                    Some(warning) => self.notes.say("fight", Level::Warn, warning),
+                    None => self.notes.clear("fight", || {
+                        format!("{} no longer needs repeated repairs", file.display())
+                    }),
+                }
+                // The next pass will find it healthy: nothing more to say.
+                self.notes
+                    .assume("chain", Level::Info, healthy_note(&Some(file)));
+            }
+            // Nothing rewritten: only leftovers cleaned, or another writer
+            // fixed it meanwhile. The next pass looks again.
+            Ok(report) => self.notes.say("chain", Level::Info, report.summary),
+            Err(e) => self.notes.say(
+                "chain",
+                Level::Error,
+                format!("{found}; cannot repair it: {e}"),
+            ),
+        }
+    }
+
+    /// What keeps the node from being ready; empty when it is.
+    pub fn check(&self) -> Vec<String> {
+        let mut problems = vec![];
+        for b in &self.bins {
+            match binaries::state(b) {
+                Ok(binaries::BinaryState::Current) => {}
+                Ok(s) => problems.push(format!("binary {} is {s}", b.dest.display())),
+                Err(e) => problems.push(format!("binary {}: {e}", b.dest.display())),
+            }
+        }
+        let path = self.cfg.kubeconfig_path();
+        match kubeconfig::render(&self.cfg)
+            .map_err(|e| e.to_string())
+            .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
+        {
+            Ok(KubeconfigState::Current) => {}
+            Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
+            Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
+        }
+        let entry = match self.cfg.desired_entry() {
+            Ok(e) => e,
+            Err(e) => {
+                problems.push(e.to_string());
+                self.last_entry.clone()
+            }
+        };
+        let dir = self.cfg.conf_dir();
+        match chain::load_entry(&dir) {
+            Ok(Some(persisted)) if persisted == entry => {}
+            Ok(Some(_)) => problems.push(format!(
+                "the entry persisted in {} differs from the template",
+                dir.join(chain::ENTRY_FILE).display()
+            )),
+            Ok(None) => problems.push(format!(
+                "the desired entry is not persisted in {}",
+                dir.join(chain::ENTRY_FILE).display()
+            )),
+            Err(e) => problems.push(format!("the persisted entry: {e}")),
+        }
+        match chain::diagnose(&dir, &entry) {
+            Ok(d) if d.is_healthy() => {}
+            Ok(d) => problems.push(format!(
+                "the chain is not healthy:\n    {}",
+                d.to_string().trim_end().replace('\n', "\n    ")
+            )),
+            Err(e) => problems.push(format!("chain in {}: {e}", dir.display())),
+        }
+        problems
+    }
+
+    /// Uninstall, in the order that never leaves a config naming a missing
+    /// binary: linkerd entries out of every config first; then the
+    /// kubeconfig and the persisted entry; then the binaries.
+    pub fn uninstall(&self) -> Result<(), String> {
+        let dir = self.cfg.conf_dir();
+        let opts = RepairOptions::default();
+        let unchain = |pass: &str| -> Result<(), String> {
+            if !dir.is_dir() {
+                // No conf dir: no config can name the plugin.
+                return Ok(());
+            }
+            let files = chain::remove_entries(&dir, &opts).map_err(|e| {
+                format!(
+                    "cannot remove the linkerd-cni entries from the configs in {}: {e}; \
+                     leaving the binary in place so no config names a missing plugin",
+                    dir.display()
+                )
+            })?;
+            for f in files {
+                log::info!(
+                    "removed the linkerd-cni entry from {} ({pass})",
+                    f.display()
+                );
+            }
+            Ok(())
+        };
+        unchain("uninstall")?;
+
+        let kc = self.cfg.kubeconfig_path();
+        match fsutil::remove(&kc) {
+            Ok(true) => log::info!("removed {} (uninstall)", kc.display()),
+            Ok(false) => {}
+            Err(e) => log::error!("{e}"),
+        }
+        match chain::remove_entry_file(&dir) {
+            Ok(true) => log::info!(
+                "removed {} (uninstall)",
+                dir.join(chain::ENTRY_FILE).display()
+            ),
+            Ok(false) => {}
+            Err(e) => log::error!("cannot remove the persisted entry: {e}"),
+        }
+        // A plugin ADD that ran meanwhile may have healed the chain from its
+        // own config; sweep once more now that nothing is left to heal from.
+        unchain("second sweep")?;
+
+        let mut failed = vec![];
+        for b in &self.bins {
+            match binaries::remove(b) {
+                Ok(true) => log::info!("removed {} (uninstall)", b.dest.display()),
+                Ok(false) => {}
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
+        }
+    }
+}
+
+fn healthy_note(active: &Option<std::path::PathBuf>) -> String {
+    match active {
+        Some(f) => format!("linkerd-cni is chained in {}", f.display()),
+        None => "linkerd-cni is chained".to_string(),
+    }
+}
+
+/// The directories a watch covers, and what matters in each.
+pub fn watch_targets(
+    cfg: &Config,
+    bins: &[Binary],
+) -> Vec<(std::path::PathBuf, crate::watch::Filter)> {
+    use crate::watch::Filter;
+    let mut targets = vec![
+        (
+            cfg.conf_dir(),
+            Filter::ConfigsAnd(vec![
+                cfg.kubeconfig_file_name.clone(),
+                chain::ENTRY_FILE.to_string(),
+            ]),
+        ),
+        (
+            cfg.bin_dir(),
+            Filter::Names(bins.iter().map(|b| b.name.clone()).collect()),
+        ),
+        (cfg.service_account_dir.clone(), Filter::Any),
+    ];
+    let mut extra = |p: &Path| {
+        if let Some(dir) = p.parent()
+            && !targets.iter().any(|(d, _)| d == dir)
+        {
+            targets.push((dir.to_path_buf(), Filter::Any));
+        }
+    };
+    extra(&cfg.kube_ca_file);
+    if let crate::entry::Template::File(f) = &cfg.template {
+        extra(f);
+    }
+    targets
+}

@@ -1,0 +1,249 @@
+//! The kubeconfig the plugin uses to look pods up: the API server, the
+//! service account's token, and how to trust the server, in the shape
+//! upstream's installer writes (context `linkerd-cni-context`).
+//!
+//! It is rendered from the service-account files at every reconcile and
+//! rewritten when the bytes differ, so a token or CA rotated by the kubelet
+//! (which swaps the `..data` symlink) reaches the node without depending on
+//! an event. It holds a bearer token: mode 0600, written atomically.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::fsutil::{self, FsError};
+
+pub const MODE: u32 = 0o600;
+pub const CONTEXT: &str = "linkerd-cni-context";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    #[error(
+        "cannot read the service-account token {}: {source}; is the service account token \
+         mounted (automountServiceAccountToken) and LINKERD_CNI_SERVICE_ACCOUNT_DIR right?",
+        path.display()
+    )]
+    Token {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the service-account token {} is empty", path.display())]
+    EmptyToken { path: PathBuf },
+    #[error("cannot read the API server CA {} (KUBE_CA_FILE): {source}", path.display())]
+    Ca {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the API server CA {} (KUBE_CA_FILE) is empty", path.display())]
+    EmptyCa { path: PathBuf },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+/// How the file on disk compares with what it should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeconfigState {
+    Current,
+    Missing,
+    /// The parts that differ ("server", "token", "CA", or "content").
+    Stale(Vec<&'static str>),
+    /// Right content, wrong permissions.
+    Mode(u32),
+}
+
+impl fmt::Display for KubeconfigState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KubeconfigState::Current => f.write_str("current"),
+            KubeconfigState::Missing => f.write_str("missing"),
+            KubeconfigState::Stale(parts) => write!(f, "stale ({} changed)", parts.join(", ")),
+            KubeconfigState::Mode(m) => write!(f, "mode {m:o} instead of {MODE:o}"),
+        }
+    }
+}
+
+/// The kubeconfig's content, part by part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    server: String,
+    tls: String,
+    token: String,
+}
+
+impl Rendered {
+    pub fn text(&self) -> String {
+        // Scalars are written as JSON strings, which are valid YAML
+        // double-quoted scalars: no token or path can break the document.
+        format!(
+            "# Kubeconfig for the linkerd-cni plugin, written by linkerd-cni-installer.\n\
+             apiVersion: v1\n\
+             kind: Config\n\
+             clusters:\n\
+             - name: local\n  \
+               cluster:\n\
+             {server}\
+             {tls}\
+             users:\n\
+             - name: linkerd-cni\n  \
+               user:\n\
+             {token}\
+             contexts:\n\
+             - name: {CONTEXT}\n  \
+               context:\n    \
+                 cluster: local\n    \
+                 user: linkerd-cni\n\
+             current-context: {CONTEXT}\n",
+            server = self.server,
+            tls = self.tls,
+            token = self.token,
+        )
+    }
+
+    /// Which parts of `old` differ from this rendering.
+    fn diff(&self, old: &str) -> Vec<&'static str> {
+        let lines: Vec<&str> = old.lines().collect();
+        let has = |part: &str| part.lines().all(|l| lines.contains(&l));
+        let mut parts = vec![];
+        if !has(&self.server) {
+            parts.push("server");
+        }
+        if !has(&self.token) {
+            parts.push("token");
+        }
+        if !has(&self.tls) || (self.tls.is_empty() && old.contains("certificate-authority")) {
+            parts.push("CA");
+        }
+        if parts.is_empty() {
+            parts.push("content");
+        }
+        parts
+    }
+}
+
+fn quoted(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// Renders the kubeconfig from the configuration and the service-account
+/// files as they are now.
+pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
+    let token_path = cfg.service_account_dir.join("token");
+    let token = fs::read_to_string(&token_path).map_err(|source| KubeconfigError::Token {
+        path: token_path.clone(),
+        source,
+    })?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(KubeconfigError::EmptyToken { path: token_path });
+    }
+
+    // As upstream: skip verification when asked, else embed the CA when the
+    // file exists, else trust the system roots.
+    let tls = if cfg.skip_tls_verify {
+        "    insecure-skip-tls-verify: true\n".to_string()
+    } else {
+        match fs::read(&cfg.kube_ca_file) {
+            Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => {
+                return Err(KubeconfigError::EmptyCa {
+                    path: cfg.kube_ca_file.clone(),
+                });
+            }
+            Ok(ca) => format!(
+                "    certificate-authority-data: {}\n",
+                quoted(&STANDARD.encode(ca))
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(KubeconfigError::Ca {
+                    path: cfg.kube_ca_file.clone(),
+                    source,
+                });
+            }
+        }
+    };
+
+    Ok(Rendered {
+        server: format!("    server: {}\n", quoted(&cfg.server_url())),
+        tls,
+        token: format!("    token: {}\n", quoted(token)),
+    })
+}
+
+/// Compares the file with `want`.
+pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> {
+    let path = cfg.kubeconfig_path();
+    let Some(old) = fsutil::read_optional(&path)? else {
+        return Ok(KubeconfigState::Missing);
+    };
+    let old = String::from_utf8_lossy(&old);
+    if old != want.text() {
+        return Ok(KubeconfigState::Stale(want.diff(&old)));
+    }
+    let mode = fs::metadata(&path)
+        .map_err(|e| FsError::new("cannot stat", &path, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode != MODE {
+        return Ok(KubeconfigState::Mode(mode));
+    }
+    Ok(KubeconfigState::Current)
+}
+
+/// Makes the file current; returns the state it was in when it wrote.
+pub fn ensure(cfg: &Config) -> Result<Option<KubeconfigState>, KubeconfigError> {
+    let want = render(cfg)?;
+    match state(cfg, &want)? {
+        KubeconfigState::Current => Ok(None),
+        before => {
+            fsutil::write_atomic(&cfg.kubeconfig_path(), want.text().as_bytes(), MODE)?;
+            Ok(Some(before))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_and_diff() {
+        let r = Rendered {
+            server: format!("    server: {}\n", quoted("https://[fd00::1]:443")),
+            tls: format!("    certificate-authority-data: {}\n", quoted("Q0E=")),
+            token: format!("    token: {}\n", quoted("tok\"en")),
+        };
+        let text = r.text();
+        assert!(
+            text.contains("\n    server: \"https://[fd00::1]:443\"\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n    token: \"tok\\\"en\"\n"), "{text}");
+        assert!(text.contains("current-context: linkerd-cni-context\n"));
+        assert!(text.contains("- name: linkerd-cni-context\n  context:\n    cluster: local\n"));
+
+        let rotated = Rendered {
+            token: format!("    token: {}\n", quoted("new")),
+            ..r.clone()
+        };
+        assert_eq!(rotated.diff(&text), ["token"]);
+        let no_ca = Rendered {
+            tls: String::new(),
+            ..r.clone()
+        };
+        assert_eq!(no_ca.diff(&text), ["CA"]);
+        assert_eq!(
+            r.diff(&text.replace("kind: Config", "kind: X")),
+            ["content"]
+        );
+    }
+}

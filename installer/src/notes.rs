@@ -1,0 +1,85 @@
+//! Say a state once: the reconcile runs every few seconds, and a line per
+//! pass about an unchanged condition ("no primary config yet") would drown
+//! the lines about actions taken. A condition is logged when it starts or
+//! changes, and its end is logged once when it was a problem.
+
+use std::collections::HashMap;
+
+use log::Level;
+
+#[derive(Debug, Default)]
+pub struct Notes {
+    /// topic -> (level, message) last logged.
+    last: HashMap<String, (Level, String)>,
+}
+
+impl Notes {
+    /// Logs `msg` unless it is what was last said about `topic`.
+    pub fn say(&mut self, topic: &str, level: Level, msg: String) {
+        self.say_if_new(topic, level, msg);
+    }
+
+    /// [`Notes::say`], returning whether it logged.
+    fn say_if_new(&mut self, topic: &str, level: Level, msg: String) -> bool {
+        if self.last.get(topic).is_some_and(|(_, m)| *m == msg) {
+            return false;
+        }
+        log::log!(level, "{msg}");
+        self.last.insert(topic.to_string(), (level, msg));
+        true
+    }
+
+    /// Records `msg` as said without logging it (an action's own log line
+    /// already told the story).
+    pub fn assume(&mut self, topic: &str, level: Level, msg: String) {
+        self.last.insert(topic.to_string(), (level, msg));
+    }
+
+    /// Forgets `topic` silently: an action's own log line said it is over.
+    pub fn forget(&mut self, topic: &str) {
+        self.last.remove(topic);
+    }
+
+    /// The condition about `topic` is over: when it was a warning or an
+    /// error, `resolved` is logged once.
+    pub fn clear(&mut self, topic: &str, resolved: impl FnOnce() -> String) {
+        self.clear_logged(topic, resolved);
+    }
+
+    /// [`Notes::clear`], returning whether it logged.
+    fn clear_logged(&mut self, topic: &str, resolved: impl FnOnce() -> String) -> bool {
+        match self.last.remove(topic) {
+            Some((level, _)) if level <= Level::Warn => {
+                log::info!("{}", resolved());
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn once_per_change_and_resolution_only_for_problems() {
+        let mut n = Notes::default();
+        assert!(n.say_if_new("chain", Level::Info, "waiting".into()));
+        assert!(!n.say_if_new("chain", Level::Info, "waiting".into()));
+        assert!(n.say_if_new("chain", Level::Info, "chained".into()));
+        // An info state ending is not news.
+        assert!(!n.clear_logged("chain", || "over".into()));
+        assert!(n.say_if_new("kc", Level::Error, "no token".into()));
+        assert!(!n.say_if_new("kc", Level::Error, "no token".into()));
+        assert!(n.clear_logged("kc", || "token back".into()));
+        assert!(!n.clear_logged("kc", || "token back".into()));
+        // After an action line, the problem is forgotten without a word.
+        n.say("bin", Level::Error, "cannot copy".into());
+        n.forget("bin");
+        assert!(!n.clear_logged("bin", || "ok".into()));
+        // assume(): the next identical state is not logged again.
+        n.assume("chain", Level::Info, "chained in x".into());
+        assert!(!n.say_if_new("chain", Level::Info, "chained in x".into()));
+    }
+}

@@ -1,0 +1,160 @@
+//! The DaemonSet's long-running loop.
+//!
+//! Level-triggered: a full reconcile at start, then every resync period, and
+//! soon after any relevant file-system event. The watch is armed before the
+//! first reconcile, so a change made while that reconcile runs wakes the loop
+//! again; and a change no event reports (a lost or overflowed event, a watch
+//! that could not be armed, the seed bug upstream had) waits at most one
+//! resync period.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::Signal;
+
+use crate::installer::{Installer, watch_targets};
+use crate::signals::Signals;
+use crate::watch::Watcher;
+
+/// After a relevant event, wait for this much quiet before reconciling, so a
+/// burst of writes (an agent rewriting its config, the kubelet swapping a
+/// secret) costs one pass rather than one per event.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// ...but never wait longer than this after the first event of a burst.
+const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+
+enum Wake {
+    Timer,
+    Event,
+    Signal(Signal),
+}
+
+pub fn run(mut inst: Installer) -> ExitCode {
+    let signals = match Signals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot set up signal handling: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = inst.config().clone();
+    let mut watcher = if cfg.watch {
+        match Watcher::new(watch_targets(&cfg, inst.binaries())) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                log::warn!(
+                    "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
+                    cfg.resync
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    log::info!(
+        "starting: conf dir {}, bin dir {}, resync every {:?}, watch {}",
+        cfg.conf_dir().display(),
+        cfg.bin_dir().display(),
+        cfg.resync,
+        match &watcher {
+            Some(w) => format!(
+                "on ({})",
+                w.dirs()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => "off".into(),
+        }
+    );
+    inst.clean_stale_temps();
+
+    loop {
+        if let Some(w) = watcher.as_mut() {
+            for e in w.arm() {
+                log::warn!(
+                    "cannot watch {} ({}); changes there are picked up by the periodic reconcile",
+                    e.dir.display(),
+                    e.errno
+                );
+            }
+        }
+        let started = Instant::now();
+        inst.reconcile();
+        match wait(&signals, watcher.as_mut(), started + cfg.resync) {
+            Wake::Timer | Wake::Event => {}
+            Wake::Signal(sig) => return shutdown(&inst, sig),
+        }
+    }
+}
+
+fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
+    if !inst.config().uninstall_on_exit {
+        // A restart or an upgrade must not unchain pods: leave it all.
+        log::info!("{sig}: exiting; linkerd-cni stays installed and chained");
+        return ExitCode::SUCCESS;
+    }
+    log::info!("{sig}: uninstalling (LINKERD_CNI_UNINSTALL_ON_EXIT=true)");
+    match inst.uninstall() {
+        Ok(()) => {
+            log::info!("uninstalled; exiting");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            log::error!("uninstall incomplete: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sleeps until the resync deadline, a signal, or a relevant (debounced)
+/// event, whichever comes first.
+fn wait(signals: &Signals, mut watcher: Option<&mut Watcher>, deadline: Instant) -> Wake {
+    let mut burst: Option<(Instant, Instant)> = None; // (first event, last event)
+    loop {
+        if let Some(sig) = signals.pending() {
+            return Wake::Signal(sig);
+        }
+        let now = Instant::now();
+        let until = match burst {
+            Some((first, last)) => (last + DEBOUNCE).min(first + DEBOUNCE_MAX),
+            None => deadline,
+        };
+        if now >= until {
+            return if burst.is_some() {
+                Wake::Event
+            } else {
+                Wake::Timer
+            };
+        }
+        let timeout = PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX);
+        let mut fds = vec![PollFd::new(signals.fd(), PollFlags::POLLIN)];
+        if let Some(w) = watcher.as_deref() {
+            fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                // Should not happen; fall back to sleeping to the deadline in
+                // small steps rather than spinning.
+                log::warn!("poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let inotify_ready = fds
+            .get(1)
+            .and_then(PollFd::revents)
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        drop(fds);
+        if inotify_ready
+            && let Some(w) = watcher.as_deref_mut()
+            && w.drain()
+        {
+            let now = Instant::now();
+            burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
+        }
+    }
+}
