@@ -350,7 +350,9 @@ impl Installer {
             Err(e) => log::error!("cannot remove the persisted entry: {e}"),
         }
         // A plugin ADD that ran meanwhile may have healed the chain from its
-        // own config; sweep once more now that nothing is left to heal from.
+        // own config. Plugins repair only while their kubeconfig exists,
+        // checked under the conf-dir lock, so after this sweep (which takes
+        // the lock) no ADD can chain the node again.
         unchain("second sweep")?;
 
         let mut failed = vec![];

@@ -204,6 +204,16 @@ fn run_cni(command: &str, stdin: &[u8]) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Points the entry's kubeconfig at a file in `dir`: the plugin heals only
+/// while the kubeconfig it names exists.
+fn with_kubeconfig(e: &mut serde_json::Map<String, Value>, dir: &TempDir) {
+    let path = dir.write("kubeconfig", "apiVersion: v1\n");
+    e.insert(
+        "kubernetes".into(),
+        serde_json::json!({ "kubeconfig": path }),
+    );
+}
+
 /// The plugin's config as the runtime passes it for the entry `e`.
 fn add_stdin(e: &serde_json::Map<String, Value>) -> (Vec<u8>, Value) {
     let prev: Value = serde_json::from_str(
@@ -229,6 +239,7 @@ fn add_heals_a_stale_first_entry() {
     let mut e = desired();
     e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
     e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    with_kubeconfig(&mut e, &state);
     // What the conflist holds: an older version of the entry, first.
     let mut stale = e.clone();
     stale.insert("log_level".into(), "debug".into());
@@ -278,13 +289,14 @@ fn other_commands_never_write() {
     let mut e = desired();
     e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
     e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    with_kubeconfig(&mut e, &state);
     let (stdin, _) = add_stdin(&e);
     for cmd in ["VERSION", "DEL", "CHECK", "GC", "STATUS"] {
         let o = run_cni(cmd, &stdin);
         assert!(o.status.success(), "{cmd}: {}", text(&o));
         assert_eq!(tree(d.path()), before, "{cmd} wrote to the conf dir");
     }
-    assert!(state.names().is_empty());
+    assert_eq!(state.names(), ["kubeconfig"], "only ADD records repairs");
     let o = run_cni("ADD", &stdin);
     assert!(o.status.success(), "{}", text(&o));
     assert_ne!(tree(d.path()), before);
@@ -299,6 +311,7 @@ fn add_is_not_delayed_past_the_budget() {
     let mut e = desired();
     e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
     e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    with_kubeconfig(&mut e, &state);
     e.insert("chain_repair_budget_seconds".into(), Value::from(0.5));
     let holder = fs::File::open(d.path()).unwrap();
     holder.lock().unwrap();

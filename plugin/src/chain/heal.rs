@@ -93,6 +93,7 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     let opts = RepairOptions {
         lock_timeout: budget,
         deadline: Some(start + config.chain_repair_budget),
+        requires: config.kubeconfig.clone(),
     };
     match repair(dir, &desired, &opts) {
         Ok(r) if r.changed => {

@@ -21,13 +21,18 @@ use super::scan::{self, Kind, Listing};
 use super::write::{self, parent};
 use super::{ChainError, ChainState, Entry, diagnose_listing, lock, validate_entry};
 
-/// Bounds for one repair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Bounds and conditions for one repair.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairOptions {
     /// The most to wait for the conf-dir lock.
     pub lock_timeout: Duration,
     /// The whole repair ends by then (it never leaves a half-done change).
     pub deadline: Option<Instant>,
+    /// Repair only while this file exists, checked under the lock. The
+    /// plugin passes its kubeconfig: uninstall removes the kubeconfig and
+    /// then sweeps the entries once more under the lock, so an ADD already
+    /// in flight cannot chain the node again to a binary about to be removed.
+    pub requires: Option<PathBuf>,
 }
 
 impl Default for RepairOptions {
@@ -35,6 +40,7 @@ impl Default for RepairOptions {
         RepairOptions {
             lock_timeout: Duration::from_secs(2),
             deadline: None,
+            requires: None,
         }
     }
 }
@@ -86,6 +92,20 @@ pub fn repair(
 ) -> Result<RepairReport, ChainError> {
     validate_entry(desired, "the desired entry")?;
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    if let Some(req) = &opts.requires
+        && !req.exists()
+    {
+        let (diag, _) = diagnose_listing(&scan::list(conf_dir)?, desired);
+        return Ok(RepairReport {
+            file: None,
+            changed: false,
+            before: diag.state,
+            summary: format!(
+                "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
+                req.display()
+            ),
+        });
+    }
     let mut before = None;
     let mut notes = Vec::new();
     for _ in 0..MAX_ATTEMPTS {

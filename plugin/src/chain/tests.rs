@@ -291,7 +291,7 @@ fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
     let start = Instant::now();
     let o = RepairOptions {
         lock_timeout: Duration::from_millis(150),
-        deadline: None,
+        ..RepairOptions::default()
     };
     let e = repair(d.path(), &desired(), &o).unwrap_err();
     assert!(matches!(e, ChainError::LockTimeout { .. }), "{e}");
@@ -300,6 +300,7 @@ fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
     let o = RepairOptions {
         lock_timeout: Duration::from_secs(60),
         deadline: Some(Instant::now() + Duration::from_millis(50)),
+        ..RepairOptions::default()
     };
     assert!(matches!(
         repair(d.path(), &desired(), &o),
@@ -735,10 +736,14 @@ mod heal {
     }
 
     fn node() -> Node {
-        Node {
+        let n = Node {
             conf: TempDir::new("heal-conf"),
             state: TempDir::new("heal-state"),
-        }
+        };
+        // Healing requires the kubeconfig the entry names (see
+        // `RepairOptions::requires`).
+        n.state.write("kubeconfig", "apiVersion: v1\n");
+        n
     }
 
     /// The stdin of an ADD for the entry `desired()`, as libcni builds it.
@@ -749,6 +754,10 @@ mod heal {
             n.conf.path().to_string_lossy().into(),
         );
         m.insert("state_dir".into(), n.state.path().to_string_lossy().into());
+        m.insert(
+            "kubernetes".into(),
+            serde_json::json!({"kubeconfig": n.state.path().join("kubeconfig")}),
+        );
         for (k, v) in extra {
             m.insert((*k).into(), v.clone());
         }
@@ -811,6 +820,24 @@ mod heal {
                 .read(fight::STATE_FILE)
                 .contains("10-calico.conflist")
         );
+    }
+
+    #[test]
+    fn no_heal_while_the_kubeconfig_is_gone() {
+        // Uninstall removes the kubeconfig, then sweeps the entries again:
+        // an ADD must not put the entry back in between.
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let gone = n.state.path().join("removed-kubeconfig");
+        let conf = stdin(
+            &n,
+            &[("kubernetes", serde_json::json!({"kubeconfig": gone}))],
+        );
+        heal(&conf);
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+        // Without the guard the same ADD heals (the test can fail).
+        heal(&stdin(&n, &[]));
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
     }
 
     #[test]
@@ -910,4 +937,31 @@ mod heal {
             5
         );
     }
+}
+
+#[test]
+fn repair_waits_for_its_required_file() {
+    // The plugin requires its kubeconfig: gone during uninstall, so an ADD in
+    // flight cannot chain the node again.
+    let d = TempDir::new("requires");
+    let f = d.write("10-calico.conflist", CALICO);
+    let kubeconfig = d.path().join("ZZZ-linkerd-cni-kubeconfig");
+    let o = RepairOptions {
+        requires: Some(kubeconfig.clone()),
+        ..RepairOptions::default()
+    };
+    let r = repair(d.path(), &desired(), &o).unwrap();
+    assert!(!r.changed, "{}", r.summary);
+    assert_eq!(r.before, ChainState::Missing);
+    assert!(
+        r.summary.contains("ZZZ-linkerd-cni-kubeconfig"),
+        "{}",
+        r.summary
+    );
+    assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+
+    fs::write(&kubeconfig, "apiVersion: v1\n").unwrap();
+    let r = repair(d.path(), &desired(), &o).unwrap();
+    assert!(r.changed, "{}", r.summary);
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
