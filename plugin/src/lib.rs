@@ -8,8 +8,12 @@
 //! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
+//! - [`iptables`]: linkerd's redirect rules, applied in a pod's netns.
+//! - [`netns`]: entering a network namespace without `nsenter`.
 
 pub mod cni;
 pub mod config;
+pub mod iptables;
 pub mod logging;
+pub mod netns;
 pub mod plugin;
