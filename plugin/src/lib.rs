@@ -9,11 +9,13 @@
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`iptables`]: linkerd's redirect rules, applied in a pod's netns.
+//! - [`k8s`]: the kubeconfig and the few Kubernetes API calls the plugin makes.
 //! - [`netns`]: entering a network namespace without `nsenter`.
 
 pub mod cni;
 pub mod config;
 pub mod iptables;
+pub mod k8s;
 pub mod logging;
 pub mod netns;
 pub mod plugin;
