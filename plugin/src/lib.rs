@@ -8,9 +8,9 @@
 //! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
-//! - [`iptables`]: linkerd's redirect rules, applied in a pod's netns.
-//! - [`k8s`]: the kubeconfig and the few Kubernetes API calls the plugin makes.
-//! - [`netns`]: entering a network namespace without `nsenter`.
+//! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
+//!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
+//!   (entering the pod's network namespace).
 
 pub mod cni;
 pub mod config;
@@ -19,3 +19,4 @@ pub mod k8s;
 pub mod logging;
 pub mod netns;
 pub mod plugin;
+pub mod pod;

@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::cni::{self, CniError, Invocation, NetConf};
 use crate::config::PluginConfig;
 use crate::logging;
+use crate::pod;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
@@ -18,12 +19,22 @@ impl cni::Plugin for LinkerdCni {
     }
 
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
-        let _config = PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_netconf(&inv.conf)?;
+        pod::add(inv, &config)?;
         Ok(inv.conf.pass_through_result())
     }
 
     fn check(&self, inv: &Invocation) -> Result<(), CniError> {
-        PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_netconf(&inv.conf)?;
+        pod::check(inv, &config)
+    }
+
+    /// Always succeeds: see [`pod::status`].
+    fn status(&self, inv: &Invocation) -> Result<(), CniError> {
+        match PluginConfig::from_netconf(&inv.conf) {
+            Ok(config) => pod::status(&config),
+            Err(e) => log::warn!("STATUS: {e}"),
+        }
         Ok(())
     }
 }
