@@ -414,3 +414,38 @@ fn ipv6_plans_both_families_each_with_its_cidrs() {
     assert_eq!(subnets(0), ["10.0.0.0/8"]);
     assert_eq!(subnets(1), ["fd00::/8"]);
 }
+
+#[test]
+fn api_server_inside_a_node_netns_is_reachable_only_from_there() {
+    let node = testkit::TestNetns::new("lcni-node").unwrap();
+    let mut api = FakeApiServer::start_in_netns(node.path()).unwrap();
+    let dir = TempDir::new("lcni-kube-ns").unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+    api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+    api.add_namespace("emojivoto", &[]);
+    let conf = netconf(&kubeconfig, json!({}));
+    let env = cni_env(
+        "ADD",
+        Path::new("/run/netns/unused"),
+        Some(("emojivoto", "web-0")),
+    );
+    let decide = || {
+        let inv = invocation(&env, &conf);
+        pod::decide(&inv, &PluginConfig::from_netconf(&inv.conf).unwrap())
+    };
+
+    let d = linkerd_cni::netns::run_in(node.path(), decide).unwrap();
+    mesh(d.unwrap());
+    assert_eq!(api.total_requests(), 2);
+
+    // The host's loopback is another one.
+    let e = decide().unwrap_err();
+    assert!(e.msg.contains("cannot reach"), "{e}");
+    assert_eq!(api.total_requests(), 2);
+
+    api.stop();
+    let e = linkerd_cni::netns::run_in(node.path(), decide)
+        .unwrap()
+        .unwrap_err();
+    assert!(e.msg.contains("cannot reach"), "{e}");
+}
