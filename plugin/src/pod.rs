@@ -348,7 +348,9 @@ fn api_server_ports(client: &Client) -> Result<Vec<u16>, ApiError> {
     let svc = client.kubernetes_service()?;
     let mut ports = Vec::new();
     for p in &svc.spec.ports {
-        if let Ok(port) = u16::try_from(p.port) {
+        if let Ok(port) = u16::try_from(p.port)
+            && port > 0
+        {
             ports.push(port);
         }
         if let Some(t) = p.target_port_number() {

@@ -64,7 +64,9 @@ pub struct FakeApiServer {
     token: String,
     pki: TestPki,
     state: Arc<State>,
-    netns: Option<PathBuf>,
+    /// The listener's namespace, held open so it can be entered to stop the
+    /// server even after `ip netns del` removed its name.
+    netns: Option<std::fs::File>,
     accept: Option<JoinHandle<()>>,
 }
 
@@ -115,8 +117,9 @@ impl FakeApiServer {
             let _ = tx.send(listener.local_addr());
             accept_loop(listener, st, tls, tok);
         };
+        let netns = netns.map(std::fs::File::open).transpose()?;
         let accept = match &netns {
-            Some(p) => crate::netns::spawn_in(p, serve)?,
+            Some(f) => crate::netns::spawn_in(f.try_clone()?, serve)?,
             None => std::thread::spawn(serve),
         };
         let addr = rx
@@ -202,12 +205,19 @@ impl FakeApiServer {
         // Wake the blocking accept() with a connection from the listener's
         // own namespace.
         let addr = self.addr;
-        let _ = match &self.netns {
-            Some(p) => {
-                crate::netns::run_in(p, move || TcpStream::connect(addr).map(drop)).and_then(|r| r)
-            }
-            None => TcpStream::connect(addr).map(drop),
+        let woke = match &self.netns {
+            Some(f) => f
+                .try_clone()
+                .and_then(|f| crate::netns::run_in_file(f, move || TcpStream::connect(addr)))
+                .and_then(|r| r)
+                .is_ok(),
+            None => TcpStream::connect(addr).is_ok(),
         };
+        // Without the wake-up the thread would block in accept() forever:
+        // leave it rather than hang the test.
+        if !woke {
+            return;
+        }
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
@@ -395,5 +405,30 @@ fn reason(code: u16) -> &'static str {
         500 => "InternalError",
         503 => "ServiceUnavailable",
         _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestNetns;
+
+    #[test]
+    fn stops_after_its_netns_name_is_deleted() {
+        let ns = TestNetns::new("testkit-api").unwrap();
+        let mut api = FakeApiServer::start_in_netns(ns.path()).unwrap();
+        drop(ns);
+        // Must return (the thread is woken through the held namespace fd).
+        api.stop();
+        assert!(api.accept.is_none());
+    }
+
+    #[test]
+    fn stopped_server_refuses_connections() {
+        let mut api = FakeApiServer::start();
+        assert!(TcpStream::connect(api.addr()).is_ok());
+        api.stop();
+        let e = TcpStream::connect(api.addr()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 }

@@ -2,6 +2,7 @@
 //! path under /run/netns, as a runtime's CNI_NETNS does), with loopback up,
 //! deleted on drop.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -84,7 +85,12 @@ fn ip(args: &[&str]) -> std::io::Result<()> {
 /// `path`; sockets it creates (and threads it spawns) belong to that
 /// namespace.
 pub fn run_in<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
-    let ns = std::fs::File::open(path)?;
+    run_in_file(std::fs::File::open(path)?, f)
+}
+
+/// Like [`run_in`], with the namespace given as an open file (which keeps
+/// it alive, whether or not its name still exists).
+pub fn run_in_file<T: Send>(ns: File, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
     std::thread::scope(|s| {
         s.spawn(move || {
             setns(&ns, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
@@ -95,12 +101,11 @@ pub fn run_in<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> std::io::Re
     })
 }
 
-/// Like [`run_in`], but the thread keeps running `f` in the background.
+/// Like [`run_in_file`], but the thread keeps running `f` in the background.
 pub(crate) fn spawn_in(
-    path: &Path,
+    ns: File,
     f: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let ns = std::fs::File::open(path)?;
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || match setns(&ns, CloneFlags::CLONE_NEWNET) {
         Ok(()) => {
