@@ -443,8 +443,8 @@ current-context: linkerd-cni-context
 
     #[test]
     fn relative_files_and_current_context() {
-        let dir = std::env::temp_dir().join(format!("linkerd-cni-kc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = testkit::TempDir::new("lcni-kubeconfig").unwrap();
+        let dir = tmp.path();
         std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
         std::fs::write(dir.join("token"), "  tok-from-file\n").unwrap();
         let text = "
@@ -458,11 +458,10 @@ contexts:
 - {name: other, context: {cluster: c, user: u}}
 current-context: other
 ";
-        let c = parse(text, &dir).unwrap();
+        let c = parse(text, dir).unwrap();
         assert_eq!(c.server, "https://api.example.com:6443/prefix");
         assert_eq!(c.token, "tok-from-file");
         assert!(matches!(c.trust, Trust::Roots(_)));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
