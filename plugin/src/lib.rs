@@ -10,9 +10,16 @@
 //! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
+//! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
+//!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
+//!   (entering the pod's network namespace).
 
 pub mod chain;
 pub mod cni;
 pub mod config;
+pub mod iptables;
+pub mod k8s;
 pub mod logging;
+pub mod netns;
 pub mod plugin;
+pub mod pod;

@@ -62,7 +62,10 @@ fn connect_syslog() -> Option<UnixDatagram> {
 
 impl Log for Logger {
     fn enabled(&self, m: &Metadata) -> bool {
-        m.level() <= log::max_level()
+        // The HTTP client and TLS stack log each handshake step at debug;
+        // `log_level: debug` is for our own steps, so theirs need warn.
+        let ours = m.target().starts_with("linkerd_cni");
+        m.level() <= log::max_level() && (ours || m.level() <= Level::Warn)
     }
 
     fn log(&self, record: &Record) {
@@ -145,6 +148,24 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
+    }
+
+    #[test]
+    fn libraries_log_only_warnings() {
+        let l = Logger {
+            program: "test",
+            syslog: None,
+            context: Mutex::new(String::new()),
+        };
+        log::set_max_level(LevelFilter::Debug);
+        let meta =
+            |target: &'static str, level| Metadata::builder().target(target).level(level).build();
+        assert!(l.enabled(&meta("linkerd_cni::pod", Level::Debug)));
+        assert!(l.enabled(&meta("linkerd_cni_installer", Level::Debug)));
+        assert!(!l.enabled(&meta("rustls::client::hs", Level::Debug)));
+        assert!(!l.enabled(&meta("ureq::unversioned", Level::Info)));
+        assert!(l.enabled(&meta("ureq::unversioned", Level::Warn)));
+        assert!(!l.enabled(&meta("linkerd_cni::pod", Level::Trace)));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::cni::{self, CniError, Invocation, NetConf};
 use crate::config::PluginConfig;
 use crate::logging;
+use crate::pod;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
@@ -19,14 +20,25 @@ impl cni::Plugin for LinkerdCni {
 
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf)?;
-        // Per-pod work goes before this line; its error is returned only
-        // after the chain has been healed.
+        let pod = pod::add(inv, &config);
+        // Healed whatever the pod's outcome: the runtime invoked us, so the
+        // node's chain matters even when this pod's rules failed.
         crate::chain::heal_on_add(&inv.conf, &config);
+        pod?;
         Ok(inv.conf.pass_through_result())
     }
 
     fn check(&self, inv: &Invocation) -> Result<(), CniError> {
-        PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_netconf(&inv.conf)?;
+        pod::check(inv, &config)
+    }
+
+    /// Always succeeds: see [`pod::status`].
+    fn status(&self, inv: &Invocation) -> Result<(), CniError> {
+        match PluginConfig::from_netconf(&inv.conf) {
+            Ok(config) => pod::status(&config),
+            Err(e) => log::warn!("STATUS: {e}"),
+        }
         Ok(())
     }
 }

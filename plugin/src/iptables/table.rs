@@ -1,0 +1,261 @@
+//! The live nat table as `*-save -t nat` prints it, and the two things we do
+//! with it: compute the `*-restore --noflush` batch that brings it to a rule
+//! set, and list how it differs from one (for CHECK).
+//!
+//! With `--noflush`, declaring a user chain that exists flushes it, so our
+//! chains are emptied and refilled in one atomic batch: no window without
+//! redirection, and a second ADD converges on the same rules. The jumps live
+//! in built-in chains we must not flush, so they are added only when absent.
+
+use std::collections::BTreeMap;
+
+use super::rules::RuleSet;
+
+/// The nat table of one family, as read from `*-save -t nat`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatTable {
+    /// Declared chains, in the order printed.
+    chains: Vec<String>,
+    /// Rule specs (the text after `-A <chain> `) per chain, in order.
+    rules: BTreeMap<String, Vec<String>>,
+}
+
+impl NatTable {
+    /// Reads the `*nat` section of `iptables-save` output. Comments, other
+    /// tables and packet counters are ignored.
+    pub fn parse(save: &str) -> NatTable {
+        let mut t = NatTable::default();
+        let mut in_nat = false;
+        for line in save.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if let Some(table) = line.strip_prefix('*') {
+                in_nat = table == "nat";
+                continue;
+            }
+            if !in_nat {
+                continue;
+            }
+            if line == "COMMIT" {
+                in_nat = false;
+            } else if let Some(decl) = line.strip_prefix(':') {
+                if let Some(name) = decl.split_whitespace().next() {
+                    t.chains.push(name.to_string());
+                }
+            } else {
+                // `iptables-save -c` prefixes `[pkts:bytes] `.
+                let rule = match line.strip_prefix('[') {
+                    Some(rest) => rest.split_once("] ").map_or(line, |(_, r)| r.trim_start()),
+                    None => line,
+                };
+                if let Some(rest) = rule.strip_prefix("-A ")
+                    && let Some((chain, spec)) = rest.split_once(' ')
+                {
+                    t.rules
+                        .entry(chain.to_string())
+                        .or_default()
+                        .push(spec.trim().to_string());
+                }
+            }
+        }
+        t
+    }
+
+    pub fn has_chain(&self, chain: &str) -> bool {
+        self.chains.iter().any(|c| c == chain)
+    }
+
+    /// The rule specs of `chain`, in order (empty if it has none).
+    pub fn rules(&self, chain: &str) -> &[String] {
+        self.rules.get(chain).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The `iptables-restore --noflush` input that makes `current` hold exactly
+/// `set`'s chains and jumps.
+pub fn restore_batch(set: &RuleSet, current: &NatTable) -> String {
+    let mut b = String::from("*nat\n");
+    let chains = set.chains();
+    for (chain, _) in &chains {
+        b.push_str(&format!(":{chain} - [0:0]\n"));
+    }
+    for (chain, specs) in &chains {
+        for spec in specs {
+            b.push_str(&format!("-A {chain} {spec}\n"));
+        }
+    }
+    for jump in set.jumps() {
+        let spec = jump.spec();
+        if !current.rules(jump.from).contains(&spec) {
+            b.push_str(&format!("-A {} {spec}\n", jump.from));
+        }
+    }
+    b.push_str("COMMIT\n");
+    b
+}
+
+/// How `current` differs from what `set` installs, one line per problem;
+/// empty when it matches.
+pub fn differences(set: &RuleSet, current: &NatTable) -> Vec<String> {
+    let mut diffs = Vec::new();
+    let fam = set.family;
+    for (chain, want) in set.chains() {
+        if !current.has_chain(chain) {
+            diffs.push(format!("{fam} chain {chain} is missing"));
+            continue;
+        }
+        let have = current.rules(chain);
+        if have == want.as_slice() {
+            continue;
+        }
+        let before = diffs.len();
+        for spec in &want {
+            if !have.contains(spec) {
+                diffs.push(format!("{fam} chain {chain} lacks rule: {spec}"));
+            }
+        }
+        for spec in have {
+            if !want.contains(spec) {
+                diffs.push(format!(
+                    "{fam} chain {chain} has an unexpected rule: {spec}"
+                ));
+            }
+        }
+        if diffs.len() == before {
+            diffs.push(format!(
+                "{fam} chain {chain} has its rules in a different order or repeated: have [{}], want [{}]",
+                have.join(" | "),
+                want.join(" | ")
+            ));
+        }
+    }
+    for jump in set.jumps() {
+        let spec = jump.spec();
+        if !current.rules(jump.from).contains(&spec) {
+            diffs.push(format!(
+                "{fam} chain {} lacks the jump to {}: {spec}",
+                jump.from, jump.to
+            ));
+        }
+    }
+    diffs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iptables::rules::{Family, RedirectSpec};
+
+    const SAVED: &str = "\
+# Generated by iptables-save v1.8.9 on Mon Nov 30 04:22:47 2026
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:PROXY_INIT_OUTPUT - [0:0]
+:PROXY_INIT_REDIRECT - [0:0]
+[3:180] -A PREROUTING -m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT
+-A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT
+-A PROXY_INIT_OUTPUT -m owner --uid-owner 2102 -m comment --comment \"proxy-init/ignore-proxy-user-id\" -j RETURN
+-A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN
+-A PROXY_INIT_OUTPUT -p tcp -m comment --comment \"proxy-init/redirect-all-outgoing-to-proxy-port\" -j REDIRECT --to-ports 4140
+-A PROXY_INIT_REDIRECT -p tcp -m multiport --dports 4191,4190 -m comment --comment \"proxy-init/ignore-port-4191,4190\" -j RETURN
+-A PROXY_INIT_REDIRECT -p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\" -j REDIRECT --to-ports 4143
+COMMIT
+# Completed on Mon Nov 30 04:22:47 2026
+*filter
+:INPUT ACCEPT [0:0]
+-A INPUT -j DROP
+COMMIT
+";
+
+    fn defaults() -> RuleSet {
+        RuleSet::build(&RedirectSpec::default(), Family::V4)
+    }
+
+    #[test]
+    fn parse_reads_only_nat_and_drops_counters() {
+        let t = NatTable::parse(SAVED);
+        assert!(t.has_chain("PROXY_INIT_REDIRECT"));
+        assert!(!t.has_chain("FORWARD"));
+        assert_eq!(t.rules("PREROUTING").len(), 1);
+        assert!(t.rules("PREROUTING")[0].starts_with("-m comment"));
+        assert!(t.rules("INPUT").is_empty());
+        assert_eq!(t.rules("PROXY_INIT_OUTPUT").len(), 3);
+    }
+
+    #[test]
+    fn empty_table_gets_chains_and_jumps() {
+        let b = restore_batch(
+            &defaults(),
+            &NatTable::parse("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"),
+        );
+        assert!(b.starts_with("*nat\n:PROXY_INIT_REDIRECT - [0:0]\n:PROXY_INIT_OUTPUT - [0:0]\n"));
+        assert!(b.ends_with(
+            "-A PREROUTING -m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT\n\
+             -A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT\n\
+             COMMIT\n"
+        ));
+        assert_eq!(
+            b.lines()
+                .filter(|l| l.starts_with("-A PROXY_INIT_"))
+                .count(),
+            5
+        );
+    }
+
+    #[test]
+    fn installed_table_gets_chains_refilled_but_no_second_jump() {
+        let b = restore_batch(&defaults(), &NatTable::parse(SAVED));
+        assert!(!b.contains("-A PREROUTING"));
+        assert!(!b.contains("-A OUTPUT"));
+        assert!(b.contains(":PROXY_INIT_OUTPUT - [0:0]\n"));
+        assert_eq!(
+            b.lines()
+                .filter(|l| l.starts_with("-A PROXY_INIT_"))
+                .count(),
+            5
+        );
+    }
+
+    #[test]
+    fn differences_say_what_is_wrong() {
+        assert!(differences(&defaults(), &NatTable::parse(SAVED)).is_empty());
+
+        let no_loopback = SAVED.replace(
+            "-A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN\n",
+            "",
+        );
+        let d = differences(&defaults(), &NatTable::parse(&no_loopback));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(
+            d[0].contains("PROXY_INIT_OUTPUT lacks rule: -o lo"),
+            "{d:?}"
+        );
+
+        let no_jump = SAVED.replace("[3:180] -A PREROUTING", "-A OTHER");
+        let d = differences(&defaults(), &NatTable::parse(&no_jump));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].contains("PREROUTING lacks the jump to PROXY_INIT_REDIRECT"));
+
+        let other_port = SAVED.replace("--to-ports 4140", "--to-ports 4000");
+        let d = differences(&defaults(), &NatTable::parse(&other_port));
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[1].contains("unexpected rule") && d[1].contains("4000"));
+
+        let d = differences(&defaults(), &NatTable::parse("*nat\nCOMMIT\n"));
+        assert_eq!(d.len(), 4, "{d:?}");
+        assert!(d[0].ends_with("PROXY_INIT_REDIRECT is missing"));
+
+        let swapped = SAVED.replace(
+            "-A PROXY_INIT_OUTPUT -m owner --uid-owner 2102 -m comment --comment \"proxy-init/ignore-proxy-user-id\" -j RETURN\n-A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN\n",
+            "-A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN\n-A PROXY_INIT_OUTPUT -m owner --uid-owner 2102 -m comment --comment \"proxy-init/ignore-proxy-user-id\" -j RETURN\n",
+        );
+        let d = differences(&defaults(), &NatTable::parse(&swapped));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].contains("different order"));
+    }
+}

@@ -1,0 +1,324 @@
+//! A blocking HTTPS client for the few GETs the plugin makes, with one time
+//! budget for all calls of an invocation.
+//!
+//! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
+//! the plugin is a short-lived process, and an async runtime would cost
+//! start-up time and megabytes for three GETs.
+//!
+//! Every call is bounded: a connect timeout, a per-attempt timeout, and the
+//! invocation's budget, which retries never exceed. Only transient failures
+//! are retried (refused or reset connections, timeouts, 429, 5xx), a few
+//! times with a short backoff, so a down API server fails an ADD in well
+//! under a second rather than at the end of the budget.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+
+use super::kubeconfig::{ApiConfig, Trust};
+use super::objects::{Namespace, Pod, Service};
+
+/// The most one TCP (and TLS) connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most one attempt (connect, request, answer) may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts per call, the first included.
+const MAX_ATTEMPTS: u32 = 4;
+/// Backoff before the second attempt; doubles for each further one.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Pods with many containers and managed fields are large; this bounds
+/// what a misbehaving server can make us read.
+const MAX_BODY: u64 = 16 << 20;
+
+/// A failed API call.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error(
+        "cannot reach the Kubernetes API at {server} (GET {path}, {attempts} attempt{}): {cause}",
+        if *.attempts == 1 { "" } else { "s" }
+    )]
+    Unreachable {
+        server: String,
+        path: String,
+        attempts: u32,
+        cause: String,
+    },
+    #[error(
+        "the Kubernetes API at {server} did not answer GET {path} within linkerd-cni's {} s budget",
+        .budget.as_secs_f32()
+    )]
+    TimedOut {
+        server: String,
+        path: String,
+        budget: Duration,
+    },
+    #[error("the Kubernetes API refused linkerd-cni's credentials (HTTP {status} for GET {path})")]
+    Unauthorized {
+        status: u16,
+        path: String,
+        kubeconfig: PathBuf,
+    },
+    #[error("GET {path}: not found")]
+    NotFound { path: String },
+    #[error("GET {path}: HTTP {status}: {message}")]
+    Status {
+        path: String,
+        status: u16,
+        message: String,
+    },
+    #[error("TLS with the Kubernetes API at {server} failed: {cause}")]
+    Tls { server: String, cause: String },
+    #[error("GET {path}: cannot read the answer: {cause}")]
+    Decode { path: String, cause: String },
+}
+
+impl ApiError {
+    /// What an operator should do about it.
+    pub fn hint(&self) -> String {
+        match self {
+            ApiError::Unreachable { .. } | ApiError::TimedOut { .. } => {
+                "check that the API server is up and reachable from the node (the kubeconfig's \
+                 server address); the pod start is retried by the kubelet"
+                    .into()
+            }
+            ApiError::Unauthorized { kubeconfig, .. } => format!(
+                "the token in {} is stale or lacks RBAC to get pods, namespaces and services; \
+                 the linkerd-cni installer DaemonSet rewrites this kubeconfig from its service \
+                 account: check that its pod on this node is running, or restart it \
+                 (kubectl -n linkerd-cni rollout restart daemonset/linkerd-cni)",
+                kubeconfig.display()
+            ),
+            ApiError::Tls { .. } => {
+                "check the certificate-authority in the kubeconfig (the installer writes the \
+                 cluster's CA) and the server address"
+                    .into()
+            }
+            ApiError::NotFound { .. } => {
+                "the object does not exist (yet, or any more); the pod start is retried by the kubelet"
+                    .into()
+            }
+            ApiError::Status { .. } | ApiError::Decode { .. } => {
+                "the API server's answer was unexpected; see the message".into()
+            }
+        }
+    }
+
+    fn transient(&self) -> bool {
+        match self {
+            ApiError::Unreachable { .. } | ApiError::TimedOut { .. } => true,
+            ApiError::Status { status, .. } => *status == 429 || *status >= 500,
+            _ => false,
+        }
+    }
+}
+
+/// A client for one API server, with the budget of one invocation.
+pub struct Client {
+    agent: ureq::Agent,
+    config: ApiConfig,
+    budget: Duration,
+    deadline: Instant,
+}
+
+impl Client {
+    /// A client whose calls, retries included, all end within `budget` from
+    /// now.
+    pub fn new(config: ApiConfig, budget: Duration) -> Client {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(provider);
+        let tls = match &config.trust {
+            Trust::Insecure => tls.disable_verification(true),
+            Trust::Roots(ders) => tls.root_certs(RootCerts::new_with_certs(
+                &ders
+                    .iter()
+                    .map(|d| Certificate::from_der(d).to_owned())
+                    .collect::<Vec<_>>(),
+            )),
+        };
+        let agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
+            .http_status_as_error(false)
+            // The API server does not redirect; following one could send the
+            // token elsewhere.
+            .max_redirects(0)
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .new_agent();
+        Client {
+            agent,
+            config,
+            budget,
+            deadline: Instant::now() + budget,
+        }
+    }
+
+    pub fn config(&self) -> &ApiConfig {
+        &self.config
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
+        self.get(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+    }
+
+    pub fn namespace(&self, name: &str) -> Result<Namespace, ApiError> {
+        self.get(&format!("/api/v1/namespaces/{name}"))
+    }
+
+    /// Service `default/kubernetes`: the API server's ports.
+    pub fn kubernetes_service(&self) -> Result<Service, ApiError> {
+        self.get("/api/v1/namespaces/default/services/kubernetes")
+    }
+
+    /// GETs `path` and decodes the JSON answer, retrying transient failures
+    /// within the budget.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
+        let mut attempt = 1;
+        loop {
+            let remaining = self.deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(self.timed_out(path));
+            }
+            let err = match self.attempt(path, remaining.min(ATTEMPT_TIMEOUT), attempt) {
+                Ok(body) => {
+                    return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
+                        path: path.into(),
+                        cause: e.to_string(),
+                    });
+                }
+                Err(e) => e,
+            };
+            let backoff = FIRST_BACKOFF * 2u32.pow(attempt - 1);
+            let remaining = self.deadline.saturating_duration_since(Instant::now());
+            if !err.transient() || attempt >= MAX_ATTEMPTS || backoff >= remaining {
+                // A timeout that used up the budget says so, whatever the
+                // attempt's own error was.
+                return Err(if remaining.is_zero() {
+                    self.timed_out(path)
+                } else {
+                    err
+                });
+            }
+            log::info!("GET {path} failed ({err}); retrying in {backoff:?}");
+            std::thread::sleep(backoff);
+            attempt += 1;
+        }
+    }
+
+    fn timed_out(&self, path: &str) -> ApiError {
+        ApiError::TimedOut {
+            server: self.config.server.clone(),
+            path: path.into(),
+            budget: self.budget,
+        }
+    }
+
+    /// One GET; the body of a 200 answer.
+    fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
+        let url = format!("{}{path}", self.config.server);
+        let res = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
+            .build()
+            .header("Authorization", &format!("Bearer {}", self.config.token))
+            .header("Accept", "application/json")
+            .call();
+        let mut res = res.map_err(|e| self.classify(path, e, attempt))?;
+        let status = res.status().as_u16();
+        log::debug!("GET {path}: HTTP {status}");
+        let body = res
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+            .map_err(|e| self.classify(path, e, attempt))?;
+        match status {
+            200 => Ok(body),
+            401 | 403 => Err(ApiError::Unauthorized {
+                status,
+                path: path.into(),
+                kubeconfig: self.config.source.clone(),
+            }),
+            404 => Err(ApiError::NotFound { path: path.into() }),
+            _ => Err(ApiError::Status {
+                path: path.into(),
+                status,
+                message: status_message(&body),
+            }),
+        }
+    }
+
+    fn classify(&self, path: &str, e: ureq::Error, attempts: u32) -> ApiError {
+        let server = self.config.server.clone();
+        let unreachable = |cause: String| ApiError::Unreachable {
+            server: server.clone(),
+            path: path.into(),
+            attempts,
+            cause,
+        };
+        match e {
+            ureq::Error::Timeout(t) => ApiError::Unreachable {
+                server: server.clone(),
+                path: path.into(),
+                attempts,
+                cause: format!("timed out ({t})"),
+            },
+            ureq::Error::Rustls(e) => ApiError::Tls {
+                server,
+                cause: e.to_string(),
+            },
+            ureq::Error::Tls(e) => ApiError::Tls {
+                server,
+                cause: e.to_string(),
+            },
+            ureq::Error::Io(io) => {
+                // rustls reports handshake failures (e.g. an unknown CA) as
+                // I/O errors wrapping its own error.
+                if let Some(inner) = io.get_ref()
+                    && inner.is::<rustls::Error>()
+                {
+                    return ApiError::Tls {
+                        server,
+                        cause: inner.to_string(),
+                    };
+                }
+                unreachable(io.to_string())
+            }
+            ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
+            ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
+            ureq::Error::Protocol(e) => ApiError::Decode {
+                path: path.into(),
+                cause: format!("HTTP protocol error: {e}"),
+            },
+            other => ApiError::Decode {
+                path: path.into(),
+                cause: other.to_string(),
+            },
+        }
+    }
+}
+
+/// The `message` of a Kubernetes `Status` body, else the start of the body.
+fn status_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(m) = v.get("message").and_then(|m| m.as_str())
+    {
+        return m.to_string();
+    }
+    let s = String::from_utf8_lossy(body);
+    let s = s.trim();
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None if s.is_empty() => "empty answer".into(),
+        None => s.to_string(),
+    }
+}

@@ -1,0 +1,554 @@
+//! The kubeconfig the installer writes (or any kubeconfig a person points
+//! the plugin at): which server, which token, which CA.
+//!
+//! Only what linkerd-cni needs is read: the context `linkerd-cni-context`
+//! (else `current-context`), its cluster's `server`,
+//! `certificate-authority[-data]` and `insecure-skip-tls-verify`, and its
+//! user's `token` or `tokenFile`. Relative paths are relative to the
+//! kubeconfig's directory, as kubectl reads them.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use serde::Deserialize;
+use thiserror::Error;
+
+/// The context the installer names; preferred over `current-context`.
+pub const CONTEXT: &str = "linkerd-cni-context";
+
+/// Kubeconfigs are small; this bounds what a broken one can make us read.
+const MAX_FILE: u64 = 1 << 20;
+
+/// Where distributions keep the system CA bundle, for a kubeconfig that
+/// names no CA (as kubectl would use the system roots).
+const SYSTEM_BUNDLES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// A kubeconfig that cannot be used: the file and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("kubeconfig {path}: {problem}")]
+pub struct KubeconfigError {
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+/// How to trust the API server's certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// These CA certificates (DER).
+    Roots(Vec<Vec<u8>>),
+    /// `insecure-skip-tls-verify: true`.
+    Insecure,
+}
+
+/// Everything needed to call the API server.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// The kubeconfig this came from (for error messages).
+    pub source: PathBuf,
+    /// `https://host:port[/prefix]`, without a trailing slash.
+    pub server: String,
+    pub token: String,
+    pub trust: Trust,
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("source", &self.source)
+            .field("server", &self.server)
+            .field("token", &"<redacted>")
+            .field("trust", &self.trust)
+            .finish()
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(default)]
+struct File {
+    clusters: Vec<Named<Cluster>>,
+    users: Vec<NamedUser>,
+    contexts: Vec<Named<Context>>,
+    #[serde(rename = "current-context")]
+    current_context: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Named<T> {
+    name: String,
+    #[serde(alias = "cluster", alias = "context")]
+    value: Option<T>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamedUser {
+    name: String,
+    user: Option<User>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(default)]
+struct Cluster {
+    server: Option<String>,
+    #[serde(rename = "certificate-authority")]
+    certificate_authority: Option<String>,
+    #[serde(rename = "certificate-authority-data")]
+    certificate_authority_data: Option<String>,
+    #[serde(rename = "insecure-skip-tls-verify")]
+    insecure_skip_tls_verify: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(default)]
+struct User {
+    token: Option<String>,
+    #[serde(rename = "tokenFile")]
+    token_file: Option<String>,
+    #[serde(rename = "client-certificate")]
+    client_certificate: Option<String>,
+    #[serde(rename = "client-certificate-data")]
+    client_certificate_data: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(default)]
+struct Context {
+    cluster: Option<String>,
+    user: Option<String>,
+}
+
+/// Reads and checks the kubeconfig at `path`, including the CA and token
+/// files it names.
+pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
+    let err = |problem: String| KubeconfigError {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let text = read_small(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
+    let base = path.parent().unwrap_or(Path::new("/"));
+    let mut config = parse(&text, base).map_err(err)?;
+    config.source = path.to_path_buf();
+    Ok(config)
+}
+
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE + 1)
+        .read_to_end(&mut buf)?;
+    if buf.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_FILE} bytes"
+        )));
+    }
+    Ok(buf)
+}
+
+/// Parses kubeconfig text; `base` resolves relative file names.
+fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
+    if text.trim().is_empty() {
+        return Err("it is empty".into());
+    }
+    let file: File = serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+
+    let contexts: BTreeMap<&str, Option<&Context>> = file
+        .contexts
+        .iter()
+        .map(|c| (c.name.as_str(), c.value.as_ref()))
+        .collect();
+    let name = if contexts.contains_key(CONTEXT) {
+        CONTEXT
+    } else {
+        match file.current_context.as_deref() {
+            Some(c) if !c.is_empty() => c,
+            _ => return Err(format!("no context {CONTEXT:?} and no current-context")),
+        }
+    };
+    let ctx = contexts
+        .get(name)
+        .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
+        .ok_or_else(|| format!("context {name:?} is empty"))?;
+
+    let cluster_name = ctx
+        .cluster
+        .as_deref()
+        .ok_or_else(|| format!("context {name:?} names no cluster"))?;
+    let cluster = file
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .ok_or_else(|| format!("cluster {cluster_name:?} (of context {name:?}) is not defined"))?
+        .value
+        .as_ref()
+        .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
+    let user_name = ctx
+        .user
+        .as_deref()
+        .ok_or_else(|| format!("context {name:?} names no user"))?;
+    let user = file
+        .users
+        .iter()
+        .find(|u| u.name == user_name)
+        .ok_or_else(|| format!("user {user_name:?} (of context {name:?}) is not defined"))?
+        .user
+        .as_ref()
+        .ok_or_else(|| format!("user {user_name:?} is empty"))?;
+
+    let server = normalize_server(
+        cluster
+            .server
+            .as_deref()
+            .ok_or_else(|| format!("cluster {cluster_name:?} has no server"))?,
+    )
+    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))?;
+
+    let token = match (&user.token, &user.token_file) {
+        (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
+        (_, Some(f)) if !f.is_empty() => {
+            let p = base.join(f);
+            let t = read_small(&p)
+                .map_err(|e| format!("cannot read tokenFile {}: {e}", p.display()))?;
+            let t = String::from_utf8_lossy(&t).trim().to_string();
+            if t.is_empty() {
+                return Err(format!("tokenFile {} is empty", p.display()));
+            }
+            t
+        }
+        _ if user.client_certificate.is_some() || user.client_certificate_data.is_some() => {
+            return Err(format!(
+                "user {user_name:?} uses a client certificate; linkerd-cni supports bearer tokens (token or tokenFile) only"
+            ));
+        }
+        _ => return Err(format!("user {user_name:?} has no token or tokenFile")),
+    };
+
+    let trust = if cluster.insecure_skip_tls_verify == Some(true) {
+        Trust::Insecure
+    } else if let Some(data) = cluster
+        .certificate_authority_data
+        .as_deref()
+        .filter(|d| !d.trim().is_empty())
+    {
+        // Line breaks in the base64 are common in hand-written files.
+        let compact: String = data.chars().filter(|c| !c.is_whitespace()).collect();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(compact)
+            .map_err(|e| format!("certificate-authority-data is not valid base64: {e}"))?;
+        Trust::Roots(certificates(&pem).map_err(|e| format!("certificate-authority-data: {e}"))?)
+    } else if let Some(f) = cluster
+        .certificate_authority
+        .as_deref()
+        .filter(|f| !f.is_empty())
+    {
+        let p = base.join(f);
+        let pem = read_small(&p)
+            .map_err(|e| format!("cannot read certificate-authority {}: {e}", p.display()))?;
+        Trust::Roots(
+            certificates(&pem)
+                .map_err(|e| format!("certificate-authority {}: {e}", p.display()))?,
+        )
+    } else {
+        system_roots().ok_or_else(|| {
+            format!(
+                "cluster {cluster_name:?} names no certificate-authority and no system CA bundle was found ({})",
+                SYSTEM_BUNDLES.join(", ")
+            )
+        })?
+    };
+
+    Ok(ApiConfig {
+        source: PathBuf::new(),
+        server,
+        token,
+        trust,
+    })
+}
+
+/// The DER certificates in PEM text; at least one, each a certificate
+/// rustls can use as a root (checked now: the TLS stack would silently skip
+/// a bad one and every call would then fail with an unknown issuer).
+fn certificates(pem: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    for item in ureq::tls::parse_pem(pem) {
+        match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => {
+                let der = c.der().to_vec();
+                rustls::RootCertStore::empty()
+                    .add(rustls::pki_types::CertificateDer::from(der.clone()))
+                    .map_err(|e| {
+                        format!("certificate {} is not usable as a CA: {e}", out.len() + 1)
+                    })?;
+                out.push(der);
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("invalid PEM: {e}")),
+        }
+    }
+    if out.is_empty() {
+        return Err("no PEM certificate found".into());
+    }
+    Ok(out)
+}
+
+fn system_roots() -> Option<Trust> {
+    SYSTEM_BUNDLES.iter().find_map(|p| {
+        let pem = read_small(Path::new(p)).ok()?;
+        certificates(&pem).ok().map(Trust::Roots)
+    })
+}
+
+/// Checks the scheme and host of `server` and brings it to a form the HTTP
+/// client takes. The installer writes `https://[HOST]:PORT` for every
+/// host, and brackets are only valid around IPv6 addresses, so they are
+/// dropped around anything else.
+fn normalize_server(server: &str) -> Result<String, String> {
+    let s = server.trim();
+    let (scheme, rest) = s
+        .split_once("://")
+        .ok_or_else(|| format!("server {s:?} is not a URL (expected https://host:port)"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "https" && scheme != "http" {
+        return Err(format!("server {s:?}: scheme must be https or http"));
+    }
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if path.contains(['?', '#']) {
+        return Err(format!("server {s:?} must not have a query or fragment"));
+    }
+    if authority.contains('@') {
+        return Err(format!("server {s:?} must not carry credentials"));
+    }
+    let (host, port) = if let Some(inner) = authority.strip_prefix('[') {
+        let (h, after) = inner
+            .split_once(']')
+            .ok_or_else(|| format!("server {s:?}: unbalanced '['"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("server {s:?}: junk after ']'"))?,
+            ),
+        };
+        (h, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
+    {
+        return Err(format!("server {s:?} has an invalid host {host:?}"));
+    }
+    let host = if host.contains(':') {
+        host.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("server {s:?} has an invalid host {host:?}"))?;
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    let port = match port {
+        None | Some("") => String::new(),
+        Some(p) => {
+            let n: u16 = p
+                .parse()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("server {s:?} has an invalid port {p:?}"))?;
+            format!(":{n}")
+        }
+    };
+    Ok(format!(
+        "{scheme}://{host}{port}{}",
+        path.trim_end_matches('/')
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_pem() -> &'static str {
+        static PEM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        PEM.get_or_init(|| testkit::pki::TestPki::new().ca_pem)
+    }
+
+    fn b64(s: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
+
+    /// What the upstream installer writes.
+    fn installer(server: &str, tls: &str) -> String {
+        format!(
+            "# Kubeconfig file for linkerd CNI plugin.
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: {server}
+    {tls}
+users:
+- name: linkerd-cni
+  user:
+    token: abc.def.ghi
+contexts:
+- name: linkerd-cni-context
+  context:
+    cluster: local
+    user: linkerd-cni
+current-context: linkerd-cni-context
+"
+        )
+    }
+
+    #[test]
+    fn installer_kubeconfig_with_ca_data() {
+        let text = installer(
+            "https://[10.96.0.1]:443",
+            &format!("certificate-authority-data: {}", b64(ca_pem())),
+        );
+        let c = parse(&text, Path::new("/etc/cni/net.d")).unwrap();
+        assert_eq!(c.server, "https://10.96.0.1:443");
+        assert_eq!(c.token, "abc.def.ghi");
+        assert!(matches!(&c.trust, Trust::Roots(r) if r.len() == 1));
+        assert!(
+            !format!("{c:?}").contains("abc.def"),
+            "token leaks in Debug"
+        );
+    }
+
+    #[test]
+    fn insecure_and_ipv6_server() {
+        let text = installer(
+            "https://[fd00:10:96::1]:443/",
+            "insecure-skip-tls-verify: true",
+        );
+        let c = parse(&text, Path::new("/")).unwrap();
+        assert_eq!(c.server, "https://[fd00:10:96::1]:443");
+        assert_eq!(c.trust, Trust::Insecure);
+    }
+
+    #[test]
+    fn relative_files_and_current_context() {
+        let tmp = testkit::TempDir::new("lcni-kubeconfig").unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
+        std::fs::write(dir.join("token"), "  tok-from-file\n").unwrap();
+        let text = "
+clusters:
+- name: c
+  cluster: {server: 'https://api.example.com:6443/prefix/', certificate-authority: ca.crt}
+users:
+- name: u
+  user: {tokenFile: token}
+contexts:
+- {name: other, context: {cluster: c, user: u}}
+current-context: other
+";
+        let c = parse(text, dir).unwrap();
+        assert_eq!(c.server, "https://api.example.com:6443/prefix");
+        assert_eq!(c.token, "tok-from-file");
+        assert!(matches!(c.trust, Trust::Roots(_)));
+    }
+
+    #[test]
+    fn problems_are_named() {
+        let ok_tls = format!("certificate-authority-data: {}", b64(ca_pem()));
+        for (text, want) in [
+            ("", "empty".to_string()),
+            ("clusters: [", "invalid YAML".to_string()),
+            ("clusters: 5", "invalid YAML".to_string()),
+            ("kind: Config\n", "no context".to_string()),
+            (
+                &installer("10.96.0.1:443", &ok_tls),
+                "not a URL".to_string(),
+            ),
+            (
+                &installer("ftp://x:1", &ok_tls),
+                "scheme must be https".to_string(),
+            ),
+            (
+                &installer("https://x:99999", &ok_tls),
+                "invalid port".to_string(),
+            ),
+            (
+                &installer("https://[10.0.0.1:443", &ok_tls),
+                "unbalanced".to_string(),
+            ),
+            (
+                &installer("https://x:443", "certificate-authority-data: '!!'"),
+                "not valid base64".to_string(),
+            ),
+            (
+                &installer(
+                    "https://x:443",
+                    &format!("certificate-authority-data: {}", b64("hello")),
+                ),
+                "no PEM certificate".to_string(),
+            ),
+            (
+                &installer(
+                    "https://x:443",
+                    &format!(
+                        "certificate-authority-data: {}",
+                        b64(
+                            "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n"
+                        )
+                    ),
+                ),
+                "not usable as a CA".to_string(),
+            ),
+            (
+                &installer(
+                    "https://x:443",
+                    "certificate-authority: /nonexistent/ca.crt",
+                ),
+                "cannot read certificate-authority /nonexistent/ca.crt".to_string(),
+            ),
+            (
+                &installer("https://x", &ok_tls)
+                    .replace("token: abc.def.ghi", "tokenFile: /nonexistent/t"),
+                "cannot read tokenFile /nonexistent/t".to_string(),
+            ),
+            (
+                &installer("https://x", &ok_tls)
+                    .replace("token: abc.def.ghi", "client-certificate-data: eA=="),
+                "bearer tokens".to_string(),
+            ),
+            (
+                &installer("https://x", &ok_tls).replace("cluster: local", "cluster: elsewhere"),
+                "\"elsewhere\" (of context \"linkerd-cni-context\") is not defined".to_string(),
+            ),
+        ] {
+            let e = parse(text, Path::new("/")).unwrap_err();
+            assert!(e.contains(&want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let e = load(Path::new("/nonexistent/ZZZ-linkerd-cni-kubeconfig")).unwrap_err();
+        assert_eq!(
+            e.path,
+            PathBuf::from("/nonexistent/ZZZ-linkerd-cni-kubeconfig")
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("kubeconfig /nonexistent/ZZZ-linkerd-cni-kubeconfig: cannot read it"),
+            "{msg}"
+        );
+    }
+}

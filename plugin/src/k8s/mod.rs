@@ -1,0 +1,10 @@
+//! The Kubernetes API, as far as the plugin needs it: read the kubeconfig
+//! ([`kubeconfig`]), GET a pod, its namespace and the `kubernetes` Service
+//! ([`client`]), and the fields of those objects it reads ([`objects`]).
+
+pub mod client;
+pub mod kubeconfig;
+pub mod objects;
+
+pub use client::{ApiError, Client};
+pub use kubeconfig::{ApiConfig, KubeconfigError, Trust};

@@ -1,0 +1,551 @@
+//! The per-pod work of ADD and CHECK: find out from the Kubernetes API
+//! whether the pod is meshed and with which settings, then install (ADD) or
+//! verify (CHECK) linkerd's redirect rules in its network namespace.
+//!
+//! Upstream's decision and semantics are kept: a pod is meshed when it has
+//! a `linkerd-proxy` container (or native-sidecar init container) and no
+//! `linkerd-init` init container; annotations are looked up on the pod,
+//! then on its namespace; a control-plane pod also skips the API server's
+//! ports. Unlike upstream, the namespace is fetched at most once, pods in
+//! exempt namespaces never cause an API call, every API call fits one
+//! budget, and bad annotations are errors rather than silently skipped.
+
+use std::collections::BTreeMap;
+
+use crate::cni::{CniError, Invocation, code};
+use crate::config::{PluginConfig, ProxyInit};
+use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
+use crate::iptables::{Driver, Family, IptablesError, table};
+use crate::k8s::{self, ApiError, Client, KubeconfigError};
+
+/// The proxy container linkerd's injector adds.
+pub const PROXY_CONTAINER: &str = "linkerd-proxy";
+/// The init container of pods injected without CNI: they set up their own
+/// rules.
+pub const INIT_CONTAINER: &str = "linkerd-init";
+/// Set (non-empty) on linkerd's control-plane pods.
+pub const CONTROL_PLANE_LABEL: &str = "linkerd.io/control-plane-component";
+/// Outbound ports a control-plane pod skips when Service `default/kubernetes`
+/// cannot be read (upstream's fallback).
+pub const FALLBACK_API_PORTS: [u16; 2] = [443, 6443];
+
+/// The pod annotations that override config keys.
+pub mod annotation {
+    /// Replaces `outbound-ports-to-ignore`.
+    pub const SKIP_OUTBOUND_PORTS: &str = "config.linkerd.io/skip-outbound-ports";
+    /// Appended to `inbound-ports-to-ignore`.
+    pub const SKIP_INBOUND_PORTS: &str = "config.linkerd.io/skip-inbound-ports";
+    /// Replaces `subnets-to-ignore`.
+    pub const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
+    /// Replaces `proxy-uid`.
+    pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
+    /// Replaces `proxy-gid`.
+    pub const PROXY_GID: &str = "config.linkerd.io/proxy-gid";
+
+    pub const ALL: [&str; 5] = [
+        SKIP_OUTBOUND_PORTS,
+        SKIP_INBOUND_PORTS,
+        SKIP_SUBNETS,
+        PROXY_UID,
+        PROXY_GID,
+    ];
+}
+
+/// What to do for one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing: pass the result through. Says why.
+    PassThrough(String),
+    /// Install (or verify) these rules.
+    Mesh(Plan),
+}
+
+/// The rules for a meshed pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The effective settings (config keys with annotations applied).
+    pub spec: RedirectSpec,
+    /// One per family to program: IPv4, and IPv6 with `ipv6: true`.
+    pub rule_sets: Vec<RuleSet>,
+}
+
+/// ADD: installs the rules when the pod is meshed.
+pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
+    let plan = match decide(inv, config)? {
+        Decision::PassThrough(why) => {
+            log::info!("ADD: nothing to do: {why}");
+            return Ok(());
+        }
+        Decision::Mesh(plan) => plan,
+    };
+    if config.proxy.simulate {
+        for set in &plan.rule_sets {
+            log::info!(
+                "ADD {}: simulate is on, not applying the {} batch:\n{}",
+                plan.pod,
+                set.family,
+                table::restore_batch(set, &Default::default())
+            );
+        }
+        return Ok(());
+    }
+    let netns = netns_of(inv)?;
+    driver(config)
+        .apply(netns, &plan.rule_sets)
+        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+    log::info!(
+        "ADD {}: installed linkerd's redirect rules in {}",
+        plan.pod,
+        netns.display()
+    );
+    Ok(())
+}
+
+/// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
+/// installs.
+pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
+    let plan = match decide(inv, config)? {
+        Decision::PassThrough(why) => {
+            log::debug!("CHECK: nothing to verify: {why}");
+            return Ok(());
+        }
+        Decision::Mesh(plan) => plan,
+    };
+    if config.proxy.simulate {
+        return Ok(());
+    }
+    let netns = netns_of(inv)?;
+    let diffs = driver(config)
+        .verify(netns, &plan.rule_sets)
+        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(CniError::new(
+        code::RULES_MISMATCH,
+        format!(
+            "linkerd's iptables rules for pod {} in {} differ from what ADD installs",
+            plan.pod,
+            netns.display()
+        ),
+        diffs.join("; "),
+    ))
+}
+
+/// STATUS: never fails (a failing STATUS marks the node's network not ready,
+/// which would also stop the installer pod that can repair things), but
+/// says when the kubeconfig is unusable.
+pub fn status(config: &PluginConfig) {
+    match &config.kubeconfig {
+        None => {
+            log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
+        }
+        Some(path) => {
+            if let Err(e) = k8s::kubeconfig::load(path) {
+                log::warn!(
+                    "STATUS: {e}: meshed pods cannot be set up until the installer rewrites it"
+                );
+            }
+        }
+    }
+}
+
+/// Decides what to do for the pod of `inv`, making the API calls needed
+/// (none for a pass-through by CNI_ARGS or exempt namespace).
+pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
+    let args = &inv.env.args;
+    let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
+        return Ok(Decision::PassThrough(
+            "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
+        ));
+    };
+    if config.exempt_namespaces.iter().any(|n| n == namespace) {
+        return Ok(Decision::PassThrough(format!(
+            "namespace {namespace:?} is exempt (exempt-namespaces)"
+        )));
+    }
+    for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
+        if !valid_name(value) {
+            return Err(CniError::new(
+                code::INVALID_ENV,
+                format!("invalid {key} {value:?} in CNI_ARGS"),
+                "a Kubernetes name holds only lower-case letters, digits, '-' and '.'",
+            ));
+        }
+    }
+    let pod_id = format!("{namespace}/{name}");
+
+    let path = config.kubeconfig.as_deref().ok_or_else(|| {
+        CniError::new(
+            code::INVALID_CONFIG,
+            format!(
+                "cannot look up pod {pod_id}: no kubernetes.kubeconfig in the linkerd-cni config"
+            ),
+            "the linkerd-cni installer sets kubernetes.kubeconfig to the kubeconfig it writes",
+        )
+    })?;
+    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    let client = Client::new(api, config.api_budget);
+
+    let pod = client
+        .pod(namespace, name)
+        .map_err(|e| api_error(&format!("pod {pod_id}"), e))?;
+    let spec = &pod.spec;
+    let has_proxy = spec
+        .containers
+        .iter()
+        .chain(&spec.init_containers)
+        .any(|c| c.name == PROXY_CONTAINER);
+    if !has_proxy {
+        return Ok(Decision::PassThrough(format!(
+            "pod {pod_id} has no {PROXY_CONTAINER} container"
+        )));
+    }
+    if spec
+        .init_containers
+        .iter()
+        .any(|c| c.name == INIT_CONTAINER)
+    {
+        return Ok(Decision::PassThrough(format!(
+            "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
+        )));
+    }
+
+    let mut spec = base_spec(&config.proxy)?;
+    let pod_ann = &pod.metadata.annotations;
+    // One namespace GET covers every annotation the pod lacks.
+    let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
+        client
+            .namespace(namespace)
+            .map_err(|e| api_error(&format!("namespace {namespace} of pod {pod_id}"), e))?
+            .metadata
+            .annotations
+    } else {
+        BTreeMap::new()
+    };
+    apply_annotations(&mut spec, pod_ann, &ns_ann, &pod_id)?;
+
+    if pod
+        .metadata
+        .labels
+        .get(CONTROL_PLANE_LABEL)
+        .is_some_and(|v| !v.is_empty())
+    {
+        let ports = api_server_ports(&client).unwrap_or_else(|e| {
+            log::warn!(
+                "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
+            );
+            FALLBACK_API_PORTS.to_vec()
+        });
+        spec.outbound_ports_to_ignore
+            .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
+    }
+
+    let mut families = vec![Family::V4];
+    if config.proxy.ipv6 {
+        families.push(Family::V6);
+    }
+    let rule_sets = families
+        .into_iter()
+        .map(|f| RuleSet::build(&spec, f))
+        .collect();
+    Ok(Decision::Mesh(Plan {
+        pod: pod_id,
+        spec,
+        rule_sets,
+    }))
+}
+
+/// The settings from the config keys alone.
+pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
+    let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
+        list.iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| PortRange::parse(s))
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid_config(key, e))
+    };
+    Ok(RedirectSpec {
+        incoming_proxy_port: p.incoming_proxy_port,
+        outgoing_proxy_port: p.outgoing_proxy_port,
+        proxy_uid: p.proxy_uid,
+        proxy_gid: p.proxy_gid,
+        ports_to_redirect: p.ports_to_redirect.clone(),
+        inbound_ports_to_ignore: ports(
+            "linkerd.inbound-ports-to-ignore",
+            &p.inbound_ports_to_ignore,
+        )?,
+        outbound_ports_to_ignore: ports(
+            "linkerd.outbound-ports-to-ignore",
+            &p.outbound_ports_to_ignore,
+        )?,
+        subnets_to_ignore: p
+            .subnets_to_ignore
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| Subnet::parse(s))
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))?,
+    })
+}
+
+/// Applies the annotations, each looked up on the pod, then the namespace.
+/// An empty value counts as absent, as upstream treats it.
+pub fn apply_annotations(
+    spec: &mut RedirectSpec,
+    pod: &BTreeMap<String, String>,
+    namespace: &BTreeMap<String, String>,
+    pod_id: &str,
+) -> Result<(), CniError> {
+    let lookup = |key: &str| -> Option<(&str, &'static str)> {
+        match pod.get(key) {
+            Some(v) => Some((v.as_str(), "pod")),
+            None => namespace.get(key).map(|v| (v.as_str(), "namespace")),
+        }
+        .filter(|(v, _)| !v.trim().is_empty())
+    };
+    let bad = |key: &str, value: &str, on: &str, why: String| {
+        CniError::new(
+            code::INVALID_ANNOTATION,
+            format!("invalid annotation {key}={value:?} on the {on} of pod {pod_id}"),
+            format!("{why}; fix or remove the annotation and recreate the pod"),
+        )
+    };
+
+    if let Some((v, on)) = lookup(annotation::SKIP_OUTBOUND_PORTS) {
+        spec.outbound_ports_to_ignore = rules::parse_port_list(v)
+            .map_err(|e| bad(annotation::SKIP_OUTBOUND_PORTS, v, on, e.to_string()))?;
+    }
+    if let Some((v, on)) = lookup(annotation::SKIP_INBOUND_PORTS) {
+        let more = rules::parse_port_list(v)
+            .map_err(|e| bad(annotation::SKIP_INBOUND_PORTS, v, on, e.to_string()))?;
+        spec.inbound_ports_to_ignore.extend(more);
+    }
+    if let Some((v, on)) = lookup(annotation::SKIP_SUBNETS) {
+        spec.subnets_to_ignore = rules::parse_subnet_list(v)
+            .map_err(|e| bad(annotation::SKIP_SUBNETS, v, on, e.to_string()))?;
+    }
+    for (key, field) in [
+        (annotation::PROXY_UID, &mut spec.proxy_uid),
+        (annotation::PROXY_GID, &mut spec.proxy_gid),
+    ] {
+        if let Some((v, on)) = lookup(key) {
+            *field = v
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|id| u32::try_from(*id).is_ok() || *id < 0)
+                .ok_or_else(|| bad(key, v, on, "expected an integer id".into()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The ports and numeric target ports of Service `default/kubernetes`.
+fn api_server_ports(client: &Client) -> Result<Vec<u16>, ApiError> {
+    let svc = client.kubernetes_service()?;
+    let mut ports = Vec::new();
+    for p in &svc.spec.ports {
+        if let Ok(port) = u16::try_from(p.port)
+            && port > 0
+        {
+            ports.push(port);
+        }
+        if let Some(t) = p.target_port_number() {
+            ports.push(t);
+        }
+    }
+    Ok(ports)
+}
+
+fn driver(config: &PluginConfig) -> Driver {
+    Driver::new(config.proxy.iptables_mode, config.proxy.use_wait_flag)
+}
+
+fn netns_of(inv: &Invocation) -> Result<&std::path::Path, CniError> {
+    inv.env.netns.as_deref().ok_or_else(|| {
+        CniError::new(
+            code::INVALID_ENV,
+            "CNI_NETNS is not set",
+            "the container runtime must set it for this command",
+        )
+    })
+}
+
+/// Kubernetes names: DNS labels and subdomains.
+fn valid_name(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    matches!((bytes.first(), bytes.last()), (Some(&f), Some(&l)) if alnum(f) && alnum(l))
+        && s.len() <= 253
+        && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
+}
+
+fn invalid_config(key: &str, e: rules::ParseError) -> CniError {
+    CniError::new(
+        code::INVALID_CONFIG,
+        format!("invalid linkerd-cni config key {key:?}"),
+        e.to_string(),
+    )
+}
+
+fn kubeconfig_error(e: KubeconfigError) -> CniError {
+    CniError::new(
+        code::KUBERNETES,
+        e.to_string(),
+        "the linkerd-cni installer DaemonSet writes this file: check that its pod runs on this node",
+    )
+}
+
+/// `what`: what was being read, e.g. "pod ns/name".
+fn api_error(what: &str, e: ApiError) -> CniError {
+    CniError::new(
+        code::KUBERNETES,
+        format!("cannot get {what}: {e}"),
+        e.hint(),
+    )
+}
+
+fn iptables_error(pod_id: &str, netns: &std::path::Path, e: IptablesError) -> CniError {
+    CniError::new(
+        code::IPTABLES,
+        format!(
+            "cannot set up linkerd's iptables rules for pod {pod_id} in {}",
+            netns.display()
+        ),
+        e.to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn ports(s: &str) -> Vec<PortRange> {
+        rules::parse_port_list(s).unwrap()
+    }
+
+    #[test]
+    fn annotations_follow_upstream_semantics() {
+        let mut spec = base_spec(&ProxyInit {
+            inbound_ports_to_ignore: vec!["4191".into(), "4190".into()],
+            outbound_ports_to_ignore: vec!["25".into()],
+            subnets_to_ignore: vec!["10.0.0.0/8".into()],
+            ..ProxyInit::default()
+        })
+        .unwrap();
+        let pod = map(&[
+            (annotation::SKIP_OUTBOUND_PORTS, "3306, 5432"),
+            (annotation::SKIP_INBOUND_PORTS, "8000-8100"),
+            (annotation::PROXY_UID, "1234"),
+        ]);
+        let ns = map(&[
+            (annotation::SKIP_SUBNETS, "192.168.0.0/16,fd00::/8"),
+            (annotation::PROXY_UID, "999"),
+            (annotation::PROXY_GID, "4321"),
+        ]);
+        apply_annotations(&mut spec, &pod, &ns, "ns/p").unwrap();
+        assert_eq!(
+            spec.outbound_ports_to_ignore,
+            ports("3306,5432"),
+            "replaced"
+        );
+        assert_eq!(
+            spec.inbound_ports_to_ignore,
+            ports("4191,4190,8000-8100"),
+            "appended"
+        );
+        assert_eq!(
+            spec.subnets_to_ignore
+                .iter()
+                .map(|s| s.given.as_str())
+                .collect::<Vec<_>>(),
+            ["192.168.0.0/16", "fd00::/8"],
+            "replaced, from the namespace"
+        );
+        assert_eq!(spec.proxy_uid, 1234, "the pod's wins");
+        assert_eq!(spec.proxy_gid, 4321);
+    }
+
+    #[test]
+    fn empty_annotations_count_as_absent() {
+        let mut spec = base_spec(&ProxyInit {
+            outbound_ports_to_ignore: vec!["25".into()],
+            ..ProxyInit::default()
+        })
+        .unwrap();
+        let before = spec.clone();
+        let pod = map(&[(annotation::SKIP_OUTBOUND_PORTS, " ")]);
+        let ns = map(&[(annotation::SKIP_OUTBOUND_PORTS, "")]);
+        apply_annotations(&mut spec, &pod, &ns, "ns/p").unwrap();
+        assert_eq!(spec, before);
+    }
+
+    #[test]
+    fn malformed_annotations_are_named() {
+        for (key, value) in [
+            (annotation::SKIP_OUTBOUND_PORTS, "http"),
+            (annotation::SKIP_INBOUND_PORTS, "10-5"),
+            (annotation::SKIP_SUBNETS, "10.0.0.0/40"),
+            (annotation::PROXY_UID, "root"),
+            (annotation::PROXY_GID, "99999999999"),
+        ] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(&mut spec, &map(&[(key, value)]), &BTreeMap::new(), "ns/p")
+                .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION);
+            assert!(
+                e.msg.contains(key) && e.msg.contains(&format!("{value:?}")),
+                "{}",
+                e.msg
+            );
+            assert!(e.msg.contains("pod of pod ns/p"), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn bad_config_lists_are_invalid_config() {
+        let e = base_spec(&ProxyInit {
+            inbound_ports_to_ignore: vec!["4191".into(), "x".into()],
+            ..ProxyInit::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("linkerd.inbound-ports-to-ignore"));
+        let e = base_spec(&ProxyInit {
+            subnets_to_ignore: vec!["nope".into()],
+            ..ProxyInit::default()
+        })
+        .unwrap_err();
+        assert!(e.msg.contains("linkerd.subnets-to-ignore"));
+    }
+
+    #[test]
+    fn chart_config_gives_the_reference_spec() {
+        let spec = base_spec(&ProxyInit {
+            inbound_ports_to_ignore: vec!["4191".into(), "4190".into()],
+            ..ProxyInit::default()
+        })
+        .unwrap();
+        assert_eq!(spec, RedirectSpec::default());
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_name("emojivoto"));
+        assert!(valid_name("web-7d9f8b6c5-x2x4z"));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name("../x"));
+        assert!(!valid_name(".."));
+        assert!(!valid_name(""));
+        assert!(!valid_name("Web"));
+    }
+}

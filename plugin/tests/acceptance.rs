@@ -1,0 +1,252 @@
+//! Issue 4's acceptance scenarios through the plugin binary, as a runtime
+//! runs it: a kubeconfig pointing at a fake API server over TLS, a pod
+//! netns made with `ip netns add`, and the rules read back with
+//! `iptables-save`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::iptables::{default_save, delete_rule, nat_table};
+use testkit::objects::Pod;
+use testkit::{FakeApiServer, TempDir, TestNetns};
+
+use support::{cni_env, netconf, run_plugin, stderr, stdout_json};
+
+struct Node {
+    api: FakeApiServer,
+    _dir: TempDir,
+    kubeconfig: std::path::PathBuf,
+}
+
+fn node() -> Node {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-acc").unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+    Node {
+        api,
+        _dir: dir,
+        kubeconfig,
+    }
+}
+
+fn assert_ok(o: &std::process::Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        stderr(o)
+    );
+}
+
+fn assert_prev_result_printed(o: &std::process::Output, conf: &Value) {
+    assert_ok(o);
+    assert_eq!(stdout_json(o), conf["prevResult"]);
+}
+
+/// The nat table of a netns nobody touched.
+fn untouched() -> String {
+    "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"
+        .to_string()
+}
+
+#[test]
+fn meshed_pod_add_installs_the_reference_rules_in_both_modes() {
+    for mode in ["legacy", "nft"] {
+        let n = node();
+        let ns = TestNetns::new("lcni-acc-add").unwrap();
+        n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+        n.api.add_namespace("emojivoto", &[]);
+        let conf = netconf(&n.kubeconfig, json!({"iptables-mode": mode}));
+        let env = cni_env("ADD", ns.path(), Some(("emojivoto", "web-0")));
+
+        let o = run_plugin(&env, &conf);
+        assert_prev_result_printed(&o, &conf);
+        let save = format!("iptables-{mode}-save");
+        assert_eq!(nat_table(&ns, &save), default_save(), "mode {mode}");
+
+        // A second ADD (a runtime retry) leaves exactly the same rules.
+        let o = run_plugin(&env, &conf);
+        assert_prev_result_printed(&o, &conf);
+        assert_eq!(nat_table(&ns, &save), default_save(), "mode {mode}");
+
+        // CHECK agrees; DEL is a no-op that succeeds.
+        let o = run_plugin(
+            &cni_env("CHECK", ns.path(), Some(("emojivoto", "web-0"))),
+            &conf,
+        );
+        assert_ok(&o);
+        assert!(o.stdout.is_empty());
+        let o = run_plugin(
+            &cni_env("DEL", ns.path(), Some(("emojivoto", "web-0"))),
+            &conf,
+        );
+        assert_ok(&o);
+        assert_eq!(
+            nat_table(&ns, &save),
+            default_save(),
+            "DEL leaves the rules"
+        );
+    }
+}
+
+#[test]
+fn check_reports_a_deleted_rule() {
+    let n = node();
+    let ns = TestNetns::new("lcni-acc-chk").unwrap();
+    n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+    n.api.add_namespace("emojivoto", &[]);
+    let conf = netconf(&n.kubeconfig, json!({"iptables-mode": "nft"}));
+    assert_ok(&run_plugin(
+        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
+        &conf,
+    ));
+
+    delete_rule(
+        &ns,
+        "iptables-nft",
+        "PROXY_INIT_REDIRECT",
+        "-p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\" -j REDIRECT --to-ports 4143",
+    );
+    let o = run_plugin(
+        &cni_env("CHECK", ns.path(), Some(("emojivoto", "web-0"))),
+        &conf,
+    );
+    assert!(!o.status.success());
+    let e = stdout_json(&o);
+    assert_eq!(e["code"], 103);
+    assert_eq!(e["cniVersion"], "0.3.1");
+    assert!(
+        e["msg"].as_str().unwrap().contains("emojivoto/web-0"),
+        "{e}"
+    );
+    let details = e["details"].as_str().unwrap();
+    assert!(
+        details.contains("PROXY_INIT_REDIRECT lacks rule: -p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\""),
+        "{details}"
+    );
+}
+
+#[test]
+fn unmeshed_pod_gets_no_rules() {
+    let n = node();
+    let ns = TestNetns::new("lcni-acc-plain").unwrap();
+    n.api.add_pod(&Pod::new("emojivoto", "vote-bot-0"));
+    let conf = netconf(&n.kubeconfig, json!({}));
+    let o = run_plugin(
+        &cni_env("ADD", ns.path(), Some(("emojivoto", "vote-bot-0"))),
+        &conf,
+    );
+    assert_prev_result_printed(&o, &conf);
+    assert_eq!(nat_table(&ns, "iptables-legacy-save"), untouched());
+    assert_eq!(nat_table(&ns, "iptables-nft-save"), untouched());
+    let o = run_plugin(
+        &cni_env("CHECK", ns.path(), Some(("emojivoto", "vote-bot-0"))),
+        &conf,
+    );
+    assert_ok(&o);
+}
+
+#[test]
+fn exempt_pod_passes_with_the_api_down_and_no_call() {
+    let mut n = node();
+    n.api.stop();
+    let ns = TestNetns::new("lcni-acc-exempt").unwrap();
+    let conf = netconf(&n.kubeconfig, json!({}));
+    for namespace in ["linkerd-cni", "kube-system"] {
+        let o = run_plugin(&cni_env("ADD", ns.path(), Some((namespace, "x-0"))), &conf);
+        assert_prev_result_printed(&o, &conf);
+    }
+    assert_eq!(n.api.connections(), 0);
+    assert_eq!(nat_table(&ns, "iptables-legacy-save"), untouched());
+}
+
+#[test]
+fn meshed_pod_with_the_api_down_fails_within_the_budget() {
+    let mut n = node();
+    n.api.stop();
+    let ns = TestNetns::new("lcni-acc-down").unwrap();
+    let conf = netconf(&n.kubeconfig, json!({}));
+    let start = Instant::now();
+    let o = run_plugin(
+        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
+        &conf,
+    );
+    let took = start.elapsed();
+    assert!(!o.status.success());
+    let e = stdout_json(&o);
+    assert_eq!(e["code"], 100);
+    let msg = e["msg"].as_str().unwrap();
+    assert!(msg.contains("cannot reach the Kubernetes API"), "{msg}");
+    assert!(msg.contains("emojivoto/web-0"), "{msg}");
+    // The default budget is 10 s.
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(nat_table(&ns, "iptables-legacy-save"), untouched());
+}
+
+#[test]
+fn simulate_applies_nothing() {
+    let n = node();
+    let ns = TestNetns::new("lcni-acc-sim").unwrap();
+    n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+    n.api.add_namespace("emojivoto", &[]);
+    let conf = netconf(&n.kubeconfig, json!({"simulate": true}));
+    let mut conf_info = conf.clone();
+    conf_info["log_level"] = json!("info");
+    let o = run_plugin(
+        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
+        &conf_info,
+    );
+    assert_prev_result_printed(&o, &conf_info);
+    assert!(
+        stderr(&o).contains("-A PROXY_INIT_OUTPUT -o lo"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(nat_table(&ns, "iptables-legacy-save"), untouched());
+}
+
+#[test]
+fn status_succeeds_even_without_a_usable_kubeconfig() {
+    let dir = TempDir::new("lcni-acc-status").unwrap();
+    let ns_path = std::path::Path::new("/run/netns/unused");
+    for kubeconfig in [dir.path().join("missing"), dir.path().join("garbage")] {
+        std::fs::write(dir.path().join("garbage"), "{{{").unwrap();
+        let mut conf = netconf(&kubeconfig, json!({}));
+        conf["cniVersion"] = json!("1.1.0");
+        conf.as_object_mut().unwrap().remove("prevResult");
+        let o = run_plugin(&cni_env("STATUS", ns_path, None), &conf);
+        assert_ok(&o);
+        assert!(o.stdout.is_empty());
+        assert!(stderr(&o).contains("STATUS: kubeconfig"), "{}", stderr(&o));
+        let o = run_plugin(&cni_env("GC", ns_path, None), &conf);
+        assert_ok(&o);
+    }
+}
+
+#[test]
+fn malformed_annotation_fails_the_add_with_code_102() {
+    let n = node();
+    let ns = TestNetns::new("lcni-acc-ann").unwrap();
+    n.api.add_pod(
+        &Pod::meshed("emojivoto", "web-0").annotation("config.linkerd.io/proxy-gid", "wheel"),
+    );
+    n.api.add_namespace("emojivoto", &[]);
+    let conf = netconf(&n.kubeconfig, json!({}));
+    let o = run_plugin(
+        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
+        &conf,
+    );
+    assert!(!o.status.success());
+    let e = stdout_json(&o);
+    assert_eq!(e["code"], 102);
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains("config.linkerd.io/proxy-gid=\"wheel\""),
+        "{e}"
+    );
+}

@@ -1,0 +1,434 @@
+//! [`FakeApiServer`]: a stand-in for the Kubernetes API server, over real TLS
+//! (its own throwaway CA), requiring a bearer token, serving the JSON a test
+//! registers per path, and counting the requests it gets per path so tests
+//! can assert "no API call" or "the namespace was fetched once".
+//!
+//! Failure modes: [`Mode::Unauthorized`] (401 for every request),
+//! [`Mode::Forbidden`] (403), [`Mode::Slow`] (answers after a delay),
+//! [`FakeApiServer::fail_next`] (the next requests get an error status, e.g.
+//! 503 or 429, then normal service resumes), and [`FakeApiServer::stop`]
+//! (the listener closes: connections are refused from then on).
+//!
+//! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
+//! for tests that run the plugin in a "node" namespace whose loopback is
+//! not the host's.
+//!
+//! A deliberately small HTTP/1.1 server: GET only, keep-alive, one thread per
+//! connection.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use base64::Engine;
+use rustls::ServerConfig;
+use serde_json::{Value, json};
+
+use crate::pki::TestPki;
+
+/// How the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Registered objects with 200, anything else 404.
+    Normal,
+    /// 401 Unauthorized to every request, as for a stale token.
+    Unauthorized,
+    /// 403 Forbidden to every request, as for missing RBAC.
+    Forbidden,
+    /// As `Normal`, but each answer only after this delay.
+    Slow(Duration),
+}
+
+#[derive(Debug)]
+struct State {
+    objects: Mutex<HashMap<String, Value>>,
+    counts: Mutex<HashMap<String, usize>>,
+    mode: Mutex<Mode>,
+    fail_next: Mutex<VecDeque<u16>>,
+    connections: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fake Kubernetes API server; stops on drop.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    token: String,
+    pki: TestPki,
+    state: Arc<State>,
+    /// The listener's namespace, held open so it can be entered to stop the
+    /// server even after `ip netns del` removed its name.
+    netns: Option<std::fs::File>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl FakeApiServer {
+    /// Listens on 127.0.0.1 (a free port) in the caller's network namespace.
+    pub fn start() -> FakeApiServer {
+        Self::start_on(None).expect("start fake API server")
+    }
+
+    /// Listens on 127.0.0.1 inside the network namespace at `netns_path`
+    /// (whose loopback must be up, as [`crate::TestNetns`] leaves it). The
+    /// plugin must then run in that namespace to reach it.
+    pub fn start_in_netns(netns_path: &Path) -> std::io::Result<FakeApiServer> {
+        Self::start_on(Some(netns_path.to_path_buf()))
+    }
+
+    fn start_on(netns: Option<PathBuf>) -> std::io::Result<FakeApiServer> {
+        let pki = TestPki::new();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_no_client_auth()
+            .with_single_cert(vec![pki.server_cert.clone()], pki.server_key_der())
+            .map_err(std::io::Error::other)?;
+        let tls = Arc::new(tls);
+        let state = Arc::new(State {
+            objects: Mutex::new(HashMap::new()),
+            counts: Mutex::new(HashMap::new()),
+            mode: Mutex::new(Mode::Normal),
+            fail_next: Mutex::new(VecDeque::new()),
+            connections: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        let token = format!("testkit-token-{}", crate::unique_name("t"));
+
+        let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<SocketAddr>>();
+        let st = state.clone();
+        let tok = token.clone();
+        let serve = move || {
+            let listener = match TcpListener::bind("127.0.0.1:0") {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(listener.local_addr());
+            accept_loop(listener, st, tls, tok);
+        };
+        let netns = netns.map(std::fs::File::open).transpose()?;
+        let accept = match &netns {
+            Some(f) => crate::netns::spawn_in(f.try_clone()?, serve)?,
+            None => std::thread::spawn(serve),
+        };
+        let addr = rx
+            .recv()
+            .map_err(|_| std::io::Error::other("fake API server thread died"))??;
+        Ok(FakeApiServer {
+            addr,
+            token,
+            pki,
+            state,
+            netns,
+            accept: Some(accept),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The bearer token it requires.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The CA that signed its certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.pki.ca_pem
+    }
+
+    /// Serves `body` with 200 at `path` (e.g. `/api/v1/namespaces/x`).
+    pub fn set(&self, path: &str, body: Value) {
+        lock(&self.state.objects).insert(path.to_string(), body);
+    }
+
+    /// Serves `pod` at its path.
+    pub fn add_pod(&self, pod: &crate::objects::Pod) {
+        self.set(&pod.path(), pod.json());
+    }
+
+    /// Serves a namespace with `annotations`.
+    pub fn add_namespace(&self, name: &str, annotations: &[(&str, &str)]) {
+        self.set(
+            &crate::objects::namespace_path(name),
+            crate::objects::namespace(name, annotations),
+        );
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        *lock(&self.state.mode) = mode;
+    }
+
+    /// The next `n` requests get `status` (e.g. 503, 429), whatever the mode.
+    pub fn fail_next(&self, n: usize, status: u16) {
+        lock(&self.state.fail_next).extend(std::iter::repeat_n(status, n));
+    }
+
+    /// Requests received for `path` (whatever the answer).
+    pub fn requests(&self, path: &str) -> usize {
+        lock(&self.state.counts).get(path).copied().unwrap_or(0)
+    }
+
+    /// Requests received in all.
+    pub fn total_requests(&self) -> usize {
+        lock(&self.state.counts).values().sum()
+    }
+
+    /// TCP connections accepted (including ones that never sent a request).
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Closes the listener: from now on connections are refused, as when
+    /// the API server is down. Idempotent.
+    pub fn stop(&mut self) {
+        if self.state.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the blocking accept() with a connection from the listener's
+        // own namespace.
+        let addr = self.addr;
+        let woke = match &self.netns {
+            Some(f) => f
+                .try_clone()
+                .and_then(|f| crate::netns::run_in_file(f, move || TcpStream::connect(addr)))
+                .and_then(|r| r)
+                .is_ok(),
+            None => TcpStream::connect(addr).is_ok(),
+        };
+        // Without the wake-up the thread would block in accept() forever:
+        // leave it rather than hang the test.
+        if !woke {
+            return;
+        }
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// A kubeconfig for this server, as the installer writes it (context
+    /// `linkerd-cni-context`, `certificate-authority-data`, inline token).
+    pub fn kubeconfig_yaml(&self) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://[{}]:{}
+    certificate-authority-data: {}
+users:
+- name: linkerd-cni
+  user:
+    token: {}
+contexts:
+- name: linkerd-cni-context
+  context:
+    cluster: local
+    user: linkerd-cni
+current-context: linkerd-cni-context
+",
+            self.addr.ip(),
+            self.addr.port(),
+            base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes()),
+            self.token
+        )
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `<dir>/ZZZ-linkerd-cni-kubeconfig`
+    /// (mode 0600) and returns its path.
+    pub fn write_kubeconfig(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join("ZZZ-linkerd-cni-kubeconfig");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(self.kubeconfig_yaml().as_bytes())?;
+        Ok(path)
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: TcpListener, state: Arc<State>, tls: Arc<ServerConfig>, token: String) {
+    for conn in listener.incoming() {
+        if state.stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(tcp) = conn else { continue };
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        let (state, tls, token) = (state.clone(), tls.clone(), token.clone());
+        std::thread::spawn(move || {
+            let _ = serve_connection(tcp, &state, tls, &token);
+        });
+    }
+}
+
+fn serve_connection(
+    tcp: TcpStream,
+    state: &State,
+    tls: Arc<ServerConfig>,
+    token: &str,
+) -> std::io::Result<()> {
+    // Bounds a handler whose client went away without closing.
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+    tcp.set_nodelay(true)?;
+    let conn = rustls::ServerConnection::new(tls).map_err(std::io::Error::other)?;
+    let mut stream = BufReader::new(rustls::StreamOwned::new(conn, tcp));
+    loop {
+        let Some(req) = read_request(&mut stream)? else {
+            return Ok(());
+        };
+        *lock(&state.counts).entry(req.path.clone()).or_default() += 1;
+        let (status, body) = answer(state, &req, token);
+        let mode = *lock(&state.mode);
+        if let Mode::Slow(d) = mode {
+            std::thread::sleep(d);
+        }
+        let body = body.to_string();
+        let head = format!(
+            "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            reason(status),
+            body.len()
+        );
+        // One write, so head and body go out in one TLS record and segment
+        // (two small writes meet Nagle and delayed ACKs: 40 ms each).
+        let w = stream.get_mut();
+        w.write_all(format!("{head}{body}").as_bytes())?;
+        w.flush()?;
+    }
+}
+
+struct Request {
+    method: String,
+    path: String,
+    authorization: Option<String>,
+}
+
+/// Reads one request head (and skips any body); None at a clean EOF.
+fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let target = parts.next().unwrap_or_default();
+    let path = target.split('?').next().unwrap_or_default().to_string();
+    let mut authorization = None;
+    let mut body_len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            let v = v.trim().to_string();
+            match k.trim().to_ascii_lowercase().as_str() {
+                "authorization" => authorization = Some(v),
+                "content-length" => body_len = v.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    std::io::copy(&mut r.take(body_len as u64), &mut std::io::sink())?;
+    Ok(Some(Request {
+        method,
+        path,
+        authorization,
+    }))
+}
+
+fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
+    if let Some(code) = lock(&state.fail_next).pop_front() {
+        return (code, status_json(code, "injected failure"));
+    }
+    match *lock(&state.mode) {
+        Mode::Unauthorized => return (401, status_json(401, "Unauthorized")),
+        Mode::Forbidden => {
+            return (403, status_json(403, "forbidden: User cannot get resource"));
+        }
+        Mode::Normal | Mode::Slow(_) => {}
+    }
+    if req.authorization.as_deref() != Some(&format!("Bearer {token}")) {
+        return (401, status_json(401, "Unauthorized"));
+    }
+    if req.method != "GET" {
+        return (405, status_json(405, "method not allowed"));
+    }
+    match lock(&state.objects).get(&req.path) {
+        Some(v) => (200, v.clone()),
+        None => (404, status_json(404, &format!("{} not found", req.path))),
+    }
+}
+
+/// A `Status` object, as the API server returns with errors.
+fn status_json(code: u16, message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason(code), "code": code,
+    })
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestNetns;
+
+    #[test]
+    fn stops_after_its_netns_name_is_deleted() {
+        let ns = TestNetns::new("testkit-api").unwrap();
+        let mut api = FakeApiServer::start_in_netns(ns.path()).unwrap();
+        drop(ns);
+        // Must return (the thread is woken through the held namespace fd).
+        api.stop();
+        assert!(api.accept.is_none());
+    }
+
+    #[test]
+    fn stopped_server_refuses_connections() {
+        let mut api = FakeApiServer::start();
+        assert!(TcpStream::connect(api.addr()).is_ok());
+        api.stop();
+        let e = TcpStream::connect(api.addr()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+}

@@ -1,0 +1,65 @@
+//! Test fixtures shared by linkerd-cni's test suites (the plugin's own tests
+//! and the end-to-end conformance tests). A dev-dependency only.
+//!
+//! - [`api`]: [`FakeApiServer`], a Kubernetes API server stand-in over real
+//!   TLS with a bearer token, serving the pods, namespaces and services a
+//!   test registers, counting requests, and able to fail on purpose (401,
+//!   slow, down, 5xx). It can listen inside a network namespace.
+//! - [`objects`]: JSON builders for the pods, namespaces and services the
+//!   plugin reads.
+//! - [`pki`]: a throwaway CA and server certificate.
+//! - [`netns`]: throwaway network namespaces ([`TestNetns`]) and running
+//!   code inside one.
+//! - [`iptables`]: reading a netns' nat table for comparisons, and the
+//!   reference rules for linkerd's defaults.
+//! - [`TempDir`] and [`unique_name`]: unique, self-cleaning names, because
+//!   other suites run at the same time on the same machine.
+//!
+//! Everything that creates something on the machine removes it on drop,
+//! also when a test fails.
+
+pub mod api;
+pub mod iptables;
+pub mod netns;
+pub mod objects;
+pub mod pki;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub use api::{FakeApiServer, Mode};
+pub use netns::TestNetns;
+
+/// `prefix-<pid>-<n>`: unique on the machine for the life of this process.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A uniquely named directory under the system temp dir, removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+        let path = std::env::temp_dir().join(unique_name(prefix));
+        std::fs::create_dir_all(&path)?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,161 @@
+//! JSON for the Kubernetes objects the plugin reads, shaped as the API
+//! server returns them (only the fields that matter, plus a few that do not,
+//! so that readers must tolerate extra fields).
+
+use serde_json::{Map, Value, json};
+
+/// A pod under construction; [`Pod::json`] renders it.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    namespace: String,
+    name: String,
+    containers: Vec<Value>,
+    init_containers: Vec<Value>,
+    annotations: Map<String, Value>,
+    labels: Map<String, Value>,
+}
+
+impl Pod {
+    /// A pod with one application container named `app`.
+    pub fn new(namespace: &str, name: &str) -> Pod {
+        Pod {
+            namespace: namespace.into(),
+            name: name.into(),
+            containers: vec![container("app", None)],
+            init_containers: vec![],
+            annotations: Map::new(),
+            labels: Map::new(),
+        }
+    }
+
+    /// A pod as linkerd's injector makes it in CNI mode: `linkerd-proxy`
+    /// as a regular container.
+    pub fn meshed(namespace: &str, name: &str) -> Pod {
+        Pod::new(namespace, name).container("linkerd-proxy")
+    }
+
+    pub fn container(mut self, name: &str) -> Pod {
+        self.containers.push(container(name, None));
+        self
+    }
+
+    /// A classic init container (runs to completion).
+    pub fn init_container(mut self, name: &str) -> Pod {
+        self.init_containers.push(container(name, None));
+        self
+    }
+
+    /// A native sidecar: an init container with `restartPolicy: Always`.
+    pub fn native_sidecar(mut self, name: &str) -> Pod {
+        self.init_containers.push(container(name, Some("Always")));
+        self
+    }
+
+    pub fn annotation(mut self, key: &str, value: &str) -> Pod {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Pod {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The API path of this pod.
+    pub fn path(&self) -> String {
+        pod_path(&self.namespace, &self.name)
+    }
+
+    pub fn json(&self) -> Value {
+        let mut spec = Map::new();
+        spec.insert("containers".into(), Value::Array(self.containers.clone()));
+        if !self.init_containers.is_empty() {
+            spec.insert(
+                "initContainers".into(),
+                Value::Array(self.init_containers.clone()),
+            );
+        }
+        spec.insert("restartPolicy".into(), "Always".into());
+        json!({
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": "0d8d5a1e-3b7c-4f1e-9c1e-5b8a2f6c7d90",
+                "labels": self.labels,
+                "annotations": self.annotations,
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            },
+            "spec": spec,
+            "status": {"phase": "Pending"},
+        })
+    }
+}
+
+fn container(name: &str, restart_policy: Option<&str>) -> Value {
+    let mut c = json!({
+        "name": name,
+        "image": format!("example/{name}:1.0"),
+        "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+    });
+    if let (Some(rp), Some(m)) = (restart_policy, c.as_object_mut()) {
+        m.insert("restartPolicy".into(), rp.into());
+    }
+    c
+}
+
+pub fn pod_path(namespace: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods/{name}")
+}
+
+pub fn namespace_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{name}")
+}
+
+/// The path of Service `default/kubernetes`.
+pub const KUBERNETES_SERVICE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
+
+/// A namespace with `annotations`.
+pub fn namespace(name: &str, annotations: &[(&str, &str)]) -> Value {
+    let ann: Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::from(*v)))
+        .collect();
+    json!({
+        "kind": "Namespace",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "annotations": ann, "labels": {"kubernetes.io/metadata.name": name}},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    })
+}
+
+/// Service `default/kubernetes` with `ports`: (port, targetPort), where
+/// targetPort is a JSON number or string (or null to omit it).
+pub fn kubernetes_service(ports: &[(u16, Value)]) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(port, target)| {
+            let mut p = json!({"name": "https", "protocol": "TCP", "port": port});
+            if let (false, Some(m)) = (target.is_null(), p.as_object_mut()) {
+                m.insert("targetPort".into(), target.clone());
+            }
+            p
+        })
+        .collect();
+    json!({
+        "kind": "Service",
+        "apiVersion": "v1",
+        "metadata": {"name": "kubernetes", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.1", "type": "ClusterIP", "ports": ports},
+    })
+}
