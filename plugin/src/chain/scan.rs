@@ -14,6 +14,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
+
 use super::ChainError;
 use super::write::TEMP_PREFIX;
 
@@ -99,7 +101,7 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
 pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
     let mut f: File = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)?;
     let meta = f.metadata()?;
     if !meta.is_file() {

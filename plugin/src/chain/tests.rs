@@ -190,9 +190,7 @@ fn invalid_active_file_is_never_touched() {
 fn fifo_and_huge_files_do_not_hang_or_load() {
     let d = TempDir::new("fifo");
     let fifo = d.path().join("00-pipe.conflist");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
     let diag = diagnose(d.path(), &desired()).unwrap();
     assert!(
         matches!(&diag.state, ChainState::Invalid { reason } if reason.contains("regular")),

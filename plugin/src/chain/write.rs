@@ -9,14 +9,15 @@
 //! killed at any point. What a kill leaves behind is a temp file, which the
 //! next repair removes.
 
-use std::ffi::CString;
 use std::fs::{self, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{self, RenameFlags};
 
 /// Our temp files start with this. Its only `.` is the first byte, so as
 /// Go's `filepath.Ext` sees it the name has no config extension.
@@ -77,37 +78,17 @@ pub(crate) fn write_temp(
     Ok(path)
 }
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
-}
-
-fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
-    let (f, t) = (cpath(from)?, cpath(to)?);
-    // SAFETY: both are valid NUL-terminated strings that outlive the call;
-    // AT_FDCWD makes relative paths relative to the working directory, as
-    // std's rename does.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            flags,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+fn renameat2(from: &Path, to: &Path, flags: RenameFlags) -> io::Result<()> {
+    // AT_FDCWD: relative paths are relative to the working directory, as
+    // std's rename treats them.
+    fcntl::renameat2(fcntl::AT_FDCWD, from, fcntl::AT_FDCWD, to, flags).map_err(io::Error::from)
 }
 
 /// Whether an error means the file system (or kernel) lacks a renameat2 flag.
 pub(crate) fn unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+        Some(code) if [Errno::EINVAL, Errno::ENOSYS, Errno::EOPNOTSUPP].contains(&Errno::from_raw(code))
     )
 }
 
@@ -115,14 +96,14 @@ pub(crate) fn unsupported(e: &io::Error) -> bool {
 /// `b` holds what `a` held and `a` holds what `b` held. This lets a repair
 /// see exactly what it replaced.
 pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    renameat2(a, b, libc::RENAME_EXCHANGE)
+    renameat2(a, b, RenameFlags::RENAME_EXCHANGE)
 }
 
 /// Renames `from` to `to` only if `to` does not exist (`AlreadyExists`
 /// otherwise). Falls back to link + unlink where `RENAME_NOREPLACE` is not
 /// supported: same guarantee, briefly two names.
 pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    match renameat2(from, to, libc::RENAME_NOREPLACE) {
+    match renameat2(from, to, RenameFlags::RENAME_NOREPLACE) {
         Err(e) if unsupported(&e) => {
             fs::hard_link(from, to)?;
             fs::remove_file(from)
