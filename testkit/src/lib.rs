@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use api::{FakeApiServer, Mode};
-pub use netns::TestNetns;
+pub use netns::{NamedNetns, TestNetns};
 
 /// `prefix-<pid>-<n>`: unique on the machine for the life of this process.
 pub fn unique_name(prefix: &str) -> String {
