@@ -14,8 +14,11 @@
 //!   and the kubelet recreates the sandbox (DEL, ADD); done here the same
 //!   way until linkerd-cni ran for it.
 //!
-//! Then: every ADD succeeded; every meshed pod has exactly the reference
-//! rules and every unmeshed pod none; after the storm the active file is
+//! Then: no write of the primary was lost (before each write, the previous
+//! one is still the file's base; a repair computed from an older one may
+//! show for an instant, never lasts); every ADD succeeded; every meshed pod
+//! has exactly the reference rules and every unmeshed pod none; after the
+//! storm the active file is
 //! healthy and holds the primary's LAST content, within one installer
 //! resync. Why the installer and not "the next ADD": the plugin heals only
 //! when a pod is created, and while another agent keeps undoing its repairs
@@ -33,6 +36,7 @@ use std::time::{Duration, Instant};
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
 use conformance::installer::{self, Installer};
+use conformance::results::exact;
 use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
 
@@ -40,7 +44,7 @@ const PODS: usize = 50;
 /// Primary rewrites during the storm: below the installer's fight
 /// threshold (10 repairs a minute), so its resync alone bounds the heal.
 const WRITES: u64 = 6;
-const WRITE_EVERY: Duration = Duration::from_millis(450);
+const WRITE_EVERY: Duration = Duration::from_millis(250);
 const RESYNC: Duration = Duration::from_secs(1);
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(5);
@@ -56,6 +60,24 @@ fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
 
 fn ran_linkerd(run: &Completed) -> bool {
     run.execs("linkerd-cni").next().is_some()
+}
+
+/// Ok when the active file's primary part is `written` (with or without
+/// our entry). A repair racing the primary may show an older-based file for
+/// an instant before it puts the newer one back; only a state that lasts is
+/// a lost write.
+fn primary_write_kept(node: &Node, written: &Value) -> Result<(), String> {
+    let want = exact(written);
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        let found = node.read_active().map(|a| exact(&a.primary_part()));
+        match found {
+            Ok(have) if have == want => return Ok(()),
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(have) => return Err(format!("found {have}\n  want {want}")),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -162,6 +184,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
         .collect();
 
     let tally = Tally::default();
+    let lost = Mutex::new(Vec::new());
     let adds_done = AtomicBool::new(false);
     let start = Instant::now();
     let mut write_times = Vec::new();
@@ -172,6 +195,15 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
             let mut times = Vec::new();
             for generation in 1..=WRITES {
                 std::thread::sleep(WRITE_EVERY);
+                // Whatever was repaired meanwhile, the primary's previous
+                // write must still be the base: a repair computed from an
+                // older one must never stick.
+                let previous = primary_conf(&node, &net, generation - 1);
+                if let Err(e) = primary_write_kept(&node, &previous) {
+                    lost.lock()
+                        .unwrap()
+                        .push(format!("generation {}: {e}", generation - 1));
+                }
                 if adds_done.load(Ordering::SeqCst) {
                     break;
                 }
@@ -220,6 +252,8 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
         healthy_samples = sampler.join().unwrap();
     });
 
+    let lost = lost.into_inner().unwrap();
+    assert!(lost.is_empty(), "primary writes lost:\n{}", lost.join("\n"));
     let failures = tally.failures.lock().unwrap().clone();
     assert!(failures.is_empty(), "ADDs failed:\n{}", failures.join("\n"));
     let (last_generation, last_write) = *write_times.last().expect("the primary never wrote");
