@@ -16,7 +16,6 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::FakeApiServer;
@@ -34,7 +33,6 @@ pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
 pub struct Installer {
     child: Child,
     log: PathBuf,
-    started: Instant,
 }
 
 impl Installer {
@@ -96,21 +94,12 @@ impl Installer {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the installer: {e}"));
-        Installer {
-            child,
-            log,
-            started: Instant::now(),
-        }
+        Installer { child, log }
     }
 
     /// Its stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Time since it was started.
-    pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
     }
 
     /// Whether it is still running (it must be: it exits only on a signal
