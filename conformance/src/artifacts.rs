@@ -126,7 +126,31 @@ fn cargo_build(package: &str, bin: &str) -> Result<PathBuf, String> {
         None => return Err(format!("odd profile dir {}", profile_dir.display())),
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    // Cargo runs tests with the variables it sets for the crate under test
+    // (CARGO_MANIFEST_DIR, CARGO_PKG_*...). Passed on, they reach build
+    // scripts that rerun when one changes (ring's does), and the nested build
+    // would rebuild ring and everything above it, and the next outer build
+    // again: seconds per test process. The nested build gets the caller's
+    // environment as a shell would have it.
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if k.starts_with("CARGO_PKG_")
+            || matches!(
+                k,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "OUT_DIR"
+            )
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
         .args(["build", "--message-format=json-render-diagnostics"])
         .args(["-p", package, "--bin", bin, "--profile", &profile])
         .current_dir(workspace_root())

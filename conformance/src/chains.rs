@@ -78,17 +78,19 @@ pub fn port_mapping(host_port: u16) -> Value {
 }
 
 /// linkerd-cni's entry as the linkerd2-cni chart renders it by default, with
-/// paths pointing into the node: `cni_conf_dir` is the node's conf dir (so
-/// nothing can ever touch the machine's /etc/cni/net.d) and the kubeconfig
-/// is where the installer would write it. Tweak keys on the returned object
-/// (e.g. `chain_heal`) as a test needs.
+/// paths pointing into the node: `cni_conf_dir` is the node's conf dir and
+/// `state_dir` a node dir (so nothing can ever touch the machine's
+/// /etc/cni/net.d or /run/linkerd-cni), and the kubeconfig is where the
+/// installer would write it. Tweak keys on the returned object (e.g.
+/// `chain_heal`) as a test needs.
 pub fn linkerd_entry(node: &Node) -> Value {
     json!({
         "type": "linkerd-cni",
         "log_level": "debug",
         "cni_conf_dir": node.conf_dir(),
+        "state_dir": node.state_dir(),
         "kubernetes": {
-            "kubeconfig": node.conf_dir().join("ZZZ-linkerd-cni-kubeconfig"),
+            "kubeconfig": node.kubeconfig_path(),
         },
         "linkerd": {
             "incoming-proxy-port": 4143,

@@ -21,6 +21,24 @@ pub enum Family {
 impl Backend {
     pub const ALL: [Backend; 2] = [Backend::Legacy, Backend::Nft];
 
+    /// The tool that changes rules: `iptables-legacy`, `ip6tables-nft`...
+    pub fn tool(self, family: Family) -> &'static str {
+        match (self, family) {
+            (Backend::Legacy, Family::V4) => "iptables-legacy",
+            (Backend::Legacy, Family::V6) => "ip6tables-legacy",
+            (Backend::Nft, Family::V4) => "iptables-nft",
+            (Backend::Nft, Family::V6) => "ip6tables-nft",
+        }
+    }
+
+    /// linkerd-cni's `iptables-mode` for this backend.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Backend::Legacy => "legacy",
+            Backend::Nft => "nft",
+        }
+    }
+
     fn save_tool(self, family: Family) -> &'static str {
         match (self, family) {
             (Backend::Legacy, Family::V4) => "iptables-legacy-save",

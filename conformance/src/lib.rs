@@ -25,6 +25,15 @@
 //!   paths and randomly named node-side links).
 //! - [`chains`]: configs of reference-plugin chains, and linkerd-cni's chart
 //!   entry pointed at the node.
+//! - [`kube`]: testkit's fake TLS Kubernetes API server inside the node
+//!   netns, its kubeconfig where the entry names it, meshed and unmeshed
+//!   pods.
+//! - [`active`]: the node's active config read as a runtime reads it, and
+//!   judged healthy or not without the plugin's chain library.
+//! - [`installer`]: the real `linkerd-cni-installer` running against a node
+//!   (mount prefix, image bin dir and service account in temp dirs).
+//! - [`expect`]: the assertions the tests share (pass-through results,
+//!   reference rules, no rules, no reserved addresses).
 //! - [`sys`]: unique names (`lcnic-<kind>-<pid>-<n>`), Drop guards for netns
 //!   and temp dirs (they run on panic too), `setns`, the root/package check
 //!   (a test on an unfit machine fails and says why; it never passes
@@ -35,38 +44,33 @@
 //! CNI operations return [`Outcome`], because their failure is often the
 //! thing a test asserts.
 //!
-//! # Extension points (part 2 of the conformance issue)
+//! # Extending
 //!
-//! - **Meshed pods.** The testkit crate's fake TLS Kubernetes API server must
-//!   be reachable from the plugin, which runs in the node netns: start it
-//!   inside with [`Node::enter`] (a thread that `setns`es into the node;
-//!   a listener bound there stays in that netns, and threads spawned there
-//!   start in it), write its kubeconfig to the path
-//!   [`chains::linkerd_entry`] names (`<conf dir>/ZZZ-linkerd-cni-kubeconfig`),
-//!   then ADD [`PodSpec::kubernetes`] pods and compare
-//!   [`NatTable::linkerd_lines`] of each backend with reference.md's text.
-//! - **Self-heal.** Set `"chain_heal": true` in the entry (the part 1 tests
-//!   set it to false), write stale, duplicated or misplaced entries with
-//!   [`Node::write_conf`], ADD, then read [`Node::active_conf`] (the
-//!   runtime's choice, written here independently of the plugin's library).
-//! - **Installer.** [`artifacts::workspace_bin`]`("linkerd-cni-installer",
-//!   "linkerd-cni-installer")` builds it; run it with [`Netns::command`] of
-//!   the node, `DEST_CNI_NET_DIR`/`DEST_CNI_BIN_DIR` set to
-//!   [`Node::conf_dir`]/[`Node::bin_dir`], and the API server as above.
-//!   [`Node::new`] links `linkerd-cni` into the bin dir itself; a node for
-//!   installer tests needs a constructor that leaves that to the installer
-//!   (split [`Node::new`]'s last step out).
+//! - **Kubernetes.** [`Node::start_api_server`] starts the API server in the
+//!   node and writes the kubeconfig (which also enables the plugin's chain
+//!   repair, done only while that file exists); [`kube::serve_meshed`] and
+//!   [`kube::serve_unmeshed`] register pods and return their [`PodSpec`].
+//! - **Self-heal.** Write stale, duplicated or misplaced entries with
+//!   [`Node::write_conf`], ADD, then judge [`Node::read_active`] with
+//!   [`active::ActiveConf::healthy_with`].
+//! - **Installer.** [`installer::Installer::start`] on a
+//!   [`Node::without_linkerd_cni`] (the installer puts the binary in place);
+//!   [`installer::expected_entry`] is what it must render.
 //! - **Concurrency.** [`Node`] is `Sync` and every call uses its own trace
-//!   file: `std::thread::scope` with 50 threads each doing
-//!   `node.add(&net, &node.pod(..))` works as is.
+//!   file: `std::thread::scope` with many threads each doing
+//!   `node.add(&net, &pod)` works as is.
 //! - **Benchmarks.** [`Node::driver_command`] gives the exact command to
 //!   time; [`Exec::duration`] is each plugin's own wall time as libcni saw
 //!   it, so a benchmark can separate linkerd-cni from the primary.
 
+pub mod active;
 pub mod artifacts;
 pub mod chains;
 pub mod driver;
+pub mod expect;
+pub mod installer;
 pub mod iptables;
+pub mod kube;
 pub mod node;
 pub mod results;
 pub mod sys;

@@ -54,16 +54,22 @@ impl Node {
     /// A new node. Panics with what is missing when the machine cannot run
     /// the tests (not root, packages missing), so nothing passes by accident.
     pub fn new() -> Node {
-        Self::build(next_subnet())
+        Self::build(next_subnet(), true)
     }
 
     /// A new node whose pods get addresses from `subnet` (a /24), e.g. to
     /// compare its results with another node's.
     pub fn with_subnet(subnet: &str) -> Node {
-        Self::build(subnet.to_string())
+        Self::build(subnet.to_string(), true)
     }
 
-    fn build(subnet: String) -> Node {
+    /// A new node whose bin dir holds only the reference plugins: putting
+    /// `linkerd-cni` there is left to the installer under test.
+    pub fn without_linkerd_cni() -> Node {
+        Self::build(next_subnet(), false)
+    }
+
+    fn build(subnet: String, with_linkerd_cni: bool) -> Node {
         sys::require_environment();
         let id = sys::unique_id();
         let netns = Netns::create("node");
@@ -81,6 +87,7 @@ impl Node {
             node.cache_dir(),
             node.ipam_dir(),
             node.scratch_dir(),
+            node.state_dir(),
         ] {
             std::fs::create_dir(&d)
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
@@ -88,7 +95,9 @@ impl Node {
         for plugin in REFERENCE_PLUGINS {
             node.install_bin(plugin, &Path::new(REFERENCE_PLUGIN_DIR).join(plugin));
         }
-        node.install_bin("linkerd-cni", &artifacts::linkerd_cni());
+        if with_linkerd_cni {
+            node.install_bin("linkerd-cni", &artifacts::linkerd_cni());
+        }
         node
     }
 
@@ -139,9 +148,23 @@ impl Node {
         self.dir().join("ipam")
     }
 
-    /// Harness files (traces, staged configs): never read by a runtime.
-    fn scratch_dir(&self) -> PathBuf {
+    /// Harness files (traces, staged configs, logs): never read by a
+    /// runtime.
+    pub fn scratch_dir(&self) -> PathBuf {
         self.dir().join("scratch")
+    }
+
+    /// linkerd-cni's `state_dir` on this node (its repair history), so that
+    /// no test writes the machine's `/run/linkerd-cni`.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir().join("state")
+    }
+
+    /// Where the installer writes the plugin's kubeconfig (its default
+    /// `KUBECONFIG_FILE_NAME` in the conf dir), and where
+    /// [`crate::chains::linkerd_entry`] points the plugin.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.conf_dir().join("ZZZ-linkerd-cni-kubeconfig")
     }
 
     /// The pod subnet, `10.x.y.0/24`.
@@ -172,18 +195,20 @@ impl Node {
     }
 
     /// The file a runtime uses (containerd's rule): the first `*.conf`,
-    /// `*.conflist` or `*.json` in bytewise name order. Written here from the
-    /// spec rather than taken from the plugin, as an independent oracle.
+    /// `*.conflist` or `*.json` in bytewise name order, the extension as
+    /// Go's `filepath.Ext` sees it (so `.conflist` alone counts), directories
+    /// skipped. Written here from the spec rather than taken from the
+    /// plugin, as an independent oracle.
     pub fn active_conf(&self) -> Option<PathBuf> {
         let mut names: Vec<_> = std::fs::read_dir(self.conf_dir())
             .ok()?
             .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
             .map(|e| e.file_name())
             .filter(|n| {
-                Path::new(n)
-                    .extension()
-                    .is_some_and(|x| x == "conf" || x == "conflist" || x == "json")
+                let b = n.as_encoded_bytes();
+                let ext = b.iter().rposition(|&c| c == b'.').map(|i| &b[i..]);
+                matches!(ext, Some(b".conf" | b".conflist" | b".json"))
             })
             .collect();
         names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
@@ -410,6 +435,17 @@ impl Pod {
     /// The nat table of every backend and family, for "no rules" checks.
     pub fn nat_tables(&self) -> Vec<NatTable> {
         NatTable::read_all(&self.netns)
+    }
+
+    /// Deletes one nat rule in the pod with `backend`'s tools, as another
+    /// agent tampering with the pod's rules would: `rule` is a `-A CHAIN
+    /// ...` line as `*-save` prints it.
+    pub fn delete_nat_rule(&self, backend: Backend, family: Family, rule: &str) {
+        let rest = rule
+            .strip_prefix("-A ")
+            .unwrap_or_else(|| panic!("not an -A line: {rule}"));
+        let (chain, spec) = rest.split_once(' ').unwrap_or((rest, ""));
+        testkit::iptables::delete_rule(&self.netns, backend.tool(family), chain, spec);
     }
 
     /// The IPv4 addresses (`a.b.c.d/len`) on `ifname` in the pod.

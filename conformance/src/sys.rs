@@ -267,6 +267,14 @@ impl Netns {
     }
 }
 
+/// So testkit's iptables readers and helpers work on this harness's
+/// namespaces as on its own.
+impl testkit::NamedNetns for Netns {
+    fn netns_name(&self) -> &str {
+        &self.name
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         if self.removed {

@@ -1,136 +1,49 @@
 //! linkerd-cni last in chains of the reference plugins, driven by libcni as
-//! a runtime drives them: ADD hands back the primary's result untouched,
-//! leaves no rules in pods it does not mesh, and CHECK and DEL pass,
-//! including DEL after the netns is gone and DEL twice.
-//!
-//! Part 1 of the conformance work: pods here need no Kubernetes API (no
-//! pod identity in CNI_ARGS, or the exempt kube-system namespace), and
-//! `chain_heal` is off. Meshed pods and healing come with part 2.
+//! a runtime drives them, with the fake Kubernetes API server in the node:
+//! ADD hands back the primary's result untouched; a meshed pod's netns holds
+//! exactly reference.md's rules (legacy and nft modes), an unmeshed pod's
+//! none; CHECK passes, and fails with our code 103 once a rule is gone; DEL
+//! passes, also after the netns is gone and when run twice. And the
+//! single-plugin `.conf`: healed into a `.conflist` that libcni then loads.
 
 use conformance::chains::{self, CHAIN_VERSIONS, Primary};
+use conformance::expect::*;
+use conformance::kube::{self, APP_NAMESPACE};
 use conformance::results::{exact, masked};
-use conformance::{Backend, Completed, Family, NatTable, Node, Pod, PodSpec};
-use serde_json::Value;
+use conformance::{Backend, Completed, Family, Node, PodSpec};
+use serde_json::{Value, json};
 
 /// CHECK exists from spec 0.4.0 on; libcni refuses it for older lists.
 fn has_check(version: &str) -> bool {
     version != "0.3.1"
 }
 
-/// linkerd-cni's entry for these tests: chain healing is issue 3's work and
-/// is switched on by part 2.
-fn linkerd_entry(node: &Node) -> Value {
+/// linkerd-cni's entry with `iptables-mode` for `backend`; chain healing is
+/// left at its default (on), as the chart leaves it.
+fn linkerd_entry(node: &Node, backend: Backend) -> Value {
     let mut e = chains::linkerd_entry(node);
-    e["chain_heal"] = false.into();
+    e["linkerd"]["iptables-mode"] = backend.mode().into();
     e
 }
 
-/// The commands and plugins libcni ran, in order.
-fn steps(run: &Completed) -> Vec<(String, String)> {
-    run.trace
-        .iter()
-        .map(|e| (e.command.clone(), e.plugin.clone()))
-        .collect()
-}
-
-fn expect_steps(run: &Completed, command: &str, plugins: &[&str]) {
-    let want: Vec<(String, String)> = plugins
-        .iter()
-        .map(|p| (command.to_string(), p.to_string()))
-        .collect();
-    assert_eq!(steps(run), want, "{run:?}");
-}
-
-/// The heart of "ADD returns the primary's result unchanged", checked on
-/// what libcni actually exchanged with the plugins:
-/// - linkerd-cni printed exactly the prevResult libcni gave it (same keys,
-///   same order, same numbers), at the list's cniVersion;
-/// - that prevResult is the previous plugin's result, and not an empty one;
-/// - what libcni returned to the runtime is what linkerd-cni printed.
-fn expect_pass_through(run: &Completed, version: &str) {
-    let (last, before) = match run.trace.as_slice() {
-        [.., before, last] => (last, before),
-        _ => panic!("linkerd-cni was not chained: {run:?}"),
-    };
-    assert_eq!(last.plugin, "linkerd-cni", "{run:?}");
-    assert_eq!(last.error, None, "{run:?}");
-    let prev = last
-        .prev_result()
-        .unwrap_or_else(|| panic!("libcni gave linkerd-cni no prevResult: {run:?}"));
-    let printed = last
-        .stdout_json()
-        .unwrap_or_else(|| panic!("linkerd-cni printed no JSON: {:?}", last.stdout));
-    assert_eq!(
-        exact(&printed),
-        exact(prev),
-        "linkerd-cni changed the result"
-    );
-    assert_eq!(printed["cniVersion"], version);
-
-    let primary_result = before.stdout_json().expect("previous plugin's result");
-    assert_eq!(prev, &primary_result, "libcni's prevResult for linkerd-cni");
-    assert!(
-        prev["ips"].as_array().is_some_and(|ips| !ips.is_empty()),
-        "an empty prevResult proves nothing: {prev}"
-    );
-    assert_eq!(run.json(), printed, "libcni's result differs from ours");
-}
-
-/// The primary's address is really on the pod's interface.
-fn expect_address_in_pod(pod: &Pod, result: &Value) {
-    let addr = result["ips"][0]["address"].as_str().expect("an address");
-    let have = pod.ipv4_addrs("eth0");
-    assert!(
-        have.iter().any(|a| a == addr),
-        "{addr} not on eth0: {have:?}"
-    );
-}
-
-/// Nothing of ours (and, with this chain, nothing at all) in the pod's nat
-/// table, for either backend and family.
-fn expect_no_nat_rules(pod: &Pod) {
-    for table in pod.nat_tables() {
-        assert!(table.linkerd_lines().is_empty(), "{table}");
-        assert!(table.rules().is_empty(), "{table}");
-        assert!(
-            !table.chains().iter().any(|c| c.starts_with("PROXY_INIT")),
-            "{table}"
-        );
-    }
-}
-
-/// host-local keeps one file per reserved address: none may be left after
-/// every pod's DEL (a blocked DEL leaks pod IPs).
-fn expect_no_reserved_ips(node: &Node, network: &str) {
-    let dir = node.ipam_dir().join(network);
-    let left: Vec<String> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(left.is_empty(), "addresses still reserved: {left:?}");
-}
-
-/// The node's nat tables (portmap writes with whichever iptables the node's
-/// `iptables` is).
-fn node_nat(node: &Node) -> String {
-    Backend::ALL
-        .iter()
-        .map(|b| NatTable::read(node.netns(), *b, Family::V4).text)
-        .collect()
+/// The reference rule a tampering agent deletes in the CHECK tests.
+fn inbound_redirect_rule() -> &'static str {
+    testkit::iptables::DEFAULT_RULES
+        .lines()
+        .find(|l| l.contains("redirect-all-incoming-to-proxy-port"))
+        .expect("the reference text has the inbound redirect")
 }
 
 fn run_chain(primary: Primary, version: &str) {
     let node = Node::new();
+    let api = node.start_api_server();
     let net = node.network_name(primary.plugin_type());
-    let plugins = chains::typical_chain(&node, primary, Some(linkerd_entry(&node)));
-    node.write_conf(
-        &format!("10-{net}.conflist"),
-        &chains::conflist(&net, version, plugins),
-    );
+    let file = format!("10-{net}.conflist");
+    let write_conf = |backend: Backend| {
+        let plugins = chains::typical_chain(&node, primary, Some(linkerd_entry(&node, backend)));
+        node.write_conf(&file, &chains::conflist(&net, version, plugins))
+    };
+    let conf = write_conf(Backend::Legacy);
     let add_order = [primary.plugin_type(), "portmap", "tuning", "linkerd-cni"];
     let del_order = ["linkerd-cni", "tuning", "portmap", primary.plugin_type()];
 
@@ -138,7 +51,7 @@ fn run_chain(primary: Primary, version: &str) {
     // subnet: what a runtime would get if linkerd-cni were not installed.
     let twin = Node::with_subnet(node.subnet());
     twin.write_conf(
-        &format!("10-{net}.conflist"),
+        &file,
         &chains::conflist(&net, version, chains::typical_chain(&twin, primary, None)),
     );
 
@@ -159,7 +72,7 @@ fn run_chain(primary: Primary, version: &str) {
     );
     expect_address_in_pod(&pod, &added.json());
     expect_no_nat_rules(&pod);
-
+    assert_eq!(api.total_requests(), 0, "an exempt pod cost an API call");
     if has_check(version) {
         let checked = node.check(&net, &pod).unwrap();
         expect_steps(&checked, "CHECK", &add_order);
@@ -174,6 +87,83 @@ fn run_chain(primary: Primary, version: &str) {
     expect_steps(&deleted, "DEL", &del_order);
     node.del(&net, &pod)
         .unwrap_or_else(|e| panic!("second DEL: {e}"));
+
+    // A meshed pod per iptables mode.
+    for backend in Backend::ALL {
+        if backend != Backend::Legacy {
+            write_conf(backend);
+        }
+        let before = std::fs::read(&conf).unwrap();
+        let name = format!("web-{}", backend.mode());
+        let mut pod = node.pod(kube::serve_meshed(&api, &name));
+        let added = node
+            .add(&net, &pod)
+            .unwrap_or_else(|e| panic!("{backend:?}: ADD: {e}"));
+        expect_steps(&added, "ADD", &add_order);
+        expect_pass_through(&added, version);
+        expect_address_in_pod(&pod, &added.json());
+        expect_reference_rules(&pod, backend);
+        assert_eq!(api.requests(&kube::pod_path(&name)), 1, "{backend:?}");
+
+        if has_check(version) {
+            let checked = node
+                .check(&net, &pod)
+                .unwrap_or_else(|e| panic!("{backend:?}: CHECK: {e}"));
+            expect_steps(&checked, "CHECK", &add_order);
+            // Another agent removes one of our rules: CHECK must say so,
+            // with our code, through libcni.
+            pod.delete_nat_rule(backend, Family::V4, inbound_redirect_rule());
+            let failed = node
+                .check(&net, &pod)
+                .expect_err("CHECK after a rule was deleted must fail");
+            assert_eq!(failed.code, Some(103), "{backend:?}: {failed}");
+            // libcni names no plugin in a CHECK error: its trace does.
+            let failing: Vec<&str> = failed
+                .trace
+                .iter()
+                .filter(|e| e.error.is_some())
+                .map(|e| e.plugin.as_str())
+                .collect();
+            assert_eq!(failing, ["linkerd-cni"], "{failed}");
+            let msg = failed.msg.clone().unwrap_or_default();
+            assert!(msg.contains(&format!("{APP_NAMESPACE}/{name}")), "{failed}");
+            assert!(
+                failed
+                    .details
+                    .as_deref()
+                    .is_some_and(|d| d.contains("redirect-all-incoming-to-proxy-port")),
+                "the details must name the missing rule: {failed}"
+            );
+        }
+
+        // The runtime deletes the sandbox before its DEL, and DELs twice.
+        pod.remove_netns();
+        let deleted = node
+            .del(&net, &pod)
+            .unwrap_or_else(|e| panic!("{backend:?}: DEL after the netns is gone: {e}"));
+        expect_steps(&deleted, "DEL", &del_order);
+        node.del(&net, &pod)
+            .unwrap_or_else(|e| panic!("{backend:?}: second DEL: {e}"));
+        // A healthy chain is checked on every ADD but never rewritten.
+        assert_eq!(std::fs::read(&conf).unwrap(), before, "{backend:?}");
+    }
+
+    // A pod the API says has no proxy: looked up, left alone.
+    let mut plain = node.pod(kube::serve_unmeshed(&api, "plain-0"));
+    let added = node.add(&net, &plain).unwrap();
+    expect_steps(&added, "ADD", &add_order);
+    expect_pass_through(&added, version);
+    expect_address_in_pod(&plain, &added.json());
+    expect_no_nat_rules(&plain);
+    assert_eq!(api.requests(&kube::pod_path("plain-0")), 1);
+    if has_check(version) {
+        node.check(&net, &plain)
+            .unwrap_or_else(|e| panic!("CHECK of an unmeshed pod: {e}"));
+    }
+    node.del(&net, &plain).unwrap();
+    plain.remove_netns();
+    node.del(&net, &plain)
+        .unwrap_or_else(|e| panic!("DEL after the netns is gone: {e}"));
 
     // A sandbox without pod identity that publishes a host port, and whose
     // netns is gone before its DEL. The DEL must still reach portmap (after
@@ -236,8 +226,8 @@ fn ptp_chain_1_0_0() {
 
 /// A single-plugin `.conf` (what kube-router and older flannel installs
 /// ship), found by name and upgraded to a list by libcni. linkerd-cni is not
-/// in it and must not be run; part 2 runs the same file with chain healing,
-/// which turns it into a `.conflist` ending with linkerd-cni.
+/// in it and must not be run (see the next test for what healing makes of
+/// it).
 #[test]
 fn single_plugin_conf_without_linkerd() {
     let node = Node::new();
@@ -258,6 +248,92 @@ fn single_plugin_conf_without_linkerd() {
     expect_no_reserved_ips(&node, &net);
 }
 
+/// The single-plugin `.conf` with linkerd-cni chained. A `.conf` holds one
+/// plugin, so "chained" means healed into a `.conflist`. Here the primary
+/// drops `05-<net>.conf` in front of the chained list the runtime has been
+/// using, `10-<net>.conflist`; libcni looks networks up by name and prefers
+/// a list, so it still runs that list, as a runtime runs the config it
+/// loaded until its next reload. linkerd-cni's ADD finds the `.conf` active
+/// and turns it into `05-<net>.conflist`: the `.conf`'s plugin untouched, its
+/// name and version, then our entry; the `.conf` is gone. The next ADD
+/// through libcni loads that list: the `.conf`'s plugin, then linkerd-cni,
+/// with everything the chain tests ask of a chain.
+#[test]
+fn single_plugin_conf_is_healed_into_a_list_that_libcni_loads() {
+    let node = Node::new();
+    let api = node.start_api_server();
+    let net = node.network_name("single");
+    let version = "0.4.0";
+    let entry = linkerd_entry(&node, Backend::Legacy);
+    node.write_conf(
+        &format!("10-{net}.conflist"),
+        &chains::conflist(
+            &net,
+            version,
+            vec![Primary::Ptp.entry(&node), entry.clone()],
+        ),
+    );
+    // The primary's own file; its ptp is told apart by an MTU.
+    let mut ptp = Primary::Ptp.entry(&node);
+    ptp["mtu"] = 1400.into();
+    let single = chains::single_conf(&net, version, ptp);
+    let conf = node.write_conf(&format!("05-{net}.conf"), &single);
+    assert_eq!(node.active_conf(), Some(conf.clone()));
+    let ptp_mtu = |run: &Completed| run.execs("ptp").next().map(|e| e.stdin["mtu"].clone());
+
+    let mut first = node.pod(kube::serve_meshed(&api, "web-0"));
+    let added = node.add(&net, &first).unwrap();
+    expect_steps(&added, "ADD", &["ptp", "linkerd-cni"]);
+    assert_eq!(ptp_mtu(&added), Some(Value::Null), "not the old list");
+    expect_pass_through(&added, version);
+    expect_reference_rules(&first, Backend::Legacy);
+
+    // What the heal left, read without the plugin's library.
+    let converted = node.conf_dir().join(format!("05-{net}.conflist"));
+    assert!(
+        !conf.exists(),
+        "the .conf is left: {:?}",
+        node.conf_dir_names()
+    );
+    assert_eq!(node.active_conf(), Some(converted));
+    let active = node.read_active().unwrap();
+    active.healthy(&entry).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(active.json["name"], net.as_str());
+    assert_eq!(active.json["cniVersion"], version);
+    assert_eq!(
+        exact(active.plugins()[0]),
+        exact(&single),
+        "the .conf's plugin changed"
+    );
+
+    // The runtime's next ADD loads the healed list.
+    let second = node.pod(kube::serve_meshed(&api, "web-1"));
+    let added = node.add(&net, &second).unwrap();
+    expect_steps(&added, "ADD", &["ptp", "linkerd-cni"]);
+    assert_eq!(ptp_mtu(&added), Some(json!(1400)), "not the healed list");
+    expect_pass_through(&added, version);
+    expect_address_in_pod(&second, &added.json());
+    expect_reference_rules(&second, Backend::Legacy);
+    expect_steps(
+        &node.check(&net, &second).unwrap(),
+        "CHECK",
+        &["ptp", "linkerd-cni"],
+    );
+    let plain = node.pod(kube::serve_unmeshed(&api, "plain-0"));
+    let added = node.add(&net, &plain).unwrap();
+    expect_pass_through(&added, version);
+    expect_no_nat_rules(&plain);
+    node.check(&net, &plain).unwrap();
+
+    first.remove_netns();
+    for pod in [&first, &second, &plain] {
+        let deleted = node.del(&net, pod).unwrap();
+        expect_steps(&deleted, "DEL", &["linkerd-cni", "ptp"]);
+        node.del(&net, pod).unwrap();
+    }
+    expect_no_reserved_ips(&node, &net);
+}
+
 /// A linkerd-cni ADD that fails (here: a bad config value) fails the whole
 /// ADD with our CNI error, and the runtime's DEL that follows still runs
 /// every plugin, so the primary frees the pod's address.
@@ -265,7 +341,7 @@ fn single_plugin_conf_without_linkerd() {
 fn failed_add_reports_our_error_and_del_still_frees_the_address() {
     let node = Node::new();
     let net = node.network_name("failing");
-    let mut entry = linkerd_entry(&node);
+    let mut entry = linkerd_entry(&node, Backend::Legacy);
     entry["linkerd"]["proxy-uid"] = "not-a-number".into();
     node.write_conf(
         &format!("10-{net}.conflist"),

@@ -1,7 +1,7 @@
 //! Reading a namespace's nat table for comparisons, and the rules linkerd
 //! installs for the default config.
 
-use crate::TestNetns;
+use crate::netns::{NamedNetns, exec_ok};
 
 /// The rules of `iptables-save -t nat` for linkerd's defaults (inbound 4143,
 /// outbound 4140, uid 2102, inbound ports 4191,4190 ignored), copied from
@@ -51,18 +51,18 @@ pub fn normalize_save(save: &str) -> String {
 
 /// `<save_bin> -t nat` in `ns`, normalized (see [`normalize_save`]); e.g.
 /// `save_bin` = `iptables-legacy-save`.
-pub fn nat_table(ns: &TestNetns, save_bin: &str) -> String {
-    normalize_save(&ns.exec_ok(&[save_bin, "-t", "nat"]))
+pub fn nat_table(ns: &(impl NamedNetns + ?Sized), save_bin: &str) -> String {
+    normalize_save(&exec_ok(ns, &[save_bin, "-t", "nat"]))
 }
 
 /// Deletes one rule (`spec` as `iptables-save` prints it after `-A CHAIN`)
 /// from `chain` in `ns`, with `bin` (e.g. `iptables-nft`): to simulate
 /// another agent tampering with the rules.
-pub fn delete_rule(ns: &TestNetns, bin: &str, chain: &str, spec: &str) {
+pub fn delete_rule(ns: &(impl NamedNetns + ?Sized), bin: &str, chain: &str, spec: &str) {
     let mut argv = vec![bin, "-t", "nat", "-D", chain];
     let words = shell_words(spec);
     argv.extend(words.iter().map(String::as_str));
-    ns.exec_ok(&argv);
+    exec_ok(ns, &argv);
 }
 
 /// Splits iptables-save rule text into argv words (double quotes group).

@@ -9,7 +9,8 @@
 //!   plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
 //! - [`netns`]: throwaway network namespaces ([`TestNetns`]) and running
-//!   code inside one.
+//!   code inside one; [`NamedNetns`] lets the helpers here work on other
+//!   harnesses' namespaces (the conformance tests keep their own guard).
 //! - [`iptables`]: reading a netns' nat table for comparisons, and the
 //!   reference rules for linkerd's defaults.
 //! - [`TempDir`] and [`unique_name`]: unique, self-cleaning names, because
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use api::{FakeApiServer, Mode};
-pub use netns::TestNetns;
+pub use netns::{NamedNetns, TestNetns};
 
 /// `prefix-<pid>-<n>`: unique on the machine for the life of this process.
 pub fn unique_name(prefix: &str) -> String {

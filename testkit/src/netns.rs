@@ -41,25 +41,51 @@ impl TestNetns {
     /// Runs `argv` inside the namespace (`ip netns exec`), e.g. to look at
     /// its iptables rules; panics if it cannot be started.
     pub fn exec(&self, argv: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(argv)
-            .output()
-            .unwrap_or_else(|e| panic!("ip netns exec {} {argv:?}: {e}", self.name))
+        exec(self, argv)
     }
 
     /// Runs `argv` inside the namespace and returns its stdout; panics with
     /// its stderr when it fails.
     pub fn exec_ok(&self, argv: &[&str]) -> String {
-        let o = self.exec(argv);
-        assert!(
-            o.status.success(),
-            "{argv:?} in netns {} failed: {}",
-            self.name,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        exec_ok(self, argv)
     }
+}
+
+/// A namespace `ip netns` knows by name. The readers and helpers of this
+/// crate take any of them, so the conformance harness, whose namespace
+/// guard has duties of its own (sweeping what a killed run left, deleting a
+/// pod's netns before its DEL), uses them on its namespaces too.
+pub trait NamedNetns {
+    fn netns_name(&self) -> &str;
+}
+
+impl NamedNetns for TestNetns {
+    fn netns_name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Runs `argv` inside `ns` (`ip netns exec`); panics if it cannot be started.
+pub fn exec(ns: &(impl NamedNetns + ?Sized), argv: &[&str]) -> Output {
+    let name = ns.netns_name();
+    Command::new("ip")
+        .args(["netns", "exec", name])
+        .args(argv)
+        .output()
+        .unwrap_or_else(|e| panic!("ip netns exec {name} {argv:?}: {e}"))
+}
+
+/// Runs `argv` inside `ns` and returns its stdout; panics with its stderr
+/// when it fails.
+pub fn exec_ok(ns: &(impl NamedNetns + ?Sized), argv: &[&str]) -> String {
+    let o = exec(ns, argv);
+    assert!(
+        o.status.success(),
+        "{argv:?} in netns {} failed: {}",
+        ns.netns_name(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 impl Drop for TestNetns {
