@@ -95,11 +95,9 @@ fn run(o: &Out) -> Result<(), Stop> {
     );
     o.kv(
         "API server",
-        &format!(
-            "{} inside the node (TLS, bearer token), a stand-in for Kubernetes",
-            api.url()
-        ),
+        &format!("{} inside the node (TLS, bearer token)", api.url()),
     );
+    o.kv("", "a stand-in for Kubernetes, serving:");
     o.kv("", "pod demo/web    has a linkerd-proxy container: meshed");
     o.kv("", "pod demo/batch  has none: not meshed");
     o.kv("", "pod demo/web-2  meshed too (step 5)");
@@ -190,15 +188,16 @@ fn run(o: &Out) -> Result<(), Stop> {
         pod_ip(&done),
         before.since(&api)
     ));
+    o.say("Its nat table (the chart's default iptables-mode is legacy):");
     o.cmd(&format!(
-        "ip netns exec {} iptables-save -t nat",
+        "ip netns exec {} iptables-legacy-save -t nat",
         web.netns().name()
     ));
     show_nat(o, &web, &n);
+    expect_reference_rules(o, &web)?;
     o.say(
-        "These are upstream's PROXY_INIT chains, byte for byte: inbound TCP to the \
-         proxy's 4143 (except its admin ports 4191 and 4190), outbound TCP to 4140, \
-         except the proxy's own traffic (uid 2102) and loopback.",
+        "Inbound TCP goes to the proxy's 4143 (except its admin ports 4191 and 4190), \
+         outbound TCP to 4140, except the proxy's own traffic (uid 2102) and loopback.",
     );
     checkpoint()?;
 
@@ -212,10 +211,21 @@ fn run(o: &Out) -> Result<(), Stop> {
         before.since(&api)
     ));
     o.cmd(&format!(
-        "ip netns exec {} iptables-save -t nat",
+        "ip netns exec {} iptables-legacy-save -t nat",
         batch.netns().name()
     ));
     show_nat(o, &batch, &n);
+    let touched: usize = batch
+        .nat_tables()
+        .iter()
+        .map(|t| t.linkerd_lines().len())
+        .sum();
+    if touched != 0 {
+        return Err(Stop::failed(format!(
+            "the unmeshed pod has {touched} linkerd nat lines"
+        )));
+    }
+    o.good("no linkerd rule in any nat table of the pod (legacy and nft, IPv4 and IPv6)");
     checkpoint()?;
 
     // 4 ------------------------------------------------------------------
@@ -290,10 +300,8 @@ fn run(o: &Out) -> Result<(), Stop> {
         .flat_map(|e| e.stderr.lines().map(String::from).collect::<Vec<_>>())
         .collect();
     o.logs("linkerd-cni", &plugin_log, &n);
-    o.say(&format!(
-        "The pod got its rules ({} PROXY_INIT lines), and the chain is healthy again:",
-        web2.nat(Backend::Legacy, Family::V4).linkerd_lines().len()
-    ));
+    expect_reference_rules(o, &web2)?;
+    o.say("The chain is healthy again:");
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
     show_status(o, &node, &bins, &n);
     o.say(
@@ -509,6 +517,27 @@ fn show_nat(o: &Out, pod: &Pod, n: &Names) {
     o.out(&text.join("\n"), n);
 }
 
+/// Fails unless `pod`'s linkerd lines are the reference rules for the
+/// defaults (reference.md section 3, as upstream writes them).
+fn expect_reference_rules(o: &Out, pod: &Pod) -> Result<(), Stop> {
+    let mut got = pod
+        .nat(Backend::Legacy, Family::V4)
+        .linkerd_lines()
+        .join("\n");
+    got.push('\n');
+    if got != testkit::iptables::DEFAULT_RULES {
+        return Err(Stop::failed(format!(
+            "the pod's linkerd rules differ from the reference:\n{got}\nexpected:\n{}",
+            testkit::iptables::DEFAULT_RULES
+        )));
+    }
+    o.good(
+        "its PROXY_INIT chains and rules are identical, line by line, to those upstream \
+         linkerd-cni installs for the default config",
+    );
+    Ok(())
+}
+
 fn fmt_code(c: Option<i32>) -> String {
     c.map_or("none (killed)".into(), |c| c.to_string())
 }
@@ -636,11 +665,18 @@ impl Out {
     }
 
     fn good(&self, s: &str) {
-        println!("  {}", self.style("32", &format!("✓ {s}")));
+        self.mark("32", "✓", s);
     }
 
     fn bad(&self, s: &str) {
-        println!("  {}", self.style("31", &format!("✗ {s}")));
+        self.mark("31", "✗", s);
+    }
+
+    fn mark(&self, colour: &str, sign: &str, s: &str) {
+        for (i, l) in wrap(s, WIDTH - 4).into_iter().enumerate() {
+            let lead = if i == 0 { sign } else { " " };
+            println!("  {}", self.style(colour, &format!("{lead} {l}")));
+        }
     }
 }
 
