@@ -180,8 +180,9 @@ impl InstallerProcess {
         if !ca.is_empty() {
             std::fs::write(sa.join("ca.crt"), &ca).map_err(|e| io("write", &sa, e))?;
         }
-        let n = std::fs::read_dir(node.dir()).map_or(0, |d| d.count());
-        let log = node.dir().join(format!("installer-{n}.log"));
+        let log = node
+            .dir()
+            .join(format!("installer-{}.log", sys::unique_id()));
         let stderr = File::create(&log).map_err(|e| io("create", &log, e))?;
         let mut cmd = node.netns().command(&bins.installer);
         cmd.env_clear()
