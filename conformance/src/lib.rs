@@ -73,6 +73,11 @@ pub mod iptables;
 pub mod kube;
 pub mod node;
 pub mod results;
+// The demo and the benchmarks (src/bin/): whole-node scenarios, their
+// statistics, and the supervisor that cleans up after them.
+pub mod scenario;
+pub mod stats;
+pub mod supervise;
 pub mod sys;
 
 pub use driver::{Completed, Exec, Failed, Outcome};
