@@ -35,14 +35,18 @@ fn workspace_root() -> &'static Path {
         .unwrap_or(Path::new("."))
 }
 
-/// The running test's profile directory (`…/debug` or `…/release`): the
-/// test executable lives in its `deps/`.
+/// The running executable's profile directory (`…/debug` or `…/release`):
+/// a test executable lives in its `deps/`, the demo and the benchmarks
+/// (`src/bin/`) in the directory itself.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| panic!("cannot find the profile dir above {}", exe.display()))
+    let dir = exe
+        .parent()
+        .unwrap_or_else(|| panic!("no directory above {}", exe.display()));
+    match dir.file_name() {
+        Some(n) if n == "deps" => dir.parent().unwrap_or(dir).to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
 }
 
 /// The libcni driver, built on first use in this process.
@@ -97,20 +101,24 @@ fn build_cnidriver() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// A binary of this workspace, freshly built for the running test profile.
+/// A binary of this workspace, freshly built for the running profile.
 pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    try_workspace_bin(package, bin).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`workspace_bin`], for callers that report a failed build themselves.
+pub fn try_workspace_bin(package: &str, bin: &str) -> Result<PathBuf, String> {
     static BUILT: Mutex<Vec<(String, Result<PathBuf, String>)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let key = format!("{package}/{bin}");
-    let res = match built.iter().find(|(k, _)| *k == key) {
+    match built.iter().find(|(k, _)| *k == key) {
         Some((_, r)) => r.clone(),
         None => {
             let r = cargo_build(package, bin);
             built.push((key, r.clone()));
             r
         }
-    };
-    res.unwrap_or_else(|e| panic!("{e}"))
+    }
 }
 
 /// The `linkerd-cni` plugin binary.

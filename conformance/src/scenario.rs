@@ -2,11 +2,8 @@
 //! release binaries, the installer as a long-lived child process, and the
 //! operator's view of the chain.
 //!
-//! The tests reach the workspace binaries through [`crate::artifacts`],
-//! which derives the cargo profile from a test executable's place in
-//! `target/<triple>/<profile>/deps/`. The demo and the benchmarks are
-//! binaries one level up, so [`Binaries::build`] does the same nested
-//! `cargo build` for their own profile, and [`InstallerProcess`] runs the
+//! [`Binaries::build`] builds the workspace binaries for the running
+//! profile through [`crate::artifacts`], and [`InstallerProcess`] runs the
 //! installer it built. Unlike the tests' [`crate::installer::Installer`]
 //! (killed at the end of a test), it is stopped with SIGTERM, as the
 //! kubelet stops it, and its log is read as it grows: the demo shows both.
@@ -21,9 +18,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testkit::FakeApiServer;
 
-use crate::installer;
 use crate::node::Node;
 use crate::sys::{self, child_path};
+use crate::{artifacts, installer};
 
 /// The workspace binaries the scenarios run, built for the running profile.
 #[derive(Debug, Clone)]
@@ -37,55 +34,12 @@ impl Binaries {
     /// the profile this executable was built with (a no-op after
     /// `cargo build --release`), so a scenario never runs stale binaries.
     pub fn build() -> Result<Binaries, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        let profile_dir = exe
-            .parent()
-            .ok_or_else(|| format!("no directory above {}", exe.display()))?;
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev",
-            Some(other) => other,
-            None => return Err(format!("odd profile dir {}", profile_dir.display())),
-        };
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."));
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "--locked",
-                "--message-format=json-render-diagnostics",
-            ])
-            .args(["--profile", profile])
-            .args(["-p", "linkerd-cni", "--bin", "linkerd-cni"])
-            .args([
-                "-p",
-                "linkerd-cni-installer",
-                "--bin",
-                "linkerd-cni-installer",
-            ])
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run cargo to build the binaries: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "cargo build failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let find = |bin: &str| {
-            stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == bin)
-                .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-                .ok_or_else(|| format!("cargo built no executable named {bin}"))
-        };
         Ok(Binaries {
-            plugin: find("linkerd-cni")?,
-            installer: find("linkerd-cni-installer")?,
+            plugin: artifacts::try_workspace_bin("linkerd-cni", "linkerd-cni")?,
+            installer: artifacts::try_workspace_bin(
+                "linkerd-cni-installer",
+                "linkerd-cni-installer",
+            )?,
         })
     }
 }
