@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::config::ConfigError;
 
 /// One element of a conflist's `plugins`.
-pub use linkerd_cni::chain::Entry;
+pub use linkerd_cni_chain::Entry;
 
 /// The placeholder upstream's installer replaces with the kubeconfig's path.
 pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
@@ -91,16 +91,16 @@ pub fn render(
         None => {
             entry.insert(
                 "type".into(),
-                Value::String(linkerd_cni::chain::PLUGIN_TYPE.into()),
+                Value::String(linkerd_cni_chain::PLUGIN_TYPE.into()),
             );
         }
-        Some(Value::String(t)) if t == linkerd_cni::chain::PLUGIN_TYPE => {}
+        Some(Value::String(t)) if t == linkerd_cni_chain::PLUGIN_TYPE => {}
         Some(other) => {
             return Err(ConfigError::new(
                 var,
                 format!(
                     "\"type\" must be {:?}, got {other}",
-                    linkerd_cni::chain::PLUGIN_TYPE
+                    linkerd_cni_chain::PLUGIN_TYPE
                 ),
             ));
         }

@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::chain::{self, FightDetector, RepairOptions};
+use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions};
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};

@@ -10,13 +10,14 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::chain::{self, Entry};
 use linkerd_cni::cni::NetConf;
 use linkerd_cni::config::PluginConfig;
+use linkerd_cni::heal;
+use linkerd_cni_chain::{self as chain, Entry};
 use serde_json::Value;
 
-const CALICO: &str = include_str!("../tests/fixtures/chain/calico/in/10-calico.conflist");
-const ENTRY: &str = include_str!("../tests/fixtures/chain/entry.json");
+const CALICO: &str = include_str!("../../chain/tests/fixtures/chain/calico/in/10-calico.conflist");
+const ENTRY: &str = include_str!("../../chain/tests/fixtures/chain/entry.json");
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -53,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (what, f) in [
         (
             "heal_on_add (healthy)",
-            &(|| chain::heal_on_add(&conf, &config)) as &dyn Fn(),
+            &(|| heal::heal_on_add(&conf, &config)) as &dyn Fn(),
         ),
         ("diagnose alone", &|| {
             let _ = chain::diagnose(&dir, &entry);

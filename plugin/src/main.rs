@@ -5,11 +5,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
 use linkerd_cni::config::DEFAULT_CONF_DIR;
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
+use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
 
 const USAGE: &str = "\
 linkerd-cni: chained CNI plugin that redirects meshed pods' traffic through

@@ -1,6 +1,7 @@
 //! `linkerd-cni chain status|repair` and healing through the real binary,
 //! as a person and a runtime run it: the acceptance scenarios.
 
+#[path = "../../chain/tests/common/mod.rs"]
 mod common;
 
 use std::fs;
@@ -108,7 +109,7 @@ fn entry_file_in_the_conf_dir_is_the_default() {
         err.contains("--entry") && err.contains("installer"),
         "{err}"
     );
-    linkerd_cni::chain::persist_entry(d.path(), &desired()).unwrap();
+    linkerd_cni_chain::persist_entry(d.path(), &desired()).unwrap();
     let conf_dir = format!("--conf-dir={}", d.path().display());
     let o = chain(&["repair", &conf_dir]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

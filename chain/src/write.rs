@@ -141,7 +141,7 @@ mod tests {
         let b = write_temp(&dir, b"two", Some(&like)).unwrap();
         assert_ne!(a, b);
         assert_eq!(fs::metadata(&a).unwrap().mode() & 0o7777, 0o600);
-        assert!(!super::super::scan::is_config_name(a.file_name().unwrap()));
+        assert!(!crate::scan::is_config_name(a.file_name().unwrap()));
         exchange(&a, &orig).unwrap();
         assert_eq!(fs::read(&orig).unwrap(), b"one");
         assert_eq!(fs::read(&a).unwrap(), b"{}");

@@ -13,7 +13,7 @@ use std::path::Path;
 use common::{
     TempDir, copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree,
 };
-use linkerd_cni::chain::{self, ChainState, RepairOptions};
+use linkerd_cni_chain::{self as chain, ChainState, RepairOptions};
 use serde_json::Value;
 
 struct Case {

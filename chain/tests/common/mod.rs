@@ -1,5 +1,7 @@
-//! Helpers shared by the integration tests: throwaway directories with
-//! unique names, removed on drop (also when a test fails).
+//! Helpers shared by the chain integration tests, here and in the plugin
+//! crate (whose tests of the `linkerd-cni chain` CLI include this file):
+//! throwaway directories with unique names, removed on drop (also when a
+//! test fails), and the chain fixtures.
 
 #![allow(dead_code)]
 
@@ -105,8 +107,11 @@ pub fn object(text: &str) -> Map<String, Value> {
     }
 }
 
+/// The chain fixtures, owned by the chain crate; through its path relative to
+/// the workspace, so that the plugin's tests (which include this module too)
+/// find them as well.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../chain/tests/fixtures/chain")
 }
 
 /// The desired entry of the fixtures.

@@ -2,8 +2,10 @@
 //! network config, from the state on disk (never from watch events).
 //!
 //! Shared by the plugin (checks on every ADD, repairs within a budget), the
-//! installer (reconciles at start, on a timer and on events) and the `chain`
-//! CLI. This module owns:
+//! installer (reconciles at start, on a timer and on events) and the plugin
+//! binary's `chain` CLI. A crate of its own so that the installer gets it
+//! without the plugin's Kubernetes client, TLS and YAML: it needs only the
+//! file system. This crate owns:
 //!
 //! - which file is active, exactly as containerd picks it ([`scan`]);
 //! - the typed diagnosis of that file ([`ChainState`], [`Diagnosis`]);
@@ -11,12 +13,11 @@
 //!   ([`write`]) under the conf-dir lock ([`lock`]), safe against concurrent
 //!   writers that do not take our lock ([`repair`]);
 //! - the desired entry, persisted by the installer in [`ENTRY_FILE`];
-//! - detection of another agent fighting our repairs ([`FightDetector`]);
-//! - the plugin's invocation-time healing ([`heal_on_add`]).
+//! - detection of another agent fighting our repairs ([`FightDetector`],
+//!   and [`PersistedFights`] for the short-lived plugin).
 
 mod error;
-pub(crate) mod fight;
-mod heal;
+mod fight;
 mod lock;
 mod plan;
 mod repair;
@@ -32,8 +33,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 pub use error::ChainError;
-pub use fight::FightDetector;
-pub use heal::{entry_from_stdin, heal_on_add};
+pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};
 pub use write::TEMP_PREFIX;
