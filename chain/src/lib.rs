@@ -7,11 +7,13 @@
 //! without the plugin's Kubernetes client, TLS and YAML: it needs only the
 //! file system. This crate owns:
 //!
-//! - which file is active, exactly as containerd picks it ([`scan`]);
+//! - which file is active, exactly as containerd picks it (`scan`,
+//!   [`is_config_name`]);
 //! - the typed diagnosis of that file ([`ChainState`], [`Diagnosis`]);
-//! - the repair: text-preserving edit ([`plan`], [`text`]), crash-safe write
-//!   ([`write`]) under the conf-dir lock ([`lock`]), safe against concurrent
-//!   writers that do not take our lock ([`repair`]);
+//! - the repair: text-preserving edit (`plan`, `text`), crash-safe write
+//!   ([`write`], also the installer's for its binaries and kubeconfig) under
+//!   the conf-dir lock ([`lock_dir`]), safe against concurrent writers that
+//!   do not take our lock ([`repair()`]);
 //! - the desired entry, persisted by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`],
 //!   and [`PersistedFights`] for the short-lived plugin).
@@ -23,7 +25,7 @@ mod plan;
 mod repair;
 mod scan;
 mod text;
-mod write;
+pub mod write;
 
 use std::fmt;
 use std::fs;
@@ -34,6 +36,7 @@ use serde_json::{Map, Value};
 
 pub use error::ChainError;
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
+pub use lock::{DirLock, lock_dir};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};
 pub use write::TEMP_PREFIX;

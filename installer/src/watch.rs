@@ -14,7 +14,7 @@ use nix::errno::Errno;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use crate::config::has_config_extension;
-use crate::fsutil::is_temp_name;
+use linkerd_cni_chain::write::is_temp_name;
 
 /// Which names in a watched directory matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub enum Filter {
 
 impl Filter {
     fn matches(&self, name: &str) -> bool {
-        if is_temp_name(name) {
+        if is_temp_name(std::ffi::OsStr::new(name)) {
             return false;
         }
         match self {
