@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::plan;
 use super::scan::{self, Kind, Listing};
 use super::write::{self, parent};
-use super::{ChainError, ChainState, Entry, diagnose_listing, lock, validate_entry};
+use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
 
 /// Bounds and conditions for one repair.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +90,6 @@ pub fn repair(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<RepairReport, ChainError> {
-    validate_entry(desired, "the desired entry")?;
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
     if let Some(req) = &opts.requires
         && !req.exists()
@@ -209,7 +208,8 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
             continue;
         }
         if plan::without_entries(&bytes).is_none() {
-            if plan::analyze(Kind::List, &bytes, &Entry::new()).state == ChainState::NoPrimaryPlugin
+            if plan::analyze(Kind::List, &bytes, &serde_json::Map::new()).state
+                == ChainState::NoPrimaryPlugin
             {
                 log::warn!(
                     "{} holds only linkerd-cni entries: left as it is (removing them would leave an empty chain)",

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::plan::{self, differing_keys, is_ours};
 use super::scan::Kind;
-use super::testutil::{TempDir, desired, entry};
+use super::testutil::{TempDir, desired, object};
 use super::*;
 
 const CALICO: &str = r#"{
@@ -70,17 +70,19 @@ fn entry_file_round_trip_and_validation() {
     assert_eq!(fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino(), ino);
     assert_eq!(load_entry(d.path()).unwrap(), Some(desired()));
     assert!(!is_config_name(std::ffi::OsStr::new(ENTRY_FILE)));
-    let mut other = desired();
-    other.insert("log_level".into(), "debug".into());
+    let other = desired().with("log_level", "debug").unwrap();
     assert!(persist_entry(d.path(), &other).unwrap());
     assert_eq!(load_entry(d.path()).unwrap(), Some(other));
     assert!(remove_entry_file(d.path()).unwrap());
     assert!(!remove_entry_file(d.path()).unwrap());
 
-    // Not ours, not an object, not JSON: clear errors, nothing written.
-    let bad = entry(r#"{"type":"calico"}"#);
+    // Not ours, not an object, not JSON: clear errors, nothing written. An
+    // entry not ours cannot even be made, so neither persisted nor diagnosed
+    // against.
+    let bad = Entry::new(object(r#"{"type":"calico"}"#), "a test");
+    assert!(matches!(bad, Err(ChainError::InvalidEntry { .. })));
     assert!(matches!(
-        persist_entry(d.path(), &bad),
+        desired().with("type", "calico"),
         Err(ChainError::InvalidEntry { .. })
     ));
     d.write(ENTRY_FILE, "[1]");
@@ -92,14 +94,14 @@ fn entry_file_round_trip_and_validation() {
     d.write(ENTRY_FILE, "{\"type\":");
     assert!(load_entry(d.path()).is_err());
     assert!(matches!(
-        diagnose(d.path(), &bad),
+        Entry::parse(b"{\"name\":\"x\"}", "a test"),
         Err(ChainError::InvalidEntry { .. })
     ));
 }
 
 #[test]
 fn runtime_set_keys_are_not_compared() {
-    let mut have = desired();
+    let mut have = desired().into_map();
     have.shift_remove("name");
     have.insert("cniVersion".into(), "0.3.1".into());
     assert!(differing_keys(&have, &desired()).is_empty());
@@ -255,8 +257,7 @@ fn conversion_never_shadows_or_clobbers() {
     repair(d.path(), &want, &opts()).unwrap();
     let done = d.read("10-bridge.conflist");
     d.write("10-bridge.conf", conf);
-    let mut old = desired();
-    old.insert("log_level".into(), "debug".into());
+    let old = desired().with("log_level", "debug").unwrap();
     let stale = plan::repaired(Kind::Single, conf.as_bytes(), &old).unwrap();
     fs::write(d.path().join("10-bridge.conflist"), stale).unwrap();
     repair(d.path(), &want, &opts()).unwrap();
@@ -353,7 +354,7 @@ fn remove_entries_keeps_a_converted_conflist_and_linkerd_only_files() {
     repair(d.path(), &desired(), &opts()).unwrap();
     let only = format!(
         r#"{{"name":"l","cniVersion":"1.0.0","plugins":[{}]}}"#,
-        Value::Object(desired())
+        Value::from(desired())
     );
     d.write("90-linkerd.conflist", &only);
     assert_eq!(
@@ -556,7 +557,7 @@ mod props {
     /// A linkerd entry: the desired one (maybe without its name), or stale.
     fn linkerd() -> impl Strategy<Value = Value> {
         (0..3u8).prop_map(|k| {
-            let mut e = desired();
+            let mut e = desired().into_map();
             match k {
                 0 => {}
                 1 => {

@@ -31,10 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(20_000);
     let dir = std::env::temp_dir().join(format!("lcni-check-cost-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
-    let Value::Object(entry) = serde_json::from_str::<Value>(ENTRY)? else {
-        return Err("entry is not an object".into());
-    };
-    let entry: Entry = entry;
+    let entry = Entry::parse(ENTRY.as_bytes(), "entry.json")?;
     fs::write(dir.join("10-calico.conflist"), CALICO)?;
     fs::write(
         dir.join("calico-kubeconfig"),
@@ -43,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     chain::persist_entry(&dir, &entry)?;
     chain::repair(&dir, &entry, &chain::RepairOptions::default())?;
 
-    let mut stdin = entry.clone();
+    let mut stdin = entry.clone().into_map();
     stdin.insert("cni_conf_dir".into(), dir.to_string_lossy().into());
     stdin.insert("name".into(), "k8s-pod-network".into());
     stdin.insert("cniVersion".into(), "0.3.1".into());

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use linkerd_cni_chain::{
-    Entry, PLUGIN_TYPE, PersistedFights, RepairOptions, diagnose, load_entry, repair,
+    ChainError, Entry, PersistedFights, RepairOptions, diagnose, load_entry, repair,
 };
 
 use crate::cni::NetConf;
@@ -27,12 +27,16 @@ const FIGHT_WINDOW: Duration = Duration::from_secs(600);
 const FIGHT_THRESHOLD: u32 = 5;
 
 /// The entry the plugin was invoked with: its stdin config minus what the
-/// runtime injects.
-pub fn entry_from_stdin(raw: &Map<String, Value>) -> Entry {
-    raw.iter()
+/// runtime injects. An error when that is not one of ours (the plugin was
+/// installed under another type name), since the chain could not then be
+/// told to hold it.
+pub fn entry_from_stdin(raw: &Map<String, Value>) -> Result<Entry, ChainError> {
+    let plugin = raw
+        .iter()
         .filter(|(k, _)| !INJECTED.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+        .collect();
+    Entry::new(plugin, "the config this ADD was invoked with")
 }
 
 /// Checks the chain and, when unhealthy, repairs it within
@@ -44,22 +48,22 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     let start = Instant::now();
     let dir = &config.cni_conf_dir;
     let desired = match load_entry(dir) {
-        Ok(Some(e)) => e,
+        Ok(Some(e)) => Ok(e),
         Ok(None) => entry_from_stdin(&conf.raw),
         Err(e) => {
             log::warn!("chain check: {e}; using the entry this ADD was invoked with");
             entry_from_stdin(&conf.raw)
         }
     };
-    if desired.get("type").and_then(Value::as_str) != Some(PLUGIN_TYPE) {
-        log::warn!(
-            "chain check skipped: this plugin was invoked as type {}, not {PLUGIN_TYPE:?}, so its entry cannot be recognised in the chain",
-            desired
-                .get("type")
-                .map_or("(none)".to_string(), Value::to_string)
-        );
-        return;
-    }
+    let desired = match desired {
+        Ok(e) => e,
+        Err(e) => {
+            log::warn!(
+                "chain check skipped: {e}, so this plugin's entry cannot be recognised in the chain"
+            );
+            return;
+        }
+    };
     let diag = match diagnose(dir, &desired) {
         Ok(d) => d,
         Err(e) => {
@@ -118,7 +122,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
-    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, persist_entry};
+    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, persist_entry};
 
     use super::*;
 
@@ -164,7 +168,7 @@ mod tests {
     "#;
 
     /// The entry the chart renders (trimmed).
-    fn desired() -> Entry {
+    fn desired() -> Map<String, Value> {
         match serde_json::json!({"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
             "kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
             "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
@@ -225,7 +229,7 @@ mod tests {
 
     /// The entry the plugin derives from `stdin(n, extra)`.
     fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
-        entry_from_stdin(&stdin(n, extra).raw)
+        entry_from_stdin(&stdin(n, extra).raw).unwrap()
     }
 
     #[test]
@@ -237,6 +241,17 @@ mod tests {
         }
         assert_eq!(e.get("type"), Some(&Value::from(PLUGIN_TYPE)));
         assert!(e.contains_key("cni_conf_dir") && e.contains_key("linkerd"));
+    }
+
+    #[test]
+    fn a_plugin_invoked_under_another_type_has_no_entry_and_heals_nothing() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("type", Value::from("linkerd-cni-renamed"))]);
+        let e = entry_from_stdin(&conf.raw).unwrap_err().to_string();
+        assert!(e.contains("linkerd-cni-renamed"), "{e}");
+        heal(&conf);
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
     }
 
     #[test]
@@ -289,6 +304,7 @@ mod tests {
         n.conf.write("10-calico.conflist", CALICO);
         let mut persisted = desired();
         persisted.insert("log_level".into(), "debug".into());
+        let persisted = Entry::new(persisted, "a test").unwrap();
         persist_entry(n.conf.path(), &persisted).unwrap();
         heal(&stdin(&n, &[]));
         assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());

@@ -134,7 +134,7 @@ fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> 
         Some(f) => {
             let bytes =
                 std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
-            chain::parse_entry(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
+            Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {
             Ok(Some(e)) => Ok(e),

@@ -114,9 +114,14 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../chain/tests/fixtures/chain")
 }
 
-/// The desired entry of the fixtures.
+/// The desired entry of the fixtures, as JSON.
 pub fn desired() -> Map<String, Value> {
     object(&fs::read_to_string(fixtures().join("entry.json")).unwrap())
+}
+
+/// The desired entry of the fixtures, for the chain library.
+pub fn desired_entry() -> linkerd_cni_chain::Entry {
+    linkerd_cni_chain::Entry::new(desired(), "entry.json").expect("a linkerd-cni entry")
 }
 
 /// Plugin objects of a conflist's text.
