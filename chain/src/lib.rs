@@ -11,10 +11,11 @@
 //!   [`is_config_name`]);
 //! - the typed diagnosis of that file ([`ChainState`], [`Diagnosis`]);
 //! - the repair: text-preserving edit (`plan`, `text`), crash-safe write
-//!   ([`write`], also the installer's for its binaries and kubeconfig) under
-//!   the conf-dir lock ([`lock_dir`]), safe against concurrent writers that
-//!   do not take our lock ([`repair()`]);
-//! - the desired entry, persisted by the installer in [`ENTRY_FILE`];
+//!   ([`mod@write`], also the installer's for its binaries and kubeconfig)
+//!   under the conf-dir lock ([`lock_dir`]), safe against concurrent
+//!   writers that do not take our lock ([`repair()`]);
+//! - the desired entry ([`Entry`], which is always one of ours), persisted
+//!   by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`],
 //!   and [`PersistedFights`] for the short-lived plugin).
 
