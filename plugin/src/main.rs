@@ -5,11 +5,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
 use linkerd_cni::config::DEFAULT_CONF_DIR;
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
+use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
 
 const USAGE: &str = "\
 linkerd-cni: chained CNI plugin that redirects meshed pods' traffic through
@@ -134,7 +134,7 @@ fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> 
         Some(f) => {
             let bytes =
                 std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
-            chain::parse_entry(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
+            Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {
             Ok(Some(e)) => Ok(e),

@@ -23,7 +23,7 @@ impl cni::Plugin for LinkerdCni {
         let pod = pod::add(inv, &config);
         // Healed whatever the pod's outcome: the runtime invoked us, so the
         // node's chain matters even when this pod's rules failed.
-        crate::chain::heal_on_add(&inv.conf, &config);
+        crate::heal::heal_on_add(&inv.conf, &config);
         pod?;
         Ok(inv.conf.pass_through_result())
     }
