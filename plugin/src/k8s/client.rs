@@ -5,6 +5,13 @@
 //! the plugin is a short-lived process, and an async runtime would cost
 //! start-up time and megabytes for three GETs.
 //!
+//! No proxy, ever: the API server a CNI plugin talks to is the cluster's
+//! own, reached over the node's network. Container runtimes often carry the
+//! node's `HTTPS_PROXY`/`NO_PROXY` (whose CIDR entries HTTP clients tend to
+//! ignore), and honouring them would hand the bearer token to an egress
+//! proxy. So the proxy settings of the environment are ignored, and the
+//! connector chain has no proxy step at all (TCP, then TLS).
+//!
 //! Every call is bounded: a connect timeout, a per-attempt timeout, and the
 //! invocation's budget, which retries never exceed. Only transient failures
 //! are retried (refused or reset connections, timeouts, 429, 5xx), a few
@@ -18,6 +25,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{Connector, RustlsConnector, TcpConnector};
 
 use super::kubeconfig::{ApiConfig, Trust};
 use super::objects::{Namespace, Pod, Service};
@@ -141,16 +150,18 @@ impl Client {
                     .collect::<Vec<_>>(),
             )),
         };
-        let agent = ureq::Agent::config_builder()
+        let agent_config = ureq::Agent::config_builder()
             .tls_config(tls.build())
+            .proxy(None)
             .http_status_as_error(false)
             // The API server does not redirect; following one could send the
             // token elsewhere.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .new_agent();
+            .build();
+        let connector = ().chain(TcpConnector::default()).chain(RustlsConnector::default());
+        let agent = ureq::Agent::with_parts(agent_config, connector, DefaultResolver::default());
         Client {
             agent,
             config,

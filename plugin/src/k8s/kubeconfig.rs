@@ -6,6 +6,10 @@
 //! `certificate-authority[-data]` and `insecure-skip-tls-verify`, and its
 //! user's `token` or `tokenFile`. Relative paths are relative to the
 //! kubeconfig's directory, as kubectl reads them.
+//!
+//! A cluster's `proxy-url` is refused rather than ignored: the plugin never
+//! reaches the API server through a proxy (see [`super::client`]), and a
+//! kubeconfig that asks for one would otherwise be silently half-applied.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -102,6 +106,8 @@ struct Cluster {
     certificate_authority_data: Option<String>,
     #[serde(rename = "insecure-skip-tls-verify")]
     insecure_skip_tls_verify: Option<bool>,
+    #[serde(rename = "proxy-url")]
+    proxy_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -201,6 +207,16 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .as_ref()
         .ok_or_else(|| format!("user {user_name:?} is empty"))?;
 
+    if cluster
+        .proxy_url
+        .as_deref()
+        .is_some_and(|p| !p.trim().is_empty())
+    {
+        return Err(format!(
+            "cluster {cluster_name:?} sets proxy-url, which linkerd-cni does not support: it \
+             always connects to the API server directly; remove proxy-url"
+        ));
+    }
     let server = normalize_server(
         cluster
             .server
@@ -527,6 +543,10 @@ current-context: other
                 &installer("https://x", &ok_tls)
                     .replace("token: abc.def.ghi", "client-certificate-data: eA=="),
                 "bearer tokens".to_string(),
+            ),
+            (
+                &installer("https://x:443", "proxy-url: http://127.0.0.1:3128"),
+                "sets proxy-url, which linkerd-cni does not support".to_string(),
             ),
             (
                 &installer("https://x", &ok_tls).replace("cluster: local", "cluster: elsewhere"),

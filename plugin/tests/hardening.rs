@@ -1,0 +1,107 @@
+//! The plugin against the environments real nodes have: proxy variables in
+//! the runtime's environment, broken or insecure kubeconfigs, API servers
+//! that hang mid-handshake. Network traffic stays on 127.0.0.1.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use serde_json::json;
+use testkit::objects::Pod;
+use testkit::{FakeApiServer, TempDir};
+
+use support::{cni_env, netconf, run_plugin, stderr, stdout_json};
+
+/// A TCP listener on 127.0.0.1 that counts the connections it gets and
+/// holds each one open (as an unresponsive proxy, or a server whose TLS
+/// handshake never starts) until dropped.
+struct Listener {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    fn start() -> Listener {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (connections.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in l.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                c.fetch_add(1, Ordering::SeqCst);
+                held.extend(conn.ok());
+            }
+        });
+        Listener {
+            addr,
+            connections,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        if TcpStream::connect(self.addr).is_ok()
+            && let Some(t) = self.thread.take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn proxy_variables_in_the_environment_are_not_used() {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-proxy").unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+    api.add_pod(&Pod::new("emojivoto", "web-0"));
+    let proxy = Listener::start();
+    let proxy_url = format!("http://{}", proxy.addr);
+
+    let mut env = cni_env(
+        "ADD",
+        std::path::Path::new("/run/netns/unused"),
+        Some(("emojivoto", "web-0")),
+    );
+    for var in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        env.push((var.into(), proxy_url.clone()));
+    }
+    // A NO_PROXY that does not cover 127.0.0.1.
+    env.push(("NO_PROXY".into(), "example.com".into()));
+    let out = run_plugin(&env, &netconf(&kubeconfig, json!({})));
+
+    assert_eq!(
+        proxy.connections(),
+        0,
+        "the plugin connected to the proxy from its environment; stderr:\n{}",
+        stderr(&out)
+    );
+    assert!(out.status.success(), "stderr:\n{}", stderr(&out));
+    assert!(stdout_json(&out).get("code").is_none());
+    assert_eq!(api.requests(&Pod::new("emojivoto", "web-0").path()), 1);
+}
