@@ -162,7 +162,9 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
-    let file: File = serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    let options = serde_saphyr::options! { with_snippet: false };
+    let file: File =
+        serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?;
 
     let contexts: BTreeMap<&str, Option<&Context>> = file
         .contexts
@@ -285,6 +287,61 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         token,
         trust,
     })
+}
+
+/// A YAML error as line, column and what was expected, never quoting the
+/// input: the parser's own text can hold source snippets or the offending
+/// value, and a kubeconfig holds a bearer token. The error reaches pod
+/// events, which anyone who can list events in the pod's namespace reads.
+fn yaml_problem(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error as E;
+    let at = e
+        .location()
+        .filter(|l| l.line() > 0)
+        .map(|l| format!(" at line {}, column {}", l.line(), l.column()))
+        .unwrap_or_default();
+    let what = match e.without_snippet() {
+        E::Unexpected { expected, .. } => format!("expected {expected}"),
+        E::Eof { .. } => "unexpected end of input".into(),
+        E::MultipleDocuments { .. } => "more than one YAML document".into(),
+        E::Message { msg, .. } => serde_message(msg),
+        E::ExternalMessage { msg, .. } if plain_words(msg) => msg.clone(),
+        _ => String::new(),
+    };
+    if what.is_empty() {
+        format!("invalid YAML{at}")
+    } else {
+        format!("invalid YAML{at}: {what}")
+    }
+}
+
+/// serde's messages without the value they quote: `invalid type: string
+/// "…", expected a sequence` becomes `invalid type, expected a sequence`.
+fn serde_message(msg: &str) -> String {
+    if let Some((head, expected)) = msg.rsplit_once(", expected ") {
+        let kind = head.split(':').next().unwrap_or_default();
+        if matches!(kind, "invalid type" | "invalid value" | "invalid length") {
+            return format!("{kind}, expected {expected}");
+        }
+    }
+    if let Some(field) = msg.strip_prefix("missing field ")
+        && plain_words(field.trim_matches('`'))
+    {
+        return msg.to_string();
+    }
+    if plain_words(msg) {
+        msg.to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// Text that cannot be a token or key: lower-case words and punctuation,
+/// no digits, no quotes.
+fn plain_words(s: &str) -> bool {
+    s.len() <= 120
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || matches!(c, ' ' | ',' | ';' | '-' | '(' | ')'))
 }
 
 /// The DER certificates in PEM text; at least one, each a certificate
@@ -556,6 +613,103 @@ current-context: other
             let e = parse(text, Path::new("/")).unwrap_err();
             assert!(e.contains(&want), "{text:?}: {e}");
         }
+    }
+
+    /// Broken kubeconfigs around a token and a client key: no error may
+    /// quote either (errors reach pod events and logs).
+    #[test]
+    fn no_error_quotes_the_token_or_key_material() {
+        const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.SeCrEtToKeN0123456789.sig";
+        const KEY: &str = "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpzZWNyZXRrZXk=";
+        let good = format!(
+            "apiVersion: v1
+clusters:
+- name: local
+  cluster:
+    server: https://10.96.0.1:443
+    certificate-authority-data: {ca}
+users:
+- name: linkerd-cni
+  user:
+    token: {TOKEN}
+    client-key-data: {KEY}
+contexts:
+- name: linkerd-cni-context
+  context: {{cluster: local, user: linkerd-cni}}
+current-context: linkerd-cni-context
+",
+            ca = b64(ca_pem())
+        );
+        let token_line = format!("    token: {TOKEN}");
+        let key_line = format!("    client-key-data: {KEY}");
+        let mut corpus: Vec<String> = vec![
+            // Syntax errors on, before and after the secret lines.
+            good.replace(&token_line, &format!("    token: [{TOKEN}")),
+            good.replace(&token_line, &format!("    token: \"{TOKEN}")),
+            good.replace(&token_line, &format!("    token: '{TOKEN}")),
+            good.replace(&token_line, &format!("  token: {TOKEN}\n   x: : :")),
+            good.replace(&token_line, &format!("\ttoken: {TOKEN}")),
+            good.replace(&token_line, &format!("    token: {{{TOKEN}")),
+            good.replace(&token_line, &format!("    token: {TOKEN}\n  - bad")),
+            good.replace(&key_line, &format!("    client-key-data: [{KEY}")),
+            good.replace(&key_line, &format!("    client-key-data: \"{KEY}\"x")),
+            good.replace("  user:\n", "  user: [\n"),
+            good.replace("contexts:", "contexts: ]"),
+            good.replace("current-context:", "current-context: : :"),
+            // Type errors: the secret where another type is expected.
+            good.replace(&token_line, &format!("    token: {{a: {TOKEN}}}")),
+            good.replace(&token_line, &format!("    token: [{TOKEN}]")),
+            good.replace("  user:\n", &format!("  user: {TOKEN}\n")),
+            good.replace("users:\n", &format!("users: {TOKEN}\n")),
+            good.replace(&token_line, &format!("    tokenFile: [{TOKEN}]")),
+            good.replace(&key_line, &format!("    client-key-data: {{k: {KEY}}}")),
+            good.replace("- name: linkerd-cni\n", &format!("- name: [{TOKEN}]\n")),
+            good.replace(&token_line, &format!("    token: !!binary {TOKEN}")),
+            good.replace(&token_line, &format!("    token: !!int {TOKEN}")),
+            good.replace(&token_line, &format!("    token: &a {TOKEN}\n    x: *b")),
+            good.replace(
+                &token_line,
+                &format!("    token: {TOKEN}\n    token: {TOKEN}"),
+            ),
+            format!("{good}\n---\n{good}"),
+            good.replace(&token_line, &format!("    token: |\n  {TOKEN}")),
+            good.replace(&token_line, &format!("    token: >\n     {TOKEN}\n   x")),
+            good.replace(&token_line, &format!("    token: \"{TOKEN}\\q\"")),
+        ];
+        // Every prefix of the file, cut inside and after the secrets.
+        for cut in [token_line.len(), key_line.len()] {
+            let at = good
+                .find(if cut == token_line.len() {
+                    &token_line
+                } else {
+                    &key_line
+                })
+                .unwrap();
+            for extra in [4, 12, 20, cut - 3] {
+                corpus.push(format!("{}\n  - [", &good[..at + extra]));
+            }
+        }
+        let mut seen_errors = 0;
+        for text in &corpus {
+            let Err(e) = parse(text, Path::new("/")) else {
+                continue;
+            };
+            seen_errors += 1;
+            for secret in [TOKEN, KEY, "SeCrEtToKeN", "LS0tLS1C"] {
+                assert!(
+                    !e.contains(secret),
+                    "error quotes {secret:?}: {e}\ninput:\n{text}"
+                );
+            }
+            if e.starts_with("invalid YAML") {
+                assert!(e.contains("line "), "no line number: {e}");
+            }
+        }
+        assert!(
+            seen_errors >= corpus.len() - 3,
+            "{seen_errors} of {}",
+            corpus.len()
+        );
     }
 
     #[test]
