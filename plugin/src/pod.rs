@@ -94,7 +94,7 @@ pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let netns = netns_of(inv)?;
     driver(config)
         .apply(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+        .map_err(|e| iptables_error("set up", &plan.pod, netns, e))?;
     log::info!(
         "ADD {}: installed linkerd's redirect rules in {}",
         plan.pod,
@@ -119,7 +119,7 @@ pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let netns = netns_of(inv)?;
     let diffs = driver(config)
         .verify(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+        .map_err(|e| iptables_error("verify", &plan.pod, netns, e))?;
     if diffs.is_empty() {
         return Ok(());
     }
@@ -306,11 +306,20 @@ pub fn apply_annotations(
         }
         .filter(|(v, _)| !v.trim().is_empty())
     };
+    let ns_name = pod_id.split_once('/').map_or(pod_id, |(ns, _)| ns);
     let bad = |key: &str, value: &str, on: &str, why: String| {
+        let (whose, fix) = if on == "pod" {
+            (format!("pod {pod_id}"), "recreate the pod")
+        } else {
+            (
+                format!("namespace {ns_name} (read for pod {pod_id})"),
+                "recreate the pod (the namespace's annotations apply to pods created afterwards)",
+            )
+        };
         CniError::new(
             code::INVALID_ANNOTATION,
-            format!("invalid annotation {key}={value:?} on the {on} of pod {pod_id}"),
-            format!("{why}; fix or remove the annotation and recreate the pod"),
+            format!("invalid annotation {key}={value:?} on {whose}"),
+            format!("{why}; fix or remove the annotation and {fix}"),
         )
     };
 
@@ -408,11 +417,17 @@ fn api_error(what: &str, e: ApiError) -> CniError {
     )
 }
 
-fn iptables_error(pod_id: &str, netns: &std::path::Path, e: IptablesError) -> CniError {
+/// `doing`: "set up" (ADD) or "verify" (CHECK).
+fn iptables_error(
+    doing: &str,
+    pod_id: &str,
+    netns: &std::path::Path,
+    e: IptablesError,
+) -> CniError {
     CniError::new(
         code::IPTABLES,
         format!(
-            "cannot set up linkerd's iptables rules for pod {pod_id} in {}",
+            "cannot {doing} linkerd's iptables rules for pod {pod_id} in {}",
             netns.display()
         ),
         e.to_string(),
@@ -507,8 +522,26 @@ mod tests {
                 "{}",
                 e.msg
             );
-            assert!(e.msg.contains("pod of pod ns/p"), "{}", e.msg);
+            assert!(e.msg.ends_with("on pod ns/p"), "{}", e.msg);
         }
+    }
+
+    #[test]
+    fn namespace_annotations_name_the_namespace() {
+        let mut spec = RedirectSpec::default();
+        let e = apply_annotations(
+            &mut spec,
+            &BTreeMap::new(),
+            &map(&[(annotation::PROXY_UID, "root")]),
+            "emojivoto/bad-1",
+        )
+        .unwrap_err();
+        assert!(
+            e.msg
+                .ends_with("on namespace emojivoto (read for pod emojivoto/bad-1)"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

@@ -105,3 +105,60 @@ fn proxy_variables_in_the_environment_are_not_used() {
     assert!(stdout_json(&out).get("code").is_none());
     assert_eq!(api.requests(&Pod::new("emojivoto", "web-0").path()), 1);
 }
+
+/// A kubeconfig for a server at `addr` that trusts `api`'s CA.
+fn kubeconfig_for(api: &FakeApiServer, server: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let text = api.kubeconfig_yaml().replace(
+        &format!("https://[{}]:{}", api.addr().ip(), api.addr().port()),
+        server,
+    );
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn decide(
+    kubeconfig: &std::path::Path,
+    budget: f64,
+) -> Result<linkerd_cni::pod::Decision, linkerd_cni::cni::CniError> {
+    let env = cni_env(
+        "ADD",
+        std::path::Path::new("/run/netns/unused"),
+        Some(("emojivoto", "web-0")),
+    );
+    let mut conf = netconf(kubeconfig, json!({}));
+    conf["kubernetes"]["api-budget-seconds"] = json!(budget);
+    let inv = support::invocation(&env, &conf);
+    let config = linkerd_cni::config::PluginConfig::from_netconf(&inv.conf)?;
+    linkerd_cni::pod::decide(&inv, &config)
+}
+
+#[test]
+fn tls_handshake_that_hangs_after_tcp_connected_is_named() {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-tlshang").unwrap();
+    // Accepts TCP, never answers the ClientHello.
+    let silent = Listener::start();
+    let kubeconfig = kubeconfig_for(&api, &format!("https://{}", silent.addr), dir.path());
+    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    assert!(silent.connections() >= 1);
+    assert!(
+        e.msg.contains("TLS handshake") && e.msg.contains("TCP connection"),
+        "{e}"
+    );
+    assert!(!e.msg.contains("(connect)"), "{e}");
+}
+
+#[test]
+fn server_that_accepts_tls_but_never_answers_is_named() {
+    let api = FakeApiServer::start();
+    api.set_mode(testkit::Mode::Slow(std::time::Duration::from_secs(5)));
+    let dir = TempDir::new("lcni-noanswer").unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    assert!(e.msg.contains("connected, but no answer"), "{e}");
+    assert!(
+        !e.msg.contains("TLS") && !e.msg.contains("(connect)"),
+        "{e}"
+    );
+}
