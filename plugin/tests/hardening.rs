@@ -162,3 +162,25 @@ fn server_that_accepts_tls_but_never_answers_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn cni_netns_naming_the_plugins_own_namespace_is_refused() {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-ownns").unwrap();
+    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+    api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+    api.add_namespace("emojivoto", &[]);
+    let env = cni_env(
+        "ADD",
+        std::path::Path::new("/proc/self/ns/net"),
+        Some(("emojivoto", "web-0")),
+    );
+    let out = run_plugin(&env, &netconf(&kubeconfig, json!({})));
+    let v = stdout_json(&out);
+    assert_eq!(v["code"], 101, "{v}\n{}", stderr(&out));
+    let msg = v["msg"].as_str().unwrap().to_string() + v["details"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("refusing network namespace /proc/self/ns/net"),
+        "{msg}"
+    );
+}
