@@ -261,6 +261,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
 /// The settings from the config keys alone.
 pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
     let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
+        rules::check_list_size(list.len(), 0).map_err(|e| invalid_config(key, e))?;
         list.iter()
             .filter(|s| !s.trim().is_empty())
             .map(|s| PortRange::parse(s))
@@ -281,13 +282,16 @@ pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
             "linkerd.outbound-ports-to-ignore",
             &p.outbound_ports_to_ignore,
         )?,
-        subnets_to_ignore: p
-            .subnets_to_ignore
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| Subnet::parse(s))
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))?,
+        subnets_to_ignore: rules::check_list_size(p.subnets_to_ignore.len(), 0)
+            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            .and_then(|()| {
+                p.subnets_to_ignore
+                    .iter()
+                    .filter(|s| !s.trim().is_empty())
+                    .map(|s| Subnet::parse(s))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            })?,
     })
 }
 
@@ -316,9 +320,14 @@ pub fn apply_annotations(
                 "recreate the pod (the namespace's annotations apply to pods created afterwards)",
             )
         };
+        // The value is the pod author's: quoted, but not at any length.
+        let shown = match value.char_indices().nth(64) {
+            Some((i, _)) => format!("{:?}... ({} bytes)", &value[..i], value.len()),
+            None => format!("{value:?}"),
+        };
         CniError::new(
             code::INVALID_ANNOTATION,
-            format!("invalid annotation {key}={value:?} on {whose}"),
+            format!("invalid annotation {key}={shown} on {whose}"),
             format!("{why}; fix or remove the annotation and {fix}"),
         )
     };
@@ -345,8 +354,19 @@ pub fn apply_annotations(
                 .trim()
                 .parse::<i64>()
                 .ok()
-                .filter(|id| u32::try_from(*id).is_ok() || *id < 0)
-                .ok_or_else(|| bad(key, v, on, "expected an integer id".into()))?;
+                .filter(|id| (rules::MIN_OWNER_ID..=rules::MAX_OWNER_ID).contains(id))
+                .ok_or_else(|| {
+                    bad(
+                        key,
+                        v,
+                        on,
+                        format!(
+                            "expected an integer id from {} to {} (-1 or 0: none)",
+                            rules::MIN_OWNER_ID,
+                            rules::MAX_OWNER_ID
+                        ),
+                    )
+                })?;
         }
     }
     Ok(())
@@ -523,6 +543,58 @@ mod tests {
                 e.msg
             );
             assert!(e.msg.ends_with("on pod ns/p"), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn long_lists_are_refused_with_a_short_message() {
+        let many_ports = (1..=5000)
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let many_subnets = (0..=255)
+            .flat_map(|a| (0..4).map(move |b| format!("10.{a}.{b}.0/24")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let huge = "1,".repeat(128 << 10);
+        for (key, value) in [
+            (annotation::SKIP_OUTBOUND_PORTS, &many_ports),
+            (annotation::SKIP_INBOUND_PORTS, &huge),
+            (annotation::SKIP_SUBNETS, &many_subnets),
+        ] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(&mut spec, &map(&[(key, value)]), &BTreeMap::new(), "ns/p")
+                .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{key}");
+            assert!(e.msg.contains(key), "{}", e.msg);
+            assert!(e.details.contains("at most"), "{}", e.details);
+            assert!(
+                e.msg.len() + e.details.len() < 1024,
+                "{key}: {} bytes",
+                e.msg.len() + e.details.len()
+            );
+        }
+        let e = base_spec(&ProxyInit {
+            outbound_ports_to_ignore: many_ports.split(',').map(String::from).collect(),
+            ..ProxyInit::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.details.contains("at most"), "{}", e.details);
+    }
+
+    #[test]
+    fn out_of_range_annotation_ids_are_refused() {
+        for v in ["4294967295", "-2"] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(
+                &mut spec,
+                &map(&[(annotation::PROXY_UID, v)]),
+                &BTreeMap::new(),
+                "ns/p",
+            )
+            .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{v}");
         }
     }
 
