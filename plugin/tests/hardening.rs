@@ -184,3 +184,27 @@ fn cni_netns_naming_the_plugins_own_namespace_is_refused() {
         "{msg}"
     );
 }
+
+#[test]
+fn check_without_prev_result_is_refused() {
+    let dir = TempDir::new("lcni-check").unwrap();
+    // An exempt pod: CHECK would have nothing to verify and no API call.
+    let env = cni_env(
+        "CHECK",
+        std::path::Path::new("/run/netns/unused"),
+        Some(("kube-system", "coredns-0")),
+    );
+    let mut conf = netconf(&dir.path().join("kubeconfig"), json!({}));
+    conf["cniVersion"] = json!("1.0.0");
+    conf.as_object_mut().unwrap().remove("prevResult");
+    let out = run_plugin(&env, &conf);
+    assert!(!out.status.success(), "CHECK without prevResult passed");
+    let v = stdout_json(&out);
+    assert_eq!(v["code"], 7, "{v}");
+    assert!(v["msg"].as_str().unwrap().contains("prevResult"), "{v}");
+
+    // With it, the same CHECK passes.
+    let conf = netconf(&dir.path().join("kubeconfig"), json!({}));
+    let out = run_plugin(&env, &conf);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
