@@ -95,6 +95,9 @@ pub struct PluginConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `kubernetes.api-budget-seconds`: total time for all API calls of one ADD.
     pub api_budget: Duration,
+    /// `kubernetes.allow-plain-http`: accept an `http://` API server (the
+    /// token then crosses the network in clear). Default false.
+    pub allow_plain_http: bool,
     pub proxy: ProxyInit,
     /// `exempt-namespaces`: pods here pass through without any API call.
     pub exempt_namespaces: Vec<String>,
@@ -116,6 +119,7 @@ impl Default for PluginConfig {
             log_level: LevelFilter::Warn,
             kubeconfig: None,
             api_budget: DEFAULT_API_BUDGET,
+            allow_plain_http: false,
             proxy: ProxyInit::default(),
             exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
@@ -164,6 +168,9 @@ impl PluginConfig {
             }
             if let Some(d) = k8s.seconds("api-budget-seconds")? {
                 c.api_budget = d;
+            }
+            if let Some(b) = k8s.bool("allow-plain-http")? {
+                c.allow_plain_http = b;
             }
         }
         if let Some(l) = top.object("linkerd")? {

@@ -142,13 +142,10 @@ pub fn status(config: &PluginConfig) {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
         }
-        Some(path) => {
-            if let Err(e) = k8s::kubeconfig::load(path) {
-                log::warn!(
-                    "STATUS: {e}: meshed pods cannot be set up until the installer rewrites it"
-                );
-            }
-        }
+        Some(path) => match usable_kubeconfig(path, config) {
+            Ok(_) => {}
+            Err(e) => log::warn!("STATUS: {e}: meshed pods cannot be set up"),
+        },
     }
 }
 
@@ -186,7 +183,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
             "the linkerd-cni installer sets kubernetes.kubeconfig to the kubeconfig it writes",
         )
     })?;
-    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    let api = usable_kubeconfig(path, config)?;
     let client = Client::new(api, config.api_budget);
 
     let pod = client
@@ -256,6 +253,33 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         spec,
         rule_sets,
     }))
+}
+
+/// The kubeconfig at `path`, refused when it would send the token over
+/// plain http without `kubernetes.allow-plain-http`; its transport
+/// weaknesses are logged as warnings on every use.
+fn usable_kubeconfig(
+    path: &std::path::Path,
+    config: &PluginConfig,
+) -> Result<k8s::ApiConfig, CniError> {
+    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    if api.is_plain_http() && !config.allow_plain_http {
+        return Err(CniError::new(
+            code::KUBERNETES,
+            format!(
+                "refusing plain http:// to the Kubernetes API at {} (kubeconfig {}): the bearer \
+                 token would cross the network unencrypted",
+                api.server,
+                path.display()
+            ),
+            "use an https:// server address; to accept plain http anyway, set \
+             kubernetes.allow-plain-http: true in the linkerd-cni config",
+        ));
+    }
+    for w in api.transport_warnings() {
+        log::warn!("{w}");
+    }
+    Ok(api)
 }
 
 /// The settings from the config keys alone.

@@ -208,3 +208,112 @@ fn check_without_prev_result_is_refused() {
     let out = run_plugin(&env, &conf);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn plain_http_is_refused_unless_allowed() {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-http").unwrap();
+    let server = Listener::start();
+    let kubeconfig = kubeconfig_for(&api, &format!("http://{}", server.addr), dir.path());
+    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    assert_eq!(
+        server.connections(),
+        0,
+        "the token went out over plain http: {e}"
+    );
+    assert_eq!(e.code, 100);
+    assert!(e.msg.contains("refusing plain http://"), "{e}");
+    assert!(e.details.contains("kubernetes.allow-plain-http"), "{e}");
+
+    // Allowed explicitly: the call is made (and warned about).
+    let env = cni_env(
+        "ADD",
+        std::path::Path::new("/run/netns/unused"),
+        Some(("emojivoto", "web-0")),
+    );
+    let mut conf = netconf(&kubeconfig, json!({}));
+    conf["kubernetes"]["allow-plain-http"] = json!(true);
+    conf["kubernetes"]["api-budget-seconds"] = json!(0.5);
+    let out = run_plugin(&env, &conf);
+    assert!(server.connections() >= 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("plain http://"),
+        "no warning: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn tls_verification_off_is_warned_about() {
+    let api = FakeApiServer::start();
+    api.add_pod(&Pod::new("emojivoto", "web-0"));
+    let dir = TempDir::new("lcni-insecure").unwrap();
+    let text = api.kubeconfig_yaml();
+    let ca_line = text
+        .lines()
+        .find(|l| l.contains("certificate-authority-data"))
+        .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(ca_line, "    insecure-skip-tls-verify: true"),
+    )
+    .unwrap();
+    let env = cni_env(
+        "ADD",
+        std::path::Path::new("/run/netns/unused"),
+        Some(("emojivoto", "web-0")),
+    );
+    let out = run_plugin(&env, &netconf(&kubeconfig, json!({})));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("TLS verification is off"),
+        "no warning: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn chain_status_shows_weak_transports() {
+    let api = FakeApiServer::start();
+    let dir = TempDir::new("lcni-status").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let text = api.kubeconfig_yaml();
+    let ca_line = text
+        .lines()
+        .find(|l| l.contains("certificate-authority-data"))
+        .unwrap();
+    std::fs::write(
+        &kubeconfig,
+        text.replace(ca_line, "    insecure-skip-tls-verify: true"),
+    )
+    .unwrap();
+    let conf_dir = dir.path().join("net.d");
+    std::fs::create_dir(&conf_dir).unwrap();
+    std::fs::write(
+        conf_dir.join("10-bridge.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+    )
+    .unwrap();
+    let entry = dir.path().join("entry.json");
+    std::fs::write(
+        &entry,
+        json!({"name": "linkerd-cni", "type": "linkerd-cni",
+               "kubernetes": {"kubeconfig": kubeconfig}})
+        .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::BIN)
+        .args(["chain", "status", "--conf-dir"])
+        .arg(&conf_dir)
+        .arg("--entry")
+        .arg(&entry)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("warning: kubeconfig") && stdout.contains("TLS verification is off"),
+        "{stdout}\n{}",
+        stderr(&out)
+    );
+}

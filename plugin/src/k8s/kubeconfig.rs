@@ -62,6 +62,37 @@ pub struct ApiConfig {
     pub trust: Trust,
 }
 
+impl ApiConfig {
+    /// `http://`: the bearer token crosses the network in clear text.
+    pub fn is_plain_http(&self) -> bool {
+        self.server.starts_with("http://")
+    }
+
+    /// What is weak about how this config reaches the API server, one
+    /// sentence each; empty when it uses verified TLS. For logs and status
+    /// output (`linkerd-cni chain status` shows them; the installer's checks
+    /// can run that).
+    pub fn transport_warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.is_plain_http() {
+            w.push(format!(
+                "kubeconfig {}: the API server {} is reached over plain http://: the bearer \
+                 token crosses the network unencrypted",
+                self.source.display(),
+                self.server
+            ));
+        } else if self.trust == Trust::Insecure {
+            w.push(format!(
+                "kubeconfig {}: TLS verification is off (insecure-skip-tls-verify): the API \
+                 server {} is not authenticated and anyone in the path can take the bearer token",
+                self.source.display(),
+                self.server
+            ));
+        }
+        w
+    }
+}
+
 impl std::fmt::Debug for ApiConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiConfig")
