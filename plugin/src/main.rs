@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use linkerd_cni::cni::{self, CniError, code};
-use linkerd_cni::config::DEFAULT_CONF_DIR;
+use linkerd_cni::config::{DEFAULT_CONF_DIR, PluginConfig};
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
 use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
@@ -100,6 +100,7 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         "status" => match chain::diagnose(&conf_dir, &desired) {
             Ok(d) => {
                 print!("{d}");
+                print_transport_warnings(&desired);
                 if d.is_healthy() {
                     ExitCode::SUCCESS
                 } else {
@@ -125,6 +126,31 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         other => fail(&format!(
             "unknown chain command {other:?}: expected status or repair"
         )),
+    }
+}
+
+/// How the entry's kubeconfig reaches the API server, when that is weak
+/// (plain http, TLS verification off). Informational: the exit code stays
+/// the chain's.
+fn print_transport_warnings(desired: &Entry) {
+    let Ok(config) = PluginConfig::from_map(desired) else {
+        return;
+    };
+    let Some(path) = config.kubeconfig else {
+        return;
+    };
+    match linkerd_cni::k8s::kubeconfig::load(&path) {
+        Ok(api) => {
+            for w in api.transport_warnings() {
+                println!("warning: {w}");
+            }
+            if api.is_plain_http() && !config.allow_plain_http {
+                println!(
+                    "warning: the plugin refuses this plain http:// server (kubernetes.allow-plain-http is not set)"
+                );
+            }
+        }
+        Err(e) => println!("warning: {e}"),
     }
 }
 
