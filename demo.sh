@@ -14,4 +14,4 @@ cd "$(dirname "$0")"
 bash scripts/setup.sh
 echo "demo: building (release)..." >&2
 cargo build --release --locked --quiet
-exec target/x86_64-unknown-linux-gnu/release/demo "$@"
+exec "target/$(rustc --print host-tuple)/release/demo" "$@"
