@@ -70,10 +70,7 @@ impl Installer {
         let addr = api.addr();
         let template = template(node);
         let log = root.join("installer.log");
-        let mut cmd = node.netns().command(artifacts::workspace_bin(
-            "linkerd-cni-installer",
-            "linkerd-cni-installer",
-        ));
+        let mut cmd = node.netns().command(artifacts::installer());
         cmd.env_clear()
             .env("PATH", child_path())
             .env("CONTAINER_MOUNT_PREFIX", &prefix)

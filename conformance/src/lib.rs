@@ -7,9 +7,9 @@
 //!
 //! # Pieces
 //!
-//! - [`artifacts`]: builds the Go driver (`cnidriver/main.go`, against
-//!   Debian's libcni source, GOPATH mode, offline) and the workspace binaries
-//!   (a nested `cargo build` for the running profile), once per process.
+//! - [`artifacts`]: finds the workspace binaries, built before the tests
+//!   run, and builds the Go driver (`cnidriver/main.go`, against Debian's
+//!   libcni source, GOPATH mode, offline), once per process.
 //! - [`node`]: [`Node`] — a netns standing in for the host, with its own
 //!   conf dir, bin dir (symlinks to `/usr/lib/cni/*` and our `linkerd-cni`),
 //!   libcni cache and IPAM state; [`Pod`] — a netns, a container ID and the
@@ -59,9 +59,10 @@
 //! - **Concurrency.** [`Node`] is `Sync` and every call uses its own trace
 //!   file: `std::thread::scope` with many threads each doing
 //!   `node.add(&net, &pod)` works as is.
-//! - **Benchmarks.** [`Node::driver_command`] gives the exact command to
-//!   time; [`Exec::duration`] is each plugin's own wall time as libcni saw
-//!   it, so a benchmark can separate linkerd-cni from the primary.
+//! - **Benchmarks** (the `linkerd-cni-tools` crate). [`Node::driver_command`]
+//!   gives the exact command to time; [`Exec::duration`] is each plugin's own
+//!   wall time as libcni saw it, so a benchmark can separate linkerd-cni from
+//!   the primary.
 
 pub mod active;
 pub mod artifacts;
@@ -73,11 +74,6 @@ pub mod iptables;
 pub mod kube;
 pub mod node;
 pub mod results;
-// The demo and the benchmarks (src/bin/): whole-node scenarios, their
-// statistics, and the supervisor that cleans up after them.
-pub mod scenario;
-pub mod stats;
-pub mod supervise;
 pub mod sys;
 
 pub use driver::{Completed, Exec, Failed, Outcome};

@@ -38,6 +38,19 @@ pub fn unique_name(kind: &str) -> String {
     format!("{PREFIX}{kind}-{}", unique_id())
 }
 
+/// The pid in a name made by [`unique_name`], or None for any other name.
+pub fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let mut parts = rest.rsplitn(3, '-');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let kind = parts.next()?;
+    if kind.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 /// PATH for every child: the caller's, plus the sbin directories where
 /// Debian puts `ip` and the iptables tools (not in every root PATH).
 pub fn child_path() -> String {
@@ -152,35 +165,33 @@ pub fn which(name: &str) -> Option<PathBuf> {
 /// SIGKILL, and stale namespaces would pile up on a developer's machine.
 fn sweep_leftovers() {
     let me = std::process::id();
-    let stale = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            return false;
-        };
-        let mut parts = rest.rsplitn(3, '-');
-        let (Some(_n), Some(pid), Some(_kind)) = (parts.next(), parts.next(), parts.next()) else {
-            return false;
-        };
-        match pid.parse::<u32>() {
-            Ok(pid) => pid != me && !Path::new(&format!("/proc/{pid}")).exists(),
-            Err(_) => false,
-        }
-    };
+    remove_named(|pid| pid != me && !Path::new(&format!("/proc/{pid}")).exists());
+}
+
+/// Deletes the network namespaces and temp dirs this harness named for a
+/// process `owner` selects (see [`owner_pid`]), and returns what it deleted:
+/// namespace names, then temp dir paths.
+pub fn remove_named(owner: impl Fn(u32) -> bool) -> Vec<String> {
+    let mut removed = Vec::new();
+    let mine = |name: &str| owner_pid(name).is_some_and(&owner);
     if let Ok(entries) = std::fs::read_dir(NETNS_DIR) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if stale(&name) {
+            if mine(&name) {
                 let _ = output(Command::new("ip").args(["netns", "del", &name]));
+                removed.push(format!("netns {name}"));
             }
         }
     }
     if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if stale(&name) {
+            if mine(&e.file_name().to_string_lossy()) {
                 let _ = std::fs::remove_dir_all(e.path());
+                removed.push(e.path().display().to_string());
             }
         }
     }
+    removed
 }
 
 /// A network namespace made with `ip netns add`, deleted on drop (also when
@@ -320,5 +331,21 @@ impl Drop for TempDir {
         {
             eprintln!("conformance: could not remove {}: {e}", self.path.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_pid_reads_harness_names() {
+        assert_eq!(owner_pid("lcnic-node-1234-7"), Some(1234));
+        assert_eq!(owner_pid("lcnic-pod-99-0"), Some(99));
+        assert_eq!(owner_pid(&unique_name("x")), Some(std::process::id()));
+        assert_eq!(owner_pid("lcnic-1234-7"), None);
+        assert_eq!(owner_pid("lcnic-node-x-7"), None);
+        assert_eq!(owner_pid("other-node-1234-7"), None);
+        assert_eq!(owner_pid("lcnic-node-1234-"), None);
     }
 }

@@ -3,7 +3,9 @@
 //! more than two) so that the machine's slow phases hit all of them.
 //!
 //! ```text
-//! cargo run --release -p conformance --bin bench [-- --quick]
+//! cargo build --release -p linkerd-cni -p linkerd-cni-installer
+//! LINKERD_CNI_BIN_DIR=target/$(rustc --print host-tuple)/release \
+//!     cargo run --profile tools -p linkerd-cni-tools --bin bench [-- --quick]
 //! ```
 //!
 //! Run as root (throwaway network namespaces, as the conformance tests).
@@ -34,11 +36,11 @@ use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
-use conformance::scenario::{Binaries, InstallerOptions, InstallerProcess};
-use conformance::stats::{Samples, fmt_num, paired_differences, ratio};
-use conformance::supervise::{self, Stop, checkpoint};
 use conformance::sys::child_path;
 use conformance::{Completed, Node, PodSpec, artifacts};
+use linkerd_cni_tools::scenario::{Binaries, InstallerOptions, InstallerProcess};
+use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
+use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::{FakeApiServer, objects};
 
@@ -90,7 +92,17 @@ impl Plan {
 }
 
 fn main() -> ExitCode {
-    supervise::run("bench", story)
+    // First: the signals must be blocked before any thread starts.
+    if let Err(e) = stop::catch_signals() {
+        eprintln!("bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    let code = story();
+    // Every guard of the story has run by now; check that they left nothing.
+    if !linkerd_cni_tools::leftovers::check("bench") && code == ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
+    }
+    code
 }
 
 fn story() -> ExitCode {
@@ -113,7 +125,7 @@ fn story() -> ExitCode {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
-    match run(&plan) {
+    match stop::run_story(|| run(&plan)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Interrupted) => {
             eprintln!("bench: interrupted");
@@ -137,7 +149,7 @@ fn fail(s: impl Into<String>) -> Stop {
 fn run(plan: &Plan) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
-    let bins = Binaries::build().map_err(fail)?;
+    let bins = Binaries::find().map_err(fail)?;
     progress("building the libcni driver");
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
@@ -648,9 +660,9 @@ impl HealNode {
             self.heals = 0;
             // Past its first pass (milliseconds), which would otherwise
             // catch the rewrite below at start-up.
-            supervise::sleep(Duration::from_millis(300))?;
+            stop::sleep(Duration::from_millis(300))?;
         }
-        supervise::sleep(phase)?;
+        stop::sleep(phase)?;
         self.node
             .write_conf("10-primary.conflist", &primary(&self.node));
         let t0 = Instant::now();

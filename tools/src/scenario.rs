@@ -2,9 +2,9 @@
 //! release binaries, the installer as a long-lived child process, and the
 //! operator's view of the chain.
 //!
-//! [`Binaries::build`] builds the workspace binaries for the running
-//! profile through [`crate::artifacts`], and [`InstallerProcess`] runs the
-//! installer it built. Unlike the tests' [`crate::installer::Installer`]
+//! [`Binaries::find`] finds the workspace binaries where the conformance
+//! harness looks for them (`demo.sh` builds them first), and
+//! [`InstallerProcess`] runs the installer. Unlike the tests' installer
 //! (killed at the end of a test), it is stopped with SIGTERM, as the
 //! kubelet stops it, and its log is read as it grows: the demo shows both.
 
@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testkit::FakeApiServer;
 
-use crate::node::Node;
-use crate::sys::{self, child_path};
-use crate::{artifacts, installer};
+use conformance::node::Node;
+use conformance::sys::{self, child_path};
+use conformance::{artifacts, installer};
 
 /// The workspace binaries the scenarios run, built for the running profile.
 #[derive(Debug, Clone)]
@@ -30,44 +30,29 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// Runs `cargo build` for `linkerd-cni` and `linkerd-cni-installer` in
-    /// the profile this executable was built with (a no-op after
-    /// `cargo build --release`), so a scenario never runs stale binaries.
-    pub fn build() -> Result<Binaries, String> {
+    /// `linkerd-cni` and `linkerd-cni-installer` in the harness's bin dir
+    /// ([`artifacts::bin_dir`]), or what to build when one is missing.
+    pub fn find() -> Result<Binaries, String> {
         Ok(Binaries {
-            plugin: artifacts::try_workspace_bin("linkerd-cni", "linkerd-cni")?,
-            installer: artifacts::try_workspace_bin(
-                "linkerd-cni-installer",
-                "linkerd-cni-installer",
-            )?,
+            plugin: artifacts::try_workspace_bin("linkerd-cni")?,
+            installer: artifacts::try_workspace_bin("linkerd-cni-installer")?,
         })
     }
 }
 
-impl Node {
-    /// `linkerd-cni chain status --conf-dir <conf dir>`, as an operator runs
-    /// it on the host: its exit code (0 healthy, 1 not, 2 error) and output.
-    pub fn chain_status(&self, plugin: &Path) -> (i32, String) {
-        let out = sys::output(
-            Command::new(plugin)
-                .args(["chain", "status", "--conf-dir"])
-                .arg(self.conf_dir())
-                .env_clear()
-                .env("PATH", child_path()),
-        );
-        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.push_str(&String::from_utf8_lossy(&out.stderr));
-        (out.status.code().unwrap_or(-1), text)
-    }
-
-    /// Whether the active config ends with exactly one `linkerd-cni`: the
-    /// benchmarks' quick oracle, read with [`crate::active`] (not the
-    /// plugin's library).
-    pub fn linkerd_last(&self) -> bool {
-        self.read_active().is_ok_and(|a| {
-            a.is_list() && a.linkerd_positions() == [a.plugins().len().saturating_sub(1)]
-        })
-    }
+/// `linkerd-cni chain status --conf-dir <conf dir>`, as an operator runs it
+/// on the host: its exit code (0 healthy, 1 not, 2 error) and output.
+pub fn chain_status(node: &Node, plugin: &Path) -> (i32, String) {
+    let out = sys::output(
+        Command::new(plugin)
+            .args(["chain", "status", "--conf-dir"])
+            .arg(node.conf_dir())
+            .env_clear()
+            .env("PATH", child_path()),
+    );
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
 }
 
 /// The linkerd2-cni chart's default `cni_network_config` for this node

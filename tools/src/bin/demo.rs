@@ -5,19 +5,19 @@
 //! race, meshed and unmeshed pods with their iptables rules, and the chain
 //! healing after the primary rewrites its conflist.
 //!
-//! Run as root after `cargo build --release` (demo.sh does both). Nothing
-//! outside its namespaces and temp dir is touched, and everything is
-//! removed at the end, also on Ctrl-C, SIGTERM or a failed step (see
-//! `conformance::supervise`).
+//! Run as root after building the release binaries (demo.sh does both).
+//! Nothing outside its namespaces and temp dir is touched, and everything is
+//! removed at the end, also on Ctrl-C, SIGTERM, a failed step or a panic
+//! (Drop guards; see the crate's doc), then checked to be gone.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use conformance::iptables::{Backend, Family, NatTable};
-use conformance::scenario::{Binaries, InstallerOptions, InstallerProcess};
-use conformance::supervise::{self, Stop, checkpoint};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions, InstallerProcess};
+use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::FakeApiServer;
 use testkit::objects;
@@ -31,7 +31,17 @@ const RESYNC: Duration = Duration::from_secs(3);
 const WIDTH: usize = 78;
 
 fn main() -> ExitCode {
-    supervise::run("demo", story)
+    // First: the signals must be blocked before any thread starts.
+    if let Err(e) = stop::catch_signals() {
+        eprintln!("demo: {e}");
+        return ExitCode::FAILURE;
+    }
+    let code = story();
+    // Every guard of the story has run by now; check that they left nothing.
+    if !linkerd_cni_tools::leftovers::check("demo") && code == ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
+    }
+    code
 }
 
 fn story() -> ExitCode {
@@ -41,7 +51,7 @@ fn story() -> ExitCode {
         eprintln!("demo: run me as root (sudo ./demo.sh): I create network namespaces");
         return ExitCode::from(2);
     }
-    match run(&o) {
+    match stop::run_story(|| run(&o)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Interrupted) => {
             o.line("");
@@ -64,7 +74,7 @@ fn run(o: &Out) -> Result<(), Stop> {
          Nothing touches this machine's /etc/cni/net.d, /opt/cni/bin or network, \
          and everything is removed at the end (also on Ctrl-C).",
     );
-    let bins = Binaries::build().map_err(Stop::failed)?;
+    let bins = Binaries::find().map_err(Stop::failed)?;
     // Built on first use; a cold Go cache takes a while, so say so.
     o.dim("(building the libcni driver, a small Go program, against Debian's libcni...)");
     let _ = artifacts::cnidriver();
@@ -139,7 +149,7 @@ fn run(o: &Out) -> Result<(), Stop> {
             installer.new_log_lines().join("\n")
         ))
     })?;
-    supervise::sleep(Duration::from_millis(200))?;
+    stop::sleep(Duration::from_millis(200))?;
     o.logs("installer", &installer.new_log_lines(), &n);
     o.say(&format!(
         "Its first pass installed the binary and the kubeconfig, and wrote no network \
@@ -150,7 +160,7 @@ fn run(o: &Out) -> Result<(), Stop> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    supervise::sleep(Duration::from_secs(1))?;
+    stop::sleep(Duration::from_secs(1))?;
     o.say(&format!(
         "One second later the primary CNI writes {PRIMARY_FILE} (bridge + host-local IPAM, portmap):"
     ));
@@ -497,7 +507,7 @@ fn flat(v: &Value) -> String {
 }
 
 fn show_status(o: &Out, node: &Node, bins: &Binaries, n: &Names) {
-    let (code, text) = node.chain_status(&bins.plugin);
+    let (code, text) = scenario::chain_status(node, &bins.plugin);
     o.out(text.trim_end(), n);
     let verdict = match code {
         0 => "exit 0: healthy",

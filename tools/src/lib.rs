@@ -1,0 +1,15 @@
+//! The demo (`src/bin/demo.rs`) and the benchmarks (`src/bin/bench.rs`):
+//! whole-node scenarios on the conformance harness, outside the tests.
+//!
+//! Both clean up through Drop guards (network namespaces, temp dirs, the
+//! installer process), which needs unwinding: they are built with the
+//! workspace's `tools` profile (release optimisations, `panic = "unwind"`),
+//! never with `release`, which aborts on panic for the plugin's sake. A
+//! signal only asks them to stop ([`stop`]): the current short step ends,
+//! the story returns, and the guards run. [`leftovers`] then checks, by the
+//! names the harness gives everything, that nothing of the run is left.
+
+pub mod leftovers;
+pub mod scenario;
+pub mod stats;
+pub mod stop;
