@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::sys::{self, child_path};
+use testkit::child_path;
+
+use crate::sys;
 
 /// Debian's golang-github-appc-cni-dev installs libcni's source here.
 pub const GOPATH: &str = "/usr/share/gocode";
@@ -55,7 +57,7 @@ fn build_cnidriver() -> Result<PathBuf, String> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let bin = out_dir.join("cnidriver");
-    let tmp = out_dir.join(format!(".cnidriver-{}.tmp", sys::unique_id()));
+    let tmp = out_dir.join(format!(".cnidriver-{}.tmp", testkit::names::unique_id()));
     let out = Command::new("go")
         .args(["build", "-o"])
         .arg(&tmp)
@@ -96,9 +98,11 @@ pub const BIN_DIR_ENV: &str = "LINKERD_CNI_BIN_DIR";
 /// profile directory of the running executable, where
 /// `cargo build --workspace --bins` put them for the same profile and
 /// target.
+/// Absolute, since the harness links to the binaries from other
+/// directories.
 pub fn bin_dir() -> PathBuf {
     match std::env::var_os(BIN_DIR_ENV) {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
+        Some(d) if !d.is_empty() => std::path::absolute(&d).unwrap_or_else(|_| PathBuf::from(d)),
         _ => profile_dir(),
     }
 }
