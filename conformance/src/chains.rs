@@ -77,34 +77,26 @@ pub fn port_mapping(host_port: u16) -> Value {
     json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]})
 }
 
-/// linkerd-cni's entry as the linkerd2-cni chart renders it by default, with
-/// paths pointing into the node: `cni_conf_dir` is the node's conf dir and
-/// `state_dir` a node dir (so nothing can ever touch the machine's
-/// /etc/cni/net.d or /run/linkerd-cni), and the kubeconfig is where the
-/// installer would write it. Tweak keys on the returned object (e.g.
-/// `chain_heal`) as a test needs.
+/// linkerd-cni's entry as the installer renders the shipped manifest's
+/// template ([`testkit::chart`]), with paths pointing into the node:
+/// `cni_conf_dir` is the node's conf dir and `state_dir` a node dir (so
+/// nothing can ever touch the machine's /etc/cni/net.d or /run/linkerd-cni),
+/// the kubeconfig is where the installer would write it, and the log level
+/// is `debug` (the plugin's stderr is in every trace). Tweak keys on the
+/// returned object (e.g. `chain_heal`) as a test needs.
 pub fn linkerd_entry(node: &Node) -> Value {
-    json!({
-        "type": "linkerd-cni",
-        "log_level": "debug",
-        "cni_conf_dir": node.conf_dir(),
-        "state_dir": node.state_dir(),
-        "kubernetes": {
-            "kubeconfig": node.kubeconfig_path(),
-        },
-        "linkerd": {
-            "incoming-proxy-port": 4143,
-            "outgoing-proxy-port": 4140,
-            "proxy-uid": 2102,
-            "ports-to-redirect": [],
-            "inbound-ports-to-ignore": ["4191", "4190"],
-            "outbound-ports-to-ignore": [],
-            "simulate": false,
-            "use-wait-flag": false,
-            "iptables-mode": "legacy",
-            "ipv6": false,
-        },
-    })
+    let mut e = testkit::chart::rendered(
+        &node.kubeconfig_path().display().to_string(),
+        &node.conf_dir().display().to_string(),
+    );
+    e["state_dir"] = node.state_dir().display().to_string().into();
+    e["log_level"] = "debug".into();
+    // A plugin of a list runs under the list's name: the entry as chained
+    // has none of its own.
+    if let Some(m) = e.as_object_mut() {
+        m.remove("name");
+    }
+    e
 }
 
 /// A `.conflist` object.

@@ -20,7 +20,8 @@
 //!   every plugin execution libcni made (stdin with `prevResult`, stdout,
 //!   stderr): the tests compare what libcni handed linkerd-cni with what it
 //!   printed.
-//! - [`iptables`]: `*-save -t nat` inside a netns, legacy and nft, v4 and v6.
+//! - [`iptables`] (testkit's): `*-save -t nat` inside a netns, legacy and
+//!   nft, v4 and v6, and the reference rules.
 //! - [`results`]: comparing results across pods (masking MACs, netns
 //!   paths and randomly named node-side links).
 //! - [`chains`]: configs of reference-plugin chains, and linkerd-cni's chart
@@ -34,10 +35,10 @@
 //!   (mount prefix, image bin dir and service account in temp dirs).
 //! - [`expect`]: the assertions the tests share (pass-through results,
 //!   reference rules, no rules, no reserved addresses).
-//! - [`sys`]: unique names (`lcnic-<kind>-<pid>-<n>`), Drop guards for netns
-//!   and temp dirs (they run on panic too), `setns`, the root/package check
-//!   (a test on an unfit machine fails and says why; it never passes
-//!   silently), and removal of what a SIGKILLed earlier run left behind.
+//! - [`sys`]: commands whose failure says what failed, and the root and
+//!   package check (a test on an unfit machine fails and says why; it never
+//!   passes silently). Namespaces and temp dirs are testkit's guards, named
+//!   `lcnic-<kind>-<pid>-<n>` so that what a SIGKILLed run left is swept.
 //!
 //! Set-up failures (not root, a package missing, `ip netns add` failing)
 //! panic with what failed: they are broken test environments, not outcomes.
@@ -53,7 +54,7 @@
 //! - **Self-heal.** Write stale, duplicated or misplaced entries with
 //!   [`Node::write_conf`], ADD, then judge [`Node::read_active`] with
 //!   [`active::ActiveConf::healthy_with`].
-//! - **Installer.** [`installer::Installer::start`] on a
+//! - **Installer.** [`installer::start`] on a
 //!   [`Node::without_linkerd_cni`] (the installer puts the binary in place);
 //!   [`installer::expected_entry`] is what it must render.
 //! - **Concurrency.** [`Node`] is `Sync` and every call uses its own trace
@@ -70,13 +71,11 @@ pub mod chains;
 pub mod driver;
 pub mod expect;
 pub mod installer;
-pub mod iptables;
 pub mod kube;
 pub mod node;
 pub mod results;
 pub mod sys;
 
 pub use driver::{Completed, Exec, Failed, Outcome};
-pub use iptables::{Backend, Family, NatTable};
 pub use node::{Node, Pod, PodSpec};
-pub use sys::Netns;
+pub use testkit::iptables::{self, Backend, Family, NatTable};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::{Backend, Node, artifacts, kube};
 use serde_json::Value;
 
@@ -83,7 +83,7 @@ fn pods_on_installed_node(node: &Node, api: &testkit::FakeApiServer, net: &str) 
 }
 
 /// Waits for the installer's first pass (binary and kubeconfig in place).
-fn wait_first_pass(node: &Node, inst: &Installer) {
+fn wait_first_pass(node: &Node, inst: &installer::Installer) {
     let deadline = Instant::now() + RESYNC + GRACE;
     while !(node.bin_dir().join("linkerd-cni").is_file() && node.kubeconfig_path().exists()) {
         assert!(
@@ -106,7 +106,7 @@ fn primary_rewrite_is_chained_again_while_the_installer_runs() {
     let net = node.network_name("inst");
     let file = format!("10-{net}.conflist");
     node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let mut inst = Installer::start(
+    let mut inst = installer::start(
         &node,
         &api,
         &[("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string())],
@@ -149,7 +149,7 @@ fn seed_race_without_watch_is_chained_within_a_resync() {
     let api = node.start_api_server_only();
     let net = node.network_name("seed");
     let file = format!("10-{net}.conflist");
-    let mut inst = Installer::start(
+    let mut inst = installer::start(
         &node,
         &api,
         &[

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::results::exact;
 use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
@@ -162,7 +162,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
     let file = format!("10-{net}.conflist");
     let conf_path = node.conf_dir().join(&file);
     node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let inst = Installer::start(
+    let inst = installer::start(
         &node,
         &api,
         &[("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string())],

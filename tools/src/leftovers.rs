@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use conformance::sys::{self, PREFIX};
+use testkit::names::{self, PREFIX};
 
 /// Stops and removes what this process left, and reports on stderr under
 /// `name`. Returns whether everything was already gone.
@@ -28,7 +28,7 @@ pub fn check(name: &str) -> bool {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let removed = sys::remove_named(|pid| pid == me);
+    let removed = names::remove_named(|pid| pid == me);
     if processes.is_empty() && removed.is_empty() {
         eprintln!(
             "{name}: clean-up checked: no process, network namespace or temp dir of this run is left"
@@ -64,7 +64,7 @@ fn mentions_temp_of(text: &str, tmp: &str, pid: u32) -> bool {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
             .collect();
-        sys::owner_pid(&name) == Some(pid)
+        names::owner_pid(&name) == Some(pid)
     })
 }
 

@@ -18,16 +18,6 @@ use std::time::{Duration, Instant};
 const REACH: Duration = Duration::from_secs(180);
 const EXIT: Duration = Duration::from_secs(60);
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "this test needs root: the demo it interrupts creates network namespaces. \
-         Run ./test.sh as root (CI does)"
-    );
-}
-
 struct Demo {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -39,7 +29,7 @@ struct Demo {
 impl Demo {
     /// The demo in its own process group, as a shell's job is.
     fn start() -> Demo {
-        require_root();
+        testkit::require_root("runs the demo, which creates network namespaces");
         let dir = testkit::TempDir::new("demo-interrupt").expect("temp dir");
         let stderr = dir.path().join("stderr");
         let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))

@@ -36,12 +36,13 @@ use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
-use conformance::sys::child_path;
 use conformance::{Completed, Node, PodSpec, artifacts};
-use linkerd_cni_tools::scenario::{Binaries, InstallerOptions, InstallerProcess};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
+use testkit::child_path;
+use testkit::installer::InstallerProcess;
 use testkit::{FakeApiServer, objects};
 
 const WITH: &str = "with-linkerd";
@@ -636,7 +637,8 @@ impl HealNode {
     /// A fresh installer (fresh fight history), started and chained.
     fn restart(&mut self, bins: &Binaries) -> Result<(), Stop> {
         drop(self.installer.take());
-        let mut inst = InstallerProcess::start(&self.node, bins, None, self.opts).map_err(fail)?;
+        let mut inst =
+            scenario::start_installer(&self.node, bins, None, self.opts).map_err(fail)?;
         let end = Instant::now() + Duration::from_secs(10);
         while !self.node.linkerd_last() {
             checkpoint()?;

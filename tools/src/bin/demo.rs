@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use conformance::iptables::{Backend, Family, NatTable};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts};
-use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions, InstallerProcess};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::FakeApiServer;
@@ -130,7 +130,7 @@ fn run(o: &Out) -> Result<(), Stop> {
         "LINKERD_CNI_WATCH=false LINKERD_CNI_RESYNC_SECONDS={} linkerd-cni-installer",
         RESYNC.as_secs()
     ));
-    let mut installer = InstallerProcess::start(
+    let mut installer = scenario::start_installer(
         &node,
         &bins,
         Some(&api),
