@@ -10,11 +10,10 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{
-    TempDir, copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree,
-};
+use common::{copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 use linkerd_cni::chain::{self, ChainState, RepairOptions};
 use serde_json::Value;
+use testkit::TempDir;
 
 struct Case {
     name: &'static str,
@@ -165,7 +164,7 @@ fn every_case_diagnoses_and_repairs_as_expected() {
     let mut seen = Vec::new();
     for case in CASES {
         let src = fixtures().join(case.name);
-        let dir = TempDir::new("table");
+        let dir = TempDir::new("table").unwrap();
         copy_tree(&src.join("in"), dir.path());
         let before = tree(dir.path());
 
