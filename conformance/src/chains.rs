@@ -127,3 +127,12 @@ pub fn typical_chain(node: &Node, primary: Primary, last: Option<Value>) -> Vec<
     plugins.extend(last);
     plugins
 }
+
+/// A primary's config at `generation`: a ptp chain (with portmap and
+/// tuning) whose MTU changes with the generation, as a primary's restart or
+/// upgrade changes its file.
+pub fn primary_generation(node: &Node, net: &str, generation: u64) -> Value {
+    let mut plugins = typical_chain(node, Primary::Ptp, None);
+    plugins[0]["mtu"] = (1400 + generation).into();
+    conflist(net, "1.0.0", plugins)
+}

@@ -15,6 +15,7 @@
 //! the test fails, when its log is printed).
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 use testkit::FakeApiServer;
@@ -70,6 +71,28 @@ pub fn start(node: &Node, api: &FakeApiServer, extra: &[(&str, &str)]) -> Instal
     let mut cmd = node.netns().command(artifacts::installer());
     cmd.env_clear().envs(env.vars()).envs(extra.iter().copied());
     InstallerProcess::spawn(cmd, root.join("installer.log"))
+}
+
+/// Writes the primary's `conf` as `file`, starts the installer with its
+/// watch and a `resync` period, and waits (at most `within`) until the file
+/// is chained; panics with the installer's log otherwise.
+pub fn start_and_chain(
+    node: &Node,
+    api: &FakeApiServer,
+    file: &str,
+    conf: &Value,
+    resync: Duration,
+    within: Duration,
+) -> Installer {
+    node.write_conf(file, conf);
+    let inst = start(
+        node,
+        api,
+        &[("LINKERD_CNI_RESYNC_SECONDS", &resync.as_secs().to_string())],
+    );
+    node.wait_healthy(&expected_entry(node), conf, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    inst
 }
 
 /// The manifest's `cni_network_config` for this node: the chart's template
