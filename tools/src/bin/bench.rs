@@ -3,9 +3,7 @@
 //! more than two) so that the machine's slow phases hit all of them.
 //!
 //! ```text
-//! cargo build --release -p linkerd-cni -p linkerd-cni-installer
-//! LINKERD_CNI_BIN_DIR=target/$(rustc --print host-tuple)/release \
-//!     cargo run --profile tools -p linkerd-cni-tools --bin bench [-- --quick]
+//! bash scripts/tool.sh bench [--quick]
 //! ```
 //!
 //! Run as root (throwaway network namespaces, as the conformance tests).
