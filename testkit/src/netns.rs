@@ -177,3 +177,44 @@ pub(crate) fn spawn_in(
         .unwrap_or_else(|_| Err(std::io::Error::other("netns thread died")))?;
     Ok(handle)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "TESTKIT_UNPRIVILEGED_CHILD";
+
+    /// A root-only fixture run without root fails (never skips), and its
+    /// message names what needs root and how to run the tests. Checked by
+    /// running this very test again as `nobody`.
+    #[test]
+    fn root_only_fixture_fails_unprivileged_saying_so() {
+        if std::env::var_os(CHILD).is_some() {
+            let _ = TestNetns::new("unprivileged");
+            return;
+        }
+        crate::require_root("re-runs itself as nobody (setpriv)");
+        let exe = std::env::current_exe().expect("own executable");
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args([
+                "--exact",
+                "netns::tests::root_only_fixture_fails_unprivileged_saying_so",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("run setpriv");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "passed without root:\n{text}");
+        assert!(
+            text.contains("this test must run as root: it creates network namespaces")
+                && text.contains("sudo ./test.sh"),
+            "{text}"
+        );
+    }
+}
