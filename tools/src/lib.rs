@@ -13,3 +13,21 @@ pub mod leftovers;
 pub mod scenario;
 pub mod stats;
 pub mod stop;
+
+use std::process::ExitCode;
+
+/// The `main` of a tool named `name`: routes the signals to the stop flag
+/// (before any thread starts), runs `story`, then checks, with every guard
+/// of the story dropped, that nothing of the run is left; a run that left
+/// something fails even if its story succeeded.
+pub fn main(name: &str, story: fn() -> ExitCode) -> ExitCode {
+    if let Err(e) = stop::catch_signals() {
+        eprintln!("{name}: {e}");
+        return ExitCode::FAILURE;
+    }
+    let code = story();
+    if !leftovers::check(name) && code == ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
+    }
+    code
+}

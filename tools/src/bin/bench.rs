@@ -91,17 +91,7 @@ impl Plan {
 }
 
 fn main() -> ExitCode {
-    // First: the signals must be blocked before any thread starts.
-    if let Err(e) = stop::catch_signals() {
-        eprintln!("bench: {e}");
-        return ExitCode::FAILURE;
-    }
-    let code = story();
-    // Every guard of the story has run by now; check that they left nothing.
-    if !linkerd_cni_tools::leftovers::check("bench") && code == ExitCode::SUCCESS {
-        return ExitCode::FAILURE;
-    }
-    code
+    linkerd_cni_tools::main("bench", story)
 }
 
 fn story() -> ExitCode {
@@ -134,6 +124,16 @@ fn story() -> ExitCode {
             eprintln!("bench: {why}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Round `i`'s order of the two networks: alternated, so that neither
+/// always runs first.
+fn abab(i: usize) -> [&'static str; 2] {
+    if i.is_multiple_of(2) {
+        [WITH, WITHOUT]
+    } else {
+        [WITHOUT, WITH]
     }
 }
 
@@ -365,11 +365,7 @@ fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     let warmup = 3;
     for i in 0..plan.libcni_pairs + warmup {
         checkpoint()?;
-        let order = if i % 2 == 0 {
-            [WITH, WITHOUT]
-        } else {
-            [WITHOUT, WITH]
-        };
+        let order = abab(i);
         for net in order {
             let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
             let t0 = Instant::now();
@@ -816,11 +812,7 @@ fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         let (mut with, mut without) = (Samples::new(), Samples::new());
         for i in 0..rounds {
             checkpoint()?;
-            let order = if i % 2 == 0 {
-                [WITH, WITHOUT]
-            } else {
-                [WITHOUT, WITH]
-            };
+            let order = abab(i);
             for net in order {
                 let pods: Vec<_> = (0..n)
                     .map(|_| node.pod(PodSpec::kubernetes("bench", "meshed")))

@@ -31,17 +31,7 @@ const RESYNC: Duration = Duration::from_secs(3);
 const WIDTH: usize = 78;
 
 fn main() -> ExitCode {
-    // First: the signals must be blocked before any thread starts.
-    if let Err(e) = stop::catch_signals() {
-        eprintln!("demo: {e}");
-        return ExitCode::FAILURE;
-    }
-    let code = story();
-    // Every guard of the story has run by now; check that they left nothing.
-    if !linkerd_cni_tools::leftovers::check("demo") && code == ExitCode::SUCCESS {
-        return ExitCode::FAILURE;
-    }
-    code
+    linkerd_cni_tools::main("demo", story)
 }
 
 fn story() -> ExitCode {
