@@ -5,6 +5,10 @@
 //!   TLS with a bearer token, serving the pods, namespaces and services a
 //!   test registers, counting requests, and able to fail on purpose (401,
 //!   slow, down, 5xx). It can listen inside a network namespace.
+//! - [`api_watch`]: [`WatchApiServer`], a stateful one for long-running
+//!   clients: pods listed and watched with selectors, bookmarks and
+//!   `410 Gone`, deleted; Events posted; nodes patched; streams cut on
+//!   purpose.
 //! - [`objects`]: JSON builders for the pods, namespaces and services the
 //!   plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
@@ -20,6 +24,7 @@
 //! also when a test fails.
 
 pub mod api;
+pub mod api_watch;
 pub mod iptables;
 pub mod netns;
 pub mod objects;
@@ -27,8 +32,10 @@ pub mod pki;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 pub use api::{FakeApiServer, Mode};
+pub use api_watch::WatchApiServer;
 pub use netns::{NamedNetns, TestNetns};
 
 /// `prefix-<pid>-<n>`: unique on the machine for the life of this process.
@@ -62,5 +69,21 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Polls `f` until it returns true or `within` has passed; its last answer.
+/// For waiting on an effect another thread or process produces, with a
+/// generous deadline instead of a fixed sleep.
+pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
