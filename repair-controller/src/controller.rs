@@ -253,8 +253,11 @@ impl Controller {
             let Some(c) = self.pending.get(&key).cloned() else {
                 continue;
             };
+            let outcome = self.delete(&key, &c).await;
+            // From the end of the attempt: the next one then reaches the
+            // API server at least one backoff after this one did.
             self.backoff.record(&key, Instant::now());
-            match self.delete(&key, &c).await {
+            match outcome {
                 Deletion::Deleted => {
                     self.pending.remove(&key);
                     if let Some(uid) = &c.uid {
