@@ -9,11 +9,12 @@
 FROM rust:1.95-slim AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p linkerd-cni -p linkerd-cni-installer
+RUN cargo build --release --locked -p linkerd-cni -p linkerd-cni-installer -p linkerd-cni-repair-controller
 
 # No shell, no libc, no package manager: the readiness probe is the
 # installer's own `check` subcommand.
 FROM scratch
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni /opt/cni/bin/linkerd-cni
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni-installer /usr/local/bin/linkerd-cni-installer
+COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni-repair-controller /usr/lib/linkerd/linkerd-cni-repair-controller
 ENTRYPOINT ["/usr/local/bin/linkerd-cni-installer"]
