@@ -458,3 +458,15 @@ fn refuses_a_bad_command_line_with_a_clear_message() {
     assert!(err.contains("--log-format"), "{err}");
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn refuses_an_invalid_log_filter() {
+    let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
+        .args(["--node-name", "n", "--controller-pod-name", "p"])
+        .args(["--log-level", "linkerd=notalevel"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid --log-level"), "{err}");
+}
