@@ -163,6 +163,12 @@ impl Controller {
         assert!(ok, "never ready:\n{}", self.log_text());
     }
 
+    /// Ready, and its watch stream open.
+    fn wait_watching(&self, api: &WatchApiServer) {
+        self.wait_ready();
+        self.wait("an open watch", || api.open_watches() == 1);
+    }
+
     fn wait(&self, what: &str, f: impl FnMut() -> bool) {
         assert!(
             wait_until(DEADLINE, f),
@@ -363,7 +369,7 @@ fn resumes_the_watch_after_the_stream_is_cut() {
     let api = WatchApiServer::start();
     let conf = ConfDir::new(true);
     let ctl = Controller::start(&api, conf.path(), &[]);
-    ctl.wait_ready();
+    ctl.wait_watching(&api);
     let lists = || {
         api.requests()
             .iter()
@@ -378,6 +384,25 @@ fn resumes_the_watch_after_the_stream_is_cut() {
     assert_eq!(lists(), 1);
     let watches = api.requests().iter().filter(|r| r.is_watch()).count();
     assert!(watches >= 2, "{watches} watches");
+}
+
+#[test]
+fn watches_again_when_the_server_ends_the_watch() {
+    let api = WatchApiServer::start();
+    api.set_max_watch(Duration::from_millis(300));
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let watches = || api.requests().iter().filter(|r| r.is_watch()).count();
+    ctl.wait("watches ended and started again", || watches() >= 3);
+    api.put_pod(broken("shop", "web-1"));
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .count();
+    assert_eq!(lists, 1, "a timed-out watch resumes without a new list");
 }
 
 #[test]
@@ -400,6 +425,7 @@ fn relists_after_gone(style: GoneStyle) {
     ctl.wait("the pod held", || {
         ctl.metric("linkerd_cni_repair_controller_pods_pending") == Some(1.0)
     });
+    ctl.wait_watching(&api);
     // While the stream is down and the history expires, one pod goes and
     // another fails: only a new list tells.
     api.disconnect(true, |c| {
@@ -437,7 +463,7 @@ fn resumes_after_api_errors() {
     // The first list fails too.
     api.fail_next(2, 503);
     let ctl = Controller::start(&api, conf.path(), &[]);
-    ctl.wait_ready();
+    ctl.wait_watching(&api);
     api.fail_next(3, 500);
     api.disconnect(false, |c| c.put_pod(broken("shop", "web-1")));
     ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);

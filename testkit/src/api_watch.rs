@@ -13,7 +13,8 @@
 //! - watch streams as the real server sends them: chunked JSON lines,
 //!   `BOOKMARK`s while idle when asked for, an `ERROR` event with `410 Gone`
 //!   for an expired resource version (or, with [`GoneStyle::Http`], an HTTP
-//!   410 answer), the end of the stream at `timeoutSeconds`;
+//!   410 answer), the end of the stream at `timeoutSeconds` (which
+//!   [`WatchApiServer::set_max_watch`] can shorten);
 //! - `events.k8s.io/v1` Events: POST, kept for the test to read;
 //! - nodes: GET and PATCH (JSON merge patch, strategic merge patch as a
 //!   merge patch, JSON patch with add, remove, replace and test).
@@ -179,6 +180,10 @@ struct State {
     fail_next: Mutex<VecDeque<u16>>,
     gone_style: Mutex<GoneStyle>,
     bookmark_interval: Mutex<Duration>,
+    /// Caps every watch's `timeoutSeconds`.
+    max_watch: Mutex<Option<Duration>>,
+    /// Watch streams being served now.
+    open_watches: AtomicUsize,
     /// Bumped by `disconnect`: watches of an older generation are cut.
     generation: AtomicUsize,
     stopped: AtomicBool,
@@ -226,6 +231,8 @@ impl WatchApiServer {
             fail_next: Mutex::new(VecDeque::new()),
             gone_style: Mutex::new(GoneStyle::Event),
             bookmark_interval: Mutex::new(Duration::from_millis(200)),
+            max_watch: Mutex::new(None),
+            open_watches: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
         });
@@ -345,9 +352,21 @@ current-context: testkit
         *lock(&self.state.bookmark_interval) = d;
     }
 
+    /// Ends every watch cleanly after at most `d`, as kube-apiserver ends
+    /// them at their `timeoutSeconds` (which clients set to minutes).
+    pub fn set_max_watch(&self, d: Duration) {
+        *lock(&self.state.max_watch) = Some(d);
+    }
+
     /// The next `n` requests get `status` (e.g. 500, 503, 429).
     pub fn fail_next(&self, n: usize, status: u16) {
         lock(&self.state.fail_next).extend(std::iter::repeat_n(status, n));
+    }
+
+    /// Watch streams open now (a test that cuts streams waits for one, so
+    /// that it cuts a live stream rather than racing its start).
+    pub fn open_watches(&self) -> usize {
+        self.state.open_watches.load(Ordering::SeqCst)
     }
 
     /// Every request so far.
@@ -481,7 +500,15 @@ fn serve_connection(
 /// Streams watch events; Ok(true) after a clean end (timeout), Ok(false)
 /// when the stream is to be cut.
 fn serve_watch(w: &mut Tls, state: &State, req: WatchRequest) -> std::io::Result<bool> {
+    struct Open<'a>(&'a AtomicUsize);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
     let generation = state.generation.load(Ordering::SeqCst);
+    state.open_watches.fetch_add(1, Ordering::SeqCst);
+    let _open = Open(&state.open_watches);
     let started = Instant::now();
     let deadline = started + req.timeout;
     w.write_all(
@@ -702,9 +729,12 @@ fn list_or_watch(state: &State, req: &Request, namespace: Option<String>) -> Ans
         if from_rv < lock(&state.cluster).oldest_rv && *lock(&state.gone_style) == GoneStyle::Http {
             return Answer::Json(410, status_json(410, "too old resource version"));
         }
-        let timeout = param("timeoutSeconds")
+        let mut timeout = param("timeoutSeconds")
             .and_then(|t| t.parse().ok())
             .map_or(Duration::from_secs(300), Duration::from_secs);
+        if let Some(max) = *lock(&state.max_watch) {
+            timeout = timeout.min(max);
+        }
         return Answer::Watch(WatchRequest {
             namespace,
             selector,
