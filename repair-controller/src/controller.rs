@@ -206,7 +206,10 @@ impl Controller {
                 tracing::warn!(namespace = %key.0, pod = %key.1, "too many pods waiting for a repair; dropped");
                 return;
             }
-            tracing::info!(namespace = %key.0, pod = %key.1, "pod started without linkerd-cni's rules (linkerd-network-validator exited 95)");
+            // Once per pod, not again when a new list finds it still waiting.
+            if !self.pending.contains_key(&key) {
+                tracing::info!(namespace = %key.0, pod = %key.1, "pod started without linkerd-cni's rules (linkerd-network-validator exited 95)");
+            }
         }
         set.insert(
             key,
