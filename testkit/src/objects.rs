@@ -159,3 +159,50 @@ pub fn kubernetes_service(ports: &[(u16, Value)]) -> Value {
         "spec": {"clusterIP": "10.96.0.1", "type": "ClusterIP", "ports": ports},
     })
 }
+
+/// `pod` scheduled on `node` (`spec.nodeName`).
+pub fn on_node(mut pod: Value, node: &str) -> Value {
+    if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.insert("nodeName".into(), node.into());
+    }
+    pod
+}
+
+/// `pod` with the status of init container `container`: running after a
+/// previous run that exited with `last_exit_code` (as the kubelet reports a
+/// restarted container), or never terminated when None.
+pub fn with_init_status(mut pod: Value, container: &str, last_exit_code: Option<i32>) -> Value {
+    let mut status = json!({
+        "name": container,
+        "ready": false,
+        "restartCount": if last_exit_code.is_some() { 1 } else { 0 },
+        "image": format!("example/{container}:1.0"),
+        "imageID": "",
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {},
+    });
+    if let Some(code) = last_exit_code {
+        status["lastState"] = json!({"terminated": {
+            "exitCode": code, "reason": "Error",
+            "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:01Z",
+        }});
+    }
+    if let Some(st) = pod.get_mut("status").and_then(Value::as_object_mut) {
+        let list = st
+            .entry("initContainerStatuses")
+            .or_insert_with(|| Value::Array(vec![]));
+        if let Some(list) = list.as_array_mut() {
+            list.push(status);
+        }
+    }
+    pod
+}
+
+/// `pod` being deleted (`metadata.deletionTimestamp` set).
+pub fn being_deleted(mut pod: Value) -> Value {
+    if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("deletionTimestamp".into(), "2026-01-01T00:00:00Z".into());
+        meta.insert("deletionGracePeriodSeconds".into(), 30.into());
+    }
+    pod
+}
