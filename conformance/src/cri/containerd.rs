@@ -342,7 +342,17 @@ impl CriNode {
                 || cmdline(pid).contains(&dir_text)
                 || in_cgroup(pid, &c.cgroup_parent)
         };
-        for pid in kill_matching(stray) {
+        // Shims exit on their own once their last task is deleted, a
+        // moment after the call that deleted it returned.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while all_pids()
+            .into_iter()
+            .any(|p| p != std::process::id() && alive(p) && stray(p))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for pid in kill_matching(|p| alive(p) && stray(p)) {
             left.push(format!("process {pid} of containerd was still running"));
         }
         if let Some(pid) = all_pids().into_iter().find(|p| stray(*p)) {

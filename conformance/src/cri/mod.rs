@@ -26,7 +26,7 @@ pub mod containerd;
 // pub mod daemonset;
 pub mod grpc;
 pub mod image;
-// pub mod measure;
+pub mod measure;
 pub mod pods;
 pub mod wire;
 

@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use testkit::NamedNetns;
-use testkit::iptables::{default_save, nat_table};
+use testkit::iptables::{default_save, normalize_save};
 
 use super::api::SandboxStatus;
 use super::containerd::CriNode;
@@ -125,8 +125,23 @@ impl SandboxNetns {
     pub fn nat_tables(&self) -> Vec<(&'static str, String)> {
         SAVE_TOOLS
             .iter()
-            .map(|(tool, _)| (*tool, nat_table(self, tool)))
+            .map(|(tool, _)| (*tool, self.nat_table(tool)))
             .collect()
+    }
+
+    /// `<tool> -t nat` in the sandbox, normalized.
+    fn nat_table(&self, tool: &str) -> String {
+        let out =
+            sys::output(Command::new("ip").args(["netns", "exec", &self.name, tool, "-t", "nat"]));
+        assert!(
+            out.status.success(),
+            "{tool} -t nat in sandbox netns {} failed ({}): {}{}",
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        normalize_save(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// Whether any linkerd-cni chain is in any nat table.
