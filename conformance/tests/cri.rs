@@ -7,11 +7,13 @@
 use conformance::chains::{self, Primary};
 use conformance::cri::CriNode;
 use conformance::cri::grpc::GrpcError;
-use conformance::cri::measure;
+use conformance::cri::{daemonset, measure};
 use conformance::expect::reserved_ips;
 use conformance::kube::{self, APP_NAMESPACE};
 use conformance::{Node, PodSpec};
+use conformance::{artifacts, installer};
 use serde_json::Value;
+use std::time::Duration;
 use testkit::FakeApiServer;
 
 /// A CRI node with the API server running and the typical chain, linkerd-cni
@@ -259,4 +261,151 @@ fn primary_rewrite_without_linkerd_cni_measured_inline() {
     assert_eq!(report.pods, 6);
     assert!(report.broken.is_empty(), "{:#?}", report.broken);
     assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+}
+
+/// linkerd-cni's image, run as the DaemonSet runs it, installs the plugin
+/// and its entry; its readiness probe passes inside the container; then
+/// pods created through CRI are meshed.
+#[test]
+fn the_image_run_as_the_daemonset_runs_it_meshes_pods() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("ds");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Ptp, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
+
+    let mut ds = daemonset::start(&node, &api, &installer::template(&node), |name| {
+        artifacts::workspace_bin(name, name)
+    });
+    ds.wait_ready(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("readiness probe: {e}"));
+
+    // Started as the manifest says: read-only root, no capability, host
+    // network, the /host mounts.
+    let info: Value =
+        serde_json::from_str(&daemonset::ctr_ok(&node, &["containers", "info", ds.id()])).unwrap();
+    let spec = &info["Spec"];
+    assert_eq!(spec["root"]["readonly"], true, "{spec}");
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ] {
+        let caps = spec["process"]["capabilities"][set].as_array();
+        assert!(caps.is_none_or(|c| c.is_empty()), "{set}: {caps:?}");
+    }
+    let namespaces: Vec<&str> = spec["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["type"].as_str())
+        .collect();
+    assert!(
+        !namespaces.contains(&"network"),
+        "not host network: {namespaces:?}"
+    );
+    let pid = ds.pid().expect("the container's pid");
+    for (k, v) in daemonset::capabilities(pid) {
+        if k != "CapAmb" || !v.is_empty() {
+            assert_eq!(
+                u64::from_str_radix(&v, 16).unwrap(),
+                0,
+                "{k} of the installer"
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        std::fs::read_link(format!("/proc/{}/ns/net", node.containerd_pid())).unwrap(),
+        "the installer is not in the node's network namespace"
+    );
+
+    // What it installed: the plugin (a copy, not a link), its entry last,
+    // loaded by containerd.
+    let plugin = node.bin_dir().join("linkerd-cni");
+    assert!(plugin.symlink_metadata().unwrap().file_type().is_file());
+    assert_eq!(
+        std::fs::read(&plugin).unwrap(),
+        std::fs::read(artifacts::linkerd_cni()).unwrap()
+    );
+    let chain = node.wait_cni_loaded("the chain with linkerd-cni", |s| {
+        s.iter().any(|t| t.contains("linkerd-cni"))
+    });
+    let ours: Value = serde_json::from_str(&chain[1]).unwrap();
+    assert_eq!(types(&ours), ["ptp", "portmap", "tuning", "linkerd-cni"]);
+
+    kube::serve_meshed(&api, "web-0");
+    kube::serve_unmeshed(&api, "db-0");
+    let meshed = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let unmeshed = node.run_pod(APP_NAMESPACE, "db-0").unwrap();
+    meshed.netns().expect_reference_rules();
+    unmeshed.netns().expect_no_rules();
+    meshed.stop_and_remove().unwrap();
+    unmeshed.stop_and_remove().unwrap();
+    assert!(reserved_ips(&node, &net).is_empty());
+    // Still ready after serving pods.
+    assert_eq!(ds.probe().0, 0, "{}", ds.log());
+    drop(ds);
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// A process's identity: pid and start time (pids are reused).
+fn process_identity(pid: u32) -> Option<(u32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, starttime field 22.
+    (fields.first() != Some(&"Z")).then(|| (pid, fields.get(19).unwrap_or(&"").to_string()))
+}
+
+/// A test that fails half-way (a sandbox running, containerd serving)
+/// still leaves nothing: the Drop guards stop and remove it all.
+#[test]
+fn a_failing_test_leaves_nothing_behind() {
+    let seen = std::sync::Mutex::new(None);
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (node, api, _net) = meshing_node();
+        kube::serve_meshed(&api, "web-0");
+        let sbx = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+        let pause = sbx.status().pid().unwrap();
+        *seen.lock().unwrap() = Some((
+            [node.containerd_pid(), pause].map(|p| process_identity(p).unwrap()),
+            node.dir().to_path_buf(),
+            node.netns().path().to_path_buf(),
+            node.cgroup_parent().to_string(),
+        ));
+        panic!("deliberate panic: the Drop guards must still clean up");
+    }));
+    assert!(res.is_err());
+    let (processes, dir, netns, cgroup) = seen.into_inner().unwrap().unwrap();
+    for (pid, started) in processes {
+        assert_ne!(
+            process_identity(pid),
+            Some((pid, started)),
+            "process {pid} still running"
+        );
+    }
+    for p in [&dir, &netns] {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    for line in mounts.lines().filter(|l| l.contains(" cgroup")) {
+        let mnt = line.split(' ').nth(1).unwrap();
+        let d = std::path::Path::new(mnt).join(&cgroup);
+        assert!(!d.exists(), "{} left behind", d.display());
+    }
+    assert!(
+        !mounts.contains(&dir.display().to_string()),
+        "mounts under {} left behind",
+        dir.display()
+    );
 }

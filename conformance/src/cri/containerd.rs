@@ -109,8 +109,12 @@ struct Containerd {
     dir: PathBuf,
     socket: PathBuf,
     log: PathBuf,
-    /// `mnt:[inode]` of containerd's mount namespace.
+    /// `mnt:[inode]` of containerd's mount namespace, and an open handle on
+    /// it: namespace inode numbers are reused once a namespace is gone, so
+    /// the handle keeps the number ours until teardown has finished
+    /// matching processes by it.
     mnt_ns: String,
+    mnt_ns_handle: Option<File>,
     cgroup_parent: String,
     cri: Cri,
 }
@@ -134,6 +138,10 @@ impl std::ops::Deref for CriNode {
 impl CriNode {
     /// Starts containerd on `node` and imports the pause image. Panics
     /// with what failed (a broken environment, not an outcome).
+    ///
+    /// containerd is killed when the thread that called this ends
+    /// (`PR_SET_PDEATHSIG` follows the parent thread): keep the node on the
+    /// thread that started it.
     pub fn start(node: Node) -> CriNode {
         require_tools();
         let dir = node.dir().join("containerd");
@@ -147,9 +155,13 @@ impl CriNode {
         let log = dir.join("containerd.log");
         let child = spawn_containerd(&node, &config, &log);
         let pid = child.id();
-        let mnt_ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-            .map(|l| l.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let mnt_ns_handle = File::open(format!("/proc/{pid}/ns/mnt")).ok();
+        let mnt_ns = match &mnt_ns_handle {
+            Some(_) => std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            None => String::new(),
+        };
         let mut me = CriNode {
             containerd: None,
             node,
@@ -188,6 +200,7 @@ impl CriNode {
             socket,
             log,
             mnt_ns,
+            mnt_ns_handle,
             cgroup_parent,
             cri,
         });
@@ -358,6 +371,8 @@ impl CriNode {
         if let Some(pid) = all_pids().into_iter().find(|p| stray(*p)) {
             left.push(format!("process {pid} of containerd survived SIGKILL"));
         }
+        // The namespace (and its tmpfs mounts) goes with its last user.
+        drop(c.mnt_ns_handle.take());
         left.extend(remove_cgroups(&c.cgroup_parent));
         if mounted_under(&c.dir) {
             left.push(format!("mounts under {} on the machine", c.dir.display()));

@@ -23,7 +23,7 @@
 
 pub mod api;
 pub mod containerd;
-// pub mod daemonset;
+pub mod daemonset;
 pub mod grpc;
 pub mod image;
 pub mod measure;
