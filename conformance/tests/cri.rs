@@ -409,3 +409,15 @@ fn a_failing_test_leaves_nothing_behind() {
         dir.display()
     );
 }
+
+/// The benchmark's measurement works (its figures are for BENCHMARKS.md;
+/// no test asserts on time).
+#[test]
+fn sandbox_creation_benchmark_measures_both_chains() {
+    let times = measure::sandbox_creation(2);
+    for s in [&times.with_linkerd, &times.without_linkerd] {
+        assert_eq!(s.len(), 2);
+        assert!(s.values().iter().all(|v| v.is_finite() && *v > 0.0));
+    }
+    assert!(times.markdown().contains("Ratio of medians"));
+}

@@ -20,7 +20,7 @@ use crate::chains::{self, Primary};
 use crate::installer::Installer;
 use crate::kube::{self, APP_NAMESPACE};
 use crate::node::Node;
-use crate::stats::Samples;
+use crate::stats::{self, Samples};
 
 /// One way of keeping linkerd-cni's entry in the node's active chain.
 pub trait ChainKeeping {
@@ -228,4 +228,25 @@ pub fn sandbox_creation(pairs: usize) -> CreationTimes {
         assert!(left.is_empty(), "left behind: {left:?}");
     }
     times
+}
+
+impl CreationTimes {
+    /// The benchmark's table, in the format of BENCHMARKS.md.
+    pub fn markdown(&self) -> String {
+        let (a, b) = (&self.with_linkerd, &self.without_linkerd);
+        let diff = stats::paired_differences(a, b);
+        format!(
+            "| chain (containerd CRI, RunPodSandbox of a pod) | median [p10–p90] |\n\
+             |---|---|\n\
+             | ptp → portmap → tuning → linkerd-cni (meshed pod) | {} |\n\
+             | ptp → portmap → tuning | {} |\n\n\
+             {} pairs, interleaved. Ratio of medians with / without: **{}×**; \
+             per-pair difference: {}.\n",
+            a.summary("ms"),
+            b.summary("ms"),
+            a.len(),
+            stats::fmt_num(stats::ratio(a, b)),
+            diff.summary("ms"),
+        )
+    }
 }
