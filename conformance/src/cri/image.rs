@@ -40,7 +40,7 @@ impl Image {
         let layer = self.layer_tar();
         let layer_digest = sha256(&layer);
         let config = json!({
-            "architecture": "amd64",
+            "architecture": oci_arch(),
             "os": "linux",
             "config": {"Entrypoint": self.entrypoint, "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]},
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
@@ -70,7 +70,7 @@ impl Image {
                 "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "digest": format!("sha256:{manifest_digest}"),
                 "size": manifest.len(),
-                "platform": {"architecture": "amd64", "os": "linux"},
+                "platform": {"architecture": oci_arch(), "os": "linux"},
                 "annotations": {
                     "io.containerd.image.name": self.name,
                     "org.opencontainers.image.ref.name": tag,
@@ -121,6 +121,17 @@ impl Image {
     pub fn write_archive(&self, path: &Path) {
         std::fs::write(path, self.oci_archive())
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+    }
+}
+
+/// This machine's architecture as OCI names it (containerd unpacks only
+/// images for its platform).
+fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
     }
 }
 
