@@ -174,7 +174,11 @@ fn kube_cli(args: &[&str]) -> ExitCode {
                 Ok(s) if s > 0.0 && s <= 300.0 => {
                     timeout = std::time::Duration::from_secs_f64(s);
                 }
-                _ => return fail(&format!("--timeout-seconds {value:?}: expected 0 < N <= 300")),
+                _ => {
+                    return fail(&format!(
+                        "--timeout-seconds {value:?}: expected 0 < N <= 300"
+                    ));
+                }
             },
             _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
         }

@@ -92,7 +92,11 @@ pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
 }
 
 /// ADD, every step ending by `deadline`.
-pub fn add_until(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<(), CniError> {
+pub fn add_until(
+    inv: &Invocation,
+    config: &PluginConfig,
+    deadline: Instant,
+) -> Result<(), CniError> {
     let plan = match decide_until(inv, config, deadline)? {
         Decision::PassThrough(why) => {
             log::info!("ADD: nothing to do: {why}");
@@ -234,7 +238,12 @@ pub fn decide_until(
     let remaining = deadline.saturating_duration_since(Instant::now());
     let client = Client::new(api, config.api_budget.min(remaining));
     let api_failed = |what: &str, e: ApiError| {
-        past_deadline(config, deadline, "asking the Kubernetes API", api_error(what, e))
+        past_deadline(
+            config,
+            deadline,
+            "asking the Kubernetes API",
+            api_error(what, e),
+        )
     };
 
     let pod = match client.pod(namespace, name) {

@@ -410,7 +410,10 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         }
         Mode::Normal | Mode::Slow(_) => {}
     }
-    let bearer = req.authorization.as_deref().and_then(|a| a.strip_prefix("Bearer "));
+    let bearer = req
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "));
     let valid = bearer.is_some_and(|b| {
         (b == token || lock(&state.extra_tokens).iter().any(|t| t == b))
             && !lock(&state.revoked).iter().any(|t| t == b)

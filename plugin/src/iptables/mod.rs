@@ -60,7 +60,9 @@ impl Driver {
     /// before the deadline.
     fn step_timeout(&self) -> Duration {
         match self.deadline {
-            Some(d) => self.timeout.min(d.saturating_duration_since(Instant::now())),
+            Some(d) => self
+                .timeout
+                .min(d.saturating_duration_since(Instant::now())),
             None => self.timeout,
         }
     }

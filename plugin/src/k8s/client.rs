@@ -173,7 +173,9 @@ impl Client {
     }
 
     pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
-        self.get(&format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"))
+        self.get(&format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ))
     }
 
     /// Service `default/kubernetes`: the API server's ports.

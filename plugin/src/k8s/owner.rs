@@ -38,9 +38,14 @@ impl fmt::Display for OwnerState {
             OwnerState::Present { daemonset } => {
                 write!(f, "DaemonSet {daemonset} exists and is not being deleted")
             }
-            OwnerState::Gone { daemonset, why } => write!(f, "DaemonSet {daemonset} is gone: {why}"),
+            OwnerState::Gone { daemonset, why } => {
+                write!(f, "DaemonSet {daemonset} is gone: {why}")
+            }
             OwnerState::Deleting { daemonset } => {
-                write!(f, "DaemonSet {daemonset} is being deleted (deletionTimestamp set)")
+                write!(
+                    f,
+                    "DaemonSet {daemonset} is being deleted (deletionTimestamp set)"
+                )
             }
         }
     }
@@ -69,10 +74,12 @@ pub enum OwnerError {
 /// DaemonSet's state.
 pub fn daemonset_of(client: &Client, namespace: &str, pod: &str) -> Result<OwnerState, OwnerError> {
     let pod_id = format!("{namespace}/{pod}");
-    let p = client.pod(namespace, pod).map_err(|source| OwnerError::Pod {
-        pod: pod_id.clone(),
-        source,
-    })?;
+    let p = client
+        .pod(namespace, pod)
+        .map_err(|source| OwnerError::Pod {
+            pod: pod_id.clone(),
+            source,
+        })?;
     let owner = p
         .metadata
         .owner_references
@@ -92,7 +99,11 @@ pub fn daemonset_of(client: &Client, namespace: &str, pod: &str) -> Result<Owner
         // A DaemonSet deleted and created again under the same name (helm
         // uninstall then install, kubectl replace --force) has new pods that
         // take the node over: leaving the node as it is serves them best.
-        Ok(ds) if !owner.uid.is_empty() && !ds.metadata.uid.is_empty() && ds.metadata.uid != owner.uid => {
+        Ok(ds)
+            if !owner.uid.is_empty()
+                && !ds.metadata.uid.is_empty()
+                && ds.metadata.uid != owner.uid =>
+        {
             log::info!(
                 "DaemonSet {daemonset} was recreated (uid {} instead of {}): its new pods take over",
                 ds.metadata.uid,
