@@ -16,4 +16,5 @@ RUN cargo build --release --locked -p linkerd-cni -p linkerd-cni-installer
 FROM scratch
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni /opt/cni/bin/linkerd-cni
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni-installer /usr/local/bin/linkerd-cni-installer
+COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/linkerd-cni-sh /bin/sh
 ENTRYPOINT ["/usr/local/bin/linkerd-cni-installer"]

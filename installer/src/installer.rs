@@ -74,7 +74,19 @@ impl Installer {
     /// the next pass.
     pub fn reconcile(&mut self) {
         let bins_ok = self.reconcile_binaries();
-        self.reconcile_kubeconfig();
+        if !self.reconcile_kubeconfig() {
+            // The plugin could not look any pod up: every ADD outside the
+            // exempt namespaces would fail. Chain nothing (what is already
+            // there stays: the plugin passes pods through when its
+            // credentials are rejected).
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                "writing no entry and leaving the chain alone until the kubeconfig can be written"
+                    .to_string(),
+            );
+            return;
+        }
         let entry = self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
@@ -117,21 +129,28 @@ impl Installer {
         ok
     }
 
-    fn reconcile_kubeconfig(&mut self) {
+    /// Whether the kubeconfig is current.
+    fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
         match kubeconfig::ensure(&self.cfg) {
-            Ok(None) => self
-                .notes
-                .clear("kubeconfig", || format!("{} is current", path.display())),
+            Ok(None) => {
+                self.notes
+                    .clear("kubeconfig", || format!("{} is current", path.display()));
+                true
+            }
             Ok(Some(before)) => {
                 log::info!("wrote {}: it was {before}", path.display());
                 self.notes.forget("kubeconfig");
+                true
             }
-            Err(e) => self.notes.say(
-                "kubeconfig",
-                Level::Error,
-                format!("cannot write the kubeconfig {}: {e}", path.display()),
-            ),
+            Err(e) => {
+                self.notes.say(
+                    "kubeconfig",
+                    Level::Error,
+                    format!("cannot write the kubeconfig {}: {e}", path.display()),
+                );
+                false
+            }
         }
     }
 

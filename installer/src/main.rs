@@ -9,6 +9,7 @@ mod fsutil;
 mod installer;
 mod kubeconfig;
 mod notes;
+mod owner;
 mod run;
 mod signals;
 mod watch;

@@ -34,8 +34,9 @@ USAGE:
     linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
                             [--timeout-seconds N]
                             whether the DaemonSet controlling pod NS/NAME is
-                            gone (NotFound) or being deleted: exit 0 gone,
-                            1 present, 2 cannot tell (the reason on stderr).
+                            gone (NotFound) or being deleted: exit 0 and
+                            \"gone: ...\" on stdout; exit 1 and \"present: ...\";
+                            exit 2: cannot tell (the reason on stderr).
                             Every API call ends within N seconds (default 5).
                             The installer asks this at SIGTERM.
 
@@ -193,13 +194,15 @@ fn kube_cli(args: &[&str]) -> ExitCode {
     };
     let client = linkerd_cni::k8s::Client::new(api, timeout);
     match linkerd_cni::k8s::owner::daemonset_of(&client, &namespace, &pod) {
+        // The verdict word leads stdout: the installer uninstalls only on
+        // exit 0 AND "gone:", so no other program can make it uninstall.
+        Ok(state) if state.is_gone() => {
+            println!("gone: {state}");
+            ExitCode::SUCCESS
+        }
         Ok(state) => {
-            println!("{state}");
-            if state.is_gone() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
+            println!("present: {state}");
+            ExitCode::from(1)
         }
         Err(e) => fail(&format!("cannot tell: {e}")),
     }

@@ -53,8 +53,14 @@ impl Cluster {
 }
 
 fn expect(o: &Output, code: i32, says: &str) {
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let text = format!("{out}{}", stderr(o));
     assert_eq!(o.status.code(), Some(code), "{text}");
+    match code {
+        0 => assert!(out.starts_with("gone: "), "{text}"),
+        1 => assert!(out.starts_with("present: "), "{text}"),
+        _ => assert!(out.is_empty(), "{text}"),
+    }
     assert!(text.contains(says), "expected {says:?} in: {text}");
 }
 
