@@ -41,6 +41,17 @@ impl Installer {
     /// `LINKERD_CNI_WATCH`, `LINKERD_CNI_RESYNC_SECONDS`). The entry
     /// template is [`template`]`(node)`.
     pub fn start(node: &Node, api: &FakeApiServer, extra: &[(&str, &str)]) -> Installer {
+        Self::start_with_token(node, api, api.token(), extra)
+    }
+
+    /// [`Installer::start`], with `token` (e.g. [`FakeApiServer::issue_token`],
+    /// one per installer pod, revocable) as its service-account token.
+    pub fn start_with_token(
+        node: &Node,
+        api: &FakeApiServer,
+        token: &str,
+        extra: &[(&str, &str)],
+    ) -> Installer {
         let root = node.scratch_dir().join(sys::unique_name("installer"));
         let prefix = root.join("host");
         let image_bin = root.join("image-bin");
@@ -58,7 +69,7 @@ impl Installer {
         // The image's binaries: the plugin, freshly built.
         symlink(&artifacts::linkerd_cni(), &image_bin.join("linkerd-cni"));
         for (name, content) in [
-            ("token", api.token()),
+            ("token", token),
             ("ca.crt", api.ca_pem()),
             ("namespace", "linkerd-cni"),
         ] {
@@ -100,6 +111,28 @@ impl Installer {
     /// Its stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM, as the kubelet does when the pod is deleted.
+    pub fn terminate(&self) {
+        // SAFETY: kill(2) on our own child, which is not reaped yet (this
+        // owns it, and only `wait_exit` and drop reap it).
+        let r = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        assert_eq!(r, 0, "cannot signal the installer");
+    }
+
+    /// Waits at most `within` for it to exit.
+    pub fn wait_exit(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Whether it is still running (it must be: it exits only on a signal
