@@ -37,6 +37,10 @@ pub struct Installer {
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
+    /// When the last pass held a repair back (another agent keeps undoing
+    /// it), the time it is allowed again: the loop wakes then rather than
+    /// at the next resync.
+    retry_at: Option<Instant>,
 }
 
 impl Installer {
@@ -47,7 +51,13 @@ impl Installer {
             notes: Notes::default(),
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
+            retry_at: None,
         }
+    }
+
+    /// When the last pass held a repair back, when to try again.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 
     pub fn config(&self) -> &Config {
@@ -73,6 +83,7 @@ impl Installer {
     /// One pass. Never fails: every problem is logged (once) and retried on
     /// the next pass.
     pub fn reconcile(&mut self) {
+        self.retry_at = None;
         let bins_ok = self.reconcile_binaries();
         if !self.reconcile_kubeconfig() {
             // The plugin could not look any pod up: every ADD outside the
@@ -240,10 +251,14 @@ impl Installer {
         }
         let now = Instant::now();
         if !self.fights.allow(&active, now) {
+            self.retry_at = Some(self.fights.next_allowed(&active, now));
             self.notes.say(
                 "chain",
                 Level::Warn,
-                format!("{found}; not repairing it again yet (another agent keeps undoing it)"),
+                format!(
+                    "{found}; not repairing it again yet (another agent keeps undoing it); \
+                     retrying as soon as the rate limit allows"
+                ),
             );
             return;
         }

@@ -5,7 +5,8 @@
 //! first reconcile, so a change made while that reconcile runs wakes the loop
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
-//! resync period.
+//! resync period. A repair held back by the fight rate limit wakes the
+//! loop at the time the limit allows it.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -86,7 +87,13 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
         let started = Instant::now();
         inst.reconcile();
-        match wait(&signals, watcher.as_mut(), started + cfg.resync) {
+        // A repair held back by the rate limit is retried as soon as the
+        // limit allows, not a whole resync later.
+        let next = match inst.retry_at() {
+            Some(t) => t.min(started + cfg.resync),
+            None => started + cfg.resync,
+        };
+        match wait(&signals, watcher.as_mut(), next) {
             Wake::Timer | Wake::Event => {}
             Wake::Signal(sig) => return shutdown(&inst, sig),
         }
