@@ -138,3 +138,62 @@ fn run(bin: &PathBuf, kubeconfig: &Path, namespace: &str, pod: &str, bound: Dura
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Only exit 0 with `gone:` uninstalls; a hung child is killed at the
+    /// bound.
+    #[test]
+    fn verdicts_from_the_childs_answer() {
+        let dir = std::env::temp_dir().join(format!("lcni-owner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kc = dir.join("kubeconfig");
+        std::fs::write(&kc, "").unwrap();
+        let script = |name: &str, body: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let ask = |p: &PathBuf, bound| run(p, &kc, "linkerd-cni", "linkerd-cni-x", bound);
+        let long = Duration::from_secs(10);
+        let gone = script(
+            "gone",
+            r#"echo "gone: DaemonSet linkerd-cni/x is gone: not found""#,
+        );
+        assert!(matches!(ask(&gone, long), Verdict::Gone(s) if s.contains("not found")));
+        let present = script("present", "echo 'present: exists'; exit 1");
+        assert!(matches!(ask(&present, long), Verdict::Present(_)));
+        // Exit 0 alone (a stand-in binary, `true`) is not an answer.
+        let silent = script("silent", "exit 0");
+        assert!(matches!(ask(&silent, long), Verdict::Unknown(_)));
+        let wrong = script("wrong", "echo 'gone: x'; exit 1");
+        assert!(matches!(ask(&wrong, long), Verdict::Unknown(_)));
+        let err = script("err", "echo 'cannot tell: HTTP 403' >&2; exit 2");
+        assert!(matches!(ask(&err, long), Verdict::Unknown(s) if s.contains("HTTP 403")));
+        assert!(matches!(
+            ask(&dir.join("missing"), long),
+            Verdict::Unknown(s) if s.contains("cannot run")
+        ));
+        // The args it is given are the documented ones.
+        let args = script(
+            "args",
+            r#"[ "$*" = "kube daemonset-gone --kubeconfig KC --namespace linkerd-cni --pod linkerd-cni-x --timeout-seconds 5" ] && echo 'gone: ok'"#
+                .replace("KC", kc.to_str().unwrap())
+                .as_str(),
+        );
+        assert!(matches!(ask(&args, long), Verdict::Gone(_)));
+        let start = Instant::now();
+        let hung = script("hung", "exec sleep 30");
+        let v = ask(&hung, Duration::from_millis(300));
+        assert!(
+            matches!(&v, Verdict::Unknown(s) if s.contains("killed")),
+            "{v:?}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
