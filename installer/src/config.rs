@@ -400,7 +400,7 @@ fn is_plain_file_name(name: &str) -> bool {
 /// Whether a runtime would load a file of this name as a network config
 /// (the chain library's rule, so both agree).
 pub fn has_config_extension(name: &str) -> bool {
-    linkerd_cni::chain::is_config_name(std::ffi::OsStr::new(name))
+    linkerd_cni_chain::is_config_name(std::ffi::OsStr::new(name))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::chain::{self, FightDetector, RepairOptions};
+use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, write};
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
@@ -68,15 +68,24 @@ impl Installer {
         &self.bins
     }
 
-    /// Removes temp files a crashed predecessor left behind.
+    /// Removes temp files a crashed predecessor left behind. In the conf dir
+    /// under its lock: a plugin's repair may be writing one there right now.
     pub fn clean_stale_temps(&self) {
-        for dir in [self.cfg.bin_dir(), self.cfg.conf_dir()] {
-            for p in fsutil::remove_stale_temps(&dir) {
-                log::info!(
-                    "removed {}: a temp file left by an interrupted write",
-                    p.display()
-                );
-            }
+        let conf_dir = self.cfg.conf_dir();
+        let mut removed = write::remove_leftovers(&self.cfg.bin_dir());
+        match chain::lock_dir(&conf_dir, RepairOptions::default().lock_timeout, None) {
+            Ok(_lock) => removed.extend(write::remove_leftovers(&conf_dir)),
+            // The next repair removes them, under the lock.
+            Err(e) => log::warn!(
+                "leftover temp files in {} stay for now: {e}",
+                conf_dir.display()
+            ),
+        }
+        for p in removed {
+            log::info!(
+                "removed {}: a temp file left by an interrupted write",
+                p.display()
+            );
         }
     }
 

@@ -20,6 +20,10 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::fsutil::{self, FsError};
 
+/// The most to wait for the conf-dir lock before writing; past it the pass
+/// reports the error and the next one tries again.
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub const MODE: u32 = 0o600;
 pub const CONTEXT: &str = "linkerd-cni-context";
 
@@ -211,6 +215,11 @@ pub fn ensure(cfg: &Config) -> Result<Option<KubeconfigState>, KubeconfigError> 
     match state(cfg, &want)? {
         KubeconfigState::Current => Ok(None),
         before => {
+            // It lives in the conf dir, where temp files exist only under
+            // the conf-dir lock (a lock holder removes any other as a
+            // leftover).
+            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
+                .map_err(FsError::from)?;
             fsutil::write_atomic(&cfg.kubeconfig_path(), want.text().as_bytes(), MODE)?;
             Ok(Some(before))
         }

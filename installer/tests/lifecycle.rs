@@ -355,3 +355,29 @@ fn uninstall_without_a_conf_dir() {
     );
     assert!(file_names(&node.bin_dir).is_empty());
 }
+
+/// Temp files an interrupted write left (ours, recognised by name) go at
+/// start: in the bin dir, and in the conf dir (under its lock) even before
+/// any primary config exists, when no repair would remove them. Other
+/// dotfiles stay.
+#[test]
+fn leftover_temp_files_are_removed_at_start() {
+    let node = Node::new("leftovers");
+    let bin_tmp = node.bin_dir.join(".linkerd-cni-tmp-1-2-3");
+    let conf_tmp = node.conf(".linkerd-cni-tmp-4-5-6");
+    let other = node.conf(".other-tmp");
+    for p in [&bin_tmp, &conf_tmp, &other] {
+        fs::write(p, "half").unwrap();
+    }
+    let inst = node.start(FAST);
+    assert!(
+        wait_until(RESYNC + GRACE, || !bin_tmp.exists() && !conf_tmp.exists()),
+        "{}",
+        inst.log()
+    );
+    assert!(other.exists());
+    assert!(
+        inst.log()
+            .contains("a temp file left by an interrupted write")
+    );
+}

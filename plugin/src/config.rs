@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 
 use crate::cni::config::short;
 use crate::cni::{CniError, NetConf, code};
+use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
@@ -101,6 +102,9 @@ pub struct PluginConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `kubernetes.api-budget-seconds`: total time for all API calls of one ADD.
     pub api_budget: Duration,
+    /// `kubernetes.allow-plain-http`: accept an `http://` API server (the
+    /// token then crosses the network in clear). Default false.
+    pub allow_plain_http: bool,
     pub proxy: ProxyInit,
     /// `exempt-namespaces`: pods here pass through without any API call.
     pub exempt_namespaces: Vec<String>,
@@ -126,6 +130,7 @@ impl Default for PluginConfig {
             log_level: LevelFilter::Warn,
             kubeconfig: None,
             api_budget: DEFAULT_API_BUDGET,
+            allow_plain_http: false,
             proxy: ProxyInit::default(),
             exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
@@ -186,6 +191,9 @@ impl PluginConfig {
             if let Some(d) = k8s.seconds("api-budget-seconds")? {
                 c.api_budget = d;
             }
+            if let Some(b) = k8s.bool("allow-plain-http")? {
+                c.allow_plain_http = b;
+            }
         }
         if let Some(l) = top.object("linkerd")? {
             let p = &mut c.proxy;
@@ -195,10 +203,10 @@ impl PluginConfig {
             if let Some(v) = l.port("outgoing-proxy-port")? {
                 p.outgoing_proxy_port = v;
             }
-            if let Some(v) = l.int("proxy-uid")? {
+            if let Some(v) = l.owner_id("proxy-uid")? {
                 p.proxy_uid = v;
             }
-            if let Some(v) = l.int("proxy-gid")? {
+            if let Some(v) = l.owner_id("proxy-gid")? {
                 p.proxy_gid = v;
             }
             if let Some(v) = l.ports("ports-to-redirect")? {
@@ -285,12 +293,23 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn int(&self, k: &str) -> Result<Option<i64>, CniError> {
+    /// A uid or gid iptables' owner match takes, or -1/0 for none: a value
+    /// iptables refuses would otherwise fail every meshed pod's ADD.
+    fn owner_id(&self, k: &str) -> Result<Option<i64>, CniError> {
         match self.get(k) {
             None => Ok(None),
             Some(v) => int_of(v)
+                .filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
                 .map(Some)
-                .ok_or_else(|| bad(&self.key(k), v, "an integer")),
+                .ok_or_else(|| {
+                    bad(
+                        &self.key(k),
+                        v,
+                        &format!(
+                            "an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)"
+                        ),
+                    )
+                }),
         }
     }
 
@@ -453,6 +472,20 @@ mod tests {
             assert_eq!(e.code, code::INVALID_CONFIG);
             assert!(e.msg.contains(&format!("{key:?}")), "{json}: {}", e.msg);
         }
+    }
+
+    #[test]
+    fn proxy_ids_are_range_checked() {
+        for v in ["4294967295", "99999999999", "-2", "\"4294967296\""] {
+            for key in ["proxy-uid", "proxy-gid"] {
+                let e = parse(&format!(r#"{{"linkerd":{{"{key}":{v}}}}}"#)).unwrap_err();
+                assert_eq!(e.code, code::INVALID_CONFIG, "{key}={v}");
+                assert!(e.msg.contains(&format!("linkerd.{key}")), "{}", e.msg);
+                assert!(e.details.contains("-1 to 4294967294"), "{}", e.details);
+            }
+        }
+        let c = parse(r#"{"linkerd":{"proxy-uid":4294967294,"proxy-gid":-1}}"#).unwrap();
+        assert_eq!((c.proxy.proxy_uid, c.proxy.proxy_gid), (4294967294, -1));
     }
 
     mod fuzz {

@@ -5,11 +5,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
-use linkerd_cni::config::DEFAULT_CONF_DIR;
+use linkerd_cni::config::{DEFAULT_CONF_DIR, PluginConfig};
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
+use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
 
 const USAGE: &str = "\
 linkerd-cni: chained CNI plugin that redirects meshed pods' traffic through
@@ -110,6 +110,7 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         "status" => match chain::diagnose(&conf_dir, &desired) {
             Ok(d) => {
                 print!("{d}");
+                print_transport_warnings(&desired);
                 if d.is_healthy() {
                     ExitCode::SUCCESS
                 } else {
@@ -208,13 +209,38 @@ fn kube_cli(args: &[&str]) -> ExitCode {
     }
 }
 
+/// How the entry's kubeconfig reaches the API server, when that is weak
+/// (plain http, TLS verification off). Informational: the exit code stays
+/// the chain's.
+fn print_transport_warnings(desired: &Entry) {
+    let Ok(config) = PluginConfig::from_map(desired) else {
+        return;
+    };
+    let Some(path) = config.kubeconfig else {
+        return;
+    };
+    match linkerd_cni::k8s::kubeconfig::load(&path) {
+        Ok(api) => {
+            for w in api.transport_warnings() {
+                println!("warning: {w}");
+            }
+            if api.is_plain_http() && !config.allow_plain_http {
+                println!(
+                    "warning: the plugin refuses this plain http:// server (kubernetes.allow-plain-http is not set)"
+                );
+            }
+        }
+        Err(e) => println!("warning: {e}"),
+    }
+}
+
 /// `--entry FILE`, else the installer's entry file in the conf dir.
 fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> {
     match file {
         Some(f) => {
             let bytes =
                 std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
-            chain::parse_entry(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
+            Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {
             Ok(Some(e)) => Ok(e),

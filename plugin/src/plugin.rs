@@ -29,12 +29,23 @@ impl cni::Plugin for LinkerdCni {
         let deadline = Instant::now() + config.add_deadline;
         let mut heal = config.clone();
         heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
-        crate::chain::heal_on_add(&inv.conf, &heal);
+        crate::heal::heal_on_add(&inv.conf, &heal);
         pod::add_until(inv, &config, deadline)?;
         Ok(inv.conf.pass_through_result())
     }
 
+    /// A chained plugin's CHECK verifies against the ADD result the runtime
+    /// passes back; without it, refused, as the reference chained plugins
+    /// (portmap, tuning, bandwidth) do.
     fn check(&self, inv: &Invocation) -> Result<(), CniError> {
+        if inv.conf.prev_result.is_none() {
+            return Err(CniError::new(
+                cni::code::INVALID_CONFIG,
+                "CHECK without prevResult",
+                "linkerd-cni is a chained plugin: the runtime must pass the result of the \
+                 network's ADD as prevResult on CHECK",
+            ));
+        }
         let config = PluginConfig::from_netconf(&inv.conf)?;
         pod::check(inv, &config)
     }

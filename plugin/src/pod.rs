@@ -120,7 +120,7 @@ pub fn add_until(
         .until(deadline)
         .apply(netns, &plan.rule_sets)
         .map_err(|e| {
-            let e = iptables_error(&plan.pod, netns, e);
+            let e = iptables_error("set up", &plan.pod, netns, e);
             past_deadline(config, deadline, "installing linkerd's iptables rules", e)
         })?;
     log::info!(
@@ -147,7 +147,7 @@ pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let netns = netns_of(inv)?;
     let diffs = driver(config)
         .verify(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+        .map_err(|e| iptables_error("verify", &plan.pod, netns, e))?;
     if diffs.is_empty() {
         return Ok(());
     }
@@ -170,13 +170,10 @@ pub fn status(config: &PluginConfig) {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
         }
-        Some(path) => {
-            if let Err(e) = k8s::kubeconfig::load(path) {
-                log::warn!(
-                    "STATUS: {e}: meshed pods cannot be set up until the installer rewrites it"
-                );
-            }
-        }
+        Some(path) => match usable_kubeconfig(path, config) {
+            Ok(_) => {}
+            Err(e) => log::warn!("STATUS: {e}: meshed pods cannot be set up"),
+        },
     }
 }
 
@@ -234,7 +231,7 @@ pub fn decide_until(
         log::error!("{why}");
         return Ok(Decision::PassThrough(why));
     }
-    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
     let client = Client::new(api, config.api_budget.min(remaining));
     let api_failed = |what: &str, e: ApiError| {
@@ -333,9 +330,37 @@ pub fn decide_until(
     }))
 }
 
+/// The kubeconfig at `path`, refused when it would send the token over
+/// plain http without `kubernetes.allow-plain-http`; its transport
+/// weaknesses are logged as warnings on every use.
+fn usable_kubeconfig(
+    path: &std::path::Path,
+    config: &PluginConfig,
+) -> Result<k8s::ApiConfig, CniError> {
+    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    if api.is_plain_http() && !config.allow_plain_http {
+        return Err(CniError::new(
+            code::KUBERNETES,
+            format!(
+                "refusing plain http:// to the Kubernetes API at {} (kubeconfig {}): the bearer \
+                 token would cross the network unencrypted",
+                api.server,
+                path.display()
+            ),
+            "use an https:// server address; to accept plain http anyway, set \
+             kubernetes.allow-plain-http: true in the linkerd-cni config",
+        ));
+    }
+    for w in api.transport_warnings() {
+        log::warn!("{w}");
+    }
+    Ok(api)
+}
+
 /// The settings from the config keys alone.
 pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
     let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
+        rules::check_list_size(list.len(), 0).map_err(|e| invalid_config(key, e))?;
         list.iter()
             .filter(|s| !s.trim().is_empty())
             .map(|s| PortRange::parse(s))
@@ -356,13 +381,16 @@ pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
             "linkerd.outbound-ports-to-ignore",
             &p.outbound_ports_to_ignore,
         )?,
-        subnets_to_ignore: p
-            .subnets_to_ignore
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| Subnet::parse(s))
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))?,
+        subnets_to_ignore: rules::check_list_size(p.subnets_to_ignore.len(), 0)
+            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            .and_then(|()| {
+                p.subnets_to_ignore
+                    .iter()
+                    .filter(|s| !s.trim().is_empty())
+                    .map(|s| Subnet::parse(s))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            })?,
     })
 }
 
@@ -381,11 +409,25 @@ pub fn apply_annotations(
         }
         .filter(|(v, _)| !v.trim().is_empty())
     };
+    let ns_name = pod_id.split_once('/').map_or(pod_id, |(ns, _)| ns);
     let bad = |key: &str, value: &str, on: &str, why: String| {
+        let (whose, fix) = if on == "pod" {
+            (format!("pod {pod_id}"), "recreate the pod")
+        } else {
+            (
+                format!("namespace {ns_name} (read for pod {pod_id})"),
+                "recreate the pod (the namespace's annotations apply to pods created afterwards)",
+            )
+        };
+        // The value is the pod author's: quoted, but not at any length.
+        let shown = match value.char_indices().nth(64) {
+            Some((i, _)) => format!("{:?}... ({} bytes)", &value[..i], value.len()),
+            None => format!("{value:?}"),
+        };
         CniError::new(
             code::INVALID_ANNOTATION,
-            format!("invalid annotation {key}={value:?} on the {on} of pod {pod_id}"),
-            format!("{why}; fix or remove the annotation and recreate the pod"),
+            format!("invalid annotation {key}={shown} on {whose}"),
+            format!("{why}; fix or remove the annotation and {fix}"),
         )
     };
 
@@ -411,8 +453,19 @@ pub fn apply_annotations(
                 .trim()
                 .parse::<i64>()
                 .ok()
-                .filter(|id| u32::try_from(*id).is_ok() || *id < 0)
-                .ok_or_else(|| bad(key, v, on, "expected an integer id".into()))?;
+                .filter(|id| (rules::MIN_OWNER_ID..=rules::MAX_OWNER_ID).contains(id))
+                .ok_or_else(|| {
+                    bad(
+                        key,
+                        v,
+                        on,
+                        format!(
+                            "expected an integer id from {} to {} (-1 or 0: none)",
+                            rules::MIN_OWNER_ID,
+                            rules::MAX_OWNER_ID
+                        ),
+                    )
+                })?;
         }
     }
     Ok(())
@@ -501,11 +554,17 @@ fn past_deadline(config: &PluginConfig, deadline: Instant, doing: &str, e: CniEr
     )
 }
 
-fn iptables_error(pod_id: &str, netns: &std::path::Path, e: IptablesError) -> CniError {
+/// `doing`: "set up" (ADD) or "verify" (CHECK).
+fn iptables_error(
+    doing: &str,
+    pod_id: &str,
+    netns: &std::path::Path,
+    e: IptablesError,
+) -> CniError {
     CniError::new(
         code::IPTABLES,
         format!(
-            "cannot set up linkerd's iptables rules for pod {pod_id} in {}",
+            "cannot {doing} linkerd's iptables rules for pod {pod_id} in {}",
             netns.display()
         ),
         e.to_string(),
@@ -600,8 +659,78 @@ mod tests {
                 "{}",
                 e.msg
             );
-            assert!(e.msg.contains("pod of pod ns/p"), "{}", e.msg);
+            assert!(e.msg.ends_with("on pod ns/p"), "{}", e.msg);
         }
+    }
+
+    #[test]
+    fn long_lists_are_refused_with_a_short_message() {
+        let many_ports = (1..=5000)
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let many_subnets = (0..=255)
+            .flat_map(|a| (0..4).map(move |b| format!("10.{a}.{b}.0/24")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let huge = "1,".repeat(128 << 10);
+        for (key, value) in [
+            (annotation::SKIP_OUTBOUND_PORTS, &many_ports),
+            (annotation::SKIP_INBOUND_PORTS, &huge),
+            (annotation::SKIP_SUBNETS, &many_subnets),
+        ] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(&mut spec, &map(&[(key, value)]), &BTreeMap::new(), "ns/p")
+                .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{key}");
+            assert!(e.msg.contains(key), "{}", e.msg);
+            assert!(e.details.contains("at most"), "{}", e.details);
+            assert!(
+                e.msg.len() + e.details.len() < 1024,
+                "{key}: {} bytes",
+                e.msg.len() + e.details.len()
+            );
+        }
+        let e = base_spec(&ProxyInit {
+            outbound_ports_to_ignore: many_ports.split(',').map(String::from).collect(),
+            ..ProxyInit::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.details.contains("at most"), "{}", e.details);
+    }
+
+    #[test]
+    fn out_of_range_annotation_ids_are_refused() {
+        for v in ["4294967295", "-2"] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(
+                &mut spec,
+                &map(&[(annotation::PROXY_UID, v)]),
+                &BTreeMap::new(),
+                "ns/p",
+            )
+            .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{v}");
+        }
+    }
+
+    #[test]
+    fn namespace_annotations_name_the_namespace() {
+        let mut spec = RedirectSpec::default();
+        let e = apply_annotations(
+            &mut spec,
+            &BTreeMap::new(),
+            &map(&[(annotation::PROXY_UID, "root")]),
+            "emojivoto/bad-1",
+        )
+        .unwrap_err();
+        assert!(
+            e.msg
+                .ends_with("on namespace emojivoto (read for pod emojivoto/bad-1)"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `linkerd-cni chain status|repair` and healing through the real binary,
 //! as a person and a runtime run it: the acceptance scenarios.
 
+#[path = "../../chain/tests/common/mod.rs"]
 mod common;
 
 use std::fs;
@@ -9,7 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{TempDir, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
+use common::{
+    TempDir, desired, desired_entry, fixtures, is_linkerd, object, plugins, same_order, tree,
+};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
@@ -108,7 +111,7 @@ fn entry_file_in_the_conf_dir_is_the_default() {
         err.contains("--entry") && err.contains("installer"),
         "{err}"
     );
-    linkerd_cni::chain::persist_entry(d.path(), &desired()).unwrap();
+    linkerd_cni_chain::persist_entry(d.path(), &desired_entry()).unwrap();
     let conf_dir = format!("--conf-dir={}", d.path().display());
     let o = chain(&["repair", &conf_dir]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

@@ -2,6 +2,7 @@
 //! many `linkerd-cni chain repair` runs against a primary CNI that keeps
 //! rewriting its file, and repairs killed with SIGKILL at random points.
 
+#[path = "../../chain/tests/common/mod.rs"]
 mod common;
 
 use std::fs::{self, File};
@@ -259,7 +260,7 @@ fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
         }
         if snap
             .iter()
-            .any(|(n, _)| n.starts_with(linkerd_cni::chain::TEMP_PREFIX))
+            .any(|(n, _)| n.starts_with(linkerd_cni_chain::TEMP_PREFIX))
         {
             saw_temp += 1;
         }

@@ -237,7 +237,7 @@ fn malformed_annotation_is_an_error_naming_it() {
     assert_eq!(e.code, code::INVALID_ANNOTATION);
     assert!(
         e.msg
-            .contains("config.linkerd.io/proxy-uid=\"proxy\" on the namespace"),
+            .contains("config.linkerd.io/proxy-uid=\"proxy\" on namespace emojivoto (read for pod emojivoto/bad-1)"),
         "{e}"
     );
 }

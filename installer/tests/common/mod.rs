@@ -4,7 +4,7 @@
 //! (`..data` symlink to a timestamped dir). Everything is removed on drop,
 //! and installer processes are killed on drop, also when a test fails.
 //!
-//! The chain checks here are independent of `linkerd_cni::chain`, so the
+//! The chain checks here are independent of `linkerd_cni_chain`, so the
 //! tests do not trust the library under test to judge itself.
 
 #![allow(dead_code)]

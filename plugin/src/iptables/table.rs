@@ -7,9 +7,13 @@
 //! redirection, and a second ADD converges on the same rules. The jumps live
 //! in built-in chains we must not flush, so they are added only when absent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::rules::RuleSet;
+
+/// The most differences listed (the rest are counted): the list goes into
+/// a CNI error, and a table can hold any number of foreign rules.
+pub const MAX_DIFFERENCES: usize = 20;
 
 /// The nat table of one family, as read from `*-save -t nat`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,13 +115,16 @@ pub fn differences(set: &RuleSet, current: &NatTable) -> Vec<String> {
             continue;
         }
         let before = diffs.len();
+        // Sets: a live chain can hold any number of rules.
+        let have_set: HashSet<&str> = have.iter().map(String::as_str).collect();
+        let want_set: HashSet<&str> = want.iter().map(String::as_str).collect();
         for spec in &want {
-            if !have.contains(spec) {
+            if !have_set.contains(spec.as_str()) {
                 diffs.push(format!("{fam} chain {chain} lacks rule: {spec}"));
             }
         }
         for spec in have {
-            if !want.contains(spec) {
+            if !want_set.contains(spec.as_str()) {
                 diffs.push(format!(
                     "{fam} chain {chain} has an unexpected rule: {spec}"
                 ));
@@ -125,8 +132,10 @@ pub fn differences(set: &RuleSet, current: &NatTable) -> Vec<String> {
         }
         if diffs.len() == before {
             diffs.push(format!(
-                "{fam} chain {chain} has its rules in a different order or repeated: have [{}], want [{}]",
-                have.join(" | "),
+                "{fam} chain {chain} has its rules in a different order or repeated ({} rules, {} wanted): have [{}], want [{}]",
+                have.len(),
+                want.len(),
+                have.iter().take(MAX_DIFFERENCES).cloned().collect::<Vec<_>>().join(" | "),
                 want.join(" | ")
             ));
         }
@@ -139,6 +148,11 @@ pub fn differences(set: &RuleSet, current: &NatTable) -> Vec<String> {
                 jump.from, jump.to
             ));
         }
+    }
+    if diffs.len() > MAX_DIFFERENCES {
+        let more = diffs.len() - MAX_DIFFERENCES;
+        diffs.truncate(MAX_DIFFERENCES);
+        diffs.push(format!("and {more} more differences"));
     }
     diffs
 }
@@ -218,6 +232,28 @@ COMMIT
                 .filter(|l| l.starts_with("-A PROXY_INIT_"))
                 .count(),
             5
+        );
+    }
+
+    #[test]
+    fn many_foreign_rules_give_a_bounded_report() {
+        let mut saved = SAVED.replace("COMMIT\n# Completed", "COMMIT-MARK\n# Completed");
+        let extra: String = (0..20_000)
+            .map(|i| {
+                format!(
+                    "-A PROXY_INIT_OUTPUT -d 10.{}.{}.1/32 -j RETURN\n",
+                    i / 256,
+                    i % 256
+                )
+            })
+            .collect();
+        saved = saved.replacen("COMMIT-MARK\n", &format!("{extra}COMMIT\n"), 1);
+        let d = differences(&defaults(), &NatTable::parse(&saved));
+        assert!(d.len() <= MAX_DIFFERENCES + 1, "{} lines", d.len());
+        assert!(
+            d.last().unwrap().contains("and 19980 more"),
+            "{:?}",
+            d.last()
         );
     }
 

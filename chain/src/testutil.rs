@@ -4,7 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::Entry;
 
@@ -56,11 +56,16 @@ impl Drop for TempDir {
     }
 }
 
-pub(crate) fn entry(json: &str) -> Entry {
+/// A JSON object, for plugin objects that are not necessarily ours.
+pub(crate) fn object(json: &str) -> Map<String, Value> {
     match serde_json::from_str(json).expect("entry json") {
         Value::Object(m) => m,
         _ => panic!("entry is not an object"),
     }
+}
+
+pub(crate) fn entry(json: &str) -> Entry {
+    Entry::new(object(json), "a test").expect("a linkerd-cni entry")
 }
 
 /// The entry the chart renders (trimmed).

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::plan::{self, differing_keys, is_ours};
 use super::scan::Kind;
-use super::testutil::{TempDir, desired, entry};
+use super::testutil::{TempDir, desired, object};
 use super::*;
 
 const CALICO: &str = r#"{
@@ -70,17 +70,19 @@ fn entry_file_round_trip_and_validation() {
     assert_eq!(fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino(), ino);
     assert_eq!(load_entry(d.path()).unwrap(), Some(desired()));
     assert!(!is_config_name(std::ffi::OsStr::new(ENTRY_FILE)));
-    let mut other = desired();
-    other.insert("log_level".into(), "debug".into());
+    let other = desired().with("log_level", "debug").unwrap();
     assert!(persist_entry(d.path(), &other).unwrap());
     assert_eq!(load_entry(d.path()).unwrap(), Some(other));
     assert!(remove_entry_file(d.path()).unwrap());
     assert!(!remove_entry_file(d.path()).unwrap());
 
-    // Not ours, not an object, not JSON: clear errors, nothing written.
-    let bad = entry(r#"{"type":"calico"}"#);
+    // Not ours, not an object, not JSON: clear errors, nothing written. An
+    // entry not ours cannot even be made, so neither persisted nor diagnosed
+    // against.
+    let bad = Entry::new(object(r#"{"type":"calico"}"#), "a test");
+    assert!(matches!(bad, Err(ChainError::InvalidEntry { .. })));
     assert!(matches!(
-        persist_entry(d.path(), &bad),
+        desired().with("type", "calico"),
         Err(ChainError::InvalidEntry { .. })
     ));
     d.write(ENTRY_FILE, "[1]");
@@ -92,14 +94,14 @@ fn entry_file_round_trip_and_validation() {
     d.write(ENTRY_FILE, "{\"type\":");
     assert!(load_entry(d.path()).is_err());
     assert!(matches!(
-        diagnose(d.path(), &bad),
+        Entry::parse(b"{\"name\":\"x\"}", "a test"),
         Err(ChainError::InvalidEntry { .. })
     ));
 }
 
 #[test]
 fn runtime_set_keys_are_not_compared() {
-    let mut have = desired();
+    let mut have = desired().into_map();
     have.shift_remove("name");
     have.insert("cniVersion".into(), "0.3.1".into());
     assert!(differing_keys(&have, &desired()).is_empty());
@@ -255,8 +257,7 @@ fn conversion_never_shadows_or_clobbers() {
     repair(d.path(), &want, &opts()).unwrap();
     let done = d.read("10-bridge.conflist");
     d.write("10-bridge.conf", conf);
-    let mut old = desired();
-    old.insert("log_level".into(), "debug".into());
+    let old = desired().with("log_level", "debug").unwrap();
     let stale = plan::repaired(Kind::Single, conf.as_bytes(), &old).unwrap();
     fs::write(d.path().join("10-bridge.conflist"), stale).unwrap();
     repair(d.path(), &want, &opts()).unwrap();
@@ -353,7 +354,7 @@ fn remove_entries_keeps_a_converted_conflist_and_linkerd_only_files() {
     repair(d.path(), &desired(), &opts()).unwrap();
     let only = format!(
         r#"{{"name":"l","cniVersion":"1.0.0","plugins":[{}]}}"#,
-        Value::Object(desired())
+        Value::from(desired())
     );
     d.write("90-linkerd.conflist", &only);
     assert_eq!(
@@ -389,7 +390,7 @@ mod lost_update {
     //! and the swap (a test hook).
 
     use super::*;
-    use crate::chain::repair::testing::{before_next_swap, replace_from};
+    use crate::repair::testing::{before_next_swap, replace_from};
     use std::io::Write;
 
     fn calico_with(mtu: u32) -> String {
@@ -492,7 +493,7 @@ mod props {
     //! Properties of the repair on generated conflists of every layout.
 
     use super::*;
-    use crate::chain::text::{self, Style};
+    use crate::text::{self, Style};
     use proptest::prelude::*;
 
     fn number() -> impl Strategy<Value = Value> {
@@ -556,7 +557,7 @@ mod props {
     /// A linkerd entry: the desired one (maybe without its name), or stale.
     fn linkerd() -> impl Strategy<Value = Value> {
         (0..3u8).prop_map(|k| {
-            let mut e = desired();
+            let mut e = desired().into_map();
             match k {
                 0 => {}
                 1 => {
@@ -719,222 +720,6 @@ mod props {
 #[test]
 fn a_path_outside_any_dir_is_fine() {
     assert_eq!(write::parent(Path::new("x")), Path::new("."));
-}
-
-mod heal {
-    //! Healing on ADD, with the plugin's config as the runtime passes it.
-
-    use super::*;
-    use crate::cni::NetConf;
-    use crate::config::PluginConfig;
-
-    struct Node {
-        conf: TempDir,
-        state: TempDir,
-    }
-
-    fn node() -> Node {
-        let n = Node {
-            conf: TempDir::new("heal-conf"),
-            state: TempDir::new("heal-state"),
-        };
-        // Healing requires the kubeconfig the entry names (see
-        // `RepairOptions::requires`).
-        n.state.write("kubeconfig", "apiVersion: v1\n");
-        n
-    }
-
-    /// The stdin of an ADD for the entry `desired()`, as libcni builds it.
-    fn stdin(n: &Node, extra: &[(&str, Value)]) -> NetConf {
-        let mut m = desired();
-        m.insert(
-            "cni_conf_dir".into(),
-            n.conf.path().to_string_lossy().into(),
-        );
-        m.insert("state_dir".into(), n.state.path().to_string_lossy().into());
-        m.insert(
-            "kubernetes".into(),
-            serde_json::json!({"kubeconfig": n.state.path().join("kubeconfig")}),
-        );
-        for (k, v) in extra {
-            m.insert((*k).into(), v.clone());
-        }
-        m.insert("name".into(), "k8s-pod-network".into());
-        m.insert("cniVersion".into(), "0.3.1".into());
-        m.insert(
-            "prevResult".into(),
-            serde_json::json!({"cniVersion":"0.3.1","ips":[]}),
-        );
-        m.insert(
-            "runtimeConfig".into(),
-            serde_json::json!({"portMappings":[]}),
-        );
-        NetConf::parse(Value::Object(m).to_string().as_bytes()).unwrap()
-    }
-
-    fn heal(conf: &NetConf) {
-        heal_on_add(conf, &PluginConfig::from_netconf(conf).unwrap());
-    }
-
-    /// The entry the plugin derives from `stdin(n, extra)`.
-    fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
-        entry_from_stdin(&stdin(n, extra).raw)
-    }
-
-    #[test]
-    fn stdin_entry_is_the_config_minus_runtime_keys() {
-        let n = node();
-        let e = derived(&n, &[]);
-        for k in ["name", "cniVersion", "prevResult", "runtimeConfig", "args"] {
-            assert!(!e.contains_key(k), "{k}");
-        }
-        assert_eq!(e.get("type"), Some(&Value::from(PLUGIN_TYPE)));
-        assert!(e.contains_key("cni_conf_dir") && e.contains_key("linkerd"));
-    }
-
-    #[test]
-    fn stale_first_entry_is_moved_last_and_refreshed() {
-        let n = node();
-        let mut stale = desired();
-        stale.insert("log_level".into(), "debug".into());
-        let calico = CALICO.replacen(
-            "\"plugins\": [\n",
-            &format!("\"plugins\": [\n    {},\n", Value::Object(stale)),
-            1,
-        );
-        let f = n.conf.write("10-calico.conflist", &calico);
-        let conf = stdin(&n, &[]);
-        heal(&conf);
-        let text = fs::read_to_string(&f).unwrap();
-        let want = derived(&n, &[]);
-        assert_eq!(
-            plan::analyze(Kind::List, text.as_bytes(), &want).state,
-            ChainState::Healthy,
-            "{text}"
-        );
-        // The state dir remembers the repair, for fight detection.
-        assert!(
-            n.state
-                .read(fight::STATE_FILE)
-                .contains("10-calico.conflist")
-        );
-    }
-
-    #[test]
-    fn no_heal_while_the_kubeconfig_is_gone() {
-        // Uninstall removes the kubeconfig, then sweeps the entries again:
-        // an ADD must not put the entry back in between.
-        let n = node();
-        let f = n.conf.write("10-calico.conflist", CALICO);
-        let gone = n.state.path().join("removed-kubeconfig");
-        let conf = stdin(
-            &n,
-            &[("kubernetes", serde_json::json!({"kubeconfig": gone}))],
-        );
-        heal(&conf);
-        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
-        // Without the guard the same ADD heals (the test can fail).
-        heal(&stdin(&n, &[]));
-        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
-    }
-
-    #[test]
-    fn entry_file_wins_over_stdin() {
-        let n = node();
-        n.conf.write("10-calico.conflist", CALICO);
-        let mut persisted = desired();
-        persisted.insert("log_level".into(), "debug".into());
-        persist_entry(n.conf.path(), &persisted).unwrap();
-        heal(&stdin(&n, &[]));
-        assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());
-    }
-
-    #[test]
-    fn healthy_path_takes_no_lock_and_writes_nothing() {
-        let n = node();
-        let f = n.conf.write("10-calico.conflist", CALICO);
-        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.2))]);
-        heal(&conf);
-        let m1 = fs::metadata(&f).unwrap();
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
-        let start = Instant::now();
-        for _ in 0..20 {
-            heal(&conf);
-        }
-        // Twenty healthy checks with the lock held: none waited for it.
-        assert!(start.elapsed() < Duration::from_millis(200 * 5));
-        let m2 = fs::metadata(&f).unwrap();
-        assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
-    }
-
-    #[test]
-    fn repair_trouble_never_fails_or_outlasts_the_budget() {
-        let n = node();
-        let f = n.conf.write("10-calico.conflist", CALICO);
-        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
-        let start = Instant::now();
-        heal(&conf);
-        let took = start.elapsed();
-        assert!(took >= Duration::from_millis(250), "{took:?}");
-        assert!(took < Duration::from_secs(3), "{took:?}");
-        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
-        drop(holder);
-        heal(&conf);
-        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
-    }
-
-    #[test]
-    fn unusable_state_dir_or_conf_dir_never_fails() {
-        let n = node();
-        let f = n.conf.write("10-calico.conflist", CALICO);
-        // The state dir is a regular file: nothing can be saved there.
-        let bogus = n.state.write("not-a-dir", "x");
-        let mut conf = stdin(&n, &[]);
-        conf.raw
-            .insert("state_dir".into(), bogus.to_string_lossy().into());
-        heal(&conf);
-        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
-        let mut conf = stdin(&n, &[]);
-        conf.raw.insert(
-            "cni_conf_dir".into(),
-            n.conf.path().join("absent").to_string_lossy().into(),
-        );
-        heal(&conf);
-        // Off switch.
-        let f2 = n.conf.write("10-calico.conflist", CALICO);
-        heal(&stdin(&n, &[("chain_heal", Value::Bool(false))]));
-        assert_eq!(fs::read_to_string(&f2).unwrap(), CALICO);
-    }
-
-    #[test]
-    fn a_fight_is_detected_and_repairs_are_rate_limited() {
-        let n = node();
-        let conf = stdin(&n, &[]);
-        let mut repairs = 0;
-        for _ in 0..8 {
-            // Another agent rewrites the file without our entry.
-            let f = n.conf.write("10-calico.conflist", CALICO);
-            heal(&conf);
-            if fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE) {
-                repairs += 1;
-            }
-        }
-        // The fifth repair within the window is a fight; then one per
-        // window / threshold (two minutes), so none more in this test.
-        assert_eq!(repairs, 5);
-        let saved: Value = serde_json::from_str(&n.state.read(fight::STATE_FILE)).unwrap();
-        let key = n.conf.path().join("10-calico.conflist");
-        assert_eq!(
-            saved[key.to_string_lossy().as_ref()]
-                .as_array()
-                .unwrap()
-                .len(),
-            5
-        );
-    }
 }
 
 #[test]

@@ -16,12 +16,12 @@ use super::ChainError;
 
 /// Held until dropped.
 #[derive(Debug)]
-pub(crate) struct DirLock {
+pub struct DirLock {
     _dir: File,
 }
 
 /// Takes the lock, waiting at most `timeout` and never past `deadline`.
-pub(crate) fn lock_dir(
+pub fn lock_dir(
     dir: &Path,
     timeout: Duration,
     deadline: Option<Instant>,

@@ -33,8 +33,12 @@ pub enum ChainError {
     Deadline { path: PathBuf },
 
     /// The desired entry (from the entry file, `--entry` or stdin) is unusable.
-    #[error("invalid linkerd-cni entry from {origin}: {reason}")]
-    InvalidEntry { origin: String, reason: String },
+    #[error("invalid linkerd-cni entry from {origin}: {problem}")]
+    InvalidEntry {
+        origin: String,
+        #[source]
+        problem: EntryProblem,
+    },
 
     /// A repair would destroy or shadow something that is not ours.
     #[error("will not repair {}: {reason}", path.display())]
@@ -46,6 +50,17 @@ pub enum ChainError {
         path.display()
     )]
     Contended { path: PathBuf, attempts: u32 },
+}
+
+/// Why a JSON value is not a linkerd-cni entry.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryProblem {
+    #[error("not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not a JSON object")]
+    NotAnObject,
+    #[error("\"type\" must be {:?}, found {found}", crate::PLUGIN_TYPE)]
+    WrongType { found: String },
 }
 
 impl ChainError {

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::scan::Kind;
 use super::text::{self, Append, Style};
-use super::{ChainState, Entry, PLUGIN_TYPE};
+use super::{ChainState, PLUGIN_TYPE};
 
 /// A config file's content, as far as the chain is concerned.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
 
 /// The keys whose values differ between an entry and the desired one, in
 /// the desired entry's order then the entry's.
-pub(crate) fn differing_keys(have: &Map<String, Value>, want: &Entry) -> Vec<String> {
+pub(crate) fn differing_keys(have: &Map<String, Value>, want: &Map<String, Value>) -> Vec<String> {
     let mut keys = Vec::new();
     for (k, v) in want {
         if !RUNTIME_SET.contains(&k.as_str()) && have.get(k) != Some(v) {
@@ -97,7 +97,7 @@ pub(crate) fn parse(kind: Kind, bytes: &[u8]) -> Result<Map<String, Value>, Stri
 }
 
 /// The chain state of one config file's content.
-pub(crate) fn analyze(kind: Kind, bytes: &[u8], desired: &Entry) -> Analysis {
+pub(crate) fn analyze(kind: Kind, bytes: &[u8], desired: &Map<String, Value>) -> Analysis {
     let top = match parse(kind, bytes) {
         Ok(top) => top,
         Err(reason) => {
@@ -160,7 +160,7 @@ pub(crate) fn analyze(kind: Kind, bytes: &[u8], desired: &Entry) -> Analysis {
 ///
 /// A list keeps every byte outside the linkerd entries; a single-plugin file
 /// becomes the content of the `.conflist` that replaces it.
-pub(crate) fn repaired(kind: Kind, bytes: &[u8], desired: &Entry) -> Option<Vec<u8>> {
+pub(crate) fn repaired(kind: Kind, bytes: &[u8], desired: &Map<String, Value>) -> Option<Vec<u8>> {
     if !analyze(kind, bytes, desired).state.is_repairable() {
         return None;
     }

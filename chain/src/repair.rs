@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::plan;
 use super::scan::{self, Kind, Listing};
 use super::write::{self, parent};
-use super::{ChainError, ChainState, Entry, diagnose_listing, lock, validate_entry};
+use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
 
 /// Bounds and conditions for one repair.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ const MAX_ATTEMPTS: u32 = 8;
 const MAX_SWAPS: u32 = 16;
 
 /// How one replacement attempt ended.
-enum Outcome {
+enum Replacement {
     /// Our content is in place.
     Written,
     /// Someone else's content is in place (newer than what we read, and
@@ -90,7 +90,6 @@ pub fn repair(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<RepairReport, ChainError> {
-    validate_entry(desired, "the desired entry")?;
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
     if let Some(req) = &opts.requires
         && !req.exists()
@@ -152,14 +151,14 @@ pub fn repair(
             }
         };
         match outcome {
-            Outcome::Superseded => {
+            Replacement::Superseded => {
                 notes.push(format!(
                     "{} changed while being repaired; looked again",
                     file_name(active)
                 ));
                 continue;
             }
-            Outcome::Written => {
+            Replacement::Written => {
                 let mut summary = format!(
                     "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
                     file.display(),
@@ -209,7 +208,8 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
             continue;
         }
         if plan::without_entries(&bytes).is_none() {
-            if plan::analyze(Kind::List, &bytes, &Entry::new()).state == ChainState::NoPrimaryPlugin
+            if plan::analyze(Kind::List, &bytes, &serde_json::Map::new()).state
+                == ChainState::NoPrimaryPlugin
             {
                 log::warn!(
                     "{} holds only linkerd-cni entries: left as it is (removing them would leave an empty chain)",
@@ -223,7 +223,7 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
         }
         // Superseded: someone's newer content, which holds no entry of ours.
         let (outcome, _) = replace(path, &bytes, opts.deadline, plan::without_entries)?;
-        if let Outcome::Written = outcome {
+        if let Replacement::Written = outcome {
             rewritten.push(path.clone());
         }
     }
@@ -263,7 +263,7 @@ fn replace(
     base: &[u8],
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<(Outcome, String), ChainError> {
+) -> Result<(Replacement, String), ChainError> {
     let is_link = fs::symlink_metadata(path)
         .map_err(|e| ChainError::io("inspect", path, e))?
         .file_type()
@@ -281,7 +281,7 @@ fn replace(
     let dir = parent(&real).to_path_buf();
     let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
     let Some(first) = transform(base) else {
-        return Ok((Outcome::Superseded, via));
+        return Ok((Replacement::Superseded, via));
     };
     swap_loop(&real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
 }
@@ -294,7 +294,7 @@ fn swap_loop(
     first: Vec<u8>,
     deadline: Option<Instant>,
     transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Outcome, ChainError> {
+) -> Result<Replacement, ChainError> {
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
         move |e| ChainError::io(action, p, e)
@@ -325,7 +325,7 @@ fn swap_loop(
                         }
                         // Healthy, unreadable or half-written now: look again
                         // from the top.
-                        None => return Ok(Outcome::Superseded),
+                        None => return Ok(Replacement::Superseded),
                     }
                 }
                 (t, bytes, true)
@@ -354,7 +354,7 @@ fn swap_loop(
             let _ = fs::remove_file(&held);
             write::fsync_dir(dir).map_err(io_err("fsync", dir))?;
             if ours {
-                return Ok(Outcome::Written);
+                return Ok(Replacement::Written);
             }
             // Someone's newer content is back in place: repair it in turn.
             match transform(&placed) {
@@ -363,7 +363,7 @@ fn swap_loop(
                     candidate = Candidate::New(next);
                     continue;
                 }
-                None => return Ok(Outcome::Superseded),
+                None => return Ok(Replacement::Superseded),
             }
         }
         // Someone wrote in the microseconds since our last look. Put their
@@ -397,7 +397,7 @@ fn rename_checked(
     mut tmp: PathBuf,
     mut expected: Vec<u8>,
     transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Outcome, ChainError> {
+) -> Result<Replacement, ChainError> {
     let dir = parent(real).to_path_buf();
     for _ in 0..MAX_SWAPS {
         let current = scan::read_file(real).ok();
@@ -407,11 +407,11 @@ fn rename_checked(
                 return Err(ChainError::io("rename a temp file to", real, e));
             }
             write::fsync_dir(&dir).map_err(|e| ChainError::io("fsync", &dir, e))?;
-            return Ok(Outcome::Written);
+            return Ok(Replacement::Written);
         }
         let _ = fs::remove_file(&tmp);
         let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
-            return Ok(Outcome::Superseded);
+            return Ok(Replacement::Superseded);
         };
         let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
         tmp = write::write_temp(&dir, &next, Some(&meta))
@@ -436,7 +436,7 @@ fn convert(
     base: &[u8],
     desired: &Entry,
     deadline: Option<Instant>,
-) -> Result<(Outcome, PathBuf), ChainError> {
+) -> Result<(Replacement, PathBuf), ChainError> {
     let dst = active.with_extension("conflist");
     let dst_name = dst.file_name().unwrap_or_default().to_os_string();
     // The list must become the active config: nothing may sort before it.
@@ -478,7 +478,7 @@ fn convert(
         None
     };
     let Some(content) = plan::repaired(Kind::Single, base, desired) else {
-        return Ok((Outcome::Superseded, dst));
+        return Ok((Replacement::Superseded, dst));
     };
     if past(deadline) {
         return Err(ChainError::Deadline {
@@ -506,9 +506,9 @@ fn convert(
     let _ = fs::remove_file(&tmp);
     match placed {
         Ok(true) => {}
-        Ok(false) => return Ok((Outcome::Superseded, dst)),
+        Ok(false) => return Ok((Replacement::Superseded, dst)),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            return Ok((Outcome::Superseded, dst));
+            return Ok((Replacement::Superseded, dst));
         }
         Err(e) => return Err(ChainError::io("put in place", &dst, e)),
     }
@@ -518,14 +518,14 @@ fn convert(
     let grave = write::temp_path(conf_dir);
     match fs::rename(active, &grave) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Outcome::Written, dst)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
         Err(e) => return Err(ChainError::io("remove", active, e)),
     }
     let captured = scan::read_file(&grave).ok();
     if captured.as_deref() == Some(base) {
         let _ = fs::remove_file(&grave);
         write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-        return Ok((Outcome::Written, dst));
+        return Ok((Replacement::Written, dst));
     }
     // The primary rewrote it meanwhile: its content wins. Put it back and
     // take back the list built from the old content.
@@ -541,7 +541,7 @@ fn convert(
         let _ = fs::remove_file(&dst);
     }
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-    Ok((Outcome::Superseded, dst))
+    Ok((Replacement::Superseded, dst))
 }
 
 /// Test access: act as another writer between our last look and the swap
@@ -552,7 +552,7 @@ pub(crate) mod testing {
     use std::cell::RefCell;
     use std::path::Path;
 
-    use super::{ChainError, Entry, Kind, Outcome, plan, replace};
+    use super::{ChainError, Entry, Kind, Replacement, plan, replace};
 
     thread_local! {
         static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
@@ -577,6 +577,6 @@ pub(crate) mod testing {
         desired: &Entry,
     ) -> Result<bool, ChainError> {
         let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
-        Ok(matches!(o, Outcome::Written))
+        Ok(matches!(o, Replacement::Written))
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 
 use super::ChainError;
-use super::write::TEMP_PREFIX;
+use super::write::is_temp_name;
 
 /// The extensions runtimes load.
 pub const CONFIG_EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
@@ -71,7 +71,7 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
     for ent in rd {
         let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
         let name = ent.file_name();
-        if name.as_bytes().starts_with(TEMP_PREFIX.as_bytes()) {
+        if is_temp_name(&name) {
             leftovers.push(ent.path());
             continue;
         }

@@ -1,5 +1,7 @@
-//! Helpers shared by the integration tests: throwaway directories with
-//! unique names, removed on drop (also when a test fails).
+//! Helpers shared by the chain integration tests, here and in the plugin
+//! crate (whose tests of the `linkerd-cni chain` CLI include this file):
+//! throwaway directories with unique names, removed on drop (also when a
+//! test fails), and the chain fixtures.
 
 #![allow(dead_code)]
 
@@ -105,13 +107,21 @@ pub fn object(text: &str) -> Map<String, Value> {
     }
 }
 
+/// The chain fixtures, owned by the chain crate; through its path relative to
+/// the workspace, so that the plugin's tests (which include this module too)
+/// find them as well.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../chain/tests/fixtures/chain")
 }
 
-/// The desired entry of the fixtures.
+/// The desired entry of the fixtures, as JSON.
 pub fn desired() -> Map<String, Value> {
     object(&fs::read_to_string(fixtures().join("entry.json")).unwrap())
+}
+
+/// The desired entry of the fixtures, for the chain library.
+pub fn desired_entry() -> linkerd_cni_chain::Entry {
+    linkerd_cni_chain::Entry::new(desired(), "entry.json").expect("a linkerd-cni entry")
 }
 
 /// Plugin objects of a conflist's text.

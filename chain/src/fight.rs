@@ -142,14 +142,15 @@ impl FightDetector {
 /// seconds, kept in `<state_dir>/chain-repairs.json` between invocations.
 /// Best effort throughout: losing it only delays detection.
 #[derive(Debug, Clone)]
-pub(crate) struct PersistedFights {
+pub struct PersistedFights {
     path: PathBuf,
     window: Duration,
     threshold: u32,
     repairs: BTreeMap<String, History>,
 }
 
-pub(crate) const STATE_FILE: &str = "chain-repairs.json";
+/// The history file [`PersistedFights`] keeps in the plugin's state dir.
+pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
 
 fn wall_now() -> f64 {
     SystemTime::now()
@@ -159,8 +160,9 @@ fn wall_now() -> f64 {
 }
 
 impl PersistedFights {
-    pub(crate) fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
-        let path = state_dir.join(STATE_FILE);
+    /// The history saved in `state_dir`; empty when absent or unreadable.
+    pub fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
+        let path = state_dir.join(FIGHT_STATE_FILE);
         let mut repairs = BTreeMap::new();
         if let Ok(bytes) = super::scan::read_file(&path)
             && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes)
@@ -184,14 +186,15 @@ impl PersistedFights {
         file.to_string_lossy().into_owned()
     }
 
-    pub(crate) fn allow(&self, file: &Path) -> bool {
+    /// Whether a repair of `file` is allowed now.
+    pub fn allow(&self, file: &Path) -> bool {
         self.repairs
             .get(&Self::key(file))
             .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
     }
 
     /// Records a repair and saves; returns the warning when it is a fight.
-    pub(crate) fn record(&mut self, file: &Path) -> Option<String> {
+    pub fn record(&mut self, file: &Path) -> Option<String> {
         let now = wall_now();
         let w = self.window.as_secs_f64();
         for h in self.repairs.values_mut() {

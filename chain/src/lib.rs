@@ -2,132 +2,47 @@
 //! network config, from the state on disk (never from watch events).
 //!
 //! Shared by the plugin (checks on every ADD, repairs within a budget), the
-//! installer (reconciles at start, on a timer and on events) and the `chain`
-//! CLI. This module owns:
+//! installer (reconciles at start, on a timer and on events) and the plugin
+//! binary's `chain` CLI. A crate of its own so that the installer gets it
+//! without the plugin's Kubernetes client, TLS and YAML: it needs only the
+//! file system. This crate owns:
 //!
-//! - which file is active, exactly as containerd picks it ([`scan`]);
+//! - which file is active, exactly as containerd picks it (`scan`,
+//!   [`is_config_name`]);
 //! - the typed diagnosis of that file ([`ChainState`], [`Diagnosis`]);
-//! - the repair: text-preserving edit ([`plan`], [`text`]), crash-safe write
-//!   ([`write`]) under the conf-dir lock ([`lock`]), safe against concurrent
-//!   writers that do not take our lock ([`repair`]);
-//! - the desired entry, persisted by the installer in [`ENTRY_FILE`];
-//! - detection of another agent fighting our repairs ([`FightDetector`]);
-//! - the plugin's invocation-time healing ([`heal_on_add`]).
+//! - the repair: text-preserving edit (`plan`, `text`), crash-safe write
+//!   ([`mod@write`], also the installer's for its binaries and kubeconfig)
+//!   under the conf-dir lock ([`lock_dir`]), safe against concurrent
+//!   writers that do not take our lock ([`repair()`]);
+//! - the desired entry ([`Entry`], which is always one of ours), persisted
+//!   by the installer in [`ENTRY_FILE`];
+//! - detection of another agent fighting our repairs ([`FightDetector`],
+//!   and [`PersistedFights`] for the short-lived plugin).
 
+mod entry;
 mod error;
-pub(crate) mod fight;
-mod heal;
+mod fight;
 mod lock;
 mod plan;
 mod repair;
 mod scan;
 mod text;
-mod write;
+pub mod write;
 
 use std::fmt;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-pub use error::ChainError;
-pub use fight::FightDetector;
-pub use heal::{entry_from_stdin, heal_on_add};
+pub use entry::{ENTRY_FILE, Entry, PLUGIN_TYPE, load_entry, persist_entry, remove_entry_file};
+pub use error::{ChainError, EntryProblem};
+pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
+pub use lock::{DirLock, lock_dir};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};
 pub use write::TEMP_PREFIX;
 
 use scan::Kind;
-
-/// `"type"` of our entry in a conflist's `plugins`.
-pub const PLUGIN_TYPE: &str = "linkerd-cni";
-
-/// The persisted desired entry, in the conf dir, under a name no runtime
-/// loads (no `.conf`/`.conflist`/`.json` extension). JSON object text.
-pub const ENTRY_FILE: &str = "ZZZ-linkerd-cni-entry";
-
-/// A plugin object of a conflist.
-pub type Entry = Map<String, Value>;
-
-/// Checks that `entry` is one of ours: otherwise a repair would append an
-/// entry it then fails to recognise, again and again.
-pub fn validate_entry(entry: &Entry, origin: &str) -> Result<(), ChainError> {
-    match entry.get("type") {
-        Some(Value::String(t)) if t == PLUGIN_TYPE => Ok(()),
-        other => Err(ChainError::InvalidEntry {
-            origin: origin.to_string(),
-            reason: format!(
-                "\"type\" must be {PLUGIN_TYPE:?}, found {}",
-                other.map_or("nothing".to_string(), Value::to_string)
-            ),
-        }),
-    }
-}
-
-/// Parses an entry from JSON text (the entry file, `--entry FILE`).
-pub fn parse_entry(bytes: &[u8], origin: &str) -> Result<Entry, ChainError> {
-    let invalid = |reason: String| ChainError::InvalidEntry {
-        origin: origin.to_string(),
-        reason,
-    };
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => {
-            validate_entry(&m, origin)?;
-            Ok(m)
-        }
-        Ok(_) => Err(invalid("not a JSON object".into())),
-        Err(e) => Err(invalid(format!("not valid JSON: {e}"))),
-    }
-}
-
-/// Reads [`ENTRY_FILE`] from `conf_dir`; `Ok(None)` when absent.
-pub fn load_entry(conf_dir: &Path) -> Result<Option<Entry>, ChainError> {
-    let path = conf_dir.join(ENTRY_FILE);
-    match scan::read_file(&path) {
-        Ok(bytes) => parse_entry(&bytes, &path.display().to_string()).map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ChainError::io("read", path, e)),
-    }
-}
-
-/// Writes [`ENTRY_FILE`] (temp, fsync, rename, under the conf-dir lock), only
-/// when its content would change. Returns whether it wrote.
-pub fn persist_entry(conf_dir: &Path, entry: &Entry) -> Result<bool, ChainError> {
-    validate_entry(entry, "the entry to persist")?;
-    let path = conf_dir.join(ENTRY_FILE);
-    let _lock = lock::lock_dir(conf_dir, RepairOptions::default().lock_timeout, None)?;
-    match load_entry(conf_dir) {
-        Ok(Some(old)) if old == *entry => return Ok(false),
-        // Unreadable or invalid: replaced below.
-        _ => {}
-    }
-    let mut text = serde_json::to_string_pretty(entry)
-        .map_err(|e| ChainError::io("serialize", &path, io::Error::other(e)))?;
-    text.push('\n');
-    let like = fs::metadata(&path).ok();
-    let tmp = write::write_temp(conf_dir, text.as_bytes(), like.as_ref())
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
-    if let Err(e) = fs::rename(&tmp, &path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(ChainError::io("rename a temp file to", path, e));
-    }
-    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-    Ok(true)
-}
-
-/// Removes [`ENTRY_FILE`] (uninstall). `Ok(false)` when it was absent.
-pub fn remove_entry_file(conf_dir: &Path) -> Result<bool, ChainError> {
-    let path = conf_dir.join(ENTRY_FILE);
-    match fs::remove_file(&path) {
-        Ok(()) => {
-            write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(ChainError::io("remove", path, e)),
-    }
-}
 
 /// The state of the active config, as far as linkerd-cni is concerned.
 /// Positions are 0-based indices into the chain's `plugins`.
@@ -327,7 +242,6 @@ impl fmt::Display for Diagnosis {
 
 /// Read-only diagnosis of the active config (no lock, no write).
 pub fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<Diagnosis, ChainError> {
-    validate_entry(desired, "the desired entry")?;
     let listing = scan::list(conf_dir)?;
     Ok(diagnose_listing(&listing, desired).0)
 }

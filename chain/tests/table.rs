@@ -11,9 +11,9 @@ use std::fs;
 use std::path::Path;
 
 use common::{
-    TempDir, copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree,
+    TempDir, copy_tree, desired_entry, fixtures, is_linkerd, object, plugins, same_order, tree,
 };
-use linkerd_cni::chain::{self, ChainState, RepairOptions};
+use linkerd_cni_chain::{self as chain, ChainState, RepairOptions};
 use serde_json::Value;
 
 struct Case {
@@ -161,7 +161,7 @@ fn name_of(p: &Path) -> String {
 #[test]
 fn every_case_diagnoses_and_repairs_as_expected() {
     let update = std::env::var_os("UPDATE_CHAIN_FIXTURES").is_some();
-    let want = desired();
+    let want = desired_entry();
     let mut seen = Vec::new();
     for case in CASES {
         let src = fixtures().join(case.name);
@@ -270,7 +270,7 @@ fn check_repaired(
         "case {case}: linkerd entries at {ours:?}"
     );
     assert!(
-        same_order(list.last().unwrap(), &Value::Object(want.clone())),
+        same_order(list.last().unwrap(), &Value::from(want.clone())),
         "case {case}"
     );
 
