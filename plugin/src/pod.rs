@@ -221,7 +221,9 @@ pub fn decide_until(
             "the linkerd-cni installer sets kubernetes.kubeconfig to the kubeconfig it writes",
         )
     })?;
-    if !path.exists() {
+    // Only a kubeconfig known to be absent: one that cannot be checked
+    // (permissions) is an error below, like any unusable one.
+    if matches!(path.try_exists(), Ok(false)) {
         let why = format!(
             "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
              (linkerd-cni is being uninstalled, or its installer has not run on this node); \
