@@ -4,8 +4,9 @@
 //! pod object is deleted.
 //!
 //! - The DaemonSet is deleted (background cascade: NotFound; foreground:
-//!   deletionTimestamp): at SIGTERM the installer unchains the node, then
-//!   the token is revoked, and pods, meshed or not, start through libcni.
+//!   deletionTimestamp; the whole manifest or chart: the ServiceAccount gone
+//!   too): at SIGTERM the installer unchains the node, then the token is
+//!   revoked, and pods, meshed or not, start through libcni.
 //! - With the upstream chart's RBAC (no `get daemonsets`) the installer
 //!   cannot tell and leaves the node chained; once the token is revoked
 //!   the plugin passes every pod through.
@@ -152,24 +153,46 @@ fn uninstalled(node: &Node, conf: &Value) {
     );
 }
 
-/// `kubectl delete -f` / `helm uninstall` (background cascade: the
-/// DaemonSet is NotFound when its pods get SIGTERM) and a foreground
-/// cascade (it still exists, with a deletionTimestamp): unchained at
-/// SIGTERM; then, the token revoked, pods start through libcni.
+/// Ways a DaemonSet goes, as the installer's pods see them at SIGTERM.
+#[derive(Debug, Clone, Copy)]
+enum Deletion {
+    /// `kubectl delete daemonset` (background cascade): NotFound.
+    Background,
+    /// `kubectl delete --cascade=foreground`: a deletionTimestamp.
+    Foreground,
+    /// `kubectl delete -f` of the manifest or `helm uninstall`: by the time
+    /// the pods get SIGTERM the ServiceAccount is gone (its tokens get 401),
+    /// whatever RBAC there was (here the upstream chart's, without
+    /// daemonsets) with it.
+    Everything,
+}
+
+/// Each deletion: unchained at SIGTERM, within the stated bound; then, the
+/// token revoked, pods start through libcni.
 #[test]
 fn deleting_the_daemonset_unchains_the_node() {
-    for foreground in [false, true] {
+    for deletion in [
+        Deletion::Background,
+        Deletion::Foreground,
+        Deletion::Everything,
+    ] {
         let (node, api, net, conf, pod) = chained_node();
         let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
         assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
 
-        if foreground {
-            api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true));
-        } else {
-            api.remove(&daemonset_path(NS, DS));
+        match deletion {
+            Deletion::Background => api.remove(&daemonset_path(NS, DS)),
+            Deletion::Foreground => {
+                api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true))
+            }
+            Deletion::Everything => {
+                api.forbid(&daemonset_path(NS, DS));
+                api.remove(&daemonset_path(NS, DS));
+                api.revoke_token(&pod.token);
+            }
         }
         let log = pod.stop(&api);
-        assert!(log.contains("uninstalling"), "{log}");
+        assert!(log.contains("uninstalling"), "{deletion:?}: {log}");
         uninstalled(&node, &conf);
 
         for (spec, what) in [
@@ -177,22 +200,25 @@ fn deleting_the_daemonset_unchains_the_node() {
             (kube::serve_meshed(&api, "web-1"), "meshed"),
         ] {
             let steps = add(&node, &net, spec)
-                .unwrap_or_else(|e| panic!("{what} pod after uninstall: {e}"));
-            assert_eq!(steps, ORDER_WITHOUT, "{what}");
+                .unwrap_or_else(|e| panic!("{deletion:?}: {what} pod after uninstall: {e}"));
+            assert_eq!(steps, ORDER_WITHOUT, "{deletion:?}: {what}");
         }
         expect_no_reserved_ips(&node, &net);
     }
 }
 
-/// The upstream chart's RBAC has no `get daemonsets`: the installer
-/// cannot tell, leaves the node chained and says why. Once its token is
-/// revoked, every pod still starts: the plugin passes them through (a meshed
-/// one unredirected, which linkerd's network-validator then refuses).
+/// The upstream chart's RBAC has no `get daemonsets`: after
+/// `kubectl delete daemonset` alone (the ServiceAccount and its RBAC stay)
+/// the installer cannot tell, leaves the node chained and says why. Once
+/// its token is revoked, every pod still starts: the plugin passes them
+/// through (a meshed one unredirected, which linkerd's network-validator
+/// then refuses).
 #[test]
 fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
     let (node, api, net, conf, pod) = chained_node();
     api.forbid(&daemonset_path(NS, DS));
     api.remove(&daemonset_path(NS, DS));
+    api.add_namespace(NS, &[]);
     let log = pod.stop(&api);
     assert!(
         log.contains("cannot tell whether the DaemonSet is being deleted"),

@@ -34,7 +34,8 @@ USAGE:
     linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
                             [--timeout-seconds N]
                             whether the DaemonSet controlling pod NS/NAME is
-                            gone (NotFound) or being deleted: exit 0 and
+                            gone or being deleted (or the namespace is, or
+                            the pod's own token or RBAC is revoked): exit 0 and
                             \"gone: ...\" on stdout; exit 1 and \"present: ...\";
                             exit 2: cannot tell (the reason on stderr).
                             Every API call ends within N seconds (default 5).

@@ -1,9 +1,10 @@
 //! `linkerd-cni kube daemonset-gone`, the question the installer asks at
-//! SIGTERM, against the fake API server: only a definite "gone" (NotFound,
-//! or a deletionTimestamp) exits 0; a DaemonSet that exists exits 1;
-//! everything that leaves the answer open (credentials rejected, RBAC
-//! without daemonsets, API down, no DaemonSet owner) exits 2, in bounded
-//! time.
+//! SIGTERM, against the fake API server: only a definite "gone" exits 0
+//! (the DaemonSet NotFound or with a deletionTimestamp, the namespace being
+//! deleted, the asking pod's own token or RBAC revoked); a DaemonSet that
+//! exists exits 1; everything that leaves the answer open (RBAC without
+//! daemonsets in a namespace that stays, API down, no DaemonSet owner)
+//! exits 2, in bounded time.
 
 mod support;
 
@@ -84,16 +85,34 @@ fn present_deleting_and_gone() {
     expect(&c.ask(&[]), 1, "exists");
 }
 
+/// What `kubectl delete -f` and `helm uninstall` leave by the time the
+/// pods get SIGTERM: the ServiceAccount gone (its tokens rejected), the
+/// RBAC gone, the namespace being deleted.
 #[test]
-fn open_questions_exit_2() {
-    let c = cluster();
-    // The upstream chart's RBAC has no daemonsets.
-    c.api.forbid(&daemonset_path(NS, DS));
-    expect(&c.ask(&[]), 2, "HTTP 403");
-
+fn revoked_credentials_and_a_deleted_namespace_are_gone() {
     let c = cluster();
     c.api.revoke_token(c.api.token());
-    expect(&c.ask(&[]), 2, "HTTP 401");
+    expect(&c.ask(&[]), 0, "HTTP 401");
+
+    let c = cluster();
+    c.api.forbid(&pod_path(NS, POD));
+    expect(&c.ask(&[]), 0, "HTTP 403");
+
+    let c = cluster();
+    c.api.forbid(&daemonset_path(NS, DS));
+    let mut ns = testkit::objects::namespace(NS, &[]);
+    ns["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+    c.api.set(&testkit::objects::namespace_path(NS), ns);
+    expect(&c.ask(&[]), 0, "namespace linkerd-cni is being deleted");
+}
+
+#[test]
+fn open_questions_exit_2() {
+    // The upstream chart's RBAC has no daemonsets, and the namespace stays.
+    let c = cluster();
+    c.api.forbid(&daemonset_path(NS, DS));
+    c.api.add_namespace(NS, &[]);
+    expect(&c.ask(&[]), 2, "HTTP 403");
 
     let c = cluster();
     c.api.set(
