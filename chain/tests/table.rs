@@ -5,16 +5,13 @@
 //! `UPDATE_CHAIN_FIXTURES=1` writes the `out` dirs from the current code, for
 //! review in the diff; the test never passes by writing them.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::{
-    TempDir, copy_tree, desired_entry, fixtures, is_linkerd, object, plugins, same_order, tree,
-};
 use linkerd_cni_chain::{self as chain, ChainState, RepairOptions};
 use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 
 struct Case {
     name: &'static str,
@@ -161,11 +158,11 @@ fn name_of(p: &Path) -> String {
 #[test]
 fn every_case_diagnoses_and_repairs_as_expected() {
     let update = std::env::var_os("UPDATE_CHAIN_FIXTURES").is_some();
-    let want = desired_entry();
+    let want = linkerd_cni_chain::Entry::new(desired(), "entry.json").unwrap();
     let mut seen = Vec::new();
     for case in CASES {
         let src = fixtures().join(case.name);
-        let dir = TempDir::new("table");
+        let dir = TempDir::new("table").unwrap();
         copy_tree(&src.join("in"), dir.path());
         let before = tree(dir.path());
 

@@ -140,6 +140,14 @@ impl ActiveConf {
 }
 
 impl Node {
+    /// Whether the active config ends with exactly one `linkerd-cni`: a
+    /// quick oracle for loops that wait for a heal (the benchmarks).
+    pub fn linkerd_last(&self) -> bool {
+        self.read_active().is_ok_and(|a| {
+            a.is_list() && a.linkerd_positions() == [a.plugins().len().saturating_sub(1)]
+        })
+    }
+
     /// The active config ([`Node::active_conf`]) as read now.
     pub fn read_active(&self) -> Result<ActiveConf, String> {
         let path = self

@@ -6,9 +6,9 @@
 use serde_json::Value;
 
 use crate::driver::Completed;
-use crate::iptables::{Backend, Family, NatTable};
 use crate::node::{Node, Pod};
 use crate::results::exact;
+use testkit::iptables::{Backend, Family, NatTable};
 
 /// The commands and plugins libcni ran, in order.
 pub fn steps(run: &Completed) -> Vec<(String, String)> {

@@ -7,9 +7,9 @@
 //!
 //! # Pieces
 //!
-//! - [`artifacts`]: builds the Go driver (`cnidriver/main.go`, against
-//!   Debian's libcni source, GOPATH mode, offline) and the workspace binaries
-//!   (a nested `cargo build` for the running profile), once per process.
+//! - [`artifacts`]: finds the workspace binaries, built before the tests
+//!   run, and builds the Go driver (`cnidriver/main.go`, against Debian's
+//!   libcni source, GOPATH mode, offline), once per process.
 //! - [`node`]: [`Node`] — a netns standing in for the host, with its own
 //!   conf dir, bin dir (symlinks to `/usr/lib/cni/*` and our `linkerd-cni`),
 //!   libcni cache and IPAM state; [`Pod`] — a netns, a container ID and the
@@ -20,7 +20,8 @@
 //!   every plugin execution libcni made (stdin with `prevResult`, stdout,
 //!   stderr): the tests compare what libcni handed linkerd-cni with what it
 //!   printed.
-//! - [`iptables`]: `*-save -t nat` inside a netns, legacy and nft, v4 and v6.
+//! - [`iptables`] (testkit's): `*-save -t nat` inside a netns, legacy and
+//!   nft, v4 and v6, and the reference rules.
 //! - [`results`]: comparing results across pods (masking MACs, netns
 //!   paths and randomly named node-side links).
 //! - [`chains`]: configs of reference-plugin chains, and linkerd-cni's chart
@@ -34,10 +35,10 @@
 //!   (mount prefix, image bin dir and service account in temp dirs).
 //! - [`expect`]: the assertions the tests share (pass-through results,
 //!   reference rules, no rules, no reserved addresses).
-//! - [`sys`]: unique names (`lcnic-<kind>-<pid>-<n>`), Drop guards for netns
-//!   and temp dirs (they run on panic too), `setns`, the root/package check
-//!   (a test on an unfit machine fails and says why; it never passes
-//!   silently), and removal of what a SIGKILLed earlier run left behind.
+//! - [`sys`]: commands whose failure says what failed, and the root and
+//!   package check (a test on an unfit machine fails and says why; it never
+//!   passes silently). Namespaces and temp dirs are testkit's guards, named
+//!   `lcnic-<kind>-<pid>-<n>` so that what a SIGKILLed run left is swept.
 //!
 //! Set-up failures (not root, a package missing, `ip netns add` failing)
 //! panic with what failed: they are broken test environments, not outcomes.
@@ -53,15 +54,16 @@
 //! - **Self-heal.** Write stale, duplicated or misplaced entries with
 //!   [`Node::write_conf`], ADD, then judge [`Node::read_active`] with
 //!   [`active::ActiveConf::healthy_with`].
-//! - **Installer.** [`installer::Installer::start`] on a
+//! - **Installer.** [`installer::start`] on a
 //!   [`Node::without_linkerd_cni`] (the installer puts the binary in place);
 //!   [`installer::expected_entry`] is what it must render.
 //! - **Concurrency.** [`Node`] is `Sync` and every call uses its own trace
 //!   file: `std::thread::scope` with many threads each doing
 //!   `node.add(&net, &pod)` works as is.
-//! - **Benchmarks.** [`Node::driver_command`] gives the exact command to
-//!   time; [`Exec::duration`] is each plugin's own wall time as libcni saw
-//!   it, so a benchmark can separate linkerd-cni from the primary.
+//! - **Benchmarks** (the `linkerd-cni-tools` crate). [`Node::driver_command`]
+//!   gives the exact command to time; [`Exec::duration`] is each plugin's own
+//!   wall time as libcni saw it, so a benchmark can separate linkerd-cni from
+//!   the primary.
 
 pub mod active;
 pub mod artifacts;
@@ -69,18 +71,11 @@ pub mod chains;
 pub mod driver;
 pub mod expect;
 pub mod installer;
-pub mod iptables;
 pub mod kube;
 pub mod node;
 pub mod results;
-// The demo and the benchmarks (src/bin/): whole-node scenarios, their
-// statistics, and the supervisor that cleans up after them.
-pub mod scenario;
-pub mod stats;
-pub mod supervise;
 pub mod sys;
 
 pub use driver::{Completed, Exec, Failed, Outcome};
-pub use iptables::{Backend, Family, NatTable};
 pub use node::{Node, Pod, PodSpec};
-pub use sys::Netns;
+pub use testkit::iptables::{self, Backend, Family, NatTable};

@@ -58,7 +58,7 @@ struct InstallerPod {
 fn start_pod(node: &Node, api: &FakeApiServer, name: &str) -> InstallerPod {
     api.set(&pod_path(NS, name), daemonset_pod(NS, name, DS, DS_UID));
     let token = api.issue_token();
-    let inst = Installer::start_with_token(
+    let inst = installer::start_with_token(
         node,
         api,
         &token,
@@ -80,7 +80,10 @@ impl InstallerPod {
     /// goes and its token with it.
     fn stop(mut self, api: &FakeApiServer) -> String {
         let t = Instant::now();
-        self.inst.terminate();
+        // SAFETY: kill(2) on our own child, not reaped yet: `self.inst`
+        // owns it and only its wait_exit or drop reap it.
+        let r = unsafe { libc::kill(self.inst.id() as i32, libc::SIGTERM) };
+        assert_eq!(r, 0, "cannot signal the installer");
         let status = self
             .inst
             .wait_exit(SIGTERM_BOUND + GRACE)

@@ -33,9 +33,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conformance::chains::{self, Primary};
+use conformance::chains;
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::results::exact;
 use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
@@ -51,12 +51,6 @@ const GRACE: Duration = Duration::from_secs(5);
 /// Per pod: retries of an ADD whose config libcni could not parse, and
 /// sandbox recreations, together. Generous: the storm lasts seconds.
 const MAX_ATTEMPTS: u32 = 100;
-
-fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
-    let mut plugins = chains::typical_chain(node, Primary::Ptp, None);
-    plugins[0]["mtu"] = (1400 + generation).into();
-    chains::conflist(net, "1.0.0", plugins)
-}
 
 fn ran_linkerd(run: &Completed) -> bool {
     run.execs("linkerd-cni").next().is_some()
@@ -161,15 +155,9 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
     let net = node.network_name("storm");
     let file = format!("10-{net}.conflist");
     let conf_path = node.conf_dir().join(&file);
-    node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let inst = Installer::start(
-        &node,
-        &api,
-        &[("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string())],
-    );
+    let primary = chains::primary_generation(&node, &net, 0);
+    let inst = installer::start_and_chain(&node, &api, &file, &primary, RESYNC, RESYNC + GRACE);
     let desired = installer::expected_entry(&node);
-    node.wait_healthy(&desired, &primary_conf(&node, &net, 0), RESYNC + GRACE)
-        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
 
     let pods: Vec<(Pod, bool)> = (0..PODS)
         .map(|i| {
@@ -198,7 +186,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
                 // Whatever was repaired meanwhile, the primary's previous
                 // write must still be the base: a repair computed from an
                 // older one must never stick.
-                let previous = primary_conf(&node, &net, generation - 1);
+                let previous = chains::primary_generation(&node, &net, generation - 1);
                 if let Err(e) = primary_write_kept(&node, &previous) {
                     lost.lock()
                         .unwrap()
@@ -207,7 +195,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
                 if adds_done.load(Ordering::SeqCst) {
                     break;
                 }
-                let conf = primary_conf(&node, &net, generation);
+                let conf = chains::primary_generation(&node, &net, generation);
                 if generation % 2 == 1 {
                     node.write_conf(&file, &conf);
                 } else {
@@ -263,7 +251,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
     );
 
     // After the storm: healthy, with the primary's last content.
-    let last = primary_conf(&node, &net, last_generation);
+    let last = chains::primary_generation(&node, &net, last_generation);
     let t = Instant::now();
     node.wait_healthy(&desired, &last, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("after the storm: {e}\n{}", inst.log()));

@@ -11,6 +11,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::Signal;
 
 use common::*;
+use testkit::names::file_names;
 
 const RESYNC: Duration = Duration::from_secs(1);
 const FAST: &[(&str, &str)] = &[("LINKERD_CNI_RESYNC_SECONDS", "1")];

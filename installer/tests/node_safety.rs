@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use testkit::names::file_names;
 
 const RESYNC: Duration = Duration::from_secs(1);
 const FAST: &[(&str, &str)] = &[("LINKERD_CNI_RESYNC_SECONDS", "1")];
@@ -35,7 +36,12 @@ fn no_token_no_entry() {
         inst.log()
     );
     // A few passes more: still nothing.
-    std::thread::sleep(RESYNC * 2);
+    assert!(
+        !wait_until(RESYNC * 2, || file_names(&node.conf_dir).len() > 1),
+        "{:?}\n{}",
+        file_names(&node.conf_dir),
+        inst.log()
+    );
     assert_eq!(
         fs::read_to_string(node.conf("10-calico.conflist")).unwrap(),
         calico
@@ -117,6 +123,12 @@ fn dockerfile_puts_the_tiny_sh_at_bin_sh() {
         "{:?}",
         to_sh[0]
     );
+    // The build stage takes linkerd-cni-sh out of cargo's target dir.
+    assert!(
+        text.contains("release/linkerd-cni-sh"),
+        "the build stage does not pick up linkerd-cni-sh in {}",
+        path.display()
+    );
     let pkg = env!("CARGO_PKG_NAME");
     assert!(
         text.lines().any(|l| l.contains("cargo build")
@@ -134,6 +146,7 @@ fn dockerfile_puts_the_tiny_sh_at_bin_sh() {
 /// rolling update, as far as it can tell). Needs root (namespaces).
 #[test]
 fn charts_prestop_hook_stops_the_installer() {
+    testkit::require_root("runs the installer as PID 1 of a new PID namespace");
     let node = Node::new("prestop");
     node.write_by_rename("10-calico.conflist", &calico_text(0));
     let log = node.root.join("pid1.log");

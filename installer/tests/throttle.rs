@@ -43,8 +43,12 @@ fn throttled_repair_is_retried_when_the_limit_allows() {
         "{}",
         inst.log()
     );
-    node.wait_healthy(INTERVAL + GRACE * 2)
-        .unwrap_or_else(|e| panic!("not retried when the limit allowed: {e}\n{}", inst.log()));
+    assert!(
+        wait_until(INTERVAL + GRACE * 2, || node.healthy().is_ok()),
+        "not retried when the limit allowed: {:?}\n{}",
+        node.healthy(),
+        inst.log()
+    );
     eprintln!(
         "held-back repair done {:?} after the rewrite, {:?} after the previous repair (limit {INTERVAL:?}, resync {RESYNC} s)",
         t.elapsed(),

@@ -2,9 +2,6 @@
 //! many `linkerd-cni chain repair` runs against a primary CNI that keeps
 //! rewriting its file, and repairs killed with SIGKILL at random points.
 
-#[path = "../../chain/tests/common/mod.rs"]
-mod common;
-
 use std::fs::{self, File};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,8 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, desired, fixtures, is_linkerd, plugins};
 use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{desired, fixtures, is_linkerd, plugins};
 
 const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
 
@@ -96,8 +94,8 @@ const GENERATIONS: u64 = 80;
 
 #[test]
 fn fifty_repairs_against_a_rewriting_primary_lose_no_update() {
-    let d = TempDir::new("conc");
-    let e = TempDir::new("conc-entry");
+    let d = TempDir::new("conc").unwrap();
+    let e = TempDir::new("conc-entry").unwrap();
     let entry = e.write("entry.json", &Value::Object(desired()).to_string());
     fs::copy(
         fixtures().join("calico/in/10-calico.conflist"),
@@ -195,8 +193,8 @@ fn active(snap: &[(String, Vec<u8>)]) -> Option<&(String, Vec<u8>)> {
 
 #[test]
 fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
-    let d = TempDir::new("crash");
-    let e = TempDir::new("crash-entry");
+    let d = TempDir::new("crash").unwrap();
+    let e = TempDir::new("crash-entry").unwrap();
     let entry = e.write("entry.json", &Value::Object(desired()).to_string());
     let calico = fs::read(fixtures().join("calico/in/10-calico.conflist")).unwrap();
     let bridge = br#"{"cniVersion":"0.4.0","name":"br","type":"bridge","bridge":"cni0"}"#.to_vec();

@@ -7,7 +7,7 @@
 //! a file of this test's own is bind-mounted over it, and this test holds
 //! that file's lock. Needs root (namespaces, mounts).
 
-mod support;
+mod common;
 
 use std::fs::File;
 use std::io::Write;
@@ -21,7 +21,7 @@ use testkit::iptables::nat_table;
 use testkit::objects::Pod;
 use testkit::{FakeApiServer, TempDir, TestNetns};
 
-use support::{BIN, cni_env, netconf, stderr, stdout_json};
+use common::{BIN, cni_env, netconf, stderr, stdout_json};
 
 const XTABLES_LOCK: &str = "/run/xtables.lock";
 /// The deadline under test.
@@ -33,6 +33,7 @@ const GRACE: Duration = Duration::from_secs(4);
 /// Runs the plugin in a private mount namespace in which `lock` is bind
 /// mounted over the machine's xtables lock file.
 fn run_plugin_with_lock(lock: &Path, env: &[(String, String)], conf: &Value) -> Output {
+    testkit::require_root("runs the plugin in a private mount namespace with a bind mount");
     assert!(
         Path::new(XTABLES_LOCK).exists() || File::create(XTABLES_LOCK).is_ok(),
         "cannot create {XTABLES_LOCK} (the bind-mount target): this test needs root"

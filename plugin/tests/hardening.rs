@@ -2,7 +2,7 @@
 //! the runtime's environment, broken or insecure kubeconfigs, API servers
 //! that hang mid-handshake. Network traffic stays on 127.0.0.1.
 
-mod support;
+mod common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use serde_json::json;
 use testkit::objects::Pod;
 use testkit::{FakeApiServer, TempDir};
 
-use support::{cni_env, netconf, run_plugin, stderr, stdout_json};
+use common::{cni_env, netconf, run_plugin, stderr, stdout_json};
 
 /// A TCP listener on 127.0.0.1 that counts the connections it gets and
 /// holds each one open (as an unresponsive proxy, or a server whose TLS
@@ -128,7 +128,7 @@ fn decide(
     );
     let mut conf = netconf(kubeconfig, json!({}));
     conf["kubernetes"]["api-budget-seconds"] = json!(budget);
-    let inv = support::invocation(&env, &conf);
+    let inv = common::invocation(&env, &conf);
     let config = linkerd_cni::config::PluginConfig::from_netconf(&inv.conf)?;
     linkerd_cni::pod::decide(&inv, &config)
 }
@@ -303,7 +303,7 @@ fn chain_status_shows_weak_transports() {
         .to_string(),
     )
     .unwrap();
-    let out = std::process::Command::new(support::BIN)
+    let out = std::process::Command::new(common::BIN)
         .args(["chain", "status", "--conf-dir"])
         .arg(&conf_dir)
         .arg("--entry")

@@ -2,7 +2,7 @@
 //! pods are meshed, with which settings, with how many API calls, and how
 //! failures of the API server surface.
 
-mod support;
+mod common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use testkit::objects::{KUBERNETES_SERVICE_PATH, Pod, kubernetes_service, namespace_path};
 use testkit::{FakeApiServer, Mode, TempDir};
 
-use support::{cni_env, invocation, netconf};
+use common::{cni_env, invocation, netconf};
 
 /// A fake server, its kubeconfig, and the dir holding it.
 struct Cluster {
@@ -26,7 +26,7 @@ struct Cluster {
 
 fn cluster() -> Cluster {
     let api = FakeApiServer::start();
-    let dir = TempDir::new("lcni-kube").unwrap();
+    let dir = TempDir::new("kube").unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
     Cluster {
         api,
@@ -431,9 +431,9 @@ fn ipv6_plans_both_families_each_with_its_cidrs() {
 
 #[test]
 fn api_server_inside_a_node_netns_is_reachable_only_from_there() {
-    let node = testkit::TestNetns::new("lcni-node").unwrap();
+    let node = testkit::TestNetns::new("node").unwrap();
     let mut api = FakeApiServer::start_in_netns(node.path()).unwrap();
-    let dir = TempDir::new("lcni-kube-ns").unwrap();
+    let dir = TempDir::new("kube-ns").unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
     api.add_pod(&Pod::meshed("emojivoto", "web-0"));
     api.add_namespace("emojivoto", &[]);

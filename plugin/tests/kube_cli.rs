@@ -6,7 +6,7 @@
 //! daemonsets in a namespace that stays, API down, no DaemonSet owner)
 //! exits 2, in bounded time.
 
-mod support;
+mod common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
 use testkit::{FakeApiServer, TempDir};
 
-use support::{BIN, stderr};
+use common::{BIN, stderr};
 
 const NS: &str = "linkerd-cni";
 const POD: &str = "linkerd-cni-x7k2p";

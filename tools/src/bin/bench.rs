@@ -3,7 +3,7 @@
 //! more than two) so that the machine's slow phases hit all of them.
 //!
 //! ```text
-//! cargo run --release -p conformance --bin bench [-- --quick]
+//! bash scripts/tool.sh bench [--quick]
 //! ```
 //!
 //! Run as root (throwaway network namespaces, as the conformance tests).
@@ -34,12 +34,13 @@ use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
-use conformance::scenario::{Binaries, InstallerOptions, InstallerProcess};
-use conformance::stats::{Samples, fmt_num, paired_differences, ratio};
-use conformance::supervise::{self, Stop, checkpoint};
-use conformance::sys::child_path;
 use conformance::{Completed, Node, PodSpec, artifacts};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
+use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
+use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
+use testkit::child_path;
+use testkit::installer::InstallerProcess;
 use testkit::{FakeApiServer, objects};
 
 const WITH: &str = "with-linkerd";
@@ -90,7 +91,7 @@ impl Plan {
 }
 
 fn main() -> ExitCode {
-    supervise::run("bench", story)
+    linkerd_cni_tools::main("bench", story)
 }
 
 fn story() -> ExitCode {
@@ -113,7 +114,7 @@ fn story() -> ExitCode {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
-    match run(&plan) {
+    match stop::run_story(|| run(&plan)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Interrupted) => {
             eprintln!("bench: interrupted");
@@ -123,6 +124,16 @@ fn story() -> ExitCode {
             eprintln!("bench: {why}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Round `i`'s order of the two networks: alternated, so that neither
+/// always runs first.
+fn abab(i: usize) -> [&'static str; 2] {
+    if i.is_multiple_of(2) {
+        [WITH, WITHOUT]
+    } else {
+        [WITHOUT, WITH]
     }
 }
 
@@ -137,7 +148,7 @@ fn fail(s: impl Into<String>) -> Stop {
 fn run(plan: &Plan) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
-    let bins = Binaries::build().map_err(fail)?;
+    let bins = Binaries::find().map_err(fail)?;
     progress("building the libcni driver");
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
@@ -354,11 +365,7 @@ fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     let warmup = 3;
     for i in 0..plan.libcni_pairs + warmup {
         checkpoint()?;
-        let order = if i % 2 == 0 {
-            [WITH, WITHOUT]
-        } else {
-            [WITHOUT, WITH]
-        };
+        let order = abab(i);
         for net in order {
             let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
             let t0 = Instant::now();
@@ -624,7 +631,8 @@ impl HealNode {
     /// A fresh installer (fresh fight history), started and chained.
     fn restart(&mut self, bins: &Binaries) -> Result<(), Stop> {
         drop(self.installer.take());
-        let mut inst = InstallerProcess::start(&self.node, bins, None, self.opts).map_err(fail)?;
+        let mut inst =
+            scenario::start_installer(&self.node, bins, None, self.opts).map_err(fail)?;
         let end = Instant::now() + Duration::from_secs(10);
         while !self.node.linkerd_last() {
             checkpoint()?;
@@ -648,9 +656,9 @@ impl HealNode {
             self.heals = 0;
             // Past its first pass (milliseconds), which would otherwise
             // catch the rewrite below at start-up.
-            supervise::sleep(Duration::from_millis(300))?;
+            stop::sleep(Duration::from_millis(300))?;
         }
-        supervise::sleep(phase)?;
+        stop::sleep(phase)?;
         self.node
             .write_conf("10-primary.conflist", &primary(&self.node));
         let t0 = Instant::now();
@@ -804,11 +812,7 @@ fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         let (mut with, mut without) = (Samples::new(), Samples::new());
         for i in 0..rounds {
             checkpoint()?;
-            let order = if i % 2 == 0 {
-                [WITH, WITHOUT]
-            } else {
-                [WITHOUT, WITH]
-            };
+            let order = abab(i);
             for net in order {
                 let pods: Vec<_> = (0..n)
                     .map(|_| node.pod(PodSpec::kubernetes("bench", "meshed")))

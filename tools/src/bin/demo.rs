@@ -5,19 +5,19 @@
 //! race, meshed and unmeshed pods with their iptables rules, and the chain
 //! healing after the primary rewrites its conflist.
 //!
-//! Run as root after `cargo build --release` (demo.sh does both). Nothing
-//! outside its namespaces and temp dir is touched, and everything is
-//! removed at the end, also on Ctrl-C, SIGTERM or a failed step (see
-//! `conformance::supervise`).
+//! Run as root after building the release binaries (demo.sh does both).
+//! Nothing outside its namespaces and temp dir is touched, and everything is
+//! removed at the end, also on Ctrl-C, SIGTERM, a failed step or a panic
+//! (Drop guards; see the crate's doc), then checked to be gone.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use conformance::iptables::{Backend, Family, NatTable};
-use conformance::scenario::{Binaries, InstallerOptions, InstallerProcess};
-use conformance::supervise::{self, Stop, checkpoint};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
+use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::FakeApiServer;
 use testkit::objects;
@@ -31,7 +31,7 @@ const RESYNC: Duration = Duration::from_secs(3);
 const WIDTH: usize = 78;
 
 fn main() -> ExitCode {
-    supervise::run("demo", story)
+    linkerd_cni_tools::main("demo", story)
 }
 
 fn story() -> ExitCode {
@@ -41,7 +41,7 @@ fn story() -> ExitCode {
         eprintln!("demo: run me as root (sudo ./demo.sh): I create network namespaces");
         return ExitCode::from(2);
     }
-    match run(&o) {
+    match stop::run_story(|| run(&o)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Interrupted) => {
             o.line("");
@@ -64,7 +64,7 @@ fn run(o: &Out) -> Result<(), Stop> {
          Nothing touches this machine's /etc/cni/net.d, /opt/cni/bin or network, \
          and everything is removed at the end (also on Ctrl-C).",
     );
-    let bins = Binaries::build().map_err(Stop::failed)?;
+    let bins = Binaries::find().map_err(Stop::failed)?;
     // Built on first use; a cold Go cache takes a while, so say so.
     o.dim("(building the libcni driver, a small Go program, against Debian's libcni...)");
     let _ = artifacts::cnidriver();
@@ -120,7 +120,7 @@ fn run(o: &Out) -> Result<(), Stop> {
         "LINKERD_CNI_WATCH=false LINKERD_CNI_RESYNC_SECONDS={} linkerd-cni-installer",
         RESYNC.as_secs()
     ));
-    let mut installer = InstallerProcess::start(
+    let mut installer = scenario::start_installer(
         &node,
         &bins,
         Some(&api),
@@ -139,7 +139,7 @@ fn run(o: &Out) -> Result<(), Stop> {
             installer.new_log_lines().join("\n")
         ))
     })?;
-    supervise::sleep(Duration::from_millis(200))?;
+    stop::sleep(Duration::from_millis(200))?;
     o.logs("installer", &installer.new_log_lines(), &n);
     o.say(&format!(
         "Its first pass installed the binary and the kubeconfig, and wrote no network \
@@ -150,7 +150,7 @@ fn run(o: &Out) -> Result<(), Stop> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    supervise::sleep(Duration::from_secs(1))?;
+    stop::sleep(Duration::from_secs(1))?;
     o.say(&format!(
         "One second later the primary CNI writes {PRIMARY_FILE} (bridge + host-local IPAM, portmap):"
     ));
@@ -497,7 +497,7 @@ fn flat(v: &Value) -> String {
 }
 
 fn show_status(o: &Out, node: &Node, bins: &Binaries, n: &Names) {
-    let (code, text) = node.chain_status(&bins.plugin);
+    let (code, text) = scenario::chain_status(node, &bins.plugin);
     o.out(text.trim_end(), n);
     let verdict = match code {
         0 => "exit 0: healthy",
