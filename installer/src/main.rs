@@ -10,6 +10,7 @@ mod installer;
 mod kubeconfig;
 mod logging;
 mod notes;
+mod owner;
 mod run;
 mod signals;
 mod watch;

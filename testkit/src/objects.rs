@@ -206,3 +206,48 @@ pub fn being_deleted(mut pod: Value) -> Value {
     }
     pod
 }
+
+/// The API path of a DaemonSet.
+pub fn daemonset_path(namespace: &str, name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+}
+
+/// A DaemonSet; `deleting` sets a `deletionTimestamp` and the finalizer a
+/// foreground cascade leaves on it while its pods go.
+pub fn daemonset(namespace: &str, name: &str, uid: &str, deleting: bool) -> Value {
+    let mut meta = json!({
+        "name": name, "namespace": namespace, "uid": uid, "generation": 1,
+        "labels": {"k8s-app": name},
+    });
+    if deleting && let Some(m) = meta.as_object_mut() {
+        m.insert("deletionTimestamp".into(), "2026-01-01T00:00:00Z".into());
+        m.insert("finalizers".into(), json!(["foregroundDeletion"]));
+    }
+    json!({
+        "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "metadata": meta,
+        "spec": {"selector": {"matchLabels": {"k8s-app": name}}},
+        "status": {"desiredNumberScheduled": 1, "numberReady": 1},
+    })
+}
+
+/// The installer's own pod, owned (as its controller) by DaemonSet
+/// `daemonset` with `uid`.
+pub fn daemonset_pod(namespace: &str, name: &str, daemonset: &str, uid: &str) -> Value {
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": "6a1f0c2e-8d4b-4e5f-a1b2-c3d4e5f60718",
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {"containers": [container("install-cni", None)]},
+        "status": {"phase": "Running"},
+    })
+}

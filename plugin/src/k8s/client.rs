@@ -32,7 +32,7 @@ use ureq::unversioned::transport::{
 };
 
 use super::kubeconfig::{ApiConfig, Trust};
-use super::objects::{Namespace, Pod, Service};
+use super::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -144,7 +144,8 @@ impl ApiError {
         }
     }
 
-    fn transient(&self) -> bool {
+    /// Worth retrying later: the server was unreachable, slow or overloaded.
+    pub fn transient(&self) -> bool {
         match self {
             ApiError::Unreachable { .. }
             | ApiError::TimedOut { .. }
@@ -227,6 +228,12 @@ impl Client {
 
     pub fn namespace(&self, name: &str) -> Result<Namespace, ApiError> {
         self.get(&format!("/api/v1/namespaces/{name}"))
+    }
+
+    pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
+        self.get(&format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ))
     }
 
     /// Service `default/kubernetes`: the API server's ports.
