@@ -518,7 +518,7 @@ fn show_nat(o: &Out, pod: &Pod, n: &Names) {
 }
 
 /// Fails unless `pod`'s linkerd lines are the reference rules for the
-/// defaults (reference.md section 3, as upstream writes them).
+/// defaults, as upstream linkerd2-proxy-init's iptables package writes them.
 fn expect_reference_rules(o: &Out, pod: &Pod) -> Result<(), Stop> {
     let mut got = pod
         .nat(Backend::Legacy, Family::V4)
