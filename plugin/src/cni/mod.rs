@@ -33,6 +33,9 @@ pub struct Invocation {
 /// What a plugin does for each command. Only ADD produces a result; the
 /// others report success or an error.
 pub trait Plugin {
+    /// Called as soon as the environment is parsed, before anything about
+    /// the invocation is logged (e.g. to name the container in every line).
+    fn start(&self, _env: &Env) {}
     /// Called once the config is parsed, before the command (e.g. to set the
     /// log level from it).
     fn configure(&self, _conf: &NetConf) {}
@@ -125,7 +128,10 @@ pub fn run(
     plugin: &dyn Plugin,
 ) -> Outcome {
     let env = match Env::from_lookup(&lookup) {
-        Ok(env) => env,
+        Ok(env) => {
+            plugin.start(&env);
+            env
+        }
         Err(e) => {
             let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
             return Outcome::error(&e, &v);
