@@ -1,4 +1,6 @@
-//! linkerd-cni's own config keys, read from the stdin config.
+//! linkerd-cni's own config keys, read from the network config the runtime
+//! passes on stdin ([`crate::cni::netconf`] parses the members every plugin
+//! has; this module, those that are linkerd-cni's).
 //!
 //! Keys and meaning follow upstream linkerd-cni and the `linkerd2-cni` Helm
 //! chart, so existing configs work unchanged; new keys are ours and optional.
@@ -14,7 +16,7 @@ use std::time::Duration;
 use log::LevelFilter;
 use serde_json::{Map, Value};
 
-use crate::cni::config::short;
+use crate::cni::netconf::short;
 use crate::cni::{CniError, NetConf, code};
 use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
