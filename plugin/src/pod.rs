@@ -12,10 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::cni::{CniError, Invocation, code};
+use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
+use crate::k8s::objects::{Pod, PodSpec};
 use crate::k8s::{self, ApiError, Client, KubeconfigError};
 
 /// The proxy container linkerd's injector adds.
@@ -152,28 +153,72 @@ pub fn status(config: &PluginConfig) {
 /// Decides what to do for the pod of `inv`, making the API calls needed
 /// (none for a pass-through by CNI_ARGS or exempt namespace).
 pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    let args = &inv.env.args;
+    match plan(inv, config) {
+        Ok(plan) => Ok(Decision::Mesh(plan)),
+        Err(Stop::PassThrough(why)) => Ok(Decision::PassThrough(why)),
+        Err(Stop::Failed(e)) => Err(e),
+    }
+}
+
+/// Why [`plan`] stopped before a plan: the pod is not ours to mesh, or
+/// something failed.
+enum Stop {
+    PassThrough(String),
+    Failed(CniError),
+}
+
+impl From<CniError> for Stop {
+    fn from(e: CniError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// The phases of [`decide`]: which pod, the API client, whether the pod is
+/// meshed, its effective settings, its rules.
+fn plan(inv: &Invocation, config: &PluginConfig) -> Result<Plan, Stop> {
+    let (namespace, name) = pod_in_args(&inv.env.args, config)?;
+    let pod_id = format!("{namespace}/{name}");
+    let client = api_client(config, &pod_id)?;
+    let pod = client
+        .pod(namespace, name)
+        .map_err(|e| api_error(&format!("pod {pod_id}"), e))?;
+    check_meshed(&pod.spec, &pod_id)?;
+    let spec = effective_spec(&client, config, &pod, namespace, &pod_id)?;
+    let rule_sets = rule_sets(&spec, config.proxy.ipv6);
+    Ok(Plan {
+        pod: pod_id,
+        spec,
+        rule_sets,
+    })
+}
+
+/// The pod's namespace and name from CNI_ARGS; a pass-through when the
+/// invocation is not for a Kubernetes pod or its namespace is exempt.
+fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Ok(Decision::PassThrough(
+        return Err(Stop::PassThrough(
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "namespace {namespace:?} is exempt (exempt-namespaces)"
         )));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !valid_name(value) {
-            return Err(CniError::new(
+            return Err(Stop::Failed(CniError::new(
                 code::INVALID_ENV,
                 format!("invalid {key} {value:?} in CNI_ARGS"),
                 "a Kubernetes name holds only lower-case letters, digits, '-' and '.'",
-            ));
+            )));
         }
     }
-    let pod_id = format!("{namespace}/{name}");
+    Ok((namespace, name))
+}
 
+/// A client for the configured kubeconfig, to look up `pod_id`.
+fn api_client(config: &PluginConfig, pod_id: &str) -> Result<Client, CniError> {
     let path = config.kubeconfig.as_deref().ok_or_else(|| {
         CniError::new(
             code::INVALID_CONFIG,
@@ -184,19 +229,19 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         )
     })?;
     let api = usable_kubeconfig(path, config)?;
-    let client = Client::new(api, config.api_budget);
+    Ok(Client::new(api, config.api_budget))
+}
 
-    let pod = client
-        .pod(namespace, name)
-        .map_err(|e| api_error(&format!("pod {pod_id}"), e))?;
-    let spec = &pod.spec;
+/// A pass-through unless the pod has linkerd's proxy and no init container
+/// of its own.
+fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
     let has_proxy = spec
         .containers
         .iter()
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has no {PROXY_CONTAINER} container"
         )));
     }
@@ -205,11 +250,22 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
         )));
     }
+    Ok(())
+}
 
+/// The config keys, overridden by the pod's (or its namespace's)
+/// annotations; a control-plane pod also skips the API server's ports.
+fn effective_spec(
+    client: &Client,
+    config: &PluginConfig,
+    pod: &Pod,
+    namespace: &str,
+    pod_id: &str,
+) -> Result<RedirectSpec, CniError> {
     let mut spec = base_spec(&config.proxy)?;
     let pod_ann = &pod.metadata.annotations;
     // One namespace GET covers every annotation the pod lacks.
@@ -222,7 +278,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
     } else {
         BTreeMap::new()
     };
-    apply_annotations(&mut spec, pod_ann, &ns_ann, &pod_id)?;
+    apply_annotations(&mut spec, pod_ann, &ns_ann, pod_id)?;
 
     if pod
         .metadata
@@ -230,7 +286,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         .get(CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
-        let ports = api_server_ports(&client).unwrap_or_else(|e| {
+        let ports = api_server_ports(client).unwrap_or_else(|e| {
             log::warn!(
                 "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
             );
@@ -239,20 +295,19 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         spec.outbound_ports_to_ignore
             .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
     }
+    Ok(spec)
+}
 
+/// One rule set per family to program.
+fn rule_sets(spec: &RedirectSpec, ipv6: bool) -> Vec<RuleSet> {
     let mut families = vec![Family::V4];
-    if config.proxy.ipv6 {
+    if ipv6 {
         families.push(Family::V6);
     }
-    let rule_sets = families
+    families
         .into_iter()
-        .map(|f| RuleSet::build(&spec, f))
-        .collect();
-    Ok(Decision::Mesh(Plan {
-        pod: pod_id,
-        spec,
-        rule_sets,
-    }))
+        .map(|f| RuleSet::build(spec, f))
+        .collect()
 }
 
 /// The kubeconfig at `path`, refused when it would send the token over
