@@ -196,7 +196,19 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     let options = serde_saphyr::options! { with_snippet: false };
     let file: File =
         serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?;
+    let (name, ctx) = context(&file)?;
+    let (cluster_name, cluster) = cluster(&file, name, ctx)?;
+    let (user_name, user) = user(&file, name, ctx)?;
+    Ok(ApiConfig {
+        source: PathBuf::new(),
+        server: server(cluster_name, cluster)?,
+        token: token(user_name, user, base)?,
+        trust: trust(cluster_name, cluster, base)?,
+    })
+}
 
+/// The context the installer names, else the current one.
+fn context(file: &File) -> Result<(&str, &Context), String> {
     let contexts: BTreeMap<&str, Option<&Context>> = file
         .contexts
         .iter()
@@ -214,7 +226,15 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .get(name)
         .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
         .ok_or_else(|| format!("context {name:?} is empty"))?;
+    Ok((name, ctx))
+}
 
+/// The cluster context `name` names, with its name.
+fn cluster<'a>(
+    file: &'a File,
+    name: &str,
+    ctx: &'a Context,
+) -> Result<(&'a str, &'a Cluster), String> {
     let cluster_name = ctx
         .cluster
         .as_deref()
@@ -227,6 +247,11 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .value
         .as_ref()
         .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
+    Ok((cluster_name, cluster))
+}
+
+/// The user context `name` names, with its name.
+fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'a User), String> {
     let user_name = ctx
         .user
         .as_deref()
@@ -239,7 +264,12 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .user
         .as_ref()
         .ok_or_else(|| format!("user {user_name:?} is empty"))?;
+    Ok((user_name, user))
+}
 
+/// The cluster's server, normalized; a cluster that asks for a proxy is
+/// refused.
+fn server(cluster_name: &str, cluster: &Cluster) -> Result<String, String> {
     if cluster
         .proxy_url
         .as_deref()
@@ -250,14 +280,17 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
              always connects to the API server directly; remove proxy-url"
         ));
     }
-    let server = normalize_server(
+    normalize_server(
         cluster
             .server
             .as_deref()
             .ok_or_else(|| format!("cluster {cluster_name:?} has no server"))?,
     )
-    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))?;
+    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))
+}
 
+/// The user's bearer token, inline or from its `tokenFile`.
+fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
     let token = match (&user.token, &user.token_file) {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
         (_, Some(f)) if !f.is_empty() => {
@@ -277,7 +310,12 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         }
         _ => return Err(format!("user {user_name:?} has no token or tokenFile")),
     };
+    Ok(token)
+}
 
+/// How to trust the server: not at all when asked, else the cluster's CA
+/// (inline or from a file), else the system's bundle.
+fn trust(cluster_name: &str, cluster: &Cluster, base: &Path) -> Result<Trust, String> {
     let trust = if cluster.insecure_skip_tls_verify == Some(true) {
         Trust::Insecure
     } else if let Some(data) = cluster
@@ -311,13 +349,7 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
             )
         })?
     };
-
-    Ok(ApiConfig {
-        source: PathBuf::new(),
-        server,
-        token,
-        trust,
-    })
+    Ok(trust)
 }
 
 /// A YAML error as line, column and what was expected, never quoting the
