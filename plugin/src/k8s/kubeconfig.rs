@@ -525,29 +525,9 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 
-    /// What the upstream installer writes.
+    /// What the installer writes, with the token the tests look for.
     fn installer(server: &str, tls: &str) -> String {
-        format!(
-            "# Kubeconfig file for linkerd CNI plugin.
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: {server}
-    {tls}
-users:
-- name: linkerd-cni
-  user:
-    token: abc.def.ghi
-contexts:
-- name: linkerd-cni-context
-  context:
-    cluster: local
-    user: linkerd-cni
-current-context: linkerd-cni-context
-"
-        )
+        testkit::kubeconfig::installer_text(server, tls, "abc.def.ghi")
     }
 
     #[test]
@@ -684,24 +664,14 @@ current-context: other
     fn no_error_quotes_the_token_or_key_material() {
         const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.SeCrEtToKeN0123456789.sig";
         const KEY: &str = "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpzZWNyZXRrZXk=";
-        let good = format!(
-            "apiVersion: v1
-clusters:
-- name: local
-  cluster:
-    server: https://10.96.0.1:443
-    certificate-authority-data: {ca}
-users:
-- name: linkerd-cni
-  user:
-    token: {TOKEN}
-    client-key-data: {KEY}
-contexts:
-- name: linkerd-cni-context
-  context: {{cluster: local, user: linkerd-cni}}
-current-context: linkerd-cni-context
-",
-            ca = b64(ca_pem())
+        let good = testkit::kubeconfig::installer_text(
+            "https://10.96.0.1:443",
+            &format!("certificate-authority-data: {}", b64(ca_pem())),
+            TOKEN,
+        )
+        .replace(
+            &format!("    token: {TOKEN}\n"),
+            &format!("    token: {TOKEN}\n    client-key-data: {KEY}\n"),
         );
         let token_line = format!("    token: {TOKEN}");
         let key_line = format!("    client-key-data: {KEY}");
@@ -752,6 +722,8 @@ current-context: linkerd-cni-context
                 corpus.push(format!("{}\n  - [", &good[..at + extra]));
             }
         }
+        // Each variant differs from the good text (else a replace missed).
+        assert!(corpus.iter().all(|t| *t != good));
         let mut seen_errors = 0;
         for text in &corpus {
             let Err(e) = parse(text, Path::new("/")) else {
