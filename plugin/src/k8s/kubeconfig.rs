@@ -35,11 +35,14 @@ const SYSTEM_BUNDLES: [&str; 4] = [
 ];
 
 /// A kubeconfig that cannot be used: the file and the problem.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 #[error("kubeconfig {path}: {problem}")]
 pub struct KubeconfigError {
     pub path: PathBuf,
     pub problem: String,
+    /// The I/O error, when the file itself could not be read.
+    #[source]
+    pub source: Option<std::io::Error>,
 }
 
 /// How to trust the API server's certificate.
@@ -166,8 +169,13 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
     let err = |problem: String| KubeconfigError {
         path: path.to_path_buf(),
         problem,
+        source: None,
     };
-    let text = read_small(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let text = read_small(path).map_err(|e| KubeconfigError {
+        problem: format!("cannot read it: {e}"),
+        source: Some(e),
+        ..err(String::new())
+    })?;
     let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
     let base = path.parent().unwrap_or(Path::new("/"));
     let mut config = parse(&text, base).map_err(err)?;
