@@ -6,25 +6,16 @@
 //! bash scripts/tool.sh bench [--quick]
 //! ```
 //!
-//! Run as root (throwaway network namespaces, as the conformance tests).
-//! Markdown goes to stdout (BENCHMARKS.md quotes it), progress to stderr.
-//! Not run in CI: figures need a quiet machine and minutes, and the tests
-//! never assert on time.
+//! Run as root (throwaway network namespaces, as the conformance tests);
+//! how and for how long: the README's "Benchmarks"; the method and the
+//! figures of a run: BENCHMARKS.md, which quotes the Markdown this prints
+//! on stdout (progress goes to stderr). Not run in CI: figures need a quiet
+//! machine and minutes, and the tests never assert on time.
 //!
-//! 1. A meshed pod's ADD through libcni (API GET + rules) with linkerd-cni
-//!    last in a bridge + portmap chain, vs the same chain without it.
-//! 2. Pass-through ADDs run directly with the stdin and environment libcni
-//!    builds: linkerd-cni for an exempt pod (no API call) and for an
-//!    unmeshed pod (one GET), vs Debian's `tuning` (Go) with no settings:
-//!    the process start-up floor.
-//! 3. The healthy chain check's cost per ADD: the exempt pass-through with
-//!    `chain_heal` on vs off (interleaved with 2), plus instruction counts
-//!    under callgrind when valgrind is installed.
-//! 4. Heal time after the primary rewrites its conflist without linkerd-cni:
-//!    the installer with its watch vs resync only; and the plugin's repair
-//!    during an ADD vs a healthy ADD.
-//! 5. Throughput of N concurrent libcni ADDs of meshed pods on 2 CPUs, with
-//!    vs without linkerd-cni.
+//! The sections, in the order printed (`// N ---` below): 1. a meshed ADD
+//! through libcni with and without linkerd-cni; 2. pass-through ADDs vs
+//! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
+//! 5. throughput of concurrent ADDs.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
