@@ -12,24 +12,7 @@ use super::plan::{self, differing_keys, is_ours};
 use super::scan::Kind;
 use super::testutil::{TempDir, desired, object};
 use super::*;
-
-const CALICO: &str = r#"{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {
-      "type": "calico",
-      "mtu": 1440,
-      "ipam": {"type": "calico-ipam"}
-    },
-    {
-      "type": "portmap",
-      "snat": true,
-      "capabilities": {"portMappings": true}
-    }
-  ]
-}
-"#;
+use testkit::chain::CALICO;
 
 fn opts() -> RepairOptions {
     RepairOptions::default()

@@ -64,16 +64,7 @@ pub(crate) fn object(json: &str) -> Map<String, Value> {
     }
 }
 
-pub(crate) fn entry(json: &str) -> Entry {
-    Entry::new(object(json), "a test").expect("a linkerd-cni entry")
-}
-
-/// The entry the chart renders (trimmed).
+/// The entry the chart renders.
 pub(crate) fn desired() -> Entry {
-    entry(
-        r#"{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
-        "kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
-        "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
-        "inbound-ports-to-ignore":["4191","4190"],"iptables-mode":"legacy"}}"#,
-    )
+    Entry::new(testkit::chain::chart_entry(), "a test").expect("a linkerd-cni entry")
 }

@@ -3,7 +3,8 @@
 //! library: the self-heal tests must not let the code under test judge
 //! itself.
 //!
-//! "Healthy" here is the spec's and reference.md's: the active file is a
+//! "Healthy" here is what the CNI spec and a runtime's loader (libcni) make
+//! of the conf dir, plus linkerd-cni's own rule: the active file is a
 //! `.conflist` whose plugins end with exactly one linkerd-cni entry, equal
 //! to the desired one, and whose other plugins and top-level keys are the
 //! primary's, untouched (key order and number spelling included).

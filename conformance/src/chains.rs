@@ -10,7 +10,7 @@ use crate::node::Node;
 /// supports with CHECK (0.4.0+) and without (0.3.1).
 pub const CHAIN_VERSIONS: [&str; 3] = ["0.3.1", "0.4.0", "1.0.0"];
 
-/// Every released CNI spec version (reference.md section 2).
+/// Every released CNI spec version (containernetworking/cni's `SPEC.md`).
 pub const ALL_VERSIONS: [&str; 7] = [
     "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
 ];

@@ -89,7 +89,7 @@ pub fn expect_no_nat_rules(pod: &Pod) {
     }
 }
 
-/// The pod's nat tables hold exactly reference.md's rules for linkerd's
+/// The pod's nat tables hold exactly the reference rules for linkerd's
 /// defaults in `backend`'s IPv4 table (the whole table, counters zeroed,
 /// compared with testkit's copy of that text), and nothing in the other
 /// backend or in IPv6.

@@ -1,44 +1,15 @@
 //! Harness for the end-to-end tests in `tests/`: linkerd-cni driven by
-//! libcni — the library containerd and CRI-O embed — on throwaway nodes made
+//! libcni (the library containerd and CRI-O embed) on throwaway nodes made
 //! of network namespaces and temp dirs, next to the reference CNI plugins.
-//! Nothing here was written by the people who wrote the plugin's protocol
-//! layer except the glue: config lookup, chaining, result conversion, the
-//! result cache and error decoding are libcni's own code.
+//! What the tests cover, what they need and how to run them: the README's
+//! "Conformance tests".
 //!
-//! # Pieces
-//!
-//! - [`artifacts`]: finds the workspace binaries, built before the tests
-//!   run, and builds the Go driver (`cnidriver/main.go`, against Debian's
-//!   libcni source, GOPATH mode, offline), once per process.
-//! - [`node`]: [`Node`] — a netns standing in for the host, with its own
-//!   conf dir, bin dir (symlinks to `/usr/lib/cni/*` and our `linkerd-cni`),
-//!   libcni cache and IPAM state; [`Pod`] — a netns, a container ID and the
-//!   kubelet's `CNI_ARGS`. The driver always runs inside the node netns, so
-//!   bridges, veths and portmap rules never reach the machine's own network.
-//! - [`driver`]: what one libcni call returned ([`Completed`] or [`Failed`],
-//!   the latter with the CNI error object libcni decoded) and the trace of
-//!   every plugin execution libcni made (stdin with `prevResult`, stdout,
-//!   stderr): the tests compare what libcni handed linkerd-cni with what it
-//!   printed.
-//! - [`iptables`] (testkit's): `*-save -t nat` inside a netns, legacy and
-//!   nft, v4 and v6, and the reference rules.
-//! - [`results`]: comparing results across pods (masking MACs, netns
-//!   paths and randomly named node-side links).
-//! - [`chains`]: configs of reference-plugin chains, and linkerd-cni's chart
-//!   entry pointed at the node.
-//! - [`kube`]: testkit's fake TLS Kubernetes API server inside the node
-//!   netns, its kubeconfig where the entry names it, meshed and unmeshed
-//!   pods.
-//! - [`active`]: the node's active config read as a runtime reads it, and
-//!   judged healthy or not without the plugin's chain library.
-//! - [`installer`]: the real `linkerd-cni-installer` running against a node
-//!   (mount prefix, image bin dir and service account in temp dirs).
-//! - [`expect`]: the assertions the tests share (pass-through results,
-//!   reference rules, no rules, no reserved addresses).
-//! - [`sys`]: commands whose failure says what failed, and the root and
-//!   package check (a test on an unfit machine fails and says why; it never
-//!   passes silently). Namespaces and temp dirs are testkit's guards, named
-//!   `lcnic-<kind>-<pid>-<n>` so that what a SIGKILLed run left is swept.
+//! Why libcni and not our own runner: nothing here was written by the
+//! people who wrote the plugin's protocol layer except the glue; config
+//! lookup, chaining, result conversion, the result cache and error decoding
+//! are libcni's own code. Each module's doc says what it owns; the fixtures
+//! (namespaces, temp dirs, the fake API server, the nat-table reader and
+//! reference rules) are testkit's.
 //!
 //! Set-up failures (not root, a package missing, `ip netns add` failing)
 //! panic with what failed: they are broken test environments, not outcomes.

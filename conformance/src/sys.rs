@@ -87,7 +87,7 @@ fn check_environment() -> Result<(), String> {
     Ok(())
 }
 
-/// The first `name` on [`child_path`], if any.
+/// The first `name` on [`testkit::child_path`], if any.
 pub fn which(name: &str) -> Option<PathBuf> {
     testkit::child_path()
         .split(':')

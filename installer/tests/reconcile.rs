@@ -1,5 +1,5 @@
 //! The reconcile loop, with the real installer binary on a temp "node":
-//! the acceptance scenarios, the seed race, primary rewrite storms,
+//! the self-heal scenarios, the seed race, primary rewrite storms,
 //! and token rotation. Short resync periods keep the runtime modest.
 
 mod common;

@@ -1,4 +1,6 @@
-//! linkerd-cni's own config keys, read from the stdin config.
+//! linkerd-cni's own config keys, read from the network config the runtime
+//! passes on stdin ([`crate::cni::netconf`] parses the members every plugin
+//! has; this module, those that are linkerd-cni's).
 //!
 //! Keys and meaning follow upstream linkerd-cni and the `linkerd2-cni` Helm
 //! chart, so existing configs work unchanged; new keys are ours and optional.
@@ -14,7 +16,7 @@ use std::time::Duration;
 use log::LevelFilter;
 use serde_json::{Map, Value};
 
-use crate::cni::config::short;
+use crate::cni::netconf::short;
 use crate::cni::{CniError, NetConf, code};
 use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
@@ -149,28 +151,42 @@ impl PluginConfig {
         Self::from_map(&conf.raw)
     }
 
+    /// [`Self::from_netconf`] on the network config's JSON object (e.g. an
+    /// entry of a conflist).
     pub fn from_map(raw: &Map<String, Value>) -> Result<PluginConfig, CniError> {
         let mut c = PluginConfig::default();
         let top = Obj { map: raw, path: "" };
-        c.log_level = logging::level_from_config(top.string("log_level")?.as_deref());
+        c.read_top_level(&top)?;
+        if let Some(k8s) = top.object("kubernetes")? {
+            c.read_kubernetes(&k8s)?;
+        }
+        if let Some(l) = top.object("linkerd")? {
+            c.proxy.read(&l)?;
+        }
+        Ok(c)
+    }
+
+    /// The keys outside the `kubernetes` and `linkerd` blocks.
+    fn read_top_level(&mut self, top: &Obj) -> Result<(), CniError> {
+        self.log_level = logging::level_from_config(top.string("log_level")?.as_deref());
         if let Some(dir) = top.string("cni_conf_dir")?
             && !dir.is_empty()
         {
-            c.cni_conf_dir = PathBuf::from(dir);
+            self.cni_conf_dir = PathBuf::from(dir);
         }
         if let Some(dir) = top.string("state_dir")?
             && !dir.is_empty()
         {
-            c.state_dir = PathBuf::from(dir);
+            self.state_dir = PathBuf::from(dir);
         }
         if let Some(list) = top.strings("exempt-namespaces")? {
-            c.exempt_namespaces = list;
+            self.exempt_namespaces = list;
         }
         if let Some(b) = top.bool("chain_heal")? {
-            c.chain_heal = b;
+            self.chain_heal = b;
         }
         if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
-            c.chain_repair_budget = d;
+            self.chain_repair_budget = d;
         }
         if let Some(d) = top.seconds("add_deadline_seconds")? {
             if d > MAX_ADD_DEADLINE {
@@ -180,72 +196,79 @@ impl PluginConfig {
                     "at most 110 seconds (the kubelet abandons a runtime call after 120 s)",
                 ));
             }
-            c.add_deadline = d;
+            self.add_deadline = d;
         }
-        if let Some(k8s) = top.object("kubernetes")? {
-            if let Some(path) = k8s.string("kubeconfig")?
-                && !path.is_empty()
-            {
-                c.kubeconfig = Some(PathBuf::from(path));
-            }
-            if let Some(d) = k8s.seconds("api-budget-seconds")? {
-                c.api_budget = d;
-            }
-            if let Some(b) = k8s.bool("allow-plain-http")? {
-                c.allow_plain_http = b;
-            }
+        Ok(())
+    }
+
+    /// The `kubernetes` block.
+    fn read_kubernetes(&mut self, k8s: &Obj) -> Result<(), CniError> {
+        if let Some(path) = k8s.string("kubeconfig")?
+            && !path.is_empty()
+        {
+            self.kubeconfig = Some(PathBuf::from(path));
         }
-        if let Some(l) = top.object("linkerd")? {
-            let p = &mut c.proxy;
-            if let Some(v) = l.port("incoming-proxy-port")? {
-                p.incoming_proxy_port = v;
-            }
-            if let Some(v) = l.port("outgoing-proxy-port")? {
-                p.outgoing_proxy_port = v;
-            }
-            if let Some(v) = l.owner_id("proxy-uid")? {
-                p.proxy_uid = v;
-            }
-            if let Some(v) = l.owner_id("proxy-gid")? {
-                p.proxy_gid = v;
-            }
-            if let Some(v) = l.ports("ports-to-redirect")? {
-                p.ports_to_redirect = v;
-            }
-            if let Some(v) = l.strings("inbound-ports-to-ignore")? {
-                p.inbound_ports_to_ignore = v;
-            }
-            if let Some(v) = l.strings("outbound-ports-to-ignore")? {
-                p.outbound_ports_to_ignore = v;
-            }
-            if let Some(v) = l.strings("subnets-to-ignore")? {
-                p.subnets_to_ignore = v;
-            }
-            if let Some(v) = l.bool("simulate")? {
-                p.simulate = v;
-            }
-            if let Some(v) = l.bool("use-wait-flag")? {
-                p.use_wait_flag = v;
-            }
-            if let Some(v) = l.string("iptables-mode")? {
-                p.iptables_mode = match v.as_str() {
-                    "" | "legacy" => IptablesMode::Legacy,
-                    "nft" => IptablesMode::Nft,
-                    "plain" => IptablesMode::Plain,
-                    _ => {
-                        return Err(bad(
-                            "linkerd.iptables-mode",
-                            &Value::String(v.clone()),
-                            "one of \"legacy\", \"nft\", \"plain\"",
-                        ));
-                    }
-                };
-            }
-            if let Some(v) = l.bool("ipv6")? {
-                p.ipv6 = v;
-            }
+        if let Some(d) = k8s.seconds("api-budget-seconds")? {
+            self.api_budget = d;
         }
-        Ok(c)
+        if let Some(b) = k8s.bool("allow-plain-http")? {
+            self.allow_plain_http = b;
+        }
+        Ok(())
+    }
+}
+
+impl ProxyInit {
+    /// The `linkerd` block: proxy-init's settings.
+    fn read(&mut self, l: &Obj) -> Result<(), CniError> {
+        if let Some(v) = l.port("incoming-proxy-port")? {
+            self.incoming_proxy_port = v;
+        }
+        if let Some(v) = l.port("outgoing-proxy-port")? {
+            self.outgoing_proxy_port = v;
+        }
+        if let Some(v) = l.owner_id("proxy-uid")? {
+            self.proxy_uid = v;
+        }
+        if let Some(v) = l.owner_id("proxy-gid")? {
+            self.proxy_gid = v;
+        }
+        if let Some(v) = l.ports("ports-to-redirect")? {
+            self.ports_to_redirect = v;
+        }
+        if let Some(v) = l.strings("inbound-ports-to-ignore")? {
+            self.inbound_ports_to_ignore = v;
+        }
+        if let Some(v) = l.strings("outbound-ports-to-ignore")? {
+            self.outbound_ports_to_ignore = v;
+        }
+        if let Some(v) = l.strings("subnets-to-ignore")? {
+            self.subnets_to_ignore = v;
+        }
+        if let Some(v) = l.bool("simulate")? {
+            self.simulate = v;
+        }
+        if let Some(v) = l.bool("use-wait-flag")? {
+            self.use_wait_flag = v;
+        }
+        if let Some(v) = l.string("iptables-mode")? {
+            self.iptables_mode = match v.as_str() {
+                "" | "legacy" => IptablesMode::Legacy,
+                "nft" => IptablesMode::Nft,
+                "plain" => IptablesMode::Plain,
+                _ => {
+                    return Err(bad(
+                        "linkerd.iptables-mode",
+                        &Value::String(v.clone()),
+                        "one of \"legacy\", \"nft\", \"plain\"",
+                    ));
+                }
+            };
+        }
+        if let Some(v) = l.bool("ipv6")? {
+            self.ipv6 = v;
+        }
+        Ok(())
     }
 }
 

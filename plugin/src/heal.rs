@@ -149,34 +149,11 @@ mod tests {
         }
     }
 
-    const CALICO: &str = r#"{
-      "name": "k8s-pod-network",
-      "cniVersion": "0.3.1",
-      "plugins": [
-        {
-          "type": "calico",
-          "mtu": 1440,
-          "ipam": {"type": "calico-ipam"}
-        },
-        {
-          "type": "portmap",
-          "snat": true,
-          "capabilities": {"portMappings": true}
-        }
-      ]
-    }
-    "#;
+    use testkit::chain::CALICO;
 
-    /// The entry the chart renders (trimmed).
+    /// The entry the chart renders.
     fn desired() -> Map<String, Value> {
-        match serde_json::json!({"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
-            "kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
-            "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
-            "inbound-ports-to-ignore":["4191","4190"],"iptables-mode":"legacy"}})
-        {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
+        testkit::chain::chart_entry()
     }
 
     struct Node {

@@ -5,11 +5,13 @@
 //! The crate is the plugin binary and its library (for its tests and the
 //! conformance tools); the installer does not depend on it:
 //!
-//! - [`cni`]: the CNI protocol (environment, stdin config, results, errors).
+//! - [`cni`]: the CNI protocol (environment, the stdin network config as
+//!   every plugin reads it, results, errors).
 //! - [`heal`]: checking the chain on every ADD and repairing it within a
 //!   budget, on top of the chain library (`linkerd_cni_chain`), which the
 //!   installer shares.
-//! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
+//! - [`config`]: linkerd-cni's own keys of that network config, compatible
+//!   with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the

@@ -265,12 +265,12 @@ fn run_cni() -> ExitCode {
             format!("{info}; please report this bug"),
         );
         log::error!("{e}");
-        let _ = std::io::stdout().write_all(&cni::Outcome::error(&e, cni::version::LATEST).stdout);
+        let _ = std::io::stdout().write_all(&cni::Reply::error(&e, cni::version::LATEST).stdout);
     }));
 
     let outcome = match cni::read_stdin(std::io::stdin().lock()) {
         Ok(stdin) => cni::run(|k| std::env::var_os(k), &stdin, &LinkerdCni),
-        Err(e) => cni::Outcome::error(&e, cni::version::LATEST),
+        Err(e) => cni::Reply::error(&e, cni::version::LATEST),
     };
     let mut out = std::io::stdout().lock();
     if out

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::cni::{self, CniError, Invocation, NetConf};
+use crate::cni::{self, CniError, Env, Invocation, NetConf};
 use crate::config::PluginConfig;
 use crate::logging;
 use crate::pod;
@@ -15,6 +15,15 @@ use crate::pod;
 pub struct LinkerdCni;
 
 impl cni::Plugin for LinkerdCni {
+    /// Every log line of the invocation names its container and pod.
+    fn start(&self, env: &Env) {
+        let pod = env.args.pod_namespace().zip(env.args.pod_name());
+        logging::set_context(logging::invocation_context(
+            env.container_id.as_deref(),
+            pod,
+        ));
+    }
+
     fn configure(&self, conf: &NetConf) {
         let level = logging::level_from_config(conf.raw.get("log_level").and_then(Value::as_str));
         logging::set_level(level);

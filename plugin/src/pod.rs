@@ -26,10 +26,11 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::cni::{CniError, Invocation, code};
+use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
+use crate::k8s::objects::{Pod, PodSpec};
 use crate::k8s::{self, ApiError, Client, KubeconfigError};
 
 /// The proxy container linkerd's injector adds.
@@ -190,28 +191,110 @@ pub fn decide_until(
     config: &PluginConfig,
     deadline: Instant,
 ) -> Result<Decision, CniError> {
-    let args = &inv.env.args;
+    match plan(inv, config, deadline) {
+        Ok(plan) => Ok(Decision::Mesh(plan)),
+        Err(Stop::PassThrough(why)) => Ok(Decision::PassThrough(why)),
+        Err(Stop::Failed(e)) => Err(e),
+    }
+}
+
+/// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
+/// cannot be told to be), or something failed.
+enum Stop {
+    PassThrough(String),
+    Failed(CniError),
+}
+
+impl From<CniError> for Stop {
+    fn from(e: CniError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// The phases of [`decide`]: which pod, the API client, whether the pod is
+/// meshed, its effective settings, its rules.
+fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Plan, Stop> {
+    let (namespace, name) = pod_in_args(&inv.env.args, config)?;
+    let pod_id = format!("{namespace}/{name}");
+    let client = api_client(config, &pod_id, deadline)?;
+    let api_failed = |what: &str, e: ApiError| {
+        past_deadline(
+            config,
+            deadline,
+            "asking the Kubernetes API",
+            api_error(what, e),
+        )
+    };
+    let pod = match client.pod(namespace, name) {
+        Ok(pod) => pod,
+        Err(ApiError::Unauthorized {
+            status,
+            path: _,
+            kubeconfig,
+        }) => {
+            return Err(Stop::PassThrough(credentials_rejected(
+                &pod_id,
+                status,
+                &kubeconfig,
+            )));
+        }
+        Err(e) => return Err(Stop::Failed(api_failed(&format!("pod {pod_id}"), e))),
+    };
+    check_meshed(&pod.spec, &pod_id)?;
+    let spec = effective_spec(&client, config, &pod, namespace, &pod_id, &api_failed)?;
+    let rule_sets = rule_sets(&spec, config.proxy.ipv6);
+    Ok(Plan {
+        pod: pod_id,
+        spec,
+        rule_sets,
+    })
+}
+
+/// The pass-through reason when the API server rejects the plugin's
+/// credentials for the pod GET: logged as an error, since a meshed pod then
+/// starts unredirected (and linkerd's network-validator refuses it).
+fn credentials_rejected(pod_id: &str, status: u16, kubeconfig: &std::path::Path) -> String {
+    let why = format!(
+        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+         linkerd-cni's credentials (HTTP {status}), so the pod starts WITHOUT linkerd's \
+         redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+         fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+         linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), or, if \
+         linkerd-cni was uninstalled, remove the linkerd-cni entry from the node's CNI config",
+        kubeconfig.display()
+    );
+    log::error!("{why}");
+    why
+}
+
+/// The pod's namespace and name from CNI_ARGS; a pass-through when the
+/// invocation is not for a Kubernetes pod or its namespace is exempt.
+fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Ok(Decision::PassThrough(
+        return Err(Stop::PassThrough(
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "namespace {namespace:?} is exempt (exempt-namespaces)"
         )));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !valid_name(value) {
-            return Err(CniError::new(
+            return Err(Stop::Failed(CniError::new(
                 code::INVALID_ENV,
                 format!("invalid {key} {value:?} in CNI_ARGS"),
                 "a Kubernetes name holds only lower-case letters, digits, '-' and '.'",
-            ));
+            )));
         }
     }
-    let pod_id = format!("{namespace}/{name}");
+    Ok((namespace, name))
+}
 
+/// A client for the configured kubeconfig, to look up `pod_id` by
+/// `deadline`; a pass-through when the kubeconfig is known to be absent.
+fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<Client, Stop> {
     let path = config.kubeconfig.as_deref().ok_or_else(|| {
         CniError::new(
             code::INVALID_CONFIG,
@@ -231,49 +314,23 @@ pub fn decide_until(
             path.display()
         );
         log::error!("{why}");
-        return Ok(Decision::PassThrough(why));
+        return Err(Stop::PassThrough(why));
     }
     let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
-    let client = Client::new(api, config.api_budget.min(remaining));
-    let api_failed = |what: &str, e: ApiError| {
-        past_deadline(
-            config,
-            deadline,
-            "asking the Kubernetes API",
-            api_error(what, e),
-        )
-    };
+    Ok(Client::new(api, config.api_budget.min(remaining)))
+}
 
-    let pod = match client.pod(namespace, name) {
-        Ok(pod) => pod,
-        Err(ApiError::Unauthorized {
-            status,
-            path: _,
-            kubeconfig,
-        }) => {
-            let why = format!(
-                "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
-                 linkerd-cni's credentials (HTTP {status}), so the pod starts WITHOUT linkerd's \
-                 redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
-                 fix: the token in {} is stale or lacks RBAC to get pods: check that the \
-                 linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), or, if \
-                 linkerd-cni was uninstalled, remove the linkerd-cni entry from the node's CNI config",
-                kubeconfig.display()
-            );
-            log::error!("{why}");
-            return Ok(Decision::PassThrough(why));
-        }
-        Err(e) => return Err(api_failed(&format!("pod {pod_id}"), e)),
-    };
-    let spec = &pod.spec;
+/// A pass-through unless the pod has linkerd's proxy and no init container
+/// of its own.
+fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
     let has_proxy = spec
         .containers
         .iter()
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has no {PROXY_CONTAINER} container"
         )));
     }
@@ -282,11 +339,23 @@ pub fn decide_until(
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
         )));
     }
+    Ok(())
+}
 
+/// The config keys, overridden by the pod's (or its namespace's)
+/// annotations; a control-plane pod also skips the API server's ports.
+fn effective_spec(
+    client: &Client,
+    config: &PluginConfig,
+    pod: &Pod,
+    namespace: &str,
+    pod_id: &str,
+    api_failed: &dyn Fn(&str, ApiError) -> CniError,
+) -> Result<RedirectSpec, CniError> {
     let mut spec = base_spec(&config.proxy)?;
     let pod_ann = &pod.metadata.annotations;
     // One namespace GET covers every annotation the pod lacks.
@@ -299,7 +368,7 @@ pub fn decide_until(
     } else {
         BTreeMap::new()
     };
-    apply_annotations(&mut spec, pod_ann, &ns_ann, &pod_id)?;
+    apply_annotations(&mut spec, pod_ann, &ns_ann, pod_id)?;
 
     if pod
         .metadata
@@ -307,7 +376,7 @@ pub fn decide_until(
         .get(CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
-        let ports = api_server_ports(&client).unwrap_or_else(|e| {
+        let ports = api_server_ports(client).unwrap_or_else(|e| {
             log::warn!(
                 "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
             );
@@ -316,20 +385,19 @@ pub fn decide_until(
         spec.outbound_ports_to_ignore
             .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
     }
+    Ok(spec)
+}
 
+/// One rule set per family to program.
+fn rule_sets(spec: &RedirectSpec, ipv6: bool) -> Vec<RuleSet> {
     let mut families = vec![Family::V4];
-    if config.proxy.ipv6 {
+    if ipv6 {
         families.push(Family::V6);
     }
-    let rule_sets = families
+    families
         .into_iter()
-        .map(|f| RuleSet::build(&spec, f))
-        .collect();
-    Ok(Decision::Mesh(Plan {
-        pod: pod_id,
-        spec,
-        rule_sets,
-    }))
+        .map(|f| RuleSet::build(spec, f))
+        .collect()
 }
 
 /// The kubeconfig at `path`, refused when it would send the token over

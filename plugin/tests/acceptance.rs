@@ -1,4 +1,4 @@
-//! Issue 4's acceptance scenarios through the plugin binary, as a runtime
+//! The plugin's acceptance scenarios through its binary, as a runtime
 //! runs it: a kubeconfig pointing at a fake API server over TLS, a pod
 //! netns made with `ip netns add`, and the rules read back with
 //! `iptables-save`.

@@ -13,6 +13,10 @@ fn add_env() -> Vec<(&'static str, &'static str)> {
 }
 
 /// What Calico's 0.3.1 conflist makes a runtime send to the last plugin.
+/// A literal, not built from testkit's chart template: it is the runtime's
+/// bytes, and the test judges that stdout keeps their key order and number
+/// spelling (`0.30000000000000000004`), which a value built in memory would
+/// not show.
 const CALICO_ADD: &str = r#"{
   "cniVersion": "0.3.1",
   "name": "k8s-pod-network",
@@ -99,6 +103,23 @@ fn del_succeeds_without_netns_or_prev_result() {
             String::from_utf8_lossy(&o.stdout)
         );
         assert!(o.stdout.is_empty());
+    }
+}
+
+#[test]
+fn log_lines_name_the_container_and_the_pod() {
+    // Chain healing is off in CALICO_ADD and the pod is exempt: the lines
+    // are the ADD's own.
+    let o = run(&add_env(), CALICO_ADD.as_bytes());
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "log_level debug, yet nothing on stderr");
+    for line in lines {
+        assert!(
+            line.contains("container=3f1c2b9a7e pod=kube-system/coredns-1 "),
+            "{line}"
+        );
     }
 }
 

@@ -1,5 +1,5 @@
 //! `linkerd-cni chain status|repair` and healing through the real binary,
-//! as a person and a runtime run it: the acceptance scenarios.
+//! as a person and a runtime run it: the self-heal scenarios.
 
 mod common;
 

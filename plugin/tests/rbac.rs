@@ -77,13 +77,17 @@ fn services_are_readable_only_as_default_kubernetes() {
 }
 
 #[test]
-fn pods_and_namespaces_are_readable_cluster_wide_and_nothing_more() {
+fn cluster_wide_the_plugin_reads_pods_and_namespaces_the_repair_controller_deletes_pods() {
     let docs = manifest();
     let roles = of_kind(&docs, "ClusterRole");
     assert_eq!(roles.len(), 1);
     assert_eq!(
         roles[0]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]}])
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
+        ])
     );
     let name = roles[0]["metadata"]["name"].clone();
     assert!(of_kind(&docs, "ClusterRoleBinding").iter().any(|b| {

@@ -267,29 +267,13 @@ impl FakeApiServer {
     /// A kubeconfig for this server, as the installer writes it (context
     /// `linkerd-cni-context`, `certificate-authority-data`, inline token).
     pub fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: https://[{}]:{}
-    certificate-authority-data: {}
-users:
-- name: linkerd-cni
-  user:
-    token: {}
-contexts:
-- name: linkerd-cni-context
-  context:
-    cluster: local
-    user: linkerd-cni
-current-context: linkerd-cni-context
-",
-            self.addr.ip(),
-            self.addr.port(),
-            base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes()),
-            self.token
+        crate::kubeconfig::installer_text(
+            &format!("https://[{}]:{}", self.addr.ip(), self.addr.port()),
+            &format!(
+                "certificate-authority-data: {}",
+                base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes())
+            ),
+            &self.token,
         )
     }
 

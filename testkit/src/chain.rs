@@ -14,6 +14,37 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../chain/tests/fixtures/chain")
 }
 
+/// A Calico conflist as a node holds it before linkerd-cni is installed,
+/// short: the primary and portmap.
+pub const CALICO: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {
+      "type": "calico",
+      "mtu": 1440,
+      "ipam": {"type": "calico-ipam"}
+    },
+    {
+      "type": "portmap",
+      "snat": true,
+      "capabilities": {"portMappings": true}
+    }
+  ]
+}
+"#;
+
+/// The entry the chart's template renders for the installer's kubeconfig
+/// in `/etc/cni/net.d`, as JSON.
+pub fn chart_entry() -> Map<String, Value> {
+    let mut e = crate::chart::template_json();
+    e["kubernetes"]["kubeconfig"] = "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig".into();
+    match e {
+        Value::Object(m) => m,
+        _ => panic!("the chart's template is not a JSON object"),
+    }
+}
+
 /// The desired entry of the fixtures, as JSON.
 pub fn desired() -> Map<String, Value> {
     object(&fs::read_to_string(fixtures().join("entry.json")).expect("read entry.json"))

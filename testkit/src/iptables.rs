@@ -23,6 +23,16 @@ pub const DEFAULT_RULES: &str = "\
 -A PROXY_INIT_REDIRECT -p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\" -j REDIRECT --to-ports 4143
 ";
 
+/// The line of [`DEFAULT_RULES`] commented `proxy-init/<comment>`, e.g.
+/// `default_rule("ignore-loopback")`.
+pub fn default_rule(comment: &str) -> &'static str {
+    let tag = format!("\"proxy-init/{comment}\"");
+    DEFAULT_RULES
+        .lines()
+        .find(|l| l.contains(&tag))
+        .unwrap_or_else(|| panic!("no reference rule is commented proxy-init/{comment}"))
+}
+
 /// The full `iptables-save -t nat` text expected for the defaults on a
 /// namespace that had no nat rules before, counters zeroed.
 pub fn default_save() -> String {

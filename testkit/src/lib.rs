@@ -24,6 +24,7 @@
 //! - [`chart`]: the entry template the shipped manifest's ConfigMap holds.
 //! - [`installer`]: the real installer as a child process, with the chart's
 //!   environment.
+//! - [`kubeconfig`]: kubeconfig text as the installer writes it.
 //! - [`names`]: unique names (`lcnic-<kind>-<pid>-<n>`), [`TempDir`], and
 //!   the sweep of what a killed earlier run left.
 //!
@@ -40,6 +41,7 @@ pub mod chain;
 pub mod chart;
 pub mod installer;
 pub mod iptables;
+pub mod kubeconfig;
 pub mod names;
 pub mod netns;
 pub mod objects;

@@ -46,6 +46,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
 
+/// What an [`ApiError`] ran into underneath: the HTTP, TLS or JSON stack's
+/// error, or our words where the stack has no error value.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// A failed API call.
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -57,7 +61,8 @@ pub enum ApiError {
         server: String,
         path: String,
         attempts: u32,
-        cause: String,
+        #[source]
+        cause: Cause,
     },
     #[error(
         "no answer from the Kubernetes API at {server} to GET {path} within linkerd-cni's {} s budget{}",
@@ -95,12 +100,17 @@ pub enum ApiError {
     #[error("TLS with the Kubernetes API at {server} failed: {cause}")]
     Tls {
         server: String,
-        cause: String,
+        #[source]
+        cause: Cause,
         /// The handshake did not finish in time (rather than failing).
         handshake_hung: bool,
     },
     #[error("GET {path}: cannot read the answer: {cause}")]
-    Decode { path: String, cause: String },
+    Decode {
+        path: String,
+        #[source]
+        cause: Cause,
+    },
 }
 
 impl ApiError {
@@ -254,7 +264,7 @@ impl Client {
                 Ok(body) => {
                     return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
                         path: path.into(),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     });
                 }
                 Err(e) => e,
@@ -279,7 +289,7 @@ impl Client {
     /// The budget ran out; `last` is what the last attempt ran into.
     fn timed_out(&self, path: &str, last: Option<&ApiError>) -> ApiError {
         let last = last.map(|e| match e {
-            ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.clone(),
+            ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.to_string(),
             ApiError::NoAnswer { after, .. } => {
                 format!(
                     "connected, but no answer within {:.1} s",
@@ -338,7 +348,7 @@ impl Client {
 
     fn classify(&self, path: &str, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
         let server = self.config.server.clone();
-        let unreachable = |cause: String| ApiError::Unreachable {
+        let unreachable = |cause: Cause| ApiError::Unreachable {
             server: server.clone(),
             path: path.into(),
             attempts,
@@ -352,18 +362,19 @@ impl Client {
                 let after = started.elapsed();
                 let secs = after.as_secs_f32();
                 match Phase::from(self.phase.load(Ordering::SeqCst)) {
-                    Phase::Connecting if t == ureq::Timeout::Resolve => unreachable(format!(
-                        "resolving the host name timed out after {secs:.1} s"
-                    )),
-                    Phase::Connecting => {
-                        unreachable(format!("the TCP connection timed out after {secs:.1} s"))
-                    }
+                    Phase::Connecting if t == ureq::Timeout::Resolve => unreachable(
+                        format!("resolving the host name timed out after {secs:.1} s").into(),
+                    ),
+                    Phase::Connecting => unreachable(
+                        format!("the TCP connection timed out after {secs:.1} s").into(),
+                    ),
                     Phase::TcpConnected => ApiError::Tls {
                         server,
                         cause: format!(
                             "the TLS handshake did not finish within {secs:.1} s of the TCP \
                              connection being made"
-                        ),
+                        )
+                        .into(),
                         handshake_hung: true,
                     },
                     Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
@@ -375,12 +386,12 @@ impl Client {
             }
             ureq::Error::Rustls(e) => ApiError::Tls {
                 server,
-                cause: e.to_string(),
+                cause: e.into(),
                 handshake_hung: false,
             },
             ureq::Error::Tls(e) => ApiError::Tls {
                 server,
-                cause: e.to_string(),
+                cause: e.into(),
                 handshake_hung: false,
             },
             ureq::Error::Io(io) => {
@@ -391,21 +402,21 @@ impl Client {
                 {
                     return ApiError::Tls {
                         server,
-                        cause: inner.to_string(),
+                        cause: inner.to_string().into(),
                         handshake_hung: false,
                     };
                 }
-                unreachable(io.to_string())
+                unreachable(io.into())
             }
             ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
             ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
             ureq::Error::Protocol(e) => ApiError::Decode {
                 path: path.into(),
-                cause: format!("HTTP protocol error: {e}"),
+                cause: format!("HTTP protocol error: {e}").into(),
             },
             other => ApiError::Decode {
                 path: path.into(),
-                cause: other.to_string(),
+                cause: other.into(),
             },
         }
     }

@@ -35,11 +35,14 @@ const SYSTEM_BUNDLES: [&str; 4] = [
 ];
 
 /// A kubeconfig that cannot be used: the file and the problem.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 #[error("kubeconfig {path}: {problem}")]
 pub struct KubeconfigError {
     pub path: PathBuf,
     pub problem: String,
+    /// The I/O error, when the file itself could not be read.
+    #[source]
+    pub source: Option<std::io::Error>,
 }
 
 /// How to trust the API server's certificate.
@@ -166,8 +169,13 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
     let err = |problem: String| KubeconfigError {
         path: path.to_path_buf(),
         problem,
+        source: None,
     };
-    let text = read_small(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let text = read_small(path).map_err(|e| KubeconfigError {
+        problem: format!("cannot read it: {e}"),
+        source: Some(e),
+        ..err(String::new())
+    })?;
     let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
     let base = path.parent().unwrap_or(Path::new("/"));
     let mut config = parse(&text, base).map_err(err)?;
@@ -196,7 +204,19 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     let options = serde_saphyr::options! { with_snippet: false };
     let file: File =
         serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?;
+    let (name, ctx) = context(&file)?;
+    let (cluster_name, cluster) = cluster(&file, name, ctx)?;
+    let (user_name, user) = user(&file, name, ctx)?;
+    Ok(ApiConfig {
+        source: PathBuf::new(),
+        server: server(cluster_name, cluster)?,
+        token: token(user_name, user, base)?,
+        trust: trust(cluster_name, cluster, base)?,
+    })
+}
 
+/// The context the installer names, else the current one.
+fn context(file: &File) -> Result<(&str, &Context), String> {
     let contexts: BTreeMap<&str, Option<&Context>> = file
         .contexts
         .iter()
@@ -214,7 +234,15 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .get(name)
         .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
         .ok_or_else(|| format!("context {name:?} is empty"))?;
+    Ok((name, ctx))
+}
 
+/// The cluster context `name` names, with its name.
+fn cluster<'a>(
+    file: &'a File,
+    name: &str,
+    ctx: &'a Context,
+) -> Result<(&'a str, &'a Cluster), String> {
     let cluster_name = ctx
         .cluster
         .as_deref()
@@ -227,6 +255,11 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .value
         .as_ref()
         .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
+    Ok((cluster_name, cluster))
+}
+
+/// The user context `name` names, with its name.
+fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'a User), String> {
     let user_name = ctx
         .user
         .as_deref()
@@ -239,7 +272,12 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .user
         .as_ref()
         .ok_or_else(|| format!("user {user_name:?} is empty"))?;
+    Ok((user_name, user))
+}
 
+/// The cluster's server, normalized; a cluster that asks for a proxy is
+/// refused.
+fn server(cluster_name: &str, cluster: &Cluster) -> Result<String, String> {
     if cluster
         .proxy_url
         .as_deref()
@@ -250,14 +288,17 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
              always connects to the API server directly; remove proxy-url"
         ));
     }
-    let server = normalize_server(
+    normalize_server(
         cluster
             .server
             .as_deref()
             .ok_or_else(|| format!("cluster {cluster_name:?} has no server"))?,
     )
-    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))?;
+    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))
+}
 
+/// The user's bearer token, inline or from its `tokenFile`.
+fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
     let token = match (&user.token, &user.token_file) {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
         (_, Some(f)) if !f.is_empty() => {
@@ -277,7 +318,12 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         }
         _ => return Err(format!("user {user_name:?} has no token or tokenFile")),
     };
+    Ok(token)
+}
 
+/// How to trust the server: not at all when asked, else the cluster's CA
+/// (inline or from a file), else the system's bundle.
+fn trust(cluster_name: &str, cluster: &Cluster, base: &Path) -> Result<Trust, String> {
     let trust = if cluster.insecure_skip_tls_verify == Some(true) {
         Trust::Insecure
     } else if let Some(data) = cluster
@@ -311,13 +357,7 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
             )
         })?
     };
-
-    Ok(ApiConfig {
-        source: PathBuf::new(),
-        server,
-        token,
-        trust,
-    })
+    Ok(trust)
 }
 
 /// A YAML error as line, column and what was expected, never quoting the
@@ -493,29 +533,9 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 
-    /// What the upstream installer writes.
+    /// What the installer writes, with the token the tests look for.
     fn installer(server: &str, tls: &str) -> String {
-        format!(
-            "# Kubeconfig file for linkerd CNI plugin.
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: {server}
-    {tls}
-users:
-- name: linkerd-cni
-  user:
-    token: abc.def.ghi
-contexts:
-- name: linkerd-cni-context
-  context:
-    cluster: local
-    user: linkerd-cni
-current-context: linkerd-cni-context
-"
-        )
+        testkit::kubeconfig::installer_text(server, tls, "abc.def.ghi")
     }
 
     #[test]
@@ -652,24 +672,14 @@ current-context: other
     fn no_error_quotes_the_token_or_key_material() {
         const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.SeCrEtToKeN0123456789.sig";
         const KEY: &str = "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpzZWNyZXRrZXk=";
-        let good = format!(
-            "apiVersion: v1
-clusters:
-- name: local
-  cluster:
-    server: https://10.96.0.1:443
-    certificate-authority-data: {ca}
-users:
-- name: linkerd-cni
-  user:
-    token: {TOKEN}
-    client-key-data: {KEY}
-contexts:
-- name: linkerd-cni-context
-  context: {{cluster: local, user: linkerd-cni}}
-current-context: linkerd-cni-context
-",
-            ca = b64(ca_pem())
+        let good = testkit::kubeconfig::installer_text(
+            "https://10.96.0.1:443",
+            &format!("certificate-authority-data: {}", b64(ca_pem())),
+            TOKEN,
+        )
+        .replace(
+            &format!("    token: {TOKEN}\n"),
+            &format!("    token: {TOKEN}\n    client-key-data: {KEY}\n"),
         );
         let token_line = format!("    token: {TOKEN}");
         let key_line = format!("    client-key-data: {KEY}");
@@ -720,6 +730,8 @@ current-context: linkerd-cni-context
                 corpus.push(format!("{}\n  - [", &good[..at + extra]));
             }
         }
+        // Each variant differs from the good text (else a replace missed).
+        assert!(corpus.iter().all(|t| *t != good));
         let mut seen_errors = 0;
         for text in &corpus {
             let Err(e) = parse(text, Path::new("/")) else {

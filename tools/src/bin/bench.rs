@@ -6,25 +6,16 @@
 //! bash scripts/tool.sh bench [--quick]
 //! ```
 //!
-//! Run as root (throwaway network namespaces, as the conformance tests).
-//! Markdown goes to stdout (BENCHMARKS.md quotes it), progress to stderr.
-//! Not run in CI: figures need a quiet machine and minutes, and the tests
-//! never assert on time.
+//! Run as root (throwaway network namespaces, as the conformance tests);
+//! how and for how long: the README's "Benchmarks"; the method and the
+//! figures of a run: BENCHMARKS.md, which quotes the Markdown this prints
+//! on stdout (progress goes to stderr). Not run in CI: figures need a quiet
+//! machine and minutes, and the tests never assert on time.
 //!
-//! 1. A meshed pod's ADD through libcni (API GET + rules) with linkerd-cni
-//!    last in a bridge + portmap chain, vs the same chain without it.
-//! 2. Pass-through ADDs run directly with the stdin and environment libcni
-//!    builds: linkerd-cni for an exempt pod (no API call) and for an
-//!    unmeshed pod (one GET), vs Debian's `tuning` (Go) with no settings:
-//!    the process start-up floor.
-//! 3. The healthy chain check's cost per ADD: the exempt pass-through with
-//!    `chain_heal` on vs off (interleaved with 2), plus instruction counts
-//!    under callgrind when valgrind is installed.
-//! 4. Heal time after the primary rewrites its conflist without linkerd-cni:
-//!    the installer with its watch vs resync only; and the plugin's repair
-//!    during an ADD vs a healthy ADD.
-//! 5. Throughput of N concurrent libcni ADDs of meshed pods on 2 CPUs, with
-//!    vs without linkerd-cni.
+//! The sections, in the order printed (`// N ---` below): 1. a meshed ADD
+//! through libcni with and without linkerd-cni; 2. pass-through ADDs vs
+//! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
+//! 5. throughput of concurrent ADDs.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -343,18 +334,7 @@ fn chain_time(done: &Completed) -> Duration {
 
 fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     let node = &b.node;
-    // Sanity first: the meshed pod gets linkerd's rules through this chain.
-    let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
-    node.add(WITH, &pod)
-        .map_err(|f| fail(format!("ADD failed: {f}")))?;
-    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
-    if lines.len() != 9 {
-        return Err(fail(format!(
-            "the meshed pod did not get linkerd's 9 nat lines: {lines:?}"
-        )));
-    }
-    let _ = node.del(WITH, &pod);
-    drop(pod);
+    meshed_add_works(node)?;
 
     let mut with = Samples::new();
     let mut without = Samples::new();
@@ -394,6 +374,38 @@ fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         }
     }
     let gets = b.api.total_requests() - requests;
+    report_libcni_add(
+        [
+            &with,
+            &without,
+            &linkerd,
+            &bridge,
+            &wall_with,
+            &wall_without,
+        ],
+        gets as f64 / (with.len() + warmup) as f64,
+    );
+    Ok(())
+}
+
+/// Sanity first: the meshed pod gets linkerd's rules through this chain.
+fn meshed_add_works(node: &Node) -> Result<(), Stop> {
+    let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
+    node.add(WITH, &pod)
+        .map_err(|f| fail(format!("ADD failed: {f}")))?;
+    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    if lines.len() != 9 {
+        return Err(fail(format!(
+            "the meshed pod did not get linkerd's 9 nat lines: {lines:?}"
+        )));
+    }
+    let _ = node.del(WITH, &pod);
+    Ok(())
+}
+
+/// Section 1 of the report: `gets_per_add`, API requests per meshed ADD.
+fn report_libcni_add(samples: [&Samples; 6], gets_per_add: f64) {
+    let [with, without, linkerd, bridge, wall_with, wall_without] = samples;
     println!();
     println!("## 1. Meshed pod ADD through libcni");
     println!();
@@ -428,11 +440,10 @@ fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     println!(
         "Ratio of medians with / without: **{:.2}×**; per-pair difference (linkerd-cni's \
          added latency): {}. API requests: {:.1} per meshed ADD.",
-        ratio(&with, &without),
-        paired_differences(&with, &without).summary("ms"),
-        gets as f64 / (with.len() + warmup) as f64
+        ratio(with, without),
+        paired_differences(with, without).summary("ms"),
+        gets_per_add
     );
-    Ok(())
 }
 
 // 2 and 3 ----------------------------------------------------------------
@@ -500,6 +511,23 @@ fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         return Err(fail("a healthy chain check rewrote the active config"));
     }
 
+    let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
+    report_pass_through(&names, &samples, rounds);
+    callgrind(
+        node,
+        plan,
+        &[
+            ("chain check on", &variants[0].1),
+            ("chain check off", &variants[1].1),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Sections 2 and 3 of the report: `samples[i]` are the runs of
+/// `names[i]`; the first two are the chain check on and off, the fourth
+/// tuning.
+fn report_pass_through(names: &[&str], samples: &[Samples], rounds: usize) {
     println!();
     println!("## 2. Pass-through ADD vs a Go reference plugin (process start-up floor)");
     println!();
@@ -512,7 +540,7 @@ fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     println!("| plugin execution | median [p10–p90] | vs tuning |");
     println!("|---|---|---|");
     let tuning_s = &samples[3];
-    for ((name, _), s) in variants.iter().zip(&samples) {
+    for (name, s) in names.iter().zip(samples) {
         println!(
             "| {name} | {} | {:.2}× |",
             s.summary("ms"),
@@ -532,15 +560,6 @@ fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         diff.summary("ms"),
         rounds
     );
-    callgrind(
-        node,
-        plan,
-        &[
-            ("chain check on", &variants[0].1),
-            ("chain check off", &variants[1].1),
-        ],
-    )?;
-    Ok(())
 }
 
 /// Instruction counts of the plugin under callgrind: repeatable where

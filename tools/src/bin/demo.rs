@@ -20,6 +20,7 @@ use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::FakeApiServer;
+use testkit::installer::InstallerProcess;
 use testkit::objects;
 
 /// The network name, as a Calico node has it.
@@ -58,6 +59,28 @@ fn story() -> ExitCode {
 
 fn run(o: &Out) -> Result<(), Stop> {
     let started = Instant::now();
+    let bins = intro(o)?;
+    checkpoint()?;
+    let (node, n, api) = step1_node(o);
+    checkpoint()?;
+    let mut installer = step2_installer_before_primary(o, &node, &bins, &api, &n)?;
+    checkpoint()?;
+    let (web, batch) = step3_two_pods(o, &node, &api, &n)?;
+    checkpoint()?;
+    step4_primary_rewrite(o, &node, &bins, &mut installer, &n)?;
+    checkpoint()?;
+    let web2 = step5_add_heals(o, &node, &bins, &mut installer, &n)?;
+    checkpoint()?;
+    step6_clean_up(o, node, api, installer, [web, batch, web2])?;
+    o.good(&format!(
+        "Done in {:.1} s.",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// What the demo is, and the binaries it drives.
+fn intro(o: &Out) -> Result<Binaries, Stop> {
     o.banner("linkerd-cni demo: a node in a network namespace, no cluster needed");
     o.say(
         "Everything below runs in throwaway network namespaces and one temp dir. \
@@ -68,9 +91,11 @@ fn run(o: &Out) -> Result<(), Stop> {
     // Built on first use; a cold Go cache takes a while, so say so.
     o.dim("(building the libcni driver, a small Go program, against Debian's libcni...)");
     let _ = artifacts::cnidriver();
-    checkpoint()?;
+    Ok(bins)
+}
 
-    // 1 ------------------------------------------------------------------
+/// Step 1: the node, its (empty) conf dir, and the API server's pods.
+fn step1_node(o: &Out) -> (Node, Names, FakeApiServer) {
     o.section(1, "A node, its primary CNI, and a Kubernetes API server");
     let node = Node::without_linkerd_cni();
     let n = Names::new(&node);
@@ -101,9 +126,18 @@ fn run(o: &Out) -> Result<(), Stop> {
     o.kv("", "pod demo/web    has a linkerd-proxy container: meshed");
     o.kv("", "pod demo/batch  has none: not meshed");
     o.kv("", "pod demo/web-2  meshed too (step 5)");
-    checkpoint()?;
+    (node, n, api)
+}
 
-    // 2 ------------------------------------------------------------------
+/// Step 2: the installer starts before the primary CNI writes its config,
+/// with no file watcher; its periodic pass chains it.
+fn step2_installer_before_primary(
+    o: &Out,
+    node: &Node,
+    bins: &Binaries,
+    api: &FakeApiServer,
+    n: &Names,
+) -> Result<InstallerProcess, Stop> {
     o.section(
         2,
         "The installer starts before the primary CNI, with no file watcher",
@@ -121,9 +155,9 @@ fn run(o: &Out) -> Result<(), Stop> {
         RESYNC.as_secs()
     ));
     let mut installer = scenario::start_installer(
-        &node,
-        &bins,
-        Some(&api),
+        node,
+        bins,
+        Some(api),
         InstallerOptions {
             watch: false,
             resync: RESYNC,
@@ -140,7 +174,7 @@ fn run(o: &Out) -> Result<(), Stop> {
         ))
     })?;
     stop::sleep(Duration::from_millis(200))?;
-    o.logs("installer", &installer.new_log_lines(), &n);
+    o.logs("installer", &installer.new_log_lines(), n);
     o.say(&format!(
         "Its first pass installed the binary and the kubeconfig, and wrote no network \
          config: there is no primary config to chain yet. Files: {}.",
@@ -154,12 +188,12 @@ fn run(o: &Out) -> Result<(), Stop> {
     o.say(&format!(
         "One second later the primary CNI writes {PRIMARY_FILE} (bridge + host-local IPAM, portmap):"
     ));
-    let primary = primary_conflist(&node, false);
+    let primary = primary_conflist(node, false);
     node.write_conf(PRIMARY_FILE, &primary);
     let written = Instant::now();
-    o.out(&pretty(&n.short_json(&primary), 0, 0), &n);
+    o.out(&pretty(&n.short_json(&primary), 0, 0), n);
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
-    show_status(o, &node, &bins, &n);
+    show_status(o, node, bins, n);
     o.say("No event will come. The installer's next periodic pass has to find it...");
     let healed = wait_for(RESYNC + Duration::from_secs(5), || node.linkerd_last())
         .map_err(|_| Stop::failed("the installer did not chain the primary's config"))?;
@@ -168,12 +202,19 @@ fn run(o: &Out) -> Result<(), Stop> {
          (no file event was involved):",
         (healed - written).as_secs_f64()
     ));
-    o.logs("installer", &installer.new_log_lines(), &n);
+    o.logs("installer", &installer.new_log_lines(), n);
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
-    show_status(o, &node, &bins, &n);
-    checkpoint()?;
+    show_status(o, node, bins, n);
+    Ok(installer)
+}
 
-    // 3 ------------------------------------------------------------------
+/// Step 3: a meshed and an unmeshed pod, added through libcni.
+fn step3_two_pods(
+    o: &Out,
+    node: &Node,
+    api: &FakeApiServer,
+    n: &Names,
+) -> Result<(Pod, Pod), Stop> {
     o.section(3, "Two pods, added the way containerd and CRI-O add them");
     o.say(
         "Each pod is a network namespace. The libcni driver runs the active conflist \
@@ -181,19 +222,19 @@ fn run(o: &Out) -> Result<(), Stop> {
          kubelet's CNI_ARGS naming the pod.",
     );
     let web = node.pod(PodSpec::kubernetes("demo", "web"));
-    let before = ApiCalls::count(&api, "web");
-    let done = add(o, &node, &web, "demo/web (meshed)")?;
+    let before = ApiCalls::count(api, "web");
+    let done = add(o, node, &web, "demo/web (meshed)")?;
     o.say(&format!(
         "pod IP {}. The plugin asked the API server: {}.",
         pod_ip(&done),
-        before.since(&api)
+        before.since(api)
     ));
     o.say("Its nat table (the chart's default iptables-mode is legacy):");
     o.cmd(&format!(
         "ip netns exec {} iptables-legacy-save -t nat",
         web.netns().name()
     ));
-    show_nat(o, &web, &n);
+    show_nat(o, &web, n);
     expect_reference_rules(o, &web)?;
     o.say(
         "Inbound TCP goes to the proxy's 4143 (except its admin ports 4191 and 4190), \
@@ -202,19 +243,19 @@ fn run(o: &Out) -> Result<(), Stop> {
     checkpoint()?;
 
     let batch = node.pod(PodSpec::kubernetes("demo", "batch"));
-    let before = ApiCalls::count(&api, "batch");
-    let done = add(o, &node, &batch, "demo/batch (not meshed)")?;
+    let before = ApiCalls::count(api, "batch");
+    let done = add(o, node, &batch, "demo/batch (not meshed)")?;
     o.say(&format!(
         "pod IP {}. The plugin asked the API server: {}. No linkerd-proxy container: \
          it left the pod alone and passed the primary's result through.",
         pod_ip(&done),
-        before.since(&api)
+        before.since(api)
     ));
     o.cmd(&format!(
         "ip netns exec {} iptables-legacy-save -t nat",
         batch.netns().name()
     ));
-    show_nat(o, &batch, &n);
+    show_nat(o, &batch, n);
     let touched: usize = batch
         .nat_tables()
         .iter()
@@ -226,9 +267,18 @@ fn run(o: &Out) -> Result<(), Stop> {
         )));
     }
     o.good("no linkerd rule in any nat table of the pod (legacy and nft, IPv4 and IPv6)");
-    checkpoint()?;
+    Ok((web, batch))
+}
 
-    // 4 ------------------------------------------------------------------
+/// Step 4: the primary rewrites its conflist without linkerd-cni; the
+/// installer repairs it.
+fn step4_primary_rewrite(
+    o: &Out,
+    node: &Node,
+    bins: &Binaries,
+    installer: &mut InstallerProcess,
+    n: &Names,
+) -> Result<(), Stop> {
     o.section(
         4,
         "The primary CNI rewrites its conflist without linkerd-cni",
@@ -237,18 +287,18 @@ fn run(o: &Out) -> Result<(), Stop> {
         "Calico's installer, for one, rewrites its file on every restart. This new \
          version also changes the bridge's MTU, and drops linkerd-cni:",
     );
-    let rewritten = primary_conflist(&node, true);
+    let rewritten = primary_conflist(node, true);
     node.write_conf(PRIMARY_FILE, &rewritten);
     let written = Instant::now();
     o.out(
         &format!(
             "plugins: {}   (bridge \"mtu\": 1400)",
-            types(&node).join(" -> ")
+            types(node).join(" -> ")
         ),
-        &n,
+        n,
     );
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
-    show_status(o, &node, &bins, &n);
+    show_status(o, node, bins, n);
     o.say(
         "A pod started now would get no rules: the runtime never calls a plugin that \
          is not in the chain. The installer's next pass repairs it...",
@@ -259,58 +309,76 @@ fn run(o: &Out) -> Result<(), Stop> {
         "repaired {:.1} s after the rewrite, keeping the primary's new content:",
         (healed - written).as_secs_f64()
     ));
-    o.logs("installer", &installer.new_log_lines(), &n);
+    o.logs("installer", &installer.new_log_lines(), n);
     o.out(
         &format!(
             "plugins: {}   (bridge \"mtu\": {})",
-            types(&node).join(" -> "),
-            active_json(&node)["plugins"][0]["mtu"]
+            types(node).join(" -> "),
+            active_json(node)["plugins"][0]["mtu"]
         ),
-        &n,
+        n,
     );
-    checkpoint()?;
+    Ok(())
+}
 
-    // 5 ------------------------------------------------------------------
+/// Step 5: with the installer stopped, a pod's ADD heals the chain.
+fn step5_add_heals(
+    o: &Out,
+    node: &Node,
+    bins: &Binaries,
+    installer: &mut InstallerProcess,
+    n: &Names,
+) -> Result<Pod, Stop> {
     o.section(5, "No installer running: a pod ADD heals the chain");
     o.say(
         "The installer stops (SIGTERM: it exits and leaves everything installed, so a \
          restart or an upgrade never unchains pods).",
     );
     let code = installer.stop();
-    o.logs("installer", &installer.new_log_lines(), &n);
+    o.logs("installer", &installer.new_log_lines(), n);
     o.dim(&format!("  (installer exit code {})", fmt_code(code)));
     o.say(
         "Now the primary upgrades: its new conflist keeps the entries it does not know \
          but appends a new plugin of its own (tuning) after them, so linkerd-cni is no \
          longer last and would see an unfinished result:",
     );
-    let upgraded = upgraded_conflist(&node);
+    let upgraded = upgraded_conflist(node);
     node.write_conf(PRIMARY_FILE, &upgraded);
-    o.out(&format!("plugins: {}", types(&node).join(" -> ")), &n);
+    o.out(&format!("plugins: {}", types(node).join(" -> ")), n);
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
-    show_status(o, &node, &bins, &n);
+    show_status(o, node, bins, n);
     o.say(
         "The plugin checks the chain on every ADD (read-only and lock-free when \
          healthy) and repairs it under a lock, atomically. A meshed pod starts:",
     );
     let web2 = node.pod(PodSpec::kubernetes("demo", "web-2"));
-    let done = add(o, &node, &web2, "demo/web-2 (meshed)")?;
+    let done = add(o, node, &web2, "demo/web-2 (meshed)")?;
     let plugin_log: Vec<String> = done
         .execs("linkerd-cni")
         .flat_map(|e| e.stderr.lines().map(String::from).collect::<Vec<_>>())
         .collect();
-    o.logs("linkerd-cni", &plugin_log, &n);
+    o.logs("linkerd-cni", &plugin_log, n);
     expect_reference_rules(o, &web2)?;
     o.say("The chain is healthy again:");
     o.cmd("linkerd-cni chain status --conf-dir $NODE/net.d");
-    show_status(o, &node, &bins, &n);
+    show_status(o, node, bins, n);
     o.say(
         "(A conflist without linkerd-cni at all never runs the plugin: that blind spot \
          is why the installer also reconciles on a timer, as in steps 2 and 4.)",
     );
-    checkpoint()?;
+    Ok(web2)
+}
 
-    // 6 ------------------------------------------------------------------
+/// Step 6: DEL of every pod, then everything the demo made is removed (in
+/// the order the guards need: pods, API server, installer, node).
+fn step6_clean_up(
+    o: &Out,
+    node: Node,
+    api: FakeApiServer,
+    installer: InstallerProcess,
+    pods: [Pod; 3],
+) -> Result<(), Stop> {
+    let [web, batch, web2] = pods;
     o.section(6, "Clean-up");
     let mut dels = Vec::new();
     for (pod, name) in [
@@ -341,10 +409,6 @@ fn run(o: &Out) -> Result<(), Stop> {
     o.say(&format!(
         "Removed the network namespaces {} (with the bridge and veths inside), and {dir}.",
         netns.join(", ")
-    ));
-    o.good(&format!(
-        "Done in {:.1} s.",
-        started.elapsed().as_secs_f64()
     ));
     Ok(())
 }
@@ -518,7 +582,7 @@ fn show_nat(o: &Out, pod: &Pod, n: &Names) {
 }
 
 /// Fails unless `pod`'s linkerd lines are the reference rules for the
-/// defaults (reference.md section 3, as upstream writes them).
+/// defaults, as upstream linkerd2-proxy-init's iptables package writes them.
 fn expect_reference_rules(o: &Out, pod: &Pod) -> Result<(), Stop> {
     let mut got = pod
         .nat(Backend::Legacy, Family::V4)
