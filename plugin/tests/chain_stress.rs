@@ -146,8 +146,18 @@ fn fifty_repairs_against_a_rewriting_primary_lose_no_update() {
     let report = String::from_utf8_lossy(&out.stdout);
     let (last, lost) = report.trim().split_once(' ').unwrap();
     let (last, lost): (u64, u64) = (last.parse().unwrap(), lost.parse().unwrap());
-    // Let repairs run a little after the primary's last write.
-    thread::sleep(Duration::from_millis(500));
+    // The repair loops go on until one has run after the primary's last
+    // write: wait for that (our entry back, last, on the last generation),
+    // with a generous deadline; the assertions below judge what we got.
+    let file = d.join("10-calico.conflist");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let list = plugins(&fs::read_to_string(&file).unwrap());
+        if list.last().is_some_and(is_linkerd) && list[0]["x-generation"] == last {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.join().unwrap().unwrap();
