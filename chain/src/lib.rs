@@ -38,7 +38,7 @@ pub use entry::{ENTRY_FILE, Entry, PLUGIN_TYPE, load_entry, persist_entry, remov
 pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
 pub use lock::{DirLock, lock_dir};
-pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
+pub use repair::{RepairOptions, RepairReport, remove_entries, repair, repair_locked};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};
 pub use write::TEMP_PREFIX;
 

@@ -90,7 +90,27 @@ pub fn repair(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<RepairReport, ChainError> {
-    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    repair_locked(conf_dir, desired, opts).map(|(report, _lock)| report)
+}
+
+/// [`repair()`], returning with the conf-dir lock still held, so that what
+/// the caller records about the repair (the plugin's fight history) is
+/// read and written in the same critical section as the repair itself: a
+/// record made after the lock is released races with the next repair's.
+pub fn repair_locked(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(RepairReport, lock::DirLock), ChainError> {
+    let lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    repair_under(conf_dir, desired, opts).map(|r| (r, lock))
+}
+
+fn repair_under(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<RepairReport, ChainError> {
     if let Some(req) = &opts.requires
         && !req.exists()
     {
