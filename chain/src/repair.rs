@@ -9,7 +9,10 @@
 //! between: their content becomes the new base and is repaired in turn (or,
 //! when it needs no repair or cannot be read, put back as it was, the very
 //! same inode, so a writer still holding it open keeps writing to the live
-//! file). A primary's write is never silently undone.
+//! file). A primary's write is never silently undone, not even by a kill in
+//! the middle of that: every repair starts by deciding what each leftover
+//! temp file is ([`write::Intent`]) and puts back someone's displaced
+//! content before anything else; only our own content is removed.
 
 use std::fs::{self, Metadata};
 use std::io;
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::plan;
 use super::scan::{self, Kind, Listing};
-use super::write::{self, parent};
+use super::write::{self, Intent, parent};
 use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
 
 /// Bounds and conditions for one repair.
@@ -128,10 +131,18 @@ fn repair_under(
     let mut before = None;
     let mut notes = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
-        let listing = scan::list(conf_dir)?;
-        let cleaned = clean_leftovers(conf_dir, &listing)?;
-        if cleaned > 0 {
-            notes.push(format!("removed {cleaned} leftover temp file(s)"));
+        let mut listing = scan::list(conf_dir)?;
+        let recovery = recover(conf_dir, &listing)?;
+        if recovery.removed > 0 {
+            notes.push(format!(
+                "removed {} leftover temp file(s)",
+                recovery.removed
+            ));
+        }
+        if !recovery.restored.is_empty() {
+            // Files came back: look again before deciding anything.
+            notes.extend(recovery.restored);
+            listing = scan::list(conf_dir)?;
         }
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
@@ -211,8 +222,10 @@ fn repair_under(
 /// logged: it is not a primary's config.
 pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let listing = scan::list(conf_dir)?;
-    clean_leftovers(conf_dir, &listing)?;
+    let mut listing = scan::list(conf_dir)?;
+    if !recover(conf_dir, &listing)?.restored.is_empty() {
+        listing = scan::list(conf_dir)?;
+    }
     let mut rewritten = Vec::new();
     for path in &listing.configs {
         let Ok(bytes) = scan::read_file(path) else {
@@ -250,20 +263,179 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
     Ok(rewritten)
 }
 
-/// Removes our temp files; the lock guarantees no live repair owns them.
-fn clean_leftovers(conf_dir: &Path, listing: &Listing) -> Result<usize, ChainError> {
-    let mut n = 0;
+/// What [`recover`] did.
+#[derive(Debug, Default)]
+struct Recovery {
+    /// Temp files removed: our unfinished writes, and displaced content
+    /// already superseded.
+    removed: usize,
+    /// What was put back, one note each.
+    restored: Vec<String>,
+}
+
+/// Deals with the temp files a killed repair left, before anything else is
+/// decided: our own unfinished writes are removed, and content that is not
+/// ours (a primary's write displaced by an exchange, a single-plugin config
+/// retired by a conversion) is put back when nothing newer has replaced it
+/// since, and only removed once something has. The lock guarantees that no
+/// live repair owns any of them. `listing.leftovers` is every place a temp
+/// file can be.
+fn recover(conf_dir: &Path, listing: &Listing) -> Result<Recovery, ChainError> {
+    let mut done = Recovery::default();
+    let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {
-        match fs::remove_file(p) {
-            Ok(()) => n += 1,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+        let name = p.file_name().unwrap_or_default();
+        let restored = match Intent::of(name) {
+            None => None,
+            Some(Intent::Swap {
+                back,
+                target,
+                expected,
+                put,
+            }) => recover_swap(p, back, target, expected, put)?,
+            Some(Intent::Grave {
+                json,
+                list,
+                base,
+                content,
+            }) => recover_grave(p, json, list, base, content)?,
+        };
+        match restored {
+            Some(note) => {
+                log::warn!("{note}");
+                done.restored.push(note);
+            }
+            None => match fs::remove_file(p) {
+                Ok(()) => done.removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+            },
+        }
+        let dir = parent(p).to_path_buf();
+        if !touched.contains(&dir) {
+            touched.push(dir);
         }
     }
-    if n > 0 {
-        write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    if done.removed > 0 || !done.restored.is_empty() {
+        for dir in &touched {
+            write::fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))?;
+        }
     }
-    Ok(n)
+    Ok(done)
+}
+
+/// The digest of a file's content (`None`: unreadable or absent).
+fn content_digest(path: &Path) -> Option<u64> {
+    scan::read_file(path).ok().map(|b| write::digest(&b))
+}
+
+/// The file in `dir` whose name has digest `name` (not a temp file).
+fn named(dir: &Path, name: u64) -> Option<PathBuf> {
+    fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let n = e.file_name();
+        (!write::is_temp_name(&n) && write::digest(n.as_encoded_bytes()) == name).then(|| e.path())
+    })
+}
+
+/// A temp file left around an exchange with `target`: `Some(note)` when it
+/// held someone else's content, which is now back in place (or, rarely,
+/// kept for the next pass); `None` when it is to be removed.
+fn recover_swap(
+    p: &Path,
+    back: bool,
+    target: u64,
+    expected: u64,
+    put: Option<u64>,
+) -> Result<Option<String>, ChainError> {
+    let held = content_digest(p);
+    // Which content the temp file holds, and which content must be in
+    // place for it to be the newest there is.
+    let must_be_in_place = if held == put {
+        // The exchange did not happen: it holds what we were putting in.
+        if !back {
+            return Ok(None); // our own unfinished write
+        }
+        Some(expected)
+    } else if held == Some(expected) {
+        // The exchange happened and it holds exactly what we meant to
+        // replace: superseded by what we put in.
+        return Ok(None);
+    } else {
+        // The exchange happened and it holds what someone wrote in the
+        // instant before.
+        put
+    };
+    let dir = parent(p);
+    let Some(real) = named(dir, target) else {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let now = content_digest(&real);
+    if now != must_be_in_place {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
+            p.display(),
+            real.display()
+        );
+        return Ok(None);
+    }
+    // Put it back, the very inode, and see what comes out.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    if content_digest(p) == now {
+        let _ = fs::remove_file(p);
+        return Ok(Some(format!(
+            "put back {}'s content that an interrupted repair had displaced",
+            real.display()
+        )));
+    }
+    // Rewritten in the meantime: theirs is the newest, ours to keep for now.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    Ok(Some(format!(
+        "{} changed while a displaced version of it was being put back; kept {} for the next pass",
+        real.display(),
+        p.display()
+    )))
+}
+
+/// A single-plugin config retired by an interrupted conversion: `Some(note)`
+/// when it was rewritten by its owner before being retired and is now back
+/// (as the live conversion does); `None` when it is to be removed.
+fn recover_grave(
+    p: &Path,
+    json: bool,
+    list: u64,
+    base: u64,
+    content: u64,
+) -> Result<Option<String>, ChainError> {
+    if content_digest(p) == Some(base) {
+        // What the conversion was computed from: the list holds it.
+        return Ok(None);
+    }
+    let Some(list) = named(parent(p), list) else {
+        log::warn!(
+            "{} holds a config retired by an interrupted conversion, whose list is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let original = list.with_extension(if json { "json" } else { "conf" });
+    match write::rename_noreplace(p, &original) {
+        Ok(()) => {}
+        // An even newer one is there already.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(ChainError::io("restore", &original, e)),
+    }
+    // The list built from the older content is ours to take back.
+    if content_digest(&list) == Some(content) {
+        let _ = fs::remove_file(&list);
+    }
+    Ok(Some(format!(
+        "put back {}, rewritten by its owner while an interrupted repair was converting it",
+        original.display()
+    )))
 }
 
 /// What to put at the target next.
@@ -271,8 +443,8 @@ enum Candidate {
     /// New content, to be written to a fresh temp file.
     New(Vec<u8>),
     /// An inode we displaced (someone else's newer content), held at a temp
-    /// name, with its content: to be put back.
-    Restore(PathBuf, Vec<u8>),
+    /// name, with its content (`None`: unreadable): to be put back.
+    Restore(PathBuf, Option<Vec<u8>>),
 }
 
 /// Replaces the list `path` (through a symlink, its target) by
@@ -322,6 +494,7 @@ fn swap_loop(
     // What the target holds, as far as we know.
     let mut expected = base.to_vec();
     let mut candidate = Candidate::New(first);
+    let target = write::name_digest(real);
     for swaps in 0..MAX_SWAPS {
         let (held, placed, ours) = match candidate {
             Candidate::New(bytes) => {
@@ -330,7 +503,13 @@ fn swap_loop(
                         path: real.to_path_buf(),
                     });
                 }
-                let t = write::write_temp(dir, &bytes, Some(meta))
+                let intent = Intent::Swap {
+                    back: false,
+                    target,
+                    expected: write::digest(&expected),
+                    put: Some(write::digest(&bytes)),
+                };
+                let t = write::write_temp_for(dir, Some(&intent), &bytes, Some(meta))
                     .map_err(io_err("write a temp file in", dir))?;
                 // A last look right before the swap (writing the temp file
                 // took an fsync): a change seen here costs nobody anything.
@@ -350,7 +529,11 @@ fn swap_loop(
                 }
                 (t, bytes, true)
             }
-            Candidate::Restore(t, bytes) => (t, bytes, false),
+            Candidate::Restore(t, bytes) => {
+                let t = mark_restore(&t, target, &expected, bytes.as_deref())
+                    .map_err(io_err("rename a temp file in", dir))?;
+                (t, bytes.unwrap_or_default(), false)
+            }
         };
         #[cfg(test)]
         if ours {
@@ -368,6 +551,8 @@ fn swap_loop(
                 return Err(ChainError::io("swap a temp file with", real, e));
             }
         }
+        #[cfg(test)]
+        testing::after_exchange();
         // `held` now names what the target held an instant ago.
         let displaced = scan::read_file(&held).ok();
         if displaced.as_deref() == Some(&expected[..]) {
@@ -394,10 +579,12 @@ fn swap_loop(
             real.display()
         );
         expected = placed;
-        candidate = Candidate::Restore(held, displaced.unwrap_or_default());
+        candidate = Candidate::Restore(held, displaced);
     }
-    if let Candidate::Restore(newest, _) = candidate {
+    if let Candidate::Restore(newest, bytes) = candidate {
         // Put the newest content we hold back in place, once more.
+        let newest = mark_restore(&newest, target, &expected, bytes.as_deref())
+            .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
         if write::exchange(&newest, real).is_ok()
             && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
         {
@@ -408,6 +595,27 @@ fn swap_loop(
         path: real.to_path_buf(),
         attempts: MAX_SWAPS,
     })
+}
+
+/// Renames `held`, which holds someone else's content displaced by our
+/// exchange, to say that it is now being put back in place of `expected`:
+/// if we are killed before or after that exchange, recovery knows which
+/// content is whose.
+fn mark_restore(
+    held: &Path,
+    target: u64,
+    expected: &[u8],
+    content: Option<&[u8]>,
+) -> io::Result<PathBuf> {
+    let intent = Intent::Swap {
+        back: true,
+        target,
+        expected: write::digest(expected),
+        put: content.map(write::digest),
+    };
+    let to = intent.path_in(parent(held));
+    fs::rename(held, &to)?;
+    Ok(to)
 }
 
 /// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
@@ -535,7 +743,13 @@ fn convert(
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
 
     // Retire the single-plugin file, capturing atomically what it holds now.
-    let grave = write::temp_path(conf_dir);
+    let grave = Intent::Grave {
+        json: active.extension().is_some_and(|e| e == "json"),
+        list: write::name_digest(&dst),
+        base: write::digest(base),
+        content: write::digest(&content),
+    }
+    .path_in(conf_dir);
     match fs::rename(active, &grave) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
@@ -570,12 +784,26 @@ fn convert(
 #[cfg(test)]
 pub(crate) mod testing {
     use std::cell::RefCell;
+    use std::collections::VecDeque;
     use std::path::Path;
 
     use super::{ChainError, Entry, Kind, Replacement, plan, replace};
 
     thread_local! {
         static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+        static AFTER: RefCell<VecDeque<Box<dyn FnOnce()>>> = RefCell::new(VecDeque::new());
+    }
+
+    /// Runs `f` right after an exchange: the first one queued after the
+    /// next exchange, the second after the one after, and so on.
+    pub(crate) fn after_next_exchange(f: impl FnOnce() + 'static) {
+        AFTER.with(|h| h.borrow_mut().push_back(Box::new(f)));
+    }
+
+    pub(super) fn after_exchange() {
+        if let Some(f) = AFTER.with(|h| h.borrow_mut().pop_front()) {
+            f();
+        }
     }
 
     /// Runs `f` before the next swap of new content (once).

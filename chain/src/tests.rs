@@ -748,3 +748,218 @@ fn repair_waits_for_its_required_file() {
     assert!(r.changed, "{}", r.summary);
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
+
+/// The primary's newer content in the kill tests: recognisable.
+const CALICO_NEWER: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [{"type": "calico", "mtu": 9000, "ipam": {"type": "calico-ipam"}}]
+}
+"#;
+
+/// And the one after.
+const CALICO_NEWEST: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [{"type": "calico", "mtu": 8000, "ipam": {"type": "calico-ipam"}}]
+}
+"#;
+
+/// Names the scenario a child process of the kill tests runs, and its dir.
+const KILL_CHILD_ENV: &str = "LCNI_CHAIN_TEST_KILL_CHILD";
+
+/// Writes `text` to `path` as a primary does: a whole new file renamed in.
+fn primary_writes(path: &Path, text: &str) {
+    let tmp = write::parent(path).join("primary-writing");
+    fs::write(&tmp, text).expect("write");
+    fs::rename(&tmp, path).expect("rename");
+}
+
+/// kill -9 of this very process, at this very point.
+fn kill_myself() -> ! {
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Not a test of its own: the child process of the kill tests (a no-op
+/// unless they started it). The primary writes in the instant before our
+/// exchange, and the process dies right after an exchange.
+#[test]
+fn kill_child() {
+    let Ok(spec) = std::env::var(KILL_CHILD_ENV) else {
+        return;
+    };
+    let (scenario, dir) = spec.split_once(':').expect("scenario:dir");
+    let dir = Path::new(dir).to_path_buf();
+    let file = dir.join("10-calico.conflist");
+    let f = file.clone();
+    repair::testing::before_next_swap(move || primary_writes(&f, CALICO_NEWER));
+    match scenario {
+        // Killed right after the exchange that displaced the primary's write.
+        "exchange" => repair::testing::after_next_exchange(|| kill_myself()),
+        // The primary writes once more after our exchange; we put its first
+        // write back (displacing the second) and are killed right then.
+        "restore" => {
+            let f = file.clone();
+            repair::testing::after_next_exchange(move || primary_writes(&f, CALICO_NEWEST));
+            repair::testing::after_next_exchange(|| kill_myself());
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    let r = repair(&dir, &desired(), &opts());
+    panic!("the repair was to be killed, it ended: {r:?}");
+}
+
+/// Runs `scenario` of [`kill_child`] on a conf dir holding CALICO, and
+/// returns the dir after the kill.
+fn killed_in(scenario: &str) -> TempDir {
+    let d = TempDir::new(&format!("kill-{scenario}"));
+    d.write("10-calico.conflist", CALICO);
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::kill_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KILL_CHILD_ENV, format!("{scenario}:{}", d.path().display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the child was not killed: {status}"
+    );
+    d
+}
+
+/// The one file left, with the entry, last.
+fn only_config_is(d: &TempDir, name: &str) -> String {
+    assert_eq!(d.names(), [name]);
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+    d.read(name)
+}
+
+fn only_config_is_healthy(d: &TempDir) -> String {
+    only_config_is(d, "10-calico.conflist")
+}
+
+#[test]
+fn a_kill_right_after_the_exchange_loses_no_primary_write() {
+    let d = killed_in("exchange");
+    // The primary's write is parked under a temp name; in place is what we
+    // computed from the older content.
+    let text = d.read("10-calico.conflist");
+    assert!(text.contains("portmap") && !text.contains("9000"), "{text}");
+    let parked: Vec<_> = d
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with(TEMP_PREFIX))
+        .collect();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(d.read(&parked[0]), CALICO_NEWER);
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.changed, "{}", r.summary);
+    assert!(r.summary.contains("put back"), "{}", r.summary);
+    // The primary's write, with our entry: nothing lost.
+    let text = only_config_is_healthy(&d);
+    assert!(text.contains("9000") && !text.contains("portmap"), "{text}");
+}
+
+#[test]
+fn a_kill_while_putting_a_displaced_write_back_loses_no_newer_write() {
+    let d = killed_in("restore");
+    // In place: the primary's first write, put back; parked: its second.
+    let text = d.read("10-calico.conflist");
+    assert_eq!(text, CALICO_NEWER);
+    let parked: Vec<_> = d
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with(TEMP_PREFIX))
+        .collect();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(d.read(&parked[0]), CALICO_NEWEST);
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let text = only_config_is_healthy(&d);
+    assert!(text.contains("8000"), "{text}");
+}
+
+#[test]
+fn a_conversion_killed_after_retiring_a_rewritten_conf_puts_it_back() {
+    // What a kill leaves when the primary rewrote its .conf just before the
+    // conversion retired it: the list built from the older content in
+    // place, the newer .conf under a temp name.
+    let d = TempDir::new("grave");
+    let old = r#"{"name":"br","cniVersion":"0.4.0","type":"bridge","mtu":1500}"#;
+    let newer = r#"{"name":"br","cniVersion":"0.4.0","type":"bridge","mtu":9000}"#;
+    let list = plan::repaired(Kind::Single, old.as_bytes(), &desired()).unwrap();
+    let dst = d.path().join("10-bridge.conflist");
+    fs::write(&dst, &list).unwrap();
+    let grave = write::Intent::Grave {
+        json: false,
+        list: write::name_digest(&dst),
+        base: write::digest(old.as_bytes()),
+        content: write::digest(&list),
+    }
+    .path_in(d.path());
+    fs::write(&grave, newer).unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("put back"), "{}", r.summary);
+    let text = only_config_is(&d, "10-bridge.conflist");
+    assert!(text.contains("9000"), "{text}");
+
+    // Killed after retiring the very content it converted: just removed.
+    let d = TempDir::new("grave-same");
+    fs::write(d.path().join("10-bridge.conflist"), &list).unwrap();
+    let grave = write::Intent::Grave {
+        json: false,
+        list: write::name_digest(&dst),
+        base: write::digest(old.as_bytes()),
+        content: write::digest(&list),
+    }
+    .path_in(d.path());
+    fs::write(&grave, old).unwrap();
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let text = only_config_is(&d, "10-bridge.conflist");
+    assert!(text.contains("1500"), "{text}");
+}
+
+#[test]
+fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
+    let d = TempDir::new("superseded");
+    let f = d.write("10-calico.conflist", CALICO_NEWEST);
+    let target = write::name_digest(&f);
+    // Displaced by an exchange that put in content the primary has
+    // replaced since: the primary's newest write wins, the parked one goes.
+    let parked = write::Intent::Swap {
+        back: false,
+        target,
+        expected: write::digest(CALICO.as_bytes()),
+        put: Some(write::digest(b"what we put in")),
+    }
+    .path_in(d.path());
+    fs::write(&parked, CALICO_NEWER).unwrap();
+    // Our new content, never exchanged.
+    let ours = write::Intent::Swap {
+        back: false,
+        target,
+        expected: write::digest(CALICO_NEWEST.as_bytes()),
+        put: Some(write::digest(b"ours")),
+    }
+    .path_in(d.path());
+    fs::write(&ours, "ours").unwrap();
+    // And a plain temp file.
+    fs::write(write::temp_path(d.path()), "half").unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("removed 3 leftover"), "{}", r.summary);
+    let text = only_config_is(&d, "10-calico.conflist");
+    assert!(text.contains("8000"), "{text}");
+}
