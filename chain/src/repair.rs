@@ -11,7 +11,7 @@
 //! same inode, so a writer still holding it open keeps writing to the live
 //! file). A primary's write is never silently undone, not even by a kill in
 //! the middle of that: every repair starts by deciding what each leftover
-//! temp file is ([`write::Intent`]) and puts back someone's displaced
+//! temp file is (from the intent its name carries) and puts back someone's displaced
 //! content before anything else; only our own content is removed.
 
 use std::fs::{self, Metadata};

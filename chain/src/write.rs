@@ -20,7 +20,7 @@
 //! a leftover. A leftover is not necessarily our content, though: an
 //! exchange leaves what the target held under the temp name, which may be
 //! a primary's write made in the instant before. Such files carry an
-//! [`Intent`] in their name, from which recovery decides what they are.
+//! intent in their name, from which recovery decides what they are.
 
 use std::fs::{self, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Write};
