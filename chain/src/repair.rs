@@ -11,8 +11,13 @@
 //! same inode, so a writer still holding it open keeps writing to the live
 //! file). A primary's write is never silently undone, not even by a kill in
 //! the middle of that: every repair starts by deciding what each leftover
-//! temp file is (from the intent its name carries) and puts back someone's displaced
-//! content before anything else; only our own content is removed.
+//! temp file is (from the intent its name carries) and puts back someone's
+//! displaced content before anything else; only our own content is removed.
+//!
+//! A symlinked config is written through to its target only where the
+//! scan allows it (inside the conf dir, unless
+//! [`RepairOptions::write_outside_conf_dir`]); the temp file goes next to
+//! the target, where the next scan looks for leftovers too.
 
 use std::fs::{self, Metadata};
 use std::io;
@@ -20,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::plan;
-use super::scan::{self, Kind, Listing};
+use super::scan::{self, Kind, LinkRule, Listing};
 use super::write::{self, Intent, parent};
 use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
 
@@ -36,6 +41,16 @@ pub struct RepairOptions {
     /// then sweeps the entries once more under the lock, so an ADD already
     /// in flight cannot chain the node again to a binary about to be removed.
     pub requires: Option<PathBuf>,
+    /// Where the host's `/` is in this process: absolute symlink targets in
+    /// the conf dir are resolved under it. `/` for the plugin; the host
+    /// mount (`CONTAINER_MOUNT_PREFIX`) for the installer, whose own `/` is
+    /// the container's.
+    pub host_root: PathBuf,
+    /// Whether to write through a symlinked config to a file outside the
+    /// conf dir. Off by default: such a file is outside the conf dir's
+    /// lock and belongs to whoever made the link, so the repair is refused
+    /// with the reason in the diagnosis.
+    pub write_outside_conf_dir: bool,
 }
 
 impl Default for RepairOptions {
@@ -44,6 +59,17 @@ impl Default for RepairOptions {
             lock_timeout: Duration::from_secs(2),
             deadline: None,
             requires: None,
+            host_root: PathBuf::from("/"),
+            write_outside_conf_dir: false,
+        }
+    }
+}
+
+impl RepairOptions {
+    pub(crate) fn link_rule(&self) -> LinkRule<'_> {
+        LinkRule {
+            host_root: &self.host_root,
+            outside: self.write_outside_conf_dir,
         }
     }
 }
@@ -117,7 +143,7 @@ fn repair_under(
     if let Some(req) = &opts.requires
         && !req.exists()
     {
-        let (diag, _) = diagnose_listing(&scan::list(conf_dir)?, desired);
+        let (diag, _) = diagnose_listing(&scan::list(conf_dir, opts.link_rule())?, desired);
         return Ok(RepairReport {
             file: None,
             changed: false,
@@ -131,8 +157,8 @@ fn repair_under(
     let mut before = None;
     let mut notes = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
-        let mut listing = scan::list(conf_dir)?;
-        let recovery = recover(conf_dir, &listing)?;
+        let mut listing = scan::list(conf_dir, opts.link_rule())?;
+        let recovery = recover(conf_dir, &listing, &opts.host_root)?;
         if recovery.removed > 0 {
             notes.push(format!(
                 "removed {} leftover temp file(s)",
@@ -142,7 +168,7 @@ fn repair_under(
         if !recovery.restored.is_empty() {
             // Files came back: look again before deciding anything.
             notes.extend(recovery.restored);
-            listing = scan::list(conf_dir)?;
+            listing = scan::list(conf_dir, opts.link_rule())?;
         }
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
@@ -170,13 +196,14 @@ fn repair_under(
         }
         let (outcome, file, how) = match Kind::of(active) {
             Kind::List => {
-                let (o, via) = replace(active, &base, opts.deadline, |b| {
+                let real = writable(&listing, active)?;
+                let (o, via) = replace(active, &real, &base, opts.deadline, |b| {
                     plan::repaired(Kind::List, b, desired)
                 })?;
                 (o, active.clone(), via)
             }
             Kind::Single => {
-                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts.deadline)?;
+                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts)?;
                 let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
                 (o, dst, how)
             }
@@ -222,13 +249,16 @@ fn repair_under(
 /// logged: it is not a primary's config.
 pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let mut listing = scan::list(conf_dir)?;
-    if !recover(conf_dir, &listing)?.restored.is_empty() {
-        listing = scan::list(conf_dir)?;
+    let mut listing = scan::list(conf_dir, opts.link_rule())?;
+    if !recover(conf_dir, &listing, &opts.host_root)?
+        .restored
+        .is_empty()
+    {
+        listing = scan::list(conf_dir, opts.link_rule())?;
     }
     let mut rewritten = Vec::new();
     for path in &listing.configs {
-        let Ok(bytes) = scan::read_file(path) else {
+        let Ok(bytes) = listing.read(path) else {
             continue;
         };
         if Kind::of(path) == Kind::Single {
@@ -254,8 +284,15 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
         if past(opts.deadline) {
             return Err(ChainError::Deadline { path: path.clone() });
         }
+        let real = match writable(&listing, path) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("{e}: its linkerd-cni entries stay");
+                continue;
+            }
+        };
         // Superseded: someone's newer content, which holds no entry of ours.
-        let (outcome, _) = replace(path, &bytes, opts.deadline, plan::without_entries)?;
+        let (outcome, _) = replace(path, &real, &bytes, opts.deadline, plan::without_entries)?;
         if let Replacement::Written = outcome {
             rewritten.push(path.clone());
         }
@@ -280,7 +317,7 @@ struct Recovery {
 /// since, and only removed once something has. The lock guarantees that no
 /// live repair owns any of them. `listing.leftovers` is every place a temp
 /// file can be.
-fn recover(conf_dir: &Path, listing: &Listing) -> Result<Recovery, ChainError> {
+fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recovery, ChainError> {
     let mut done = Recovery::default();
     let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {
@@ -298,7 +335,7 @@ fn recover(conf_dir: &Path, listing: &Listing) -> Result<Recovery, ChainError> {
                 list,
                 base,
                 content,
-            }) => recover_grave(p, json, list, base, content)?,
+            }) => recover_grave(p, host_root, json, list, base, content)?,
         };
         match restored {
             Some(note) => {
@@ -405,12 +442,13 @@ fn recover_swap(
 /// (as the live conversion does); `None` when it is to be removed.
 fn recover_grave(
     p: &Path,
+    host_root: &Path,
     json: bool,
     list: u64,
     base: u64,
     content: u64,
 ) -> Result<Option<String>, ChainError> {
-    if content_digest(p) == Some(base) {
+    if read_in(host_root, p).ok().map(|b| write::digest(&b)) == Some(base) {
         // What the conversion was computed from: the list holds it.
         return Ok(None);
     }
@@ -452,30 +490,22 @@ enum Candidate {
 /// Returns how it ended and a note for the summary.
 fn replace(
     path: &Path,
+    real: &Path,
     base: &[u8],
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
 ) -> Result<(Replacement, String), ChainError> {
-    let is_link = fs::symlink_metadata(path)
-        .map_err(|e| ChainError::io("inspect", path, e))?
-        .file_type()
-        .is_symlink();
-    let real = if is_link {
-        fs::canonicalize(path).map_err(|e| ChainError::io("resolve the symlink", path, e))?
-    } else {
-        path.to_path_buf()
-    };
-    let via = if is_link {
+    let via = if real != path {
         format!(" (through the symlink, in {})", real.display())
     } else {
         String::new()
     };
-    let dir = parent(&real).to_path_buf();
-    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
+    let dir = parent(real).to_path_buf();
+    let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
     let Some(first) = transform(base) else {
         return Ok((Replacement::Superseded, via));
     };
-    swap_loop(&real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
+    swap_loop(real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
 }
 
 fn swap_loop(
@@ -653,6 +683,28 @@ fn rename_checked(
     })
 }
 
+/// The file to write for the config `path` (its symlink's target), or why
+/// a repair must not.
+fn writable(listing: &Listing, path: &Path) -> Result<PathBuf, ChainError> {
+    let refused = |reason| ChainError::Refused {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if let Some(why) = listing.refused(path) {
+        return Err(refused(why));
+    }
+    listing.real(path).map_err(refused)
+}
+
+/// Reads `path`, resolving it under `host_root` when it is a symlink.
+fn read_in(host_root: &Path, path: &Path) -> io::Result<Vec<u8>> {
+    if fs::symlink_metadata(path)?.file_type().is_symlink() {
+        scan::read_file(&scan::resolve_in(host_root, path)?)
+    } else {
+        scan::read_file(path)
+    }
+}
+
 /// Turns the single-plugin `active` into a `.conflist` of the same base
 /// name holding it and the desired entry, then retires `active` (only once
 /// the list is in place, so a crash leaves one or the other loadable).
@@ -663,8 +715,9 @@ fn convert(
     active: &Path,
     base: &[u8],
     desired: &Entry,
-    deadline: Option<Instant>,
+    opts: &RepairOptions,
 ) -> Result<(Replacement, PathBuf), ChainError> {
+    let deadline = opts.deadline;
     let dst = active.with_extension("conflist");
     let dst_name = dst.file_name().unwrap_or_default().to_os_string();
     // The list must become the active config: nothing may sort before it.
@@ -685,7 +738,9 @@ fn convert(
         }
     }
     let old_dst = if dst_exists {
-        let bytes = scan::read_file(&dst).map_err(|e| ChainError::io("read", &dst, e))?;
+        let bytes = listing
+            .read(&dst)
+            .map_err(|e| ChainError::io("read", &dst, e))?;
         // A list holding our entry is what a conversion interrupted after
         // writing it leaves; anything else is someone's config.
         if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
@@ -713,7 +768,11 @@ fn convert(
             path: active.to_path_buf(),
         });
     }
-    let meta = fs::metadata(active).map_err(|e| ChainError::io("inspect", active, e))?;
+    let real = listing.real(active).map_err(|reason| ChainError::Refused {
+        path: active.to_path_buf(),
+        reason,
+    })?;
+    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
     let tmp = write::write_temp(conf_dir, &content, Some(&meta))
         .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
     let placed = match &old_dst {
@@ -755,7 +814,8 @@ fn convert(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
         Err(e) => return Err(ChainError::io("remove", active, e)),
     }
-    let captured = scan::read_file(&grave).ok();
+    // Through the symlink, if it was one: the link itself was retired.
+    let captured = read_in(&opts.host_root, &grave).ok();
     if captured.as_deref() == Some(base) {
         let _ = fs::remove_file(&grave);
         write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
@@ -824,7 +884,9 @@ pub(crate) mod testing {
         base: &[u8],
         desired: &Entry,
     ) -> Result<bool, ChainError> {
-        let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
+        let (o, _) = replace(path, path, base, None, |b| {
+            plan::repaired(Kind::List, b, desired)
+        })?;
         Ok(matches!(o, Replacement::Written))
     }
 }

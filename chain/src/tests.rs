@@ -963,3 +963,220 @@ fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
     let text = only_config_is(&d, "10-calico.conflist");
     assert!(text.contains("8000"), "{text}");
 }
+
+/// Options with symlinks resolved under `host_root`.
+fn under(host_root: &Path) -> RepairOptions {
+    RepairOptions {
+        host_root: host_root.to_path_buf(),
+        ..RepairOptions::default()
+    }
+}
+
+/// Names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn symlinks_leading_inside_the_conf_dir_are_written_through() {
+    for (tag, how) in [("rel", 0), ("abs", 1), ("dotdot", 2)] {
+        let d = TempDir::new(&format!("link-in-{tag}"));
+        fs::create_dir(d.path().join("real")).unwrap();
+        let target = d.path().join("real/calico.conflist");
+        fs::write(&target, CALICO).unwrap();
+        let conf_name = d.path().file_name().unwrap().to_str().unwrap();
+        let to = match how {
+            0 => "real/calico.conflist".to_string(),
+            1 => target.display().to_string(),
+            // Out and back in: still inside.
+            _ => format!("../{conf_name}/real/calico.conflist"),
+        };
+        let link = d.path().join("10-calico.conflist");
+        symlink(&to, &link).unwrap();
+        let diag = diagnose(d.path(), &desired()).unwrap();
+        assert_eq!(
+            (&diag.state, &diag.refused),
+            (&ChainState::Missing, &None),
+            "{tag}"
+        );
+        let r = repair(d.path(), &desired(), &opts()).unwrap();
+        assert!(
+            r.changed && r.summary.contains("symlink"),
+            "{tag}: {}",
+            r.summary
+        );
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+        assert!(
+            diagnose(d.path(), &desired()).unwrap().is_healthy(),
+            "{tag}"
+        );
+        assert_eq!(names_in(&d.path().join("real")), ["calico.conflist"]);
+    }
+}
+
+#[test]
+fn a_symlink_leading_outside_the_conf_dir_is_refused_unless_allowed() {
+    let d = TempDir::new("link-out");
+    let elsewhere = TempDir::new("link-out-target");
+    let target = elsewhere.write("calico.conflist", CALICO);
+    symlink(&target, d.path().join("10-calico.conflist")).unwrap();
+    // Also through a relative link that climbs out.
+    let d2 = TempDir::new("link-out-rel");
+    let rel = format!(
+        "../{}/calico.conflist",
+        elsewhere.path().file_name().unwrap().to_str().unwrap()
+    );
+    symlink(&rel, d2.path().join("10-calico.conflist")).unwrap();
+    for d in [&d, &d2] {
+        let diag = diagnose(d.path(), &desired()).unwrap();
+        assert_eq!(diag.state, ChainState::Missing);
+        let why = diag.refused.clone().expect("refused");
+        assert!(
+            why.contains("outside the conf dir")
+                && why.contains(&target.display().to_string())
+                && why.contains("chain_write_outside_conf_dir")
+                && why.contains("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
+            "{why}"
+        );
+        assert!(!diag.needs_repair() && !diag.is_healthy());
+        let shown = diag.to_string();
+        assert!(
+            shown.contains("refused:") && shown.contains("outside the conf dir"),
+            "{shown}"
+        );
+        let e = repair(d.path(), &desired(), &opts()).unwrap_err();
+        assert!(matches!(e, ChainError::Refused { .. }), "{e}");
+        assert!(e.to_string().contains("outside the conf dir"), "{e}");
+        // Nothing written there, not even a temp file.
+        assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+        assert_eq!(elsewhere.names(), ["calico.conflist"]);
+    }
+    // Allowed explicitly: written through, and nothing left there.
+    let allow = RepairOptions {
+        write_outside_conf_dir: true,
+        ..RepairOptions::default()
+    };
+    assert_eq!(
+        diagnose_with(d.path(), &desired(), &allow).unwrap().refused,
+        None
+    );
+    assert!(repair(d.path(), &desired(), &allow).unwrap().changed);
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    assert_eq!(elsewhere.names(), ["calico.conflist"]);
+    // Uninstall leaves what it may not write.
+    let removed = remove_entries(d.path(), &opts()).unwrap();
+    assert!(removed.is_empty(), "{removed:?}");
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    assert_eq!(remove_entries(d.path(), &allow).unwrap().len(), 1);
+    assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+}
+
+#[test]
+fn absolute_symlink_targets_resolve_under_the_host_root() {
+    // The installer's view: the host's / mounted at <host>.
+    let host = TempDir::new("hostroot");
+    let conf = host.path().join("etc/cni/net.d");
+    fs::create_dir_all(conf.join("real")).unwrap();
+    let target = conf.join("real/calico.conflist");
+    fs::write(&target, CALICO).unwrap();
+    fs::create_dir_all(host.path().join("opt")).unwrap();
+    let outside = host.path().join("opt/calico.conflist");
+    fs::write(&outside, CALICO).unwrap();
+    // As the host sees them.
+    symlink(
+        "/etc/cni/net.d/real/calico.conflist",
+        conf.join("10-calico.conflist"),
+    )
+    .unwrap();
+    symlink("/opt/calico.conflist", conf.join("20-calico.conflist")).unwrap();
+    // `..` stops at the host's root, as on the host.
+    symlink(
+        "../../../../../../../etc/cni/net.d/real/calico.conflist",
+        conf.join("30-calico.conflist"),
+    )
+    .unwrap();
+    // Under the container's root the absolute target is not there.
+    let wrong = diagnose(&conf, &desired()).unwrap();
+    assert!(matches!(wrong.state, ChainState::Invalid { .. }), "{wrong}");
+
+    let o = under(host.path());
+    let diag = diagnose_with(&conf, &desired(), &o).unwrap();
+    assert_eq!(
+        (&diag.state, &diag.refused),
+        (&ChainState::Missing, &None),
+        "{diag}"
+    );
+    assert!(repair(&conf, &desired(), &o).unwrap().changed);
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    let diag = diagnose_with(&conf, &desired(), &o).unwrap();
+    assert!(diag.is_healthy(), "{diag}");
+    // The other two: one outside the conf dir (as the host resolves it),
+    // one inside, and already repaired through the first.
+    let listing = scan::list(&conf, o.link_rule()).unwrap();
+    let refused: Vec<_> = listing
+        .links
+        .iter()
+        .filter(|l| l.refused.is_some())
+        .map(|l| l.path.clone())
+        .collect();
+    assert_eq!(refused, [conf.join("20-calico.conflist")]);
+    assert_eq!(
+        listing.real(&conf.join("30-calico.conflist")).unwrap(),
+        target
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), CALICO);
+}
+
+#[test]
+fn leftovers_where_symlinks_lead_are_cleaned() {
+    let d = TempDir::new("link-leftovers");
+    fs::create_dir(d.path().join("real")).unwrap();
+    fs::write(d.path().join("real/calico.conflist"), CALICO).unwrap();
+    symlink("real/calico.conflist", d.path().join("10-calico.conflist")).unwrap();
+    let inside = write::temp_path(&d.path().join("real"));
+    fs::write(&inside, "half").unwrap();
+    // Left outside by an older version that wrote there: ours by name.
+    let elsewhere = TempDir::new("link-leftovers-out");
+    elsewhere.write("other.conflist", CALICO);
+    symlink(
+        elsewhere.path().join("other.conflist"),
+        d.path().join("20-other.conflist"),
+    )
+    .unwrap();
+    let outside = write::temp_path(elsewhere.path());
+    fs::write(&outside, "half").unwrap();
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    let mut want = vec![inside.clone(), outside.clone()];
+    want.sort();
+    assert_eq!(diag.leftovers, want);
+    assert!(diag.needs_repair());
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("removed 2 leftover"), "{}", r.summary);
+    assert_eq!(names_in(&d.path().join("real")), ["calico.conflist"]);
+    assert_eq!(elsewhere.names(), ["other.conflist"]);
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+}
+
+#[test]
+fn a_symlink_loop_is_reported_not_followed_forever() {
+    let d = TempDir::new("link-loop");
+    symlink("b.json", d.path().join("a.conflist")).unwrap();
+    symlink("a.conflist", d.path().join("b.json")).unwrap();
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    let ChainState::Invalid { reason } = &diag.state else {
+        panic!("{diag}");
+    };
+    assert!(reason.contains("symlinks to follow"), "{reason}");
+    assert!(!diag.needs_repair());
+}

@@ -29,7 +29,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 16] = [
+pub const VARIABLES: [&str; 17] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -46,6 +46,7 @@ pub const VARIABLES: [&str; 16] = [
     "LINKERD_CNI_WATCH",
     "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
     "LINKERD_CNI_UNINSTALL_ON_EXIT",
+    "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
 ];
 
 /// A variable that cannot be used, and why.
@@ -99,6 +100,9 @@ pub struct Config {
     pub service_account_dir: PathBuf,
     /// `LINKERD_CNI_UNINSTALL_ON_EXIT`.
     pub uninstall_on_exit: bool,
+    /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
+    /// symlinked config to a file outside the conf dir (default false).
+    pub chain_write_outside_conf_dir: bool,
 }
 
 impl Config {
@@ -223,6 +227,11 @@ impl Config {
             var("LINKERD_CNI_UNINSTALL_ON_EXIT"),
             false,
         )?;
+        let chain_write_outside_conf_dir = boolean(
+            "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
+            var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
+            false,
+        )?;
 
         let config = Config {
             dest_cni_net_dir,
@@ -240,6 +249,7 @@ impl Config {
             watch,
             service_account_dir,
             uninstall_on_exit,
+            chain_write_outside_conf_dir,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;

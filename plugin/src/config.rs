@@ -107,6 +107,9 @@ pub struct PluginConfig {
     pub chain_heal: bool,
     /// `chain_repair_budget_seconds`: the most an ADD spends repairing.
     pub chain_repair_budget: Duration,
+    /// `chain_write_outside_conf_dir`: repair through a symlinked config to
+    /// a file outside the conf dir. Default false: refused, and said so.
+    pub chain_write_outside_conf_dir: bool,
     /// `state_dir`: where the plugin keeps what it remembers between
     /// invocations (repair history for fight detection). Outside the conf
     /// dir, where every write would make runtimes reload.
@@ -125,6 +128,7 @@ impl Default for PluginConfig {
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             chain_heal: true,
             chain_repair_budget: DEFAULT_REPAIR_BUDGET,
+            chain_write_outside_conf_dir: false,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
@@ -159,6 +163,9 @@ impl PluginConfig {
         }
         if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
             c.chain_repair_budget = d;
+        }
+        if let Some(b) = top.bool("chain_write_outside_conf_dir")? {
+            c.chain_write_outside_conf_dir = b;
         }
         if let Some(k8s) = top.object("kubernetes")? {
             if let Some(path) = k8s.string("kubeconfig")?
@@ -468,7 +475,7 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 17] = [
+        const KEYS: [&str; 18] = [
             "log_level",
             "kubernetes",
             "kubeconfig",
@@ -485,6 +492,7 @@ mod tests {
             "cni_conf_dir",
             "chain_heal",
             "chain_repair_budget_seconds",
+            "chain_write_outside_conf_dir",
             "state_dir",
         ];
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use linkerd_cni_chain::{
-    ChainError, Entry, PersistedFights, RepairOptions, diagnose, load_entry, repair_locked,
+    ChainError, Entry, PersistedFights, RepairOptions, diagnose_with, load_entry, repair_locked,
 };
 
 use crate::cni::NetConf;
@@ -64,7 +64,11 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
             return;
         }
     };
-    let diag = match diagnose(dir, &desired) {
+    let opts = RepairOptions {
+        write_outside_conf_dir: config.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    };
+    let diag = match diagnose_with(dir, &desired, &opts) {
         Ok(d) => d,
         Err(e) => {
             log::warn!("chain check skipped: {e}");
@@ -78,11 +82,14 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     if !diag.needs_repair() {
         // Invalid or no primary config: nothing for us to write.
         log::warn!(
-            "chain check: {}: {}; not repairing",
+            "chain check: {}: {}; not repairing{}",
             diag.active
                 .as_deref()
                 .map_or_else(|| dir.display().to_string(), |p| p.display().to_string()),
-            diag.state
+            diag.state,
+            diag.refused
+                .as_deref()
+                .map_or_else(String::new, |why| format!(": {why}"))
         );
         return;
     }
@@ -103,6 +110,7 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
         lock_timeout: budget,
         deadline: Some(start + config.chain_repair_budget),
         requires: config.kubeconfig.clone(),
+        ..opts
     };
     match repair_locked(dir, &desired, &opts) {
         Ok((r, lock)) if r.changed => {
@@ -131,7 +139,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
-    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, persist_entry};
+    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, diagnose, persist_entry};
 
     use super::*;
 
