@@ -148,7 +148,12 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> TempDir {
-            TempDir(testkit::TempDir::new(&format!("lcni-{tag}")).expect("create temp dir"))
+            let t = testkit::TempDir::new(&format!("lcni-{tag}")).expect("create temp dir");
+            // Empty, even if a killed process with the same pid left it:
+            // a stale fight history would postpone every repair.
+            fs::remove_dir_all(t.path()).expect("clear temp dir");
+            fs::create_dir(t.path()).expect("create temp dir");
+            TempDir(t)
         }
 
         fn path(&self) -> &Path {
