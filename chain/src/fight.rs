@@ -140,7 +140,10 @@ impl FightDetector {
 
 /// The plugin's fight history: [`FightDetector`]'s logic on wall-clock
 /// seconds, kept in `<state_dir>/chain-repairs.json` between invocations.
-/// Best effort throughout: losing it only delays detection.
+/// Best effort throughout: losing it only delays detection. To record a
+/// repair, load and record while still holding the conf-dir lock the repair
+/// took ([`crate::repair_locked`]): the file is read, updated and replaced as
+/// a whole, so two plugins doing that concurrently would lose one record.
 #[derive(Debug, Clone)]
 pub struct PersistedFights {
     path: PathBuf,

@@ -38,7 +38,7 @@ pub use entry::{ENTRY_FILE, Entry, PLUGIN_TYPE, load_entry, persist_entry, remov
 pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
 pub use lock::{DirLock, lock_dir};
-pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
+pub use repair::{RepairOptions, RepairReport, remove_entries, repair, repair_locked};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};
 pub use write::TEMP_PREFIX;
 
@@ -144,6 +144,9 @@ pub struct Diagnosis {
     pub leftovers: Vec<PathBuf>,
     /// `type` of each plugin of the active chain, in order.
     pub plugins: Vec<String>,
+    /// Why a repair will not rewrite the active config although its state
+    /// calls for it (a symlink leading outside the conf dir).
+    pub refused: Option<String>,
 }
 
 impl Diagnosis {
@@ -154,7 +157,7 @@ impl Diagnosis {
 
     /// Whether [`repair`] has anything to do (rewrite or clean up).
     pub fn needs_repair(&self) -> bool {
-        self.state.is_repairable() || !self.leftovers.is_empty()
+        (self.state.is_repairable() && self.refused.is_none()) || !self.leftovers.is_empty()
     }
 
     /// The file a `.conf` becomes.
@@ -171,6 +174,9 @@ impl Diagnosis {
         };
         let active = self.active.as_deref().unwrap_or(Path::new("?"));
         let len = self.plugins.len();
+        if let (Some(why), true) = (&self.refused, self.state.is_repairable()) {
+            return format!("nothing: {why}");
+        }
         match &self.state {
             ChainState::Healthy => "nothing".into(),
             ChainState::NoPrimaryConfig | ChainState::NoPrimaryPlugin => {
@@ -209,6 +215,9 @@ impl fmt::Display for Diagnosis {
             writeln!(f, "chain:         {}", self.plugins.join(" -> "))?;
         }
         writeln!(f, "state:         {}", self.state)?;
+        if let (Some(why), true) = (&self.refused, self.state.is_repairable()) {
+            writeln!(f, "refused:       will not rewrite it: {why}")?;
+        }
         if !self.is_healthy() {
             let mut remedy = match self.state {
                 ChainState::Healthy => String::new(),
@@ -240,9 +249,21 @@ impl fmt::Display for Diagnosis {
     }
 }
 
-/// Read-only diagnosis of the active config (no lock, no write).
+/// Read-only diagnosis of the active config (no lock, no write), as the
+/// plugin on the host sees it with default options.
 pub fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<Diagnosis, ChainError> {
-    let listing = scan::list(conf_dir)?;
+    diagnose_with(conf_dir, desired, &RepairOptions::default())
+}
+
+/// [`diagnose`] as a repair with `opts` would see the conf dir: symlinks
+/// resolved under `opts.host_root`, and a write outside the conf dir
+/// refused unless `opts.write_outside_conf_dir`.
+pub fn diagnose_with(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<Diagnosis, ChainError> {
+    let listing = scan::list(conf_dir, opts.link_rule())?;
     Ok(diagnose_listing(&listing, desired).0)
 }
 
@@ -258,15 +279,21 @@ pub(crate) fn diagnose_listing(
         stray: vec![],
         leftovers: listing.leftovers.clone(),
         plugins: vec![],
+        refused: None,
     };
     let mut base = None;
     if let Some(active) = &d.active {
-        match scan::read_file(active) {
+        match listing.read(active) {
             Ok(bytes) => {
                 let a = plan::analyze(Kind::of(active), &bytes, desired);
                 d.state = a.state;
                 d.plugins = a.plugins;
                 base = Some(bytes);
+                // A single-plugin file is converted into a new list in the
+                // conf dir: its target is never written.
+                if d.state.is_repairable() && Kind::of(active) == Kind::List {
+                    d.refused = listing.refused(active);
+                }
             }
             Err(e) => {
                 d.state = ChainState::Invalid {
@@ -276,7 +303,7 @@ pub(crate) fn diagnose_listing(
         }
     }
     for other in listing.configs.iter().skip(1) {
-        if holds_entry(other) {
+        if holds_entry(listing, other) {
             d.stray.push(other.clone());
         }
     }
@@ -284,8 +311,8 @@ pub(crate) fn diagnose_listing(
 }
 
 /// Whether a (non-active) config file holds a linkerd-cni entry.
-fn holds_entry(path: &Path) -> bool {
-    let Ok(bytes) = scan::read_file(path) else {
+fn holds_entry(listing: &scan::Listing, path: &Path) -> bool {
+    let Ok(bytes) = listing.read(path) else {
         return false;
     };
     // Cheap filter first: most files never mention us.

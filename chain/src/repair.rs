@@ -9,7 +9,15 @@
 //! between: their content becomes the new base and is repaired in turn (or,
 //! when it needs no repair or cannot be read, put back as it was, the very
 //! same inode, so a writer still holding it open keeps writing to the live
-//! file). A primary's write is never silently undone.
+//! file). A primary's write is never silently undone, not even by a kill in
+//! the middle of that: every repair starts by deciding what each leftover
+//! temp file is (from the intent its name carries) and puts back someone's
+//! displaced content before anything else; only our own content is removed.
+//!
+//! A symlinked config is written through to its target only where the
+//! scan allows it (inside the conf dir, unless
+//! [`RepairOptions::write_outside_conf_dir`]); the temp file goes next to
+//! the target, where the next scan looks for leftovers too.
 
 use std::fs::{self, Metadata};
 use std::io;
@@ -17,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::plan;
-use super::scan::{self, Kind, Listing};
-use super::write::{self, parent};
+use super::scan::{self, Kind, LinkRule, Listing};
+use super::write::{self, Intent, parent};
 use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
 
 /// Bounds and conditions for one repair.
@@ -33,6 +41,16 @@ pub struct RepairOptions {
     /// then sweeps the entries once more under the lock, so an ADD already
     /// in flight cannot chain the node again to a binary about to be removed.
     pub requires: Option<PathBuf>,
+    /// Where the host's `/` is in this process: absolute symlink targets in
+    /// the conf dir are resolved under it. `/` for the plugin; the host
+    /// mount (`CONTAINER_MOUNT_PREFIX`) for the installer, whose own `/` is
+    /// the container's.
+    pub host_root: PathBuf,
+    /// Whether to write through a symlinked config to a file outside the
+    /// conf dir. Off by default: such a file is outside the conf dir's
+    /// lock and belongs to whoever made the link, so the repair is refused
+    /// with the reason in the diagnosis.
+    pub write_outside_conf_dir: bool,
 }
 
 impl Default for RepairOptions {
@@ -41,6 +59,17 @@ impl Default for RepairOptions {
             lock_timeout: Duration::from_secs(2),
             deadline: None,
             requires: None,
+            host_root: PathBuf::from("/"),
+            write_outside_conf_dir: false,
+        }
+    }
+}
+
+impl RepairOptions {
+    pub(crate) fn link_rule(&self) -> LinkRule<'_> {
+        LinkRule {
+            host_root: &self.host_root,
+            outside: self.write_outside_conf_dir,
         }
     }
 }
@@ -90,11 +119,31 @@ pub fn repair(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<RepairReport, ChainError> {
-    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    repair_locked(conf_dir, desired, opts).map(|(report, _lock)| report)
+}
+
+/// [`repair()`], returning with the conf-dir lock still held, so that what
+/// the caller records about the repair (the plugin's fight history) is
+/// read and written in the same critical section as the repair itself: a
+/// record made after the lock is released races with the next repair's.
+pub fn repair_locked(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(RepairReport, lock::DirLock), ChainError> {
+    let lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    repair_under(conf_dir, desired, opts).map(|r| (r, lock))
+}
+
+fn repair_under(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<RepairReport, ChainError> {
     if let Some(req) = &opts.requires
         && !req.exists()
     {
-        let (diag, _) = diagnose_listing(&scan::list(conf_dir)?, desired);
+        let (diag, _) = diagnose_listing(&scan::list(conf_dir, opts.link_rule())?, desired);
         return Ok(RepairReport {
             file: None,
             changed: false,
@@ -108,10 +157,18 @@ pub fn repair(
     let mut before = None;
     let mut notes = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
-        let listing = scan::list(conf_dir)?;
-        let cleaned = clean_leftovers(conf_dir, &listing)?;
-        if cleaned > 0 {
-            notes.push(format!("removed {cleaned} leftover temp file(s)"));
+        let mut listing = scan::list(conf_dir, opts.link_rule())?;
+        let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+        if recovery.removed > 0 {
+            notes.push(format!(
+                "removed {} leftover temp file(s)",
+                recovery.removed
+            ));
+        }
+        if !recovery.restored.is_empty() {
+            // Files came back: look again before deciding anything.
+            notes.extend(recovery.restored);
+            listing = scan::list(conf_dir, opts.link_rule())?;
         }
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
@@ -139,13 +196,14 @@ pub fn repair(
         }
         let (outcome, file, how) = match Kind::of(active) {
             Kind::List => {
-                let (o, via) = replace(active, &base, opts.deadline, |b| {
+                let real = writable(&listing, active)?;
+                let (o, via) = replace(active, &real, &base, opts.deadline, |b| {
                     plan::repaired(Kind::List, b, desired)
                 })?;
                 (o, active.clone(), via)
             }
             Kind::Single => {
-                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts.deadline)?;
+                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts)?;
                 let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
                 (o, dst, how)
             }
@@ -191,11 +249,16 @@ pub fn repair(
 /// logged: it is not a primary's config.
 pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let listing = scan::list(conf_dir)?;
-    clean_leftovers(conf_dir, &listing)?;
+    let mut listing = scan::list(conf_dir, opts.link_rule())?;
+    if !recover(conf_dir, &listing, &opts.host_root)?
+        .restored
+        .is_empty()
+    {
+        listing = scan::list(conf_dir, opts.link_rule())?;
+    }
     let mut rewritten = Vec::new();
     for path in &listing.configs {
-        let Ok(bytes) = scan::read_file(path) else {
+        let Ok(bytes) = listing.read(path) else {
             continue;
         };
         if Kind::of(path) == Kind::Single {
@@ -221,8 +284,15 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
         if past(opts.deadline) {
             return Err(ChainError::Deadline { path: path.clone() });
         }
+        let real = match writable(&listing, path) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("{e}: its linkerd-cni entries stay");
+                continue;
+            }
+        };
         // Superseded: someone's newer content, which holds no entry of ours.
-        let (outcome, _) = replace(path, &bytes, opts.deadline, plan::without_entries)?;
+        let (outcome, _) = replace(path, &real, &bytes, opts.deadline, plan::without_entries)?;
         if let Replacement::Written = outcome {
             rewritten.push(path.clone());
         }
@@ -230,20 +300,180 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
     Ok(rewritten)
 }
 
-/// Removes our temp files; the lock guarantees no live repair owns them.
-fn clean_leftovers(conf_dir: &Path, listing: &Listing) -> Result<usize, ChainError> {
-    let mut n = 0;
+/// What [`recover`] did.
+#[derive(Debug, Default)]
+struct Recovery {
+    /// Temp files removed: our unfinished writes, and displaced content
+    /// already superseded.
+    removed: usize,
+    /// What was put back, one note each.
+    restored: Vec<String>,
+}
+
+/// Deals with the temp files a killed repair left, before anything else is
+/// decided: our own unfinished writes are removed, and content that is not
+/// ours (a primary's write displaced by an exchange, a single-plugin config
+/// retired by a conversion) is put back when nothing newer has replaced it
+/// since, and only removed once something has. The lock guarantees that no
+/// live repair owns any of them. `listing.leftovers` is every place a temp
+/// file can be.
+fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recovery, ChainError> {
+    let mut done = Recovery::default();
+    let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {
-        match fs::remove_file(p) {
-            Ok(()) => n += 1,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+        let name = p.file_name().unwrap_or_default();
+        let restored = match Intent::of(name) {
+            None => None,
+            Some(Intent::Swap {
+                back,
+                target,
+                expected,
+                put,
+            }) => recover_swap(p, back, target, expected, put)?,
+            Some(Intent::Grave {
+                json,
+                list,
+                base,
+                content,
+            }) => recover_grave(p, host_root, json, list, base, content)?,
+        };
+        match restored {
+            Some(note) => {
+                log::warn!("{note}");
+                done.restored.push(note);
+            }
+            None => match fs::remove_file(p) {
+                Ok(()) => done.removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+            },
+        }
+        let dir = parent(p).to_path_buf();
+        if !touched.contains(&dir) {
+            touched.push(dir);
         }
     }
-    if n > 0 {
-        write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    if done.removed > 0 || !done.restored.is_empty() {
+        for dir in &touched {
+            write::fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))?;
+        }
     }
-    Ok(n)
+    Ok(done)
+}
+
+/// The digest of a file's content (`None`: unreadable or absent).
+fn content_digest(path: &Path) -> Option<u64> {
+    scan::read_file(path).ok().map(|b| write::digest(&b))
+}
+
+/// The file in `dir` whose name has digest `name` (not a temp file).
+fn named(dir: &Path, name: u64) -> Option<PathBuf> {
+    fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let n = e.file_name();
+        (!write::is_temp_name(&n) && write::digest(n.as_encoded_bytes()) == name).then(|| e.path())
+    })
+}
+
+/// A temp file left around an exchange with `target`: `Some(note)` when it
+/// held someone else's content, which is now back in place (or, rarely,
+/// kept for the next pass); `None` when it is to be removed.
+fn recover_swap(
+    p: &Path,
+    back: bool,
+    target: u64,
+    expected: u64,
+    put: Option<u64>,
+) -> Result<Option<String>, ChainError> {
+    let held = content_digest(p);
+    // Which content the temp file holds, and which content must be in
+    // place for it to be the newest there is.
+    let must_be_in_place = if held == put {
+        // The exchange did not happen: it holds what we were putting in.
+        if !back {
+            return Ok(None); // our own unfinished write
+        }
+        Some(expected)
+    } else if held == Some(expected) {
+        // The exchange happened and it holds exactly what we meant to
+        // replace: superseded by what we put in.
+        return Ok(None);
+    } else {
+        // The exchange happened and it holds what someone wrote in the
+        // instant before.
+        put
+    };
+    let dir = parent(p);
+    let Some(real) = named(dir, target) else {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let now = content_digest(&real);
+    if now != must_be_in_place {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
+            p.display(),
+            real.display()
+        );
+        return Ok(None);
+    }
+    // Put it back, the very inode, and see what comes out.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    if content_digest(p) == now {
+        let _ = fs::remove_file(p);
+        return Ok(Some(format!(
+            "put back {}'s content that an interrupted repair had displaced",
+            real.display()
+        )));
+    }
+    // Rewritten in the meantime: theirs is the newest, ours to keep for now.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    Ok(Some(format!(
+        "{} changed while a displaced version of it was being put back; kept {} for the next pass",
+        real.display(),
+        p.display()
+    )))
+}
+
+/// A single-plugin config retired by an interrupted conversion: `Some(note)`
+/// when it was rewritten by its owner before being retired and is now back
+/// (as the live conversion does); `None` when it is to be removed.
+fn recover_grave(
+    p: &Path,
+    host_root: &Path,
+    json: bool,
+    list: u64,
+    base: u64,
+    content: u64,
+) -> Result<Option<String>, ChainError> {
+    if read_in(host_root, p).ok().map(|b| write::digest(&b)) == Some(base) {
+        // What the conversion was computed from: the list holds it.
+        return Ok(None);
+    }
+    let Some(list) = named(parent(p), list) else {
+        log::warn!(
+            "{} holds a config retired by an interrupted conversion, whose list is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let original = list.with_extension(if json { "json" } else { "conf" });
+    match write::rename_noreplace(p, &original) {
+        Ok(()) => {}
+        // An even newer one is there already.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(ChainError::io("restore", &original, e)),
+    }
+    // The list built from the older content is ours to take back.
+    if content_digest(&list) == Some(content) {
+        let _ = fs::remove_file(&list);
+    }
+    Ok(Some(format!(
+        "put back {}, rewritten by its owner while an interrupted repair was converting it",
+        original.display()
+    )))
 }
 
 /// What to put at the target next.
@@ -251,8 +481,8 @@ enum Candidate {
     /// New content, to be written to a fresh temp file.
     New(Vec<u8>),
     /// An inode we displaced (someone else's newer content), held at a temp
-    /// name, with its content: to be put back.
-    Restore(PathBuf, Vec<u8>),
+    /// name, with its content (`None`: unreadable): to be put back.
+    Restore(PathBuf, Option<Vec<u8>>),
 }
 
 /// Replaces the list `path` (through a symlink, its target) by
@@ -260,30 +490,22 @@ enum Candidate {
 /// Returns how it ended and a note for the summary.
 fn replace(
     path: &Path,
+    real: &Path,
     base: &[u8],
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
 ) -> Result<(Replacement, String), ChainError> {
-    let is_link = fs::symlink_metadata(path)
-        .map_err(|e| ChainError::io("inspect", path, e))?
-        .file_type()
-        .is_symlink();
-    let real = if is_link {
-        fs::canonicalize(path).map_err(|e| ChainError::io("resolve the symlink", path, e))?
-    } else {
-        path.to_path_buf()
-    };
-    let via = if is_link {
+    let via = if real != path {
         format!(" (through the symlink, in {})", real.display())
     } else {
         String::new()
     };
-    let dir = parent(&real).to_path_buf();
-    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
+    let dir = parent(real).to_path_buf();
+    let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
     let Some(first) = transform(base) else {
         return Ok((Replacement::Superseded, via));
     };
-    swap_loop(&real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
+    swap_loop(real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
 }
 
 fn swap_loop(
@@ -302,6 +524,7 @@ fn swap_loop(
     // What the target holds, as far as we know.
     let mut expected = base.to_vec();
     let mut candidate = Candidate::New(first);
+    let target = write::name_digest(real);
     for swaps in 0..MAX_SWAPS {
         let (held, placed, ours) = match candidate {
             Candidate::New(bytes) => {
@@ -310,7 +533,13 @@ fn swap_loop(
                         path: real.to_path_buf(),
                     });
                 }
-                let t = write::write_temp(dir, &bytes, Some(meta))
+                let intent = Intent::Swap {
+                    back: false,
+                    target,
+                    expected: write::digest(&expected),
+                    put: Some(write::digest(&bytes)),
+                };
+                let t = write::write_temp_for(dir, Some(&intent), &bytes, Some(meta))
                     .map_err(io_err("write a temp file in", dir))?;
                 // A last look right before the swap (writing the temp file
                 // took an fsync): a change seen here costs nobody anything.
@@ -330,7 +559,11 @@ fn swap_loop(
                 }
                 (t, bytes, true)
             }
-            Candidate::Restore(t, bytes) => (t, bytes, false),
+            Candidate::Restore(t, bytes) => {
+                let t = mark_restore(&t, target, &expected, bytes.as_deref())
+                    .map_err(io_err("rename a temp file in", dir))?;
+                (t, bytes.unwrap_or_default(), false)
+            }
         };
         #[cfg(test)]
         if ours {
@@ -348,6 +581,8 @@ fn swap_loop(
                 return Err(ChainError::io("swap a temp file with", real, e));
             }
         }
+        #[cfg(test)]
+        testing::after_exchange();
         // `held` now names what the target held an instant ago.
         let displaced = scan::read_file(&held).ok();
         if displaced.as_deref() == Some(&expected[..]) {
@@ -374,10 +609,12 @@ fn swap_loop(
             real.display()
         );
         expected = placed;
-        candidate = Candidate::Restore(held, displaced.unwrap_or_default());
+        candidate = Candidate::Restore(held, displaced);
     }
-    if let Candidate::Restore(newest, _) = candidate {
+    if let Candidate::Restore(newest, bytes) = candidate {
         // Put the newest content we hold back in place, once more.
+        let newest = mark_restore(&newest, target, &expected, bytes.as_deref())
+            .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
         if write::exchange(&newest, real).is_ok()
             && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
         {
@@ -388,6 +625,27 @@ fn swap_loop(
         path: real.to_path_buf(),
         attempts: MAX_SWAPS,
     })
+}
+
+/// Renames `held`, which holds someone else's content displaced by our
+/// exchange, to say that it is now being put back in place of `expected`:
+/// if we are killed before or after that exchange, recovery knows which
+/// content is whose.
+fn mark_restore(
+    held: &Path,
+    target: u64,
+    expected: &[u8],
+    content: Option<&[u8]>,
+) -> io::Result<PathBuf> {
+    let intent = Intent::Swap {
+        back: true,
+        target,
+        expected: write::digest(expected),
+        put: content.map(write::digest),
+    };
+    let to = intent.path_in(parent(held));
+    fs::rename(held, &to)?;
+    Ok(to)
 }
 
 /// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
@@ -425,6 +683,28 @@ fn rename_checked(
     })
 }
 
+/// The file to write for the config `path` (its symlink's target), or why
+/// a repair must not.
+fn writable(listing: &Listing, path: &Path) -> Result<PathBuf, ChainError> {
+    let refused = |reason| ChainError::Refused {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if let Some(why) = listing.refused(path) {
+        return Err(refused(why));
+    }
+    listing.real(path).map_err(refused)
+}
+
+/// Reads `path`, resolving it under `host_root` when it is a symlink.
+fn read_in(host_root: &Path, path: &Path) -> io::Result<Vec<u8>> {
+    if fs::symlink_metadata(path)?.file_type().is_symlink() {
+        scan::read_file(&scan::resolve_in(host_root, path)?)
+    } else {
+        scan::read_file(path)
+    }
+}
+
 /// Turns the single-plugin `active` into a `.conflist` of the same base
 /// name holding it and the desired entry, then retires `active` (only once
 /// the list is in place, so a crash leaves one or the other loadable).
@@ -435,8 +715,9 @@ fn convert(
     active: &Path,
     base: &[u8],
     desired: &Entry,
-    deadline: Option<Instant>,
+    opts: &RepairOptions,
 ) -> Result<(Replacement, PathBuf), ChainError> {
+    let deadline = opts.deadline;
     let dst = active.with_extension("conflist");
     let dst_name = dst.file_name().unwrap_or_default().to_os_string();
     // The list must become the active config: nothing may sort before it.
@@ -457,7 +738,9 @@ fn convert(
         }
     }
     let old_dst = if dst_exists {
-        let bytes = scan::read_file(&dst).map_err(|e| ChainError::io("read", &dst, e))?;
+        let bytes = listing
+            .read(&dst)
+            .map_err(|e| ChainError::io("read", &dst, e))?;
         // A list holding our entry is what a conversion interrupted after
         // writing it leaves; anything else is someone's config.
         if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
@@ -485,7 +768,11 @@ fn convert(
             path: active.to_path_buf(),
         });
     }
-    let meta = fs::metadata(active).map_err(|e| ChainError::io("inspect", active, e))?;
+    let real = listing.real(active).map_err(|reason| ChainError::Refused {
+        path: active.to_path_buf(),
+        reason,
+    })?;
+    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
     let tmp = write::write_temp(conf_dir, &content, Some(&meta))
         .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
     let placed = match &old_dst {
@@ -515,13 +802,20 @@ fn convert(
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
 
     // Retire the single-plugin file, capturing atomically what it holds now.
-    let grave = write::temp_path(conf_dir);
+    let grave = Intent::Grave {
+        json: active.extension().is_some_and(|e| e == "json"),
+        list: write::name_digest(&dst),
+        base: write::digest(base),
+        content: write::digest(&content),
+    }
+    .path_in(conf_dir);
     match fs::rename(active, &grave) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
         Err(e) => return Err(ChainError::io("remove", active, e)),
     }
-    let captured = scan::read_file(&grave).ok();
+    // Through the symlink, if it was one: the link itself was retired.
+    let captured = read_in(&opts.host_root, &grave).ok();
     if captured.as_deref() == Some(base) {
         let _ = fs::remove_file(&grave);
         write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
@@ -550,12 +844,26 @@ fn convert(
 #[cfg(test)]
 pub(crate) mod testing {
     use std::cell::RefCell;
+    use std::collections::VecDeque;
     use std::path::Path;
 
     use super::{ChainError, Entry, Kind, Replacement, plan, replace};
 
     thread_local! {
         static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+        static AFTER: RefCell<VecDeque<Box<dyn FnOnce()>>> = RefCell::new(VecDeque::new());
+    }
+
+    /// Runs `f` right after an exchange: the first one queued after the
+    /// next exchange, the second after the one after, and so on.
+    pub(crate) fn after_next_exchange(f: impl FnOnce() + 'static) {
+        AFTER.with(|h| h.borrow_mut().push_back(Box::new(f)));
+    }
+
+    pub(super) fn after_exchange() {
+        if let Some(f) = AFTER.with(|h| h.borrow_mut().pop_front()) {
+            f();
+        }
     }
 
     /// Runs `f` before the next swap of new content (once).
@@ -576,7 +884,9 @@ pub(crate) mod testing {
         base: &[u8],
         desired: &Entry,
     ) -> Result<bool, ChainError> {
-        let (o, _) = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
+        let (o, _) = replace(path, path, base, None, |b| {
+            plan::repaired(Kind::List, b, desired)
+        })?;
         Ok(matches!(o, Replacement::Written))
     }
 }

@@ -6,13 +6,22 @@
 //! `.conflist` or `.json`; dotfiles included; directories skipped (a symlink
 //! to a directory is not skipped, and then fails to load, as in containerd);
 //! bytewise order of names. The first one is the active config.
+//!
+//! A config may be a symlink. Where it leads is resolved here as the host
+//! resolves it, also from inside the installer's container: an absolute
+//! target is taken under the host's root as mounted in this process
+//! (`host_root`), and `..` never climbs above it. Whether a repair may write
+//! there is decided here too: only inside the conf dir (itself or a
+//! directory below it, under the same lock), unless writing elsewhere is
+//! explicitly allowed.
 
-use std::ffi::OsStr;
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::OFlag;
 
@@ -50,8 +59,141 @@ impl Kind {
 pub(crate) struct Listing {
     /// Config files, in load order: the first is the active one.
     pub configs: Vec<PathBuf>,
-    /// Our temp files (from a repair that was killed, or one in progress).
+    /// Our temp files (from a repair that was killed, or one in progress),
+    /// in the conf dir and in every directory a symlinked config leads to:
+    /// wherever a repair may have written one.
     pub leftovers: Vec<PathBuf>,
+    /// The symlinks among `configs`, resolved.
+    pub links: Vec<Link>,
+}
+
+/// A config that is a symlink.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    /// As listed.
+    pub path: PathBuf,
+    /// The file it leads to, in this process's view; or why there is none.
+    pub real: Result<PathBuf, String>,
+    /// Why a repair must not write there (`None`: it may).
+    pub refused: Option<String>,
+}
+
+/// Where symlinks lead and where a repair may follow them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkRule<'a> {
+    /// The host's `/` in this process's view.
+    pub host_root: &'a Path,
+    /// Whether a repair may write to a target outside the conf dir.
+    pub outside: bool,
+}
+
+impl Listing {
+    /// The file to read and write for the config `path`: its symlink's
+    /// target, or itself.
+    pub(crate) fn real(&self, path: &Path) -> Result<PathBuf, String> {
+        match self.links.iter().find(|l| l.path == path) {
+            Some(l) => l.real.clone(),
+            None => Ok(path.to_path_buf()),
+        }
+    }
+
+    /// Why a repair must not write through `path`, if it must not.
+    pub(crate) fn refused(&self, path: &Path) -> Option<String> {
+        self.links
+            .iter()
+            .find(|l| l.path == path)
+            .and_then(|l| l.refused.clone())
+    }
+
+    /// Reads the config `path` (through its symlink, as resolved).
+    pub(crate) fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        read_file(&self.real(path).map_err(io::Error::other)?)
+    }
+}
+
+/// Symlinks followed at most while resolving one path (Linux's limit).
+const MAX_LINKS: u32 = 40;
+
+/// Resolves `path` (in this process's view, under `root`) the way the host
+/// would: every component, symlinks included, with absolute targets taken
+/// under `root` and `..` stopping at it. The result exists and is no
+/// symlink.
+pub(crate) fn resolve_in(root: &Path, path: &Path) -> io::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    let rel = path.strip_prefix(root).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not under {}", path.display(), root.display()),
+        )
+    })?;
+    let mut todo: VecDeque<OsString> = VecDeque::new();
+    push_front(&mut todo, rel);
+    let mut done: Vec<OsString> = Vec::new();
+    let mut links = 0;
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let here: PathBuf = std::iter::once(root.as_os_str())
+            .chain(done.iter().map(OsString::as_os_str))
+            .chain(std::iter::once(c.as_os_str()))
+            .collect();
+        if !fs::symlink_metadata(&here)?.file_type().is_symlink() {
+            done.push(c);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(io::Error::other(format!(
+                "more than {MAX_LINKS} symlinks to follow (a loop?)"
+            )));
+        }
+        let target = fs::read_link(&here)?;
+        if target.is_absolute() {
+            done.clear();
+        }
+        push_front(&mut todo, &target);
+    }
+    Ok(std::iter::once(root.as_os_str())
+        .chain(done.iter().map(OsString::as_os_str))
+        .collect())
+}
+
+/// Puts `path`'s components (names and `..`) in front of `todo`.
+fn push_front(todo: &mut VecDeque<OsString>, path: &Path) {
+    for c in path.components().rev() {
+        match c {
+            Component::Normal(n) => todo.push_front(n.to_os_string()),
+            Component::ParentDir => todo.push_front(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+}
+
+/// Resolves the symlinked config `path` and decides whether a repair may
+/// write where it leads.
+fn link(path: &Path, conf_real: Option<&Path>, rule: LinkRule<'_>) -> Link {
+    let real = resolve_in(rule.host_root, path).map_err(|e| {
+        format!(
+            "cannot resolve the symlink (absolute targets are taken under {}): {e}",
+            rule.host_root.display()
+        )
+    });
+    let refused = match (&real, conf_real) {
+        (Ok(_), _) if rule.outside => None,
+        (Ok(r), Some(conf)) if r.starts_with(conf) => None,
+        (Ok(r), _) => Some(format!(
+            "it is a symlink to {}, outside the conf dir; linkerd-cni writes only inside the conf dir unless told otherwise: point the link at a file inside the conf dir, or allow writing outside it (plugin config \"chain_write_outside_conf_dir\": true; installer LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR=true)",
+            r.display()
+        )),
+        (Err(_), _) => None,
+    };
+    Link {
+        path: path.to_path_buf(),
+        real,
+        refused,
+    }
 }
 
 /// Go's `filepath.Ext`: from the last `.` of the name (so `.conf` alone has
@@ -64,10 +206,11 @@ pub fn is_config_name(name: &OsStr) -> bool {
     }
 }
 
-pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
+pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError> {
     let rd = fs::read_dir(dir).map_err(|e| ChainError::io("read the conf dir", dir, e))?;
     let mut configs = Vec::new();
     let mut leftovers = Vec::new();
+    let mut links = Vec::new();
     for ent in rd {
         let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
         let name = ent.file_name();
@@ -82,6 +225,10 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
         // A file that vanished meanwhile is simply not listed.
         match ent.file_type() {
             Ok(t) if t.is_dir() => continue,
+            Ok(t) if t.is_symlink() => {
+                configs.push(ent.path());
+                links.push(ent.path());
+            }
             Ok(_) => configs.push(ent.path()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(ChainError::io("read the conf dir", dir, e)),
@@ -92,8 +239,40 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
         let b = b.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
         a.cmp(b)
     });
+    let conf_real = match links.is_empty() {
+        true => None,
+        false => resolve_in(rule.host_root, dir).ok(),
+    };
+    let links: Vec<Link> = links
+        .iter()
+        .map(|p| link(p, conf_real.as_deref(), rule))
+        .collect();
+    // Temp files where symlinks lead: a repair writes them next to the
+    // target (and older versions did so wherever that was).
+    let mut dirs: Vec<&Path> = vec![];
+    for l in &links {
+        if let Ok(real) = &l.real {
+            let d = super::write::parent(real);
+            if !dirs.contains(&d) && Some(d) != conf_real.as_deref() {
+                dirs.push(d);
+            }
+        }
+    }
+    for d in dirs {
+        let Ok(rd) = fs::read_dir(d) else { continue };
+        for ent in rd.flatten() {
+            if is_temp_name(&ent.file_name()) {
+                leftovers.push(ent.path());
+            }
+        }
+    }
     leftovers.sort();
-    Ok(Listing { configs, leftovers })
+    leftovers.dedup();
+    Ok(Listing {
+        configs,
+        leftovers,
+        links,
+    })
 }
 
 /// Reads a config (or entry) file through symlinks: regular files only (a

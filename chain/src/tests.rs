@@ -731,3 +731,435 @@ fn repair_waits_for_its_required_file() {
     assert!(r.changed, "{}", r.summary);
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
+
+/// The primary's newer content in the kill tests: recognisable.
+const CALICO_NEWER: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [{"type": "calico", "mtu": 9000, "ipam": {"type": "calico-ipam"}}]
+}
+"#;
+
+/// And the one after.
+const CALICO_NEWEST: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [{"type": "calico", "mtu": 8000, "ipam": {"type": "calico-ipam"}}]
+}
+"#;
+
+/// Names the scenario a child process of the kill tests runs, and its dir.
+const KILL_CHILD_ENV: &str = "LCNI_CHAIN_TEST_KILL_CHILD";
+
+/// Writes `text` to `path` as a primary does: a whole new file renamed in.
+fn primary_writes(path: &Path, text: &str) {
+    let tmp = write::parent(path).join("primary-writing");
+    fs::write(&tmp, text).expect("write");
+    fs::rename(&tmp, path).expect("rename");
+}
+
+/// kill -9 of this very process, at this very point.
+fn kill_myself() -> ! {
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Not a test of its own: the child process of the kill tests (a no-op
+/// unless they started it). The primary writes in the instant before our
+/// exchange, and the process dies right after an exchange.
+#[test]
+fn kill_child() {
+    let Ok(spec) = std::env::var(KILL_CHILD_ENV) else {
+        return;
+    };
+    let (scenario, dir) = spec.split_once(':').expect("scenario:dir");
+    let dir = Path::new(dir).to_path_buf();
+    let file = dir.join("10-calico.conflist");
+    let f = file.clone();
+    repair::testing::before_next_swap(move || primary_writes(&f, CALICO_NEWER));
+    match scenario {
+        // Killed right after the exchange that displaced the primary's write.
+        "exchange" => repair::testing::after_next_exchange(|| kill_myself()),
+        // The primary writes once more after our exchange; we put its first
+        // write back (displacing the second) and are killed right then.
+        "restore" => {
+            let f = file.clone();
+            repair::testing::after_next_exchange(move || primary_writes(&f, CALICO_NEWEST));
+            repair::testing::after_next_exchange(|| kill_myself());
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    let r = repair(&dir, &desired(), &opts());
+    panic!("the repair was to be killed, it ended: {r:?}");
+}
+
+/// Runs `scenario` of [`kill_child`] on a conf dir holding CALICO, and
+/// returns the dir after the kill.
+fn killed_in(scenario: &str) -> TempDir {
+    let d = TempDir::new(&format!("kill-{scenario}"));
+    d.write("10-calico.conflist", CALICO);
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::kill_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KILL_CHILD_ENV, format!("{scenario}:{}", d.path().display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the child was not killed: {status}"
+    );
+    d
+}
+
+/// The one file left, with the entry, last.
+fn only_config_is(d: &TempDir, name: &str) -> String {
+    assert_eq!(d.names(), [name]);
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+    d.read(name)
+}
+
+fn only_config_is_healthy(d: &TempDir) -> String {
+    only_config_is(d, "10-calico.conflist")
+}
+
+#[test]
+fn a_kill_right_after_the_exchange_loses_no_primary_write() {
+    let d = killed_in("exchange");
+    // The primary's write is parked under a temp name; in place is what we
+    // computed from the older content.
+    let text = d.read("10-calico.conflist");
+    assert!(text.contains("portmap") && !text.contains("9000"), "{text}");
+    let parked: Vec<_> = d
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with(TEMP_PREFIX))
+        .collect();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(d.read(&parked[0]), CALICO_NEWER);
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.changed, "{}", r.summary);
+    assert!(r.summary.contains("put back"), "{}", r.summary);
+    // The primary's write, with our entry: nothing lost.
+    let text = only_config_is_healthy(&d);
+    assert!(text.contains("9000") && !text.contains("portmap"), "{text}");
+}
+
+#[test]
+fn a_kill_while_putting_a_displaced_write_back_loses_no_newer_write() {
+    let d = killed_in("restore");
+    // In place: the primary's first write, put back; parked: its second.
+    let text = d.read("10-calico.conflist");
+    assert_eq!(text, CALICO_NEWER);
+    let parked: Vec<_> = d
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with(TEMP_PREFIX))
+        .collect();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(d.read(&parked[0]), CALICO_NEWEST);
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let text = only_config_is_healthy(&d);
+    assert!(text.contains("8000"), "{text}");
+}
+
+#[test]
+fn a_conversion_killed_after_retiring_a_rewritten_conf_puts_it_back() {
+    // What a kill leaves when the primary rewrote its .conf just before the
+    // conversion retired it: the list built from the older content in
+    // place, the newer .conf under a temp name.
+    let d = TempDir::new("grave");
+    let old = r#"{"name":"br","cniVersion":"0.4.0","type":"bridge","mtu":1500}"#;
+    let newer = r#"{"name":"br","cniVersion":"0.4.0","type":"bridge","mtu":9000}"#;
+    let list = plan::repaired(Kind::Single, old.as_bytes(), &desired()).unwrap();
+    let dst = d.path().join("10-bridge.conflist");
+    fs::write(&dst, &list).unwrap();
+    let grave = write::Intent::Grave {
+        json: false,
+        list: write::name_digest(&dst),
+        base: write::digest(old.as_bytes()),
+        content: write::digest(&list),
+    }
+    .path_in(d.path());
+    fs::write(&grave, newer).unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("put back"), "{}", r.summary);
+    let text = only_config_is(&d, "10-bridge.conflist");
+    assert!(text.contains("9000"), "{text}");
+
+    // Killed after retiring the very content it converted: just removed.
+    let d = TempDir::new("grave-same");
+    fs::write(d.path().join("10-bridge.conflist"), &list).unwrap();
+    let grave = write::Intent::Grave {
+        json: false,
+        list: write::name_digest(&dst),
+        base: write::digest(old.as_bytes()),
+        content: write::digest(&list),
+    }
+    .path_in(d.path());
+    fs::write(&grave, old).unwrap();
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let text = only_config_is(&d, "10-bridge.conflist");
+    assert!(text.contains("1500"), "{text}");
+}
+
+#[test]
+fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
+    let d = TempDir::new("superseded");
+    let f = d.write("10-calico.conflist", CALICO_NEWEST);
+    let target = write::name_digest(&f);
+    // Displaced by an exchange that put in content the primary has
+    // replaced since: the primary's newest write wins, the parked one goes.
+    let parked = write::Intent::Swap {
+        back: false,
+        target,
+        expected: write::digest(CALICO.as_bytes()),
+        put: Some(write::digest(b"what we put in")),
+    }
+    .path_in(d.path());
+    fs::write(&parked, CALICO_NEWER).unwrap();
+    // Our new content, never exchanged.
+    let ours = write::Intent::Swap {
+        back: false,
+        target,
+        expected: write::digest(CALICO_NEWEST.as_bytes()),
+        put: Some(write::digest(b"ours")),
+    }
+    .path_in(d.path());
+    fs::write(&ours, "ours").unwrap();
+    // And a plain temp file.
+    fs::write(write::temp_path(d.path()), "half").unwrap();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("removed 3 leftover"), "{}", r.summary);
+    let text = only_config_is(&d, "10-calico.conflist");
+    assert!(text.contains("8000"), "{text}");
+}
+
+/// Options with symlinks resolved under `host_root`.
+fn under(host_root: &Path) -> RepairOptions {
+    RepairOptions {
+        host_root: host_root.to_path_buf(),
+        ..RepairOptions::default()
+    }
+}
+
+/// Names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn symlinks_leading_inside_the_conf_dir_are_written_through() {
+    for (tag, how) in [("rel", 0), ("abs", 1), ("dotdot", 2)] {
+        let d = TempDir::new(&format!("link-in-{tag}"));
+        fs::create_dir(d.path().join("real")).unwrap();
+        let target = d.path().join("real/calico.conflist");
+        fs::write(&target, CALICO).unwrap();
+        let conf_name = d.path().file_name().unwrap().to_str().unwrap();
+        let to = match how {
+            0 => "real/calico.conflist".to_string(),
+            1 => target.display().to_string(),
+            // Out and back in: still inside.
+            _ => format!("../{conf_name}/real/calico.conflist"),
+        };
+        let link = d.path().join("10-calico.conflist");
+        symlink(&to, &link).unwrap();
+        let diag = diagnose(d.path(), &desired()).unwrap();
+        assert_eq!(
+            (&diag.state, &diag.refused),
+            (&ChainState::Missing, &None),
+            "{tag}"
+        );
+        let r = repair(d.path(), &desired(), &opts()).unwrap();
+        assert!(
+            r.changed && r.summary.contains("symlink"),
+            "{tag}: {}",
+            r.summary
+        );
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+        assert!(
+            diagnose(d.path(), &desired()).unwrap().is_healthy(),
+            "{tag}"
+        );
+        assert_eq!(names_in(&d.path().join("real")), ["calico.conflist"]);
+    }
+}
+
+#[test]
+fn a_symlink_leading_outside_the_conf_dir_is_refused_unless_allowed() {
+    let d = TempDir::new("link-out");
+    let elsewhere = TempDir::new("link-out-target");
+    let target = elsewhere.write("calico.conflist", CALICO);
+    symlink(&target, d.path().join("10-calico.conflist")).unwrap();
+    // Also through a relative link that climbs out.
+    let d2 = TempDir::new("link-out-rel");
+    let rel = format!(
+        "../{}/calico.conflist",
+        elsewhere.path().file_name().unwrap().to_str().unwrap()
+    );
+    symlink(&rel, d2.path().join("10-calico.conflist")).unwrap();
+    for d in [&d, &d2] {
+        let diag = diagnose(d.path(), &desired()).unwrap();
+        assert_eq!(diag.state, ChainState::Missing);
+        let why = diag.refused.clone().expect("refused");
+        assert!(
+            why.contains("outside the conf dir")
+                && why.contains(&target.display().to_string())
+                && why.contains("chain_write_outside_conf_dir")
+                && why.contains("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
+            "{why}"
+        );
+        assert!(!diag.needs_repair() && !diag.is_healthy());
+        let shown = diag.to_string();
+        assert!(
+            shown.contains("refused:") && shown.contains("outside the conf dir"),
+            "{shown}"
+        );
+        let e = repair(d.path(), &desired(), &opts()).unwrap_err();
+        assert!(matches!(e, ChainError::Refused { .. }), "{e}");
+        assert!(e.to_string().contains("outside the conf dir"), "{e}");
+        // Nothing written there, not even a temp file.
+        assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+        assert_eq!(elsewhere.names(), ["calico.conflist"]);
+    }
+    // Allowed explicitly: written through, and nothing left there.
+    let allow = RepairOptions {
+        write_outside_conf_dir: true,
+        ..RepairOptions::default()
+    };
+    assert_eq!(
+        diagnose_with(d.path(), &desired(), &allow).unwrap().refused,
+        None
+    );
+    assert!(repair(d.path(), &desired(), &allow).unwrap().changed);
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    assert_eq!(elsewhere.names(), ["calico.conflist"]);
+    // Uninstall leaves what it may not write.
+    let removed = remove_entries(d.path(), &opts()).unwrap();
+    assert!(removed.is_empty(), "{removed:?}");
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    assert_eq!(remove_entries(d.path(), &allow).unwrap().len(), 1);
+    assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+}
+
+#[test]
+fn absolute_symlink_targets_resolve_under_the_host_root() {
+    // The installer's view: the host's / mounted at <host>.
+    let host = TempDir::new("hostroot");
+    let conf = host.path().join("etc/cni/net.d");
+    fs::create_dir_all(conf.join("real")).unwrap();
+    let target = conf.join("real/calico.conflist");
+    fs::write(&target, CALICO).unwrap();
+    fs::create_dir_all(host.path().join("opt")).unwrap();
+    let outside = host.path().join("opt/calico.conflist");
+    fs::write(&outside, CALICO).unwrap();
+    // As the host sees them.
+    symlink(
+        "/etc/cni/net.d/real/calico.conflist",
+        conf.join("10-calico.conflist"),
+    )
+    .unwrap();
+    symlink("/opt/calico.conflist", conf.join("20-calico.conflist")).unwrap();
+    // `..` stops at the host's root, as on the host.
+    symlink(
+        "../../../../../../../etc/cni/net.d/real/calico.conflist",
+        conf.join("30-calico.conflist"),
+    )
+    .unwrap();
+    // Under the container's root the absolute target is not there.
+    let wrong = diagnose(&conf, &desired()).unwrap();
+    assert!(matches!(wrong.state, ChainState::Invalid { .. }), "{wrong}");
+
+    let o = under(host.path());
+    let diag = diagnose_with(&conf, &desired(), &o).unwrap();
+    assert_eq!(
+        (&diag.state, &diag.refused),
+        (&ChainState::Missing, &None),
+        "{diag}"
+    );
+    assert!(repair(&conf, &desired(), &o).unwrap().changed);
+    assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
+    let diag = diagnose_with(&conf, &desired(), &o).unwrap();
+    assert!(diag.is_healthy(), "{diag}");
+    // The other two: one outside the conf dir (as the host resolves it),
+    // one inside, and already repaired through the first.
+    let listing = scan::list(&conf, o.link_rule()).unwrap();
+    let refused: Vec<_> = listing
+        .links
+        .iter()
+        .filter(|l| l.refused.is_some())
+        .map(|l| l.path.clone())
+        .collect();
+    assert_eq!(refused, [conf.join("20-calico.conflist")]);
+    assert_eq!(
+        listing.real(&conf.join("30-calico.conflist")).unwrap(),
+        target
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), CALICO);
+}
+
+#[test]
+fn leftovers_where_symlinks_lead_are_cleaned() {
+    let d = TempDir::new("link-leftovers");
+    fs::create_dir(d.path().join("real")).unwrap();
+    fs::write(d.path().join("real/calico.conflist"), CALICO).unwrap();
+    symlink("real/calico.conflist", d.path().join("10-calico.conflist")).unwrap();
+    let inside = write::temp_path(&d.path().join("real"));
+    fs::write(&inside, "half").unwrap();
+    // Left outside by an older version that wrote there: ours by name.
+    let elsewhere = TempDir::new("link-leftovers-out");
+    elsewhere.write("other.conflist", CALICO);
+    symlink(
+        elsewhere.path().join("other.conflist"),
+        d.path().join("20-other.conflist"),
+    )
+    .unwrap();
+    let outside = write::temp_path(elsewhere.path());
+    fs::write(&outside, "half").unwrap();
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    let mut want = vec![inside.clone(), outside.clone()];
+    want.sort();
+    assert_eq!(diag.leftovers, want);
+    assert!(diag.needs_repair());
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.summary.contains("removed 2 leftover"), "{}", r.summary);
+    assert_eq!(names_in(&d.path().join("real")), ["calico.conflist"]);
+    assert_eq!(elsewhere.names(), ["other.conflist"]);
+    assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
+}
+
+#[test]
+fn a_symlink_loop_is_reported_not_followed_forever() {
+    let d = TempDir::new("link-loop");
+    symlink("b.json", d.path().join("a.conflist")).unwrap();
+    symlink("a.conflist", d.path().join("b.json")).unwrap();
+    let diag = diagnose(d.path(), &desired()).unwrap();
+    let ChainState::Invalid { reason } = &diag.state else {
+        panic!("{diag}");
+    };
+    assert!(reason.contains("symlinks to follow"), "{reason}");
+    assert!(!diag.needs_repair());
+}

@@ -17,7 +17,10 @@
 //!
 //! In the conf dir, temp files are only created under the conf-dir lock
 //! ([`crate::lock_dir`]), so whoever holds the lock may take any it finds for
-//! a leftover.
+//! a leftover. A leftover is not necessarily our content, though: an
+//! exchange leaves what the target held under the temp name, which may be
+//! a primary's write made in the instant before. Such files carry an
+//! intent in their name, from which recovery decides what they are.
 
 use std::fs::{self, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -45,12 +48,126 @@ pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
 
 /// A temp file name unique to this process and call.
 pub(crate) fn temp_path(dir: &Path) -> PathBuf {
+    tagged_temp_path(dir, "")
+}
+
+/// [`temp_path`] carrying an [`Intent`]'s tag right after the prefix.
+fn tagged_temp_path(dir: &Path, tag: &str) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
-    dir.join(format!("{TEMP_PREFIX}{}-{n}-{nanos:x}", std::process::id()))
+    dir.join(format!(
+        "{TEMP_PREFIX}{tag}{}-{n}-{nanos:x}",
+        std::process::id()
+    ))
+}
+
+/// A 64-bit FNV-1a digest: enough to tell apart the few contents one
+/// repair deals with (no adversary chooses them), and stable across builds,
+/// since a file named after it may be read by the next version.
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What a temp file is for, written into its name before the step that
+/// can leave someone else's content under it, so that recovery after a
+/// kill can tell our unfinished write from content we displaced. A temp
+/// file without an intent only ever holds content we wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// About to be exchanged (`RENAME_EXCHANGE`) with the file whose name
+    /// has digest `target`, which should hold content with digest
+    /// `expected`; it holds content with digest `put` (`None`: unreadable).
+    /// `back`: that content is someone else's, displaced by an earlier
+    /// exchange and being put back; otherwise it is our new content.
+    /// Afterwards it holds what the target held.
+    Swap {
+        back: bool,
+        target: u64,
+        expected: u64,
+        put: Option<u64>,
+    },
+    /// A single-plugin config with digest `base`, retired after converting
+    /// it to the list whose name has digest `list` and content has digest
+    /// `content`; `json`: it was a `.json`, else a `.conf`.
+    Grave {
+        json: bool,
+        list: u64,
+        base: u64,
+        content: u64,
+    },
+}
+
+impl Intent {
+    fn tag(&self) -> String {
+        let opt = |d: Option<u64>| d.map_or_else(|| "none".to_string(), |d| format!("{d:016x}"));
+        match *self {
+            Intent::Swap {
+                back,
+                target,
+                expected,
+                put,
+            } => format!(
+                "swap-{}-{target:016x}-{expected:016x}-{}-",
+                if back { 'b' } else { 'n' },
+                opt(put)
+            ),
+            Intent::Grave {
+                json,
+                list,
+                base,
+                content,
+            } => format!(
+                "grave-{}-{list:016x}-{base:016x}-{content:016x}-",
+                if json { 'j' } else { 'c' }
+            ),
+        }
+    }
+
+    /// The intent a temp file's name carries, if any.
+    pub(crate) fn of(name: &std::ffi::OsStr) -> Option<Intent> {
+        let rest = name.as_bytes().strip_prefix(TEMP_PREFIX.as_bytes())?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        let mut f = rest.split('-');
+        let (what, flag) = (f.next()?, f.next()?);
+        let mut hex = || u64::from_str_radix(f.next()?, 16).ok();
+        match (what, flag) {
+            ("swap", "n" | "b") => {
+                let (target, expected) = (hex()?, hex()?);
+                let put = match f.next()? {
+                    "none" => None,
+                    h => Some(u64::from_str_radix(h, 16).ok()?),
+                };
+                Some(Intent::Swap {
+                    back: flag == "b",
+                    target,
+                    expected,
+                    put,
+                })
+            }
+            ("grave", "c" | "j") => Some(Intent::Grave {
+                json: flag == "j",
+                list: hex()?,
+                base: hex()?,
+                content: hex()?,
+            }),
+            _ => None,
+        }
+    }
+
+    /// A fresh temp path in `dir` carrying this intent.
+    pub(crate) fn path_in(&self, dir: &Path) -> PathBuf {
+        tagged_temp_path(dir, &self.tag())
+    }
+}
+
+/// The digest of a file name, as [`Intent`]s refer to files.
+pub(crate) fn name_digest(path: &Path) -> u64 {
+    digest(path.file_name().map(OsStrExt::as_bytes).unwrap_or_default())
 }
 
 /// Creates a new temp file in `dir` with `mode` (exactly, whatever the
@@ -58,13 +175,14 @@ pub(crate) fn temp_path(dir: &Path) -> PathBuf {
 /// then it is fsynced. Returns its path; on error nothing is left behind.
 fn create_temp(
     dir: &Path,
+    intent: Option<&Intent>,
     mode: u32,
     owner: Option<(u32, u32)>,
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<PathBuf> {
     let mut attempts = 0;
     let (path, mut file) = loop {
-        let path = temp_path(dir);
+        let path = intent.map_or_else(|| temp_path(dir), |i| i.path_in(dir));
         match OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -105,9 +223,19 @@ pub(crate) fn write_temp(
     content: &[u8],
     like: Option<&Metadata>,
 ) -> io::Result<PathBuf> {
+    write_temp_for(dir, None, content, like)
+}
+
+/// [`write_temp`], the name carrying `intent`.
+pub(crate) fn write_temp_for(
+    dir: &Path,
+    intent: Option<&Intent>,
+    content: &[u8],
+    like: Option<&Metadata>,
+) -> io::Result<PathBuf> {
     let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
     let owner = like.map(|m| (m.uid(), m.gid()));
-    create_temp(dir, mode, owner, |f| f.write_all(content))
+    create_temp(dir, intent, mode, owner, |f| f.write_all(content))
 }
 
 /// Replaces `target` with what `fill` writes, atomically, with exactly
@@ -119,7 +247,7 @@ pub fn replace_with(
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), ChainError> {
     let dir = parent(target);
-    let temp = create_temp(dir, mode, None, fill)
+    let temp = create_temp(dir, None, mode, None, fill)
         .map_err(|e| ChainError::io("write a temp file for", target, e))?;
     if let Err(e) = fs::rename(&temp, target) {
         let _ = fs::remove_file(&temp);
@@ -140,15 +268,20 @@ pub fn copy_atomic(src: &Path, target: &Path, mode: u32) -> Result<(), ChainErro
 }
 
 /// Removes our temp files from `dir`; returns them. Only where no write can
-/// be in progress: the installer's bin dir at start, or the conf dir under
-/// its lock.
+/// be in progress: the installer's bin dir at start. Temp files carrying an
+/// intent may hold someone else's content: they are left for the recovery
+/// every [`crate::repair()`] starts with.
 pub fn remove_leftovers(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return vec![];
     };
     let mut removed = vec![];
     for entry in entries.flatten() {
-        if is_temp_name(&entry.file_name()) && fs::remove_file(entry.path()).is_ok() {
+        let name = entry.file_name();
+        if is_temp_name(&name)
+            && Intent::of(&name).is_none()
+            && fs::remove_file(entry.path()).is_ok()
+        {
             removed.push(entry.path());
         }
     }

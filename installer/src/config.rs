@@ -29,7 +29,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 18] = [
+pub const VARIABLES: [&str; 19] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -48,6 +48,7 @@ pub const VARIABLES: [&str; 18] = [
     "LINKERD_CNI_UNINSTALL_ON_EXIT",
     "LINKERD_CNI_POD_NAME",
     "LINKERD_CNI_POD_NAMESPACE",
+    "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -121,6 +122,9 @@ pub struct Config {
     /// `LINKERD_CNI_POD_NAMESPACE`; else the service account's `namespace`
     /// file.
     pub pod_namespace: Option<String>,
+    /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
+    /// symlinked config to a file outside the conf dir (default false).
+    pub chain_write_outside_conf_dir: bool,
 }
 
 impl Config {
@@ -259,6 +263,11 @@ impl Config {
         };
         let pod_name = var("LINKERD_CNI_POD_NAME").map(|v| v.trim().to_string());
         let pod_namespace = var("LINKERD_CNI_POD_NAMESPACE").map(|v| v.trim().to_string());
+        let chain_write_outside_conf_dir = boolean(
+            "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
+            var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
+            false,
+        )?;
 
         let config = Config {
             dest_cni_net_dir,
@@ -278,6 +287,7 @@ impl Config {
             on_exit,
             pod_name,
             pod_namespace,
+            chain_write_outside_conf_dir,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;

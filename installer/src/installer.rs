@@ -64,6 +64,17 @@ impl Installer {
         &self.cfg
     }
 
+    /// The chain library's options for this installer: symlinks in the conf
+    /// dir resolve as on the host (absolute targets under the host mount,
+    /// not the container's root).
+    fn repair_options(&self) -> RepairOptions {
+        RepairOptions {
+            host_root: self.cfg.mount_prefix.clone(),
+            write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,
+            ..RepairOptions::default()
+        }
+    }
+
     pub fn binaries(&self) -> &[Binary] {
         &self.bins
     }
@@ -218,7 +229,7 @@ impl Installer {
 
     fn reconcile_chain(&mut self, entry: &Entry) {
         let dir = self.cfg.conf_dir();
-        let diagnosis = match chain::diagnose(&dir, entry) {
+        let diagnosis = match chain::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
                 self.notes.say(
@@ -273,7 +284,7 @@ impl Installer {
         }
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
-            ..RepairOptions::default()
+            ..self.repair_options()
         };
         match chain::repair(&dir, entry, &opts) {
             Ok(report) if report.changed => {
@@ -339,7 +350,7 @@ impl Installer {
             )),
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
-        match chain::diagnose(&dir, &entry) {
+        match chain::diagnose_with(&dir, &entry, &self.repair_options()) {
             Ok(d) if d.is_healthy() => {}
             Ok(d) => problems.push(format!(
                 "the chain is not healthy:\n    {}",
@@ -355,7 +366,7 @@ impl Installer {
     /// kubeconfig and the persisted entry; then the binaries.
     pub fn uninstall(&self) -> Result<(), String> {
         let dir = self.cfg.conf_dir();
-        let opts = RepairOptions::default();
+        let opts = self.repair_options();
         let unchain = |pass: &str| -> Result<(), String> {
             if !dir.is_dir() {
                 // No conf dir: no config can name the plugin.

@@ -120,6 +120,9 @@ pub struct PluginConfig {
     /// (chain check and repair, API calls, every iptables command); each
     /// step gets the smaller of its own bound and what is left.
     pub add_deadline: Duration,
+    /// `chain_write_outside_conf_dir`: repair through a symlinked config to
+    /// a file outside the conf dir. Default false: refused, and said so.
+    pub chain_write_outside_conf_dir: bool,
     /// `state_dir`: where the plugin keeps what it remembers between
     /// invocations (repair history for fight detection). Outside the conf
     /// dir, where every write would make runtimes reload.
@@ -139,6 +142,7 @@ impl Default for PluginConfig {
             chain_heal: true,
             chain_repair_budget: DEFAULT_REPAIR_BUDGET,
             add_deadline: DEFAULT_ADD_DEADLINE,
+            chain_write_outside_conf_dir: false,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
@@ -187,6 +191,9 @@ impl PluginConfig {
         }
         if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
             self.chain_repair_budget = d;
+        }
+        if let Some(b) = top.bool("chain_write_outside_conf_dir")? {
+            self.chain_write_outside_conf_dir = b;
         }
         if let Some(d) = top.seconds("add_deadline_seconds")? {
             if d > MAX_ADD_DEADLINE {
@@ -515,7 +522,7 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 18] = [
+        const KEYS: [&str; 19] = [
             "add_deadline_seconds",
             "log_level",
             "kubernetes",
@@ -533,6 +540,7 @@ mod tests {
             "cni_conf_dir",
             "chain_heal",
             "chain_repair_budget_seconds",
+            "chain_write_outside_conf_dir",
             "state_dir",
         ];
 

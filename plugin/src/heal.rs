@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use linkerd_cni_chain::{
-    ChainError, Entry, PersistedFights, RepairOptions, diagnose, load_entry, repair,
+    ChainError, Entry, PersistedFights, RepairOptions, diagnose_with, load_entry, repair_locked,
 };
 
 use crate::cni::NetConf;
@@ -64,7 +64,11 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
             return;
         }
     };
-    let diag = match diagnose(dir, &desired) {
+    let opts = RepairOptions {
+        write_outside_conf_dir: config.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    };
+    let diag = match diagnose_with(dir, &desired, &opts) {
         Ok(d) => d,
         Err(e) => {
             log::warn!("chain check skipped: {e}");
@@ -78,16 +82,21 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     if !diag.needs_repair() {
         // Invalid or no primary config: nothing for us to write.
         log::warn!(
-            "chain check: {}: {}; not repairing",
+            "chain check: {}: {}; not repairing{}",
             diag.active
                 .as_deref()
                 .map_or_else(|| dir.display().to_string(), |p| p.display().to_string()),
-            diag.state
+            diag.state,
+            diag.refused
+                .as_deref()
+                .map_or_else(String::new, |why| format!(": {why}"))
         );
         return;
     }
     let active = diag.active.clone().unwrap_or_else(|| dir.clone());
-    let mut fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
+    // A look without the lock: at worst one repair more is allowed. The
+    // record below is made under the lock.
+    let fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
     if diag.state.is_repairable() && !fights.allow(&active) {
         log::warn!(
             "chain check: {}: {}; repair postponed: this file is being rewritten again and again by another agent (see earlier warnings)",
@@ -101,15 +110,23 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
         lock_timeout: budget,
         deadline: Some(start + config.chain_repair_budget),
         requires: config.kubeconfig.clone(),
+        ..opts
     };
-    match repair(dir, &desired, &opts) {
-        Ok(r) if r.changed => {
+    match repair_locked(dir, &desired, &opts) {
+        Ok((r, lock)) if r.changed => {
+            // Read, update and save the history while still holding the
+            // conf-dir lock: concurrent ADDs that each repair then each
+            // leave their record instead of overwriting one another's.
+            let mut fights =
+                PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
+            let fight = fights.record(r.file.as_deref().unwrap_or(&active));
+            drop(lock);
             log::warn!("chain {}", r.summary);
-            if let Some(w) = fights.record(r.file.as_deref().unwrap_or(&active)) {
+            if let Some(w) = fight {
                 log::warn!("{w}");
             }
         }
-        Ok(r) => log::info!("chain check: {}", r.summary),
+        Ok((r, _lock)) => log::info!("chain check: {}", r.summary),
         Err(e) => log::warn!("chain repair failed (the ADD goes on): {e}"),
     }
 }
@@ -122,7 +139,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
-    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, persist_entry};
+    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, diagnose, persist_entry};
 
     use super::*;
 
@@ -131,7 +148,12 @@ mod tests {
 
     impl TempDir {
         fn new(tag: &str) -> TempDir {
-            TempDir(testkit::TempDir::new(&format!("lcni-{tag}")).expect("create temp dir"))
+            let t = testkit::TempDir::new(&format!("lcni-{tag}")).expect("create temp dir");
+            // Empty, even if a killed process with the same pid left it:
+            // a stale fight history would postpone every repair.
+            fs::remove_dir_all(t.path()).expect("clear temp dir");
+            fs::create_dir(t.path()).expect("create temp dir");
+            TempDir(t)
         }
 
         fn path(&self) -> &Path {
@@ -372,5 +394,51 @@ mod tests {
                 .len(),
             5
         );
+    }
+    #[test]
+    fn concurrent_repairs_each_leave_a_record() {
+        // Each ADD is invoked with a different entry, so each finds the
+        // chain stale and repairs it: every repair must be in the history,
+        // however the ADDs interleave.
+        const ADDS: usize = 4;
+        assert!(
+            ADDS < FIGHT_THRESHOLD as usize,
+            "the history keeps only the last few"
+        );
+        for round in 0..10 {
+            let n = node();
+            n.conf.write("10-calico.conflist", CALICO);
+            let levels = ["debug", "info", "warn", "error"];
+            let confs: Vec<NetConf> = levels
+                .iter()
+                .map(|l| {
+                    stdin(
+                        &n,
+                        &[
+                            ("log_level", Value::from(*l)),
+                            ("chain_repair_budget_seconds", Value::from(30)),
+                        ],
+                    )
+                })
+                .collect();
+            let start = std::sync::Barrier::new(ADDS);
+            std::thread::scope(|s| {
+                for conf in &confs {
+                    let start = &start;
+                    s.spawn(move || {
+                        start.wait();
+                        heal(conf);
+                    });
+                }
+            });
+            let saved: Value = serde_json::from_str(&n.state.read(FIGHT_STATE_FILE)).unwrap();
+            let recorded: usize = saved
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_array().map_or(0, Vec::len))
+                .sum();
+            assert_eq!(recorded, ADDS, "round {round}: {saved}");
+        }
     }
 }

@@ -107,8 +107,14 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         Ok(e) => e,
         Err(msg) => return fail(&msg),
     };
+    // As the plugin itself would repair: the entry's own settings.
+    let opts = RepairOptions {
+        write_outside_conf_dir: PluginConfig::from_map(&desired)
+            .is_ok_and(|c| c.chain_write_outside_conf_dir),
+        ..RepairOptions::default()
+    };
     match cmd {
-        "status" => match chain::diagnose(&conf_dir, &desired) {
+        "status" => match chain::diagnose_with(&conf_dir, &desired, &opts) {
             Ok(d) => {
                 print!("{d}");
                 print_transport_warnings(&desired);
@@ -120,10 +126,10 @@ fn chain_cli(args: &[&str]) -> ExitCode {
             }
             Err(e) => fail(&e.to_string()),
         },
-        "repair" => match chain::repair(&conf_dir, &desired, &RepairOptions::default()) {
+        "repair" => match chain::repair(&conf_dir, &desired, &opts) {
             Ok(r) => {
                 println!("{}", r.summary);
-                match chain::diagnose(&conf_dir, &desired) {
+                match chain::diagnose_with(&conf_dir, &desired, &opts) {
                     Ok(d) if d.state == chain::ChainState::Healthy => ExitCode::SUCCESS,
                     Ok(d) => {
                         print!("{d}");

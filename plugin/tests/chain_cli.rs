@@ -319,3 +319,42 @@ fn add_is_not_delayed_past_the_budget() {
     );
     assert!(!fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
 }
+
+/// A symlinked conflist leading outside the conf dir: status says the
+/// repair is refused and why; repair refuses and writes nothing there.
+#[test]
+fn status_and_repair_refuse_a_symlink_leading_outside() {
+    let d = TempDir::new("cli-link").unwrap();
+    let elsewhere = TempDir::new("cli-link-target").unwrap();
+    let target = calico(&elsewhere);
+    let before = fs::read(&target).unwrap();
+    std::os::unix::fs::symlink(&target, d.join("10-calico.conflist")).unwrap();
+    let entry = TempDir::new("cli-link-entry").unwrap();
+    let entry_file = entry.write(
+        "entry.json",
+        &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
+    );
+    let args = [
+        "--conf-dir",
+        d.path().to_str().unwrap(),
+        "--entry",
+        entry_file.to_str().unwrap(),
+    ];
+    let o = chain(&[&["status"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("refused:") && out.contains("outside the conf dir"),
+        "{out}"
+    );
+    assert!(out.contains("chain_write_outside_conf_dir"), "{out}");
+    let o = chain(&[&["repair"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("outside the conf dir"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(fs::read(&target).unwrap(), before);
+    assert_eq!(elsewhere.names(), ["10-calico.conflist"]);
+}
