@@ -1,6 +1,8 @@
 //! The `linkerd-cni` binary. Run by a container runtime (`CNI_COMMAND` set) it
 //! is a CNI plugin; run by a person it is a small diagnostic tool.
 
+mod kubecmd_taint;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,6 +32,19 @@ USAGE:
                             config (under the conf-dir lock, atomically) and
                             print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
+    linkerd-cni kube remove-taint --kubeconfig FILE --node NAME --key KEY
+                            [--timeout-seconds N]
+                            remove every taint with KEY from node NAME (only
+                            those: the patch tests each one's position);
+                            never adds one. Every API call ends within N
+                            seconds (default 5). Exit 0: removed, or absent
+                            (\"removed: ...\" or \"absent: ...\" on stdout);
+                            1: try again later (API unreachable, slow,
+                            overloaded, node changing); 2: any other error;
+                            3: forbidden (HTTP 403: no get or patch on nodes);
+                            4: credentials refused (HTTP 401). Reasons on
+                            stderr. The installer runs this once its node is
+                            ready.
 
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
     --entry FILE     JSON file holding the desired linkerd-cni entry (default:
@@ -56,6 +71,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["chain", rest @ ..] => chain_cli(rest),
+        ["kube", "remove-taint", rest @ ..] => kubecmd_taint::main(rest),
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)

@@ -8,8 +8,8 @@
 //!   slow, down, 5xx). It can listen inside a network namespace. Behind the
 //!   default feature `api` (with [`pki`]), which the installer's tests turn
 //!   off.
-//! - [`objects`]: JSON builders for the pods, namespaces and services the
-//!   plugin reads.
+//! - [`objects`]: JSON builders for the pods, namespaces, services and nodes
+//!   the plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
 //! - [`netns`]: throwaway network namespaces ([`TestNetns`]), commands and
 //!   code run inside one.
@@ -34,6 +34,8 @@ pub mod chain;
 pub mod chart;
 pub mod installer;
 pub mod iptables;
+#[cfg(feature = "api")]
+mod jsonpatch;
 pub mod names;
 pub mod netns;
 pub mod objects;
