@@ -7,11 +7,13 @@ mod config;
 mod entry;
 mod fsutil;
 mod installer;
+mod kubecmd;
 mod kubeconfig;
 mod logging;
 mod notes;
 mod run;
 mod signals;
+mod taint;
 mod watch;
 
 use std::process::ExitCode;

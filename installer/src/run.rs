@@ -5,7 +5,8 @@
 //! first reconcile, so a change made while that reconcile runs wakes the loop
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
-//! resync period.
+//! resync period. After a pass, the startup taint's gate (see
+//! [`crate::taint`]) looks at the node once.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use nix::sys::signal::Signal;
 
 use crate::installer::{Installer, watch_targets};
 use crate::signals::Signals;
+use crate::taint::StartupTaint;
 use crate::watch::Watcher;
 
 /// After a relevant event, wait for this much quiet before reconciling, so a
@@ -71,6 +73,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
     );
     inst.clean_stale_temps();
+    let mut taint = StartupTaint::new(&cfg);
 
     loop {
         if let Some(w) = watcher.as_mut() {
@@ -84,6 +87,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
         let started = Instant::now();
         inst.reconcile();
+        taint.after_pass(&inst);
         match wait(&signals, watcher.as_mut(), started + cfg.resync) {
             Wake::Timer | Wake::Event => {}
             Wake::Signal(sig) => return shutdown(&inst, sig),
