@@ -120,7 +120,7 @@ impl StartupTaint {
                      ready here: {}",
                     self.key,
                     self.node,
-                    first.lines().next().unwrap_or_default()
+                    first.lines().map(str::trim).collect::<Vec<_>>().join(" ")
                 );
             }
             return;
