@@ -119,8 +119,13 @@ impl Setup {
     }
 }
 
+/// Writes `p` whole at once (temp file, rename), as the kubelet's atomic
+/// writer does: the installer never reads a half-written token or CA.
 fn write(p: &Path, content: &str) {
-    std::fs::write(p, content).unwrap_or_else(|e| panic!("cannot write {}: {e}", p.display()));
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, content)
+        .and_then(|()| std::fs::rename(&tmp, p))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", p.display()));
 }
 
 fn wait_log(inst: &Installer, needle: &str) {
