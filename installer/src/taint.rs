@@ -9,9 +9,10 @@
 //! The installer never adds the taint. It asks at most once per pass, only
 //! while the taint may still be there, and not at all once it is gone:
 //! one GET (and one PATCH when the taint is there) per installer start in
-//! the common case. Failures back off; a 403 (RBAC without `patch` on
-//! nodes, as the linkerd2-cni chart grants) is said once, then retried
-//! rarely, and the installer keeps chaining the node whatever the answer.
+//! the common case. Failures back off (5 s doubling to a minute); a 403
+//! (RBAC without `patch` on nodes, as the linkerd2-cni chart grants) is
+//! said once, then retried every 10 minutes, and the installer keeps
+//! chaining the node whatever the answer.
 //! The API call is `linkerd-cni kube remove-taint` (see [`crate::kubecmd`]).
 
 use std::path::PathBuf;
@@ -28,8 +29,8 @@ const EXIT_UNAUTHORIZED: i32 = 4;
 
 /// Backoff after the first failure, doubling per failure in a row...
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
-/// ...up to this.
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// ...up to this: the node stays unschedulable meanwhile, so not long.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// After a 403: RBAC does not change by itself.
 const FORBIDDEN_BACKOFF: Duration = Duration::from_secs(600);
 

@@ -76,7 +76,7 @@ fn removes_only_its_taint() {
     expect(
         &c.remove(&[]),
         0,
-        &format!("removed: removed taint {KEY}:NoSchedule, {KEY}:NoExecute from node {NODE}"),
+        &format!("removed: taint {KEY}:NoSchedule, {KEY}:NoExecute from node {NODE}"),
     );
     assert_eq!(
         c.keys(),

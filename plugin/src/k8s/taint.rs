@@ -74,7 +74,7 @@ impl fmt::Display for TaintOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TaintOutcome::Removed { node, taints } => {
-                write!(f, "removed taint {} from node {node}", taints.join(", "))
+                write!(f, "taint {} from node {node}", taints.join(", "))
             }
             TaintOutcome::Absent { node, key } => {
                 write!(f, "node {node} has no taint {key}")
