@@ -83,7 +83,12 @@ pub enum ApiError {
         after: Duration,
     },
     #[error(
-        "the Kubernetes API refused linkerd-cni's credentials (HTTP {status} for {method} {path})"
+        "the Kubernetes API {} (HTTP {status} for {method} {path})",
+        if *.status == 403 {
+            "does not allow linkerd-cni's service account this request"
+        } else {
+            "refused linkerd-cni's credentials"
+        }
     )]
     Unauthorized {
         status: u16,
