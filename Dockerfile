@@ -33,13 +33,18 @@ RUN case "${TARGETARCH:?set by BuildKit}" in \
     esac \
  && target="${arch}-unknown-linux-musl" \
  && rustup target add "${target}" \
- && cargo build --release --locked --target "${target}" -p linkerd-cni -p linkerd-cni-installer \
+ && cargo build --release --locked --target "${target}" -p linkerd-cni -p linkerd-cni-installer -p linkerd-cni-repair-controller \
  && mkdir -p /out \
- && cp "target/${target}/release/linkerd-cni" "target/${target}/release/linkerd-cni-installer" /out/
+ && cp "target/${target}/release/linkerd-cni" "target/${target}/release/linkerd-cni-installer" \
+      "target/${target}/release/linkerd-cni-repair-controller" \
+      "target/${target}/release/linkerd-cni-sh" /out/
 
-# No shell, no libc, no package manager: the readiness probe is the
+# No shell (/bin/sh is linkerd-cni-sh: kill and sleep, for the chart's
+# preStop hook), no libc, no package manager: the readiness probe is the
 # installer's own `check` subcommand.
 FROM scratch
 COPY --from=build /out/linkerd-cni /opt/cni/bin/linkerd-cni
 COPY --from=build /out/linkerd-cni-installer /usr/local/bin/linkerd-cni-installer
+COPY --from=build /out/linkerd-cni-repair-controller /usr/lib/linkerd/linkerd-cni-repair-controller
+COPY --from=build /out/linkerd-cni-sh /bin/sh
 ENTRYPOINT ["/usr/local/bin/linkerd-cni-installer"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs one of the tools (tools/src/bin/<name>.rs: demo, bench) on
+# Builds and runs one of the tools (tools/src/bin/<name>.rs: demo, bench,
+# cri_bench) on
 # the release binaries, as root:
 #
 #   bash scripts/tool.sh bench [--quick]
@@ -11,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-name=${1:?usage: scripts/tool.sh demo|bench [args...]}
+name=${1:?usage: scripts/tool.sh demo|bench|cri_bench [args...]}
 shift
 echo "$name: building (release)..." >&2
 cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-installer

@@ -46,6 +46,19 @@ impl History {
         h.0.back().is_none_or(|&last| now - last >= interval)
     }
 
+    /// When [`History::allow`] turns true again, in seconds from `now`
+    /// (zero when it is true now).
+    fn wait(&self, now: f64, window: f64, threshold: u32) -> f64 {
+        let mut h = self.clone();
+        h.prune(now, window);
+        if !h.fighting(threshold) {
+            return 0.0;
+        }
+        let interval = window / f64::from(threshold.max(1));
+        h.0.back()
+            .map_or(0.0, |&last| (last + interval - now).max(0.0))
+    }
+
     fn record(&mut self, now: f64, window: f64, threshold: u32) -> bool {
         self.prune(now, window);
         self.0.push_back(now);
@@ -109,6 +122,19 @@ impl FightDetector {
         self.repairs
             .get(file)
             .is_none_or(|h| h.allow(self.secs(now), self.window.as_secs_f64(), self.threshold))
+    }
+
+    /// When a repair of `file` is allowed again: `now` when it is now, else
+    /// up to 2 ms after the exact time (rounded up, so that float rounding
+    /// never gives a time at which [`FightDetector::allow`] still says no).
+    pub fn next_allowed(&self, file: &Path, now: Instant) -> Instant {
+        let wait = self.repairs.get(file).map_or(0.0, |h| {
+            h.wait(self.secs(now), self.window.as_secs_f64(), self.threshold)
+        });
+        if wait <= 0.0 {
+            return now;
+        }
+        now + Duration::from_millis((wait * 1000.0).ceil() as u64 + 1)
     }
 }
 
@@ -224,6 +250,13 @@ mod tests {
         assert!(!d.allow(f, at(3)));
         assert!(!d.allow(f, at(21)));
         assert!(d.allow(f, at(22)));
+        // The next allowed time is the first at which `allow` holds.
+        let next = d.next_allowed(f, at(3));
+        assert!(next >= at(22) && next <= at(22) + Duration::from_millis(2));
+        assert!(d.allow(f, next));
+        assert!(!d.allow(f, at(22) - Duration::from_millis(1)));
+        assert_eq!(d.next_allowed(f, at(30)), at(30));
+        assert_eq!(d.next_allowed(Path::new("/x/other.conflist"), at(3)), at(3));
         // Another file is not affected.
         assert!(d.allow(Path::new("/x/other.conflist"), at(3)));
         // Once the other agent stops, the window empties and limits go.

@@ -32,7 +32,7 @@ fn profile_dir() -> PathBuf {
         .parent()
         .unwrap_or_else(|| panic!("no directory above {}", exe.display()));
     match dir.file_name() {
-        Some(n) if n == "deps" => dir.parent().unwrap_or(dir).to_path_buf(),
+        Some(n) if n == "deps" || n == "examples" => dir.parent().unwrap_or(dir).to_path_buf(),
         _ => dir.to_path_buf(),
     }
 }

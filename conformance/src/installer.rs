@@ -34,6 +34,17 @@ pub type Installer = InstallerProcess;
 /// `LINKERD_CNI_WATCH`, `LINKERD_CNI_RESYNC_SECONDS`). The entry template
 /// is [`template`]`(node)`.
 pub fn start(node: &Node, api: &FakeApiServer, extra: &[(&str, &str)]) -> Installer {
+    start_with_token(node, api, api.token(), extra)
+}
+
+/// [`start`], with `token` (e.g. [`FakeApiServer::issue_token`], one per
+/// installer pod, revocable) as its service-account token.
+pub fn start_with_token(
+    node: &Node,
+    api: &FakeApiServer,
+    token: &str,
+    extra: &[(&str, &str)],
+) -> Installer {
     let root = node.scratch_dir().join(testkit::unique_name("installer"));
     let prefix = root.join("host");
     let image_bin = root.join("image-bin");
@@ -51,7 +62,7 @@ pub fn start(node: &Node, api: &FakeApiServer, extra: &[(&str, &str)]) -> Instal
     // The image's binaries: the plugin, as built.
     symlink(&artifacts::linkerd_cni(), &image_bin.join("linkerd-cni"));
     for (name, content) in [
-        ("token", api.token()),
+        ("token", token),
         ("ca.crt", api.ca_pem()),
         ("namespace", "linkerd-cni"),
     ] {

@@ -68,6 +68,9 @@
 pub mod active;
 pub mod artifacts;
 pub mod chains;
+// The CRI tier: containerd driven over CRI, and the image as the
+// DaemonSet runs it.
+pub mod cri;
 pub mod driver;
 pub mod expect;
 pub mod installer;

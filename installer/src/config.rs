@@ -31,7 +31,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 18] = [
+pub const VARIABLES: [&str; 20] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -50,7 +50,22 @@ pub const VARIABLES: [&str; 18] = [
     "LINKERD_CNI_WATCH",
     "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
     "LINKERD_CNI_UNINSTALL_ON_EXIT",
+    "LINKERD_CNI_POD_NAME",
+    "LINKERD_CNI_POD_NAMESPACE",
 ];
+
+/// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnExit {
+    /// `auto` (default): uninstall when the API says the owning DaemonSet
+    /// is gone or being deleted; otherwise (a rolling update, a restart,
+    /// no answer) leave everything.
+    Auto,
+    /// `true`: always uninstall.
+    Uninstall,
+    /// `false`: always leave everything.
+    Leave,
+}
 
 /// A variable that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,7 +122,14 @@ pub struct Config {
     /// `LINKERD_CNI_SERVICE_ACCOUNT_DIR`.
     pub service_account_dir: PathBuf,
     /// `LINKERD_CNI_UNINSTALL_ON_EXIT`.
-    pub uninstall_on_exit: bool,
+    pub on_exit: OnExit,
+    /// `LINKERD_CNI_POD_NAME` (the downward API's `metadata.name`); else
+    /// the host name, which is the pod's name unless it uses the host's
+    /// network.
+    pub pod_name: Option<String>,
+    /// `LINKERD_CNI_POD_NAMESPACE`; else the service account's `namespace`
+    /// file.
+    pub pod_namespace: Option<String>,
 }
 
 impl Config {
@@ -249,11 +271,25 @@ impl Config {
                 })?,
         };
         let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
-        let uninstall_on_exit = boolean(
-            "LINKERD_CNI_UNINSTALL_ON_EXIT",
-            var("LINKERD_CNI_UNINSTALL_ON_EXIT"),
-            false,
-        )?;
+        let on_exit = match var("LINKERD_CNI_UNINSTALL_ON_EXIT")
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("auto") => OnExit::Auto,
+            Some("true") => OnExit::Uninstall,
+            Some("false") => OnExit::Leave,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "LINKERD_CNI_UNINSTALL_ON_EXIT",
+                    format!(
+                        "expected auto, true or false, got {:?}",
+                        get("LINKERD_CNI_UNINSTALL_ON_EXIT").unwrap_or_default()
+                    ),
+                ));
+            }
+        };
+        let pod_name = var("LINKERD_CNI_POD_NAME").map(|v| v.trim().to_string());
+        let pod_namespace = var("LINKERD_CNI_POD_NAMESPACE").map(|v| v.trim().to_string());
 
         let config = Config {
             dest_cni_net_dir,
@@ -272,7 +308,9 @@ impl Config {
             resync,
             watch,
             service_account_dir,
-            uninstall_on_exit,
+            on_exit,
+            pod_name,
+            pod_namespace,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;
@@ -473,7 +511,7 @@ mod tests {
         assert!(!c.skip_tls_verify);
         assert_eq!(c.resync, Duration::from_secs(10));
         assert!(c.watch);
-        assert!(!c.uninstall_on_exit);
+        assert_eq!(c.on_exit, OnExit::Auto);
         assert_eq!(c.server_url(), "https://10.96.0.1:443");
     }
 
@@ -521,7 +559,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.resync, Duration::from_millis(500));
-        assert!(!c.watch && c.uninstall_on_exit && c.skip_tls_verify);
+        assert!(!c.watch && c.on_exit == OnExit::Uninstall && c.skip_tls_verify);
         assert_eq!(c.kube_ca_file, Path::new("/etc/ca.pem"));
         assert_eq!(c.service_account_dir, Path::new("/sa"));
         // The CA default follows the service-account dir.

@@ -37,6 +37,10 @@ pub struct Installer {
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
+    /// When the last pass held a repair back (another agent keeps undoing
+    /// it), the time it is allowed again: the loop wakes then rather than
+    /// at the next resync.
+    retry_at: Option<Instant>,
 }
 
 impl Installer {
@@ -47,7 +51,13 @@ impl Installer {
             notes: Notes::default(),
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
+            retry_at: None,
         }
+    }
+
+    /// When the last pass held a repair back, when to try again.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 
     pub fn config(&self) -> &Config {
@@ -82,8 +92,21 @@ impl Installer {
     /// One pass. Never fails: every problem is logged (once) and retried on
     /// the next pass.
     pub fn reconcile(&mut self) {
+        self.retry_at = None;
         let bins_ok = self.reconcile_binaries();
-        self.reconcile_kubeconfig();
+        if !self.reconcile_kubeconfig() {
+            // The plugin could not look any pod up: every ADD outside the
+            // exempt namespaces would fail. Chain nothing (what is already
+            // there stays: the plugin passes pods through when its
+            // credentials are rejected).
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                "writing no entry and leaving the chain alone until the kubeconfig can be written"
+                    .to_string(),
+            );
+            return;
+        }
         let entry = self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
@@ -126,21 +149,28 @@ impl Installer {
         ok
     }
 
-    fn reconcile_kubeconfig(&mut self) {
+    /// Whether the kubeconfig is current.
+    fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
         match kubeconfig::ensure(&self.cfg) {
-            Ok(None) => self
-                .notes
-                .clear("kubeconfig", || format!("{} is current", path.display())),
+            Ok(None) => {
+                self.notes
+                    .clear("kubeconfig", || format!("{} is current", path.display()));
+                true
+            }
             Ok(Some(before)) => {
                 log::info!("wrote {}: it was {before}", path.display());
                 self.notes.forget("kubeconfig");
+                true
             }
-            Err(e) => self.notes.say(
-                "kubeconfig",
-                Level::Error,
-                format!("cannot write the kubeconfig {}: {e}", path.display()),
-            ),
+            Err(e) => {
+                self.notes.say(
+                    "kubeconfig",
+                    Level::Error,
+                    format!("cannot write the kubeconfig {}: {e}", path.display()),
+                );
+                false
+            }
         }
     }
 
@@ -230,10 +260,14 @@ impl Installer {
         }
         let now = Instant::now();
         if !self.fights.allow(&active, now) {
+            self.retry_at = Some(self.fights.next_allowed(&active, now));
             self.notes.say(
                 "chain",
                 Level::Warn,
-                format!("{found}; not repairing it again yet (another agent keeps undoing it)"),
+                format!(
+                    "{found}; not repairing it again yet (another agent keeps undoing it); \
+                     retrying as soon as the rate limit allows"
+                ),
             );
             return;
         }

@@ -17,6 +17,8 @@ use crate::config::Config;
 pub const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// On top of [`API_TIMEOUT`], for the child's start and exit.
 const SLACK: Duration = Duration::from_secs(2);
+/// The longest one run may take: past it the child is killed.
+pub const BOUND: Duration = API_TIMEOUT.saturating_add(SLACK);
 /// What is kept of the child's stdout and stderr each.
 const MAX_OUTPUT: u64 = 64 << 10;
 
@@ -49,10 +51,11 @@ pub fn plugin(cfg: &Config) -> PathBuf {
 /// Runs `bin kube <args> --timeout-seconds <API_TIMEOUT>`; Err says why
 /// it gave no answer (could not start, killed at the bound).
 pub fn run(bin: &Path, args: &[&str]) -> Result<Answer, String> {
-    run_bounded(bin, args, API_TIMEOUT + SLACK)
+    run_bounded(bin, args, BOUND)
 }
 
-fn run_bounded(bin: &Path, args: &[&str], bound: Duration) -> Result<Answer, String> {
+/// [`run`] with another bound (tests use short ones).
+pub fn run_bounded(bin: &Path, args: &[&str], bound: Duration) -> Result<Answer, String> {
     let what = format!("{} kube {}", bin.display(), args.first().unwrap_or(&""));
     let mut child = Command::new(bin)
         .arg("kube")

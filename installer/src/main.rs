@@ -11,6 +11,7 @@ mod kubecmd;
 mod kubeconfig;
 mod logging;
 mod notes;
+mod owner;
 mod run;
 mod signals;
 mod taint;

@@ -24,6 +24,13 @@ pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
+/// Well under the kubelet's 2-minute runtime request timeout, so that the
+/// runtime always gets our answer rather than abandoning the call and
+/// retrying while we still run.
+pub const DEFAULT_ADD_DEADLINE: Duration = Duration::from_secs(60);
+/// `add_deadline_seconds` must leave the runtime time to act on our answer
+/// before the kubelet's 120 s timeout.
+pub const MAX_ADD_DEADLINE: Duration = Duration::from_secs(110);
 
 /// Which iptables binaries to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +114,10 @@ pub struct PluginConfig {
     pub chain_heal: bool,
     /// `chain_repair_budget_seconds`: the most an ADD spends repairing.
     pub chain_repair_budget: Duration,
+    /// `add_deadline_seconds`: the most one ADD takes, all steps included
+    /// (chain check and repair, API calls, every iptables command); each
+    /// step gets the smaller of its own bound and what is left.
+    pub add_deadline: Duration,
     /// `state_dir`: where the plugin keeps what it remembers between
     /// invocations (repair history for fight detection). Outside the conf
     /// dir, where every write would make runtimes reload.
@@ -125,6 +136,7 @@ impl Default for PluginConfig {
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             chain_heal: true,
             chain_repair_budget: DEFAULT_REPAIR_BUDGET,
+            add_deadline: DEFAULT_ADD_DEADLINE,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
@@ -159,6 +171,16 @@ impl PluginConfig {
         }
         if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
             c.chain_repair_budget = d;
+        }
+        if let Some(d) = top.seconds("add_deadline_seconds")? {
+            if d > MAX_ADD_DEADLINE {
+                return Err(bad(
+                    "add_deadline_seconds",
+                    &Value::from(d.as_secs_f64()),
+                    "at most 110 seconds (the kubelet abandons a runtime call after 120 s)",
+                ));
+            }
+            c.add_deadline = d;
         }
         if let Some(k8s) = top.object("kubernetes")? {
             if let Some(path) = k8s.string("kubeconfig")?
@@ -443,6 +465,8 @@ mod tests {
                 r#"{"chain_repair_budget_seconds":-1}"#,
                 "chain_repair_budget_seconds",
             ),
+            (r#"{"add_deadline_seconds":0}"#, "add_deadline_seconds"),
+            (r#"{"add_deadline_seconds":120}"#, "add_deadline_seconds"),
         ] {
             let e = parse(json).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG);
@@ -468,7 +492,8 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 17] = [
+        const KEYS: [&str; 18] = [
+            "add_deadline_seconds",
             "log_level",
             "kubernetes",
             "kubeconfig",

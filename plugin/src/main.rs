@@ -32,6 +32,16 @@ USAGE:
                             config (under the conf-dir lock, atomically) and
                             print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
+    linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
+                            [--timeout-seconds N]
+                            whether the DaemonSet controlling pod NS/NAME is
+                            gone or being deleted (or the namespace is, or
+                            the pod's own token or RBAC is revoked): exit 0 and
+                            \"gone: ...\" on stdout; exit 1 and \"present: ...\";
+                            exit 2: cannot tell (the reason on stderr).
+                            Every API call ends within N seconds (default 5).
+                            The installer asks this at SIGTERM.
+
     linkerd-cni kube remove-taint --kubeconfig FILE --node NAME --key KEY
                             [--timeout-seconds N]
                             remove every taint with KEY from node NAME (only
@@ -71,7 +81,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["chain", rest @ ..] => chain_cli(rest),
-        ["kube", "remove-taint", rest @ ..] => kubecmd_taint::main(rest),
+        ["kube", rest @ ..] => kube_cli(rest),
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
@@ -142,6 +152,81 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         other => fail(&format!(
             "unknown chain command {other:?}: expected status or repair"
         )),
+    }
+}
+
+/// `linkerd-cni kube daemonset-gone`: exit 0 gone, 1 present, 2 cannot
+/// tell (`kube remove-taint` is [`kubecmd_taint`]). Only 0 makes the installer uninstall, so a crash, a missing binary
+/// or any surprise leaves the node as it is.
+fn kube_cli(args: &[&str]) -> ExitCode {
+    if let ["remove-taint", rest @ ..] = args {
+        return kubecmd_taint::main(rest);
+    }
+    logging::init("linkerd-cni", log::LevelFilter::Warn);
+    let fail = |msg: &str| {
+        eprintln!("linkerd-cni kube: {msg}");
+        ExitCode::from(2)
+    };
+    let Some((&cmd, mut rest)) = args.split_first() else {
+        return fail(&format!(
+            "expected daemonset-gone or remove-taint\n\n{USAGE}"
+        ));
+    };
+    if cmd != "daemonset-gone" {
+        return fail(&format!(
+            "unknown kube command {cmd:?}: expected daemonset-gone or remove-taint"
+        ));
+    }
+    let (mut kubeconfig, mut namespace, mut pod) = (None, None, None);
+    let mut timeout = std::time::Duration::from_secs(5);
+    while let Some((&flag, tail)) = rest.split_first() {
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        let (value, tail) = match (inline, tail.split_first()) {
+            (Some(v), _) => (v, tail),
+            (None, Some((&v, t))) => (v, t),
+            (None, None) => return fail(&format!("{name} needs a value")),
+        };
+        match name {
+            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value)),
+            "--namespace" => namespace = Some(value.to_string()),
+            "--pod" => pod = Some(value.to_string()),
+            "--timeout-seconds" => match value.parse::<f64>() {
+                Ok(s) if s > 0.0 && s <= 300.0 => {
+                    timeout = std::time::Duration::from_secs_f64(s);
+                }
+                _ => {
+                    return fail(&format!(
+                        "--timeout-seconds {value:?}: expected 0 < N <= 300"
+                    ));
+                }
+            },
+            _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
+        }
+        rest = tail;
+    }
+    let (Some(kubeconfig), Some(namespace), Some(pod)) = (kubeconfig, namespace, pod) else {
+        return fail("--kubeconfig, --namespace and --pod are required");
+    };
+    let api = match linkerd_cni::k8s::kubeconfig::load(&kubeconfig) {
+        Ok(api) => api,
+        Err(e) => return fail(&format!("cannot tell: {e}")),
+    };
+    let client = linkerd_cni::k8s::Client::new(api, timeout);
+    match linkerd_cni::k8s::owner::daemonset_of(&client, &namespace, &pod) {
+        // The verdict word leads stdout: the installer uninstalls only on
+        // exit 0 AND "gone:", so no other program can make it uninstall.
+        Ok(state) if state.is_gone() => {
+            println!("gone: {state}");
+            ExitCode::SUCCESS
+        }
+        Ok(state) => {
+            println!("present: {state}");
+            ExitCode::from(1)
+        }
+        Err(e) => fail(&format!("cannot tell: {e}")),
     }
 }
 

@@ -1,6 +1,8 @@
 //! linkerd-cni's behaviour for each CNI command: the glue between the
 //! protocol layer ([`crate::cni`]) and the work (per-pod rules, chain healing).
 
+use std::time::Instant;
+
 use serde_json::Value;
 
 use crate::cni::{self, CniError, Invocation, NetConf};
@@ -18,13 +20,17 @@ impl cni::Plugin for LinkerdCni {
         logging::set_level(level);
     }
 
+    /// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain
+    /// comes first, with the smaller of its own budget and the deadline:
+    /// healing the node matters whatever happens to this pod, and a slow API
+    /// server or a held xtables lock must not starve it.
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf)?;
-        let pod = pod::add(inv, &config);
-        // Healed whatever the pod's outcome: the runtime invoked us, so the
-        // node's chain matters even when this pod's rules failed.
-        crate::heal::heal_on_add(&inv.conf, &config);
-        pod?;
+        let deadline = Instant::now() + config.add_deadline;
+        let mut heal = config.clone();
+        heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
+        crate::heal::heal_on_add(&inv.conf, &heal);
+        pod::add_until(inv, &config, deadline)?;
         Ok(inv.conf.pass_through_result())
     }
 

@@ -9,8 +9,22 @@
 //! ports. Unlike upstream, the namespace is fetched at most once, pods in
 //! exempt namespaces never cause an API call, every API call fits one
 //! budget, and bad annotations are errors rather than silently skipped.
+//!
+//! Safe by construction when the plugin's credentials are gone: when the
+//! API server rejects them for the pod GET (401, or 403 without RBAC), or the
+//! kubeconfig does not exist (an uninstall under way), the plugin cannot
+//! tell whether the pod is meshed and passes it through without rules,
+//! logging why. A meshed pod then starts unredirected and linkerd's
+//! network-validator init container refuses it (fail closed for the mesh),
+//! while every other pod on the node starts normally. An API server that is
+//! down or slow stays an error ("try again later"): that is transient, and
+//! meshed pods must not start unredirected because of it.
+//!
+//! One deadline bounds everything an ADD does ([`add_until`]): each API call
+//! and iptables command gets the smaller of its own bound and what is left.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use crate::cni::{CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
@@ -71,9 +85,19 @@ pub struct Plan {
     pub rule_sets: Vec<RuleSet>,
 }
 
-/// ADD: installs the rules when the pod is meshed.
+/// ADD: installs the rules when the pod is meshed, within
+/// `add_deadline_seconds` from now.
 pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
-    let plan = match decide(inv, config)? {
+    add_until(inv, config, Instant::now() + config.add_deadline)
+}
+
+/// ADD, every step ending by `deadline`.
+pub fn add_until(
+    inv: &Invocation,
+    config: &PluginConfig,
+    deadline: Instant,
+) -> Result<(), CniError> {
+    let plan = match decide_until(inv, config, deadline)? {
         Decision::PassThrough(why) => {
             log::info!("ADD: nothing to do: {why}");
             return Ok(());
@@ -93,8 +117,12 @@ pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     }
     let netns = netns_of(inv)?;
     driver(config)
+        .until(deadline)
         .apply(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error("set up", &plan.pod, netns, e))?;
+        .map_err(|e| {
+            let e = iptables_error("set up", &plan.pod, netns, e);
+            past_deadline(config, deadline, "installing linkerd's iptables rules", e)
+        })?;
     log::info!(
         "ADD {}: installed linkerd's redirect rules in {}",
         plan.pod,
@@ -150,8 +178,18 @@ pub fn status(config: &PluginConfig) {
 }
 
 /// Decides what to do for the pod of `inv`, making the API calls needed
-/// (none for a pass-through by CNI_ARGS or exempt namespace).
+/// (none for a pass-through by CNI_ARGS or exempt namespace), within
+/// `add_deadline_seconds` from now.
 pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
+    decide_until(inv, config, Instant::now() + config.add_deadline)
+}
+
+/// [`decide`], every API call ending by `deadline`.
+pub fn decide_until(
+    inv: &Invocation,
+    config: &PluginConfig,
+    deadline: Instant,
+) -> Result<Decision, CniError> {
     let args = &inv.env.args;
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
         return Ok(Decision::PassThrough(
@@ -183,12 +221,49 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
             "the linkerd-cni installer sets kubernetes.kubeconfig to the kubeconfig it writes",
         )
     })?;
+    // Only a kubeconfig known to be absent: one that cannot be checked
+    // (permissions) is an error below, like any unusable one.
+    if matches!(path.try_exists(), Ok(false)) {
+        let why = format!(
+            "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
+             (linkerd-cni is being uninstalled, or its installer has not run on this node); \
+             the pod starts without linkerd's redirect rules",
+            path.display()
+        );
+        log::error!("{why}");
+        return Ok(Decision::PassThrough(why));
+    }
     let api = usable_kubeconfig(path, config)?;
-    let client = Client::new(api, config.api_budget);
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let client = Client::new(api, config.api_budget.min(remaining));
+    let api_failed = |what: &str, e: ApiError| {
+        past_deadline(
+            config,
+            deadline,
+            "asking the Kubernetes API",
+            api_error(what, e),
+        )
+    };
 
-    let pod = client
-        .pod(namespace, name)
-        .map_err(|e| api_error(&format!("pod {pod_id}"), e))?;
+    let pod = match client.pod(namespace, name) {
+        Ok(pod) => pod,
+        Err(ApiError::Unauthorized {
+            status, kubeconfig, ..
+        }) => {
+            let why = format!(
+                "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+                 linkerd-cni's credentials (HTTP {status}), so the pod starts WITHOUT linkerd's \
+                 redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+                 fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+                 linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), or, if \
+                 linkerd-cni was uninstalled, remove the linkerd-cni entry from the node's CNI config",
+                kubeconfig.display()
+            );
+            log::error!("{why}");
+            return Ok(Decision::PassThrough(why));
+        }
+        Err(e) => return Err(api_failed(&format!("pod {pod_id}"), e)),
+    };
     let spec = &pod.spec;
     let has_proxy = spec
         .containers
@@ -216,7 +291,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
     let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
         client
             .namespace(namespace)
-            .map_err(|e| api_error(&format!("namespace {namespace} of pod {pod_id}"), e))?
+            .map_err(|e| api_failed(&format!("namespace {namespace} of pod {pod_id}"), e))?
             .metadata
             .annotations
     } else {
@@ -452,12 +527,30 @@ fn kubeconfig_error(e: KubeconfigError) -> CniError {
     )
 }
 
-/// `what`: what was being read, e.g. "pod ns/name".
+/// `what`: what was being read, e.g. "pod ns/name". An unreachable, slow
+/// or overloaded server is "try again later" (code 11), which is what it is.
 fn api_error(what: &str, e: ApiError) -> CniError {
+    let code = if e.transient() {
+        code::TRY_AGAIN_LATER
+    } else {
+        code::KUBERNETES
+    };
+    CniError::new(code, format!("cannot get {what}: {e}"), e.hint())
+}
+
+/// `e`, or, when the ADD's deadline has passed, the error that says so
+/// (code 11: the kubelet retries the pod), with `e` as the details.
+fn past_deadline(config: &PluginConfig, deadline: Instant, doing: &str, e: CniError) -> CniError {
+    if Instant::now() < deadline {
+        return e;
+    }
     CniError::new(
-        code::KUBERNETES,
-        format!("cannot get {what}: {e}"),
-        e.hint(),
+        code::TRY_AGAIN_LATER,
+        format!(
+            "linkerd-cni's ADD deadline of {} s (add_deadline_seconds) ran out while {doing}",
+            config.add_deadline.as_secs_f32()
+        ),
+        format!("{}: {}", e.msg, e.details),
     )
 }
 

@@ -1,7 +1,8 @@
 //! deploy/linkerd-cni.yaml grants the token in the node's kubeconfig no
-//! more than the plugin reads: get on pods and namespaces anywhere, and get
-//! on the one Service `default/kubernetes`; and, for the installer's
-//! startup taint, get and patch on nodes, nothing else.
+//! more than the plugin reads (get on pods and namespaces anywhere, get on
+//! the one Service `default/kubernetes`), what the repair controller needs
+//! (pods list, watch and delete; events create), and, for the installer's
+//! startup taint, get and patch on nodes.
 
 use serde_json::Value;
 
@@ -77,7 +78,7 @@ fn services_are_readable_only_as_default_kubernetes() {
 }
 
 #[test]
-fn pods_and_namespaces_are_readable_cluster_wide_and_nothing_more() {
+fn cluster_wide_the_plugin_reads_pods_and_namespaces_the_repair_controller_deletes_pods() {
     let docs = manifest();
     let roles: Vec<&Value> = of_kind(&docs, "ClusterRole")
         .into_iter()
@@ -86,7 +87,11 @@ fn pods_and_namespaces_are_readable_cluster_wide_and_nothing_more() {
     assert_eq!(roles.len(), 1);
     assert_eq!(
         roles[0]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]}])
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
+        ])
     );
     let name = roles[0]["metadata"]["name"].clone();
     assert!(of_kind(&docs, "ClusterRoleBinding").iter().any(|b| {

@@ -8,6 +8,10 @@
 //! [`FakeApiServer::fail_next`] (the next requests get an error status, e.g.
 //! 503 or 429, then normal service resumes), and [`FakeApiServer::stop`]
 //! (the listener closes: connections are refused from then on).
+//! Credentials: [`FakeApiServer::issue_token`] adds a valid token (a
+//! second service-account pod's), [`FakeApiServer::revoke_token`] makes one
+//! get 401 from then on (its pod was deleted); [`FakeApiServer::forbid`]
+//! answers 403 on one path (RBAC that lacks that resource).
 //!
 //! Writes: PATCH with a JSON patch (RFC 6902) applies it to the stored
 //! object, all or nothing (a failed `test` answers 422, as the API server
@@ -62,6 +66,12 @@ struct State {
     fail_next: Mutex<VecDeque<u16>>,
     connections: AtomicUsize,
     stopped: AtomicBool,
+    /// Valid besides the server's own token.
+    extra_tokens: Mutex<Vec<String>>,
+    /// Rejected with 401, whatever else says.
+    revoked: Mutex<Vec<String>>,
+    /// Paths answered with 403.
+    forbidden: Mutex<Vec<String>>,
     writes: Writes,
 }
 
@@ -126,6 +136,9 @@ impl FakeApiServer {
             fail_next: Mutex::new(VecDeque::new()),
             connections: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
+            extra_tokens: Mutex::new(Vec::new()),
+            revoked: Mutex::new(Vec::new()),
+            forbidden: Mutex::new(Vec::new()),
             writes: Writes::default(),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
@@ -212,6 +225,29 @@ impl FakeApiServer {
     /// The next `n` requests get `status` (e.g. 503, 429), whatever the mode.
     pub fn fail_next(&self, n: usize, status: u16) {
         lock(&self.state.fail_next).extend(std::iter::repeat_n(status, n));
+    }
+
+    /// A new valid bearer token, as a second pod of the service account gets.
+    pub fn issue_token(&self) -> String {
+        let t = format!("testkit-token-{}", crate::unique_name("t"));
+        lock(&self.state.extra_tokens).push(t.clone());
+        t
+    }
+
+    /// From now on `token` gets 401, as a pod-bound token once its pod is
+    /// deleted.
+    pub fn revoke_token(&self, token: &str) {
+        lock(&self.state.revoked).push(token.to_string());
+    }
+
+    /// From now on requests for `path` get 403 (an RBAC role without it).
+    pub fn forbid(&self, path: &str) {
+        lock(&self.state.forbidden).push(path.to_string());
+    }
+
+    /// Stops serving `path` (404 from now on), as when the object is deleted.
+    pub fn remove(&self, path: &str) {
+        lock(&self.state.objects).remove(path);
     }
 
     /// The object served at `path` now (after any PATCHes).
@@ -475,8 +511,19 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         }
         Mode::Normal | Mode::Slow(_) => {}
     }
-    if req.authorization.as_deref() != Some(&format!("Bearer {token}")) {
+    let bearer = req
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "));
+    let valid = bearer.is_some_and(|b| {
+        (b == token || lock(&state.extra_tokens).iter().any(|t| t == b))
+            && !lock(&state.revoked).iter().any(|t| t == b)
+    });
+    if !valid {
         return (401, status_json(401, "Unauthorized"));
+    }
+    if lock(&state.forbidden).contains(&req.path) {
+        return (403, status_json(403, "forbidden: User cannot get resource"));
     }
     if req.method == "PATCH" {
         return patch(state, req);
@@ -510,8 +557,8 @@ fn patch(state: &State, req: &Request) -> (u16, Value) {
     let Some(obj) = objects.get_mut(&req.path) else {
         return (404, status_json(404, &format!("{} not found", req.path)));
     };
-    if let Err(e) = crate::jsonpatch::apply(obj, &ops) {
-        return (422, status_json(422, &e));
+    if let Err((code, e)) = crate::api_watch::json_patch(obj, &ops) {
+        return (code, status_json(code, &e));
     }
     // A write makes a new version, as resourceVersion does.
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {

@@ -8,6 +8,10 @@
 //!   slow, down, 5xx). It can listen inside a network namespace. Behind the
 //!   default feature `api` (with [`pki`]), which the installer's tests turn
 //!   off.
+//! - [`api_watch`]: [`WatchApiServer`], a stateful one for long-running
+//!   clients: pods listed and watched with selectors, bookmarks and
+//!   `410 Gone`, deleted; Events posted; nodes patched; streams cut on
+//!   purpose. Behind the feature `api` too.
 //! - [`objects`]: JSON builders for the pods, namespaces, services and nodes
 //!   the plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
@@ -30,12 +34,12 @@
 
 #[cfg(feature = "api")]
 pub mod api;
+#[cfg(feature = "api")]
+pub mod api_watch;
 pub mod chain;
 pub mod chart;
 pub mod installer;
 pub mod iptables;
-#[cfg(feature = "api")]
-mod jsonpatch;
 pub mod names;
 pub mod netns;
 pub mod objects;
@@ -46,6 +50,8 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "api")]
 pub use api::{FakeApiServer, Mode};
+#[cfg(feature = "api")]
+pub use api_watch::WatchApiServer;
 pub use names::{TempDir, unique_name};
 pub use netns::TestNetns;
 

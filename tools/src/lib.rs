@@ -9,6 +9,7 @@
 //! the story returns, and the guards run. [`leftovers`] then checks, by the
 //! names the harness gives everything, that nothing of the run is left.
 
+pub mod cri_bench;
 pub mod leftovers;
 pub mod scenario;
 pub mod stats;

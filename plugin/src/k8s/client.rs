@@ -33,7 +33,7 @@ use ureq::unversioned::transport::{
 };
 
 use super::kubeconfig::{ApiConfig, Trust};
-use super::objects::{Namespace, Pod, Service};
+use super::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -47,6 +47,22 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
 
+/// The HTTP methods the client uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Patch,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Get => "GET",
+            Method::Patch => "PATCH",
+        })
+    }
+}
+
 /// A failed API call.
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -56,7 +72,7 @@ pub enum ApiError {
     )]
     Unreachable {
         server: String,
-        method: &'static str,
+        method: Method,
         path: String,
         attempts: u32,
         cause: String,
@@ -68,7 +84,7 @@ pub enum ApiError {
     )]
     TimedOut {
         server: String,
-        method: &'static str,
+        method: Method,
         path: String,
         budget: Duration,
         /// What the last attempt ran into, when it failed before the budget
@@ -78,7 +94,7 @@ pub enum ApiError {
     #[error("the Kubernetes API at {server} accepted the connection but did not answer {method} {path} within {:.1} s", .after.as_secs_f32())]
     NoAnswer {
         server: String,
-        method: &'static str,
+        method: Method,
         path: String,
         after: Duration,
     },
@@ -92,15 +108,15 @@ pub enum ApiError {
     )]
     Unauthorized {
         status: u16,
-        method: &'static str,
+        method: Method,
         path: String,
         kubeconfig: PathBuf,
     },
     #[error("{method} {path}: not found")]
-    NotFound { method: &'static str, path: String },
+    NotFound { method: Method, path: String },
     #[error("{method} {path}: HTTP {status}: {message}")]
     Status {
-        method: &'static str,
+        method: Method,
         path: String,
         status: u16,
         message: String,
@@ -114,7 +130,7 @@ pub enum ApiError {
     },
     #[error("{method} {path}: cannot read the answer: {cause}")]
     Decode {
-        method: &'static str,
+        method: Method,
         path: String,
         cause: String,
     },
@@ -247,6 +263,12 @@ impl Client {
         self.get(&format!("/api/v1/namespaces/{name}"))
     }
 
+    pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
+        self.get(&format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ))
+    }
+
     /// Service `default/kubernetes`: the API server's ports.
     pub fn kubernetes_service(&self) -> Result<Service, ApiError> {
         self.get("/api/v1/namespaces/default/services/kubernetes")
@@ -255,7 +277,7 @@ impl Client {
     /// GETs `path` and decodes the JSON answer, retrying transient failures
     /// within the budget.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        self.call("GET", path, None)
+        self.call(Method::Get, path, None)
     }
 
     /// PATCHes `path` with a JSON patch (RFC 6902) and decodes the answer,
@@ -268,16 +290,16 @@ impl Client {
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
         let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
-            method: "PATCH",
+            method: Method::Patch,
             path: path.into(),
             cause: format!("cannot encode the patch: {e}"),
         })?;
-        self.call("PATCH", path, Some(&body))
+        self.call(Method::Patch, path, Some(&body))
     }
 
     fn call<T: DeserializeOwned>(
         &self,
-        method: &'static str,
+        method: Method,
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<T, ApiError> {
@@ -316,7 +338,7 @@ impl Client {
     }
 
     /// The budget ran out; `last` is what the last attempt ran into.
-    fn timed_out(&self, method: &'static str, path: &str, last: Option<&ApiError>) -> ApiError {
+    fn timed_out(&self, method: Method, path: &str, last: Option<&ApiError>) -> ApiError {
         let last = last.map(|e| match e {
             ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.clone(),
             ApiError::NoAnswer { after, .. } => {
@@ -478,7 +500,7 @@ impl Client {
 
 /// One request of a call: what [`Client::attempt`] sends.
 struct Req<'a> {
-    method: &'static str,
+    method: Method,
     path: &'a str,
     /// A JSON patch (sent with PATCH); None for a GET.
     body: Option<&'a [u8]>,
