@@ -25,8 +25,9 @@ fn driver_source() -> PathBuf {
 
 /// The running executable's profile directory (`…/debug` or `…/release`):
 /// a test executable lives in its `deps/`, the demo and the benchmarks
-/// (`src/bin/`) in the directory itself.
-fn profile_dir() -> PathBuf {
+/// (`src/bin/`) in the directory itself. Harness-built helpers (the
+/// driver, the CRI pause binary) are cached under it.
+pub(crate) fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
     let dir = exe
         .parent()

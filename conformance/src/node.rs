@@ -187,14 +187,7 @@ impl Node {
     /// reader never sees half a file.
     pub fn write_conf(&self, file_name: &str, conf: &Value) -> PathBuf {
         let staged = self.scratch_dir().join(format!("conf-{}", unique_id()));
-        let mut text = serde_json::to_string_pretty(conf).unwrap_or_default();
-        text.push('\n');
-        std::fs::write(&staged, text)
-            .unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
-        let target = self.conf_dir().join(file_name);
-        std::fs::rename(&staged, &target)
-            .unwrap_or_else(|e| panic!("cannot rename to {}: {e}", target.display()));
-        target
+        write_then_rename(conf, &staged, self.conf_dir().join(file_name))
     }
 
     /// The file a runtime uses (containerd's rule): the first `*.conf`,
@@ -461,12 +454,30 @@ impl Pod {
                 .command("ip")
                 .args(["-4", "-o", "addr", "show", "dev", ifname]),
         );
-        out.lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                it.position(|w| w == "inet")?;
-                it.next().map(String::from)
-            })
-            .collect()
+        inet_addrs(&out)
     }
+}
+
+/// The `inet` addresses (`a.b.c.d/len`) in the output of `ip -4 -o addr`.
+pub(crate) fn inet_addrs(ip_out: &str) -> Vec<String> {
+    ip_out
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            it.position(|w| w == "inet")?;
+            it.next().map(String::from)
+        })
+        .collect()
+}
+
+/// Writes `conf` as pretty JSON to `staged`, then renames it to `target`,
+/// so a reader of `target` never sees half a file; `target`.
+pub(crate) fn write_then_rename(conf: &Value, staged: &Path, target: PathBuf) -> PathBuf {
+    let mut text = serde_json::to_string_pretty(conf).unwrap_or_default();
+    text.push('\n');
+    std::fs::write(staged, text)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
+    std::fs::rename(staged, &target)
+        .unwrap_or_else(|e| panic!("cannot rename to {}: {e}", target.display()));
+    target
 }

@@ -21,8 +21,8 @@ use conformance::expect::*;
 use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
 use serde_json::Value;
-use testkit::FakeApiServer;
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
+use testkit::{FakeApiServer, wait_until};
 
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
@@ -283,7 +283,7 @@ fn rolling_update_gap() {
 
     let new = start_pod(&node, &api, "linkerd-cni-new");
     assert!(
-        wait_for(RESYNC + GRACE, || std::fs::read_to_string(
+        wait_until(RESYNC + GRACE, || std::fs::read_to_string(
             node.kubeconfig_path()
         )
         .is_ok_and(|k| k.contains(&new.token))),
@@ -293,19 +293,6 @@ fn rolling_update_gap() {
     let meshed = add(&node, &net, kube::serve_meshed(&api, "web-after")).unwrap();
     assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
     expect_no_reserved_ips(&node, &net);
-}
-
-fn wait_for(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 trait HealthyNow {

@@ -102,14 +102,9 @@ fn chain_cli(args: &[&str]) -> ExitCode {
     let mut conf_dir = PathBuf::from(DEFAULT_CONF_DIR);
     let mut entry_file: Option<PathBuf> = None;
     while let Some((&flag, tail)) = rest.split_first() {
-        let (name, inline) = match flag.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (flag, None),
-        };
-        let (value, tail) = match (inline, tail.split_first()) {
-            (Some(v), _) => (v, tail),
-            (None, Some((&v, t))) => (v, t),
-            (None, None) => return fail(&format!("{name} needs a value")),
+        let (name, value, tail) = match split_flag(flag, tail) {
+            Ok(split) => split,
+            Err(msg) => return fail(&msg),
         };
         match name {
             "--conf-dir" => conf_dir = PathBuf::from(value),
@@ -161,6 +156,23 @@ fn chain_cli(args: &[&str]) -> ExitCode {
     }
 }
 
+/// The name and value of `flag`, given as `--name=value` or as `--name`
+/// followed by the value, and the arguments after it.
+fn split_flag<'a, 'b>(
+    flag: &'b str,
+    tail: &'a [&'b str],
+) -> Result<(&'b str, &'b str, &'a [&'b str]), String> {
+    let (name, inline) = match flag.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (flag, None),
+    };
+    match (inline, tail.split_first()) {
+        (Some(v), _) => Ok((name, v, tail)),
+        (None, Some((&v, t))) => Ok((name, v, t)),
+        (None, None) => Err(format!("{name} needs a value")),
+    }
+}
+
 /// `linkerd-cni kube daemonset-gone`: exit 0 gone, 1 present, 2 cannot
 /// tell (`kube remove-taint` is [`kubecmd_taint`]). Only 0 makes the installer uninstall, so a crash, a missing binary
 /// or any surprise leaves the node as it is.
@@ -186,14 +198,9 @@ fn kube_cli(args: &[&str]) -> ExitCode {
     let (mut kubeconfig, mut namespace, mut pod) = (None, None, None);
     let mut timeout = std::time::Duration::from_secs(5);
     while let Some((&flag, tail)) = rest.split_first() {
-        let (name, inline) = match flag.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (flag, None),
-        };
-        let (value, tail) = match (inline, tail.split_first()) {
-            (Some(v), _) => (v, tail),
-            (None, Some((&v, t))) => (v, t),
-            (None, None) => return fail(&format!("{name} needs a value")),
+        let (name, value, tail) = match split_flag(flag, tail) {
+            Ok(split) => split,
+            Err(msg) => return fail(&msg),
         };
         match name {
             "--kubeconfig" => kubeconfig = Some(PathBuf::from(value)),

@@ -10,25 +10,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use testkit::iptables::{default_save, delete_rule, nat_table};
 use testkit::objects::Pod;
-use testkit::{FakeApiServer, TempDir, TestNetns};
+use testkit::{TempDir, TestNetns};
 
-use common::{cni_env, netconf, run_plugin, stderr, stdout_json};
+use common::{Cluster, cni_env, netconf, run_plugin, stderr, stdout_json};
 
-struct Node {
-    api: FakeApiServer,
-    _dir: TempDir,
-    kubeconfig: std::path::PathBuf,
-}
-
-fn node() -> Node {
-    let api = FakeApiServer::start();
-    let dir = TempDir::new("acc").unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
-    Node {
-        api,
-        _dir: dir,
-        kubeconfig,
-    }
+fn node() -> Cluster {
+    Cluster::start("acc")
 }
 
 fn assert_ok(o: &std::process::Output) {

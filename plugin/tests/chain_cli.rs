@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -32,11 +33,28 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn calico(dir: &TempDir) -> std::path::PathBuf {
+fn calico(dir: &TempDir) -> PathBuf {
     let src = fixtures().join("calico/in/10-calico.conflist");
     let dst = dir.join("10-calico.conflist");
     fs::copy(src, &dst).unwrap();
     dst
+}
+
+/// The fixture entry, written into `dir`.
+fn entry_fixture(dir: &TempDir) -> PathBuf {
+    let entry = fs::read_to_string(fixtures().join("entry.json")).unwrap();
+    dir.write("entry.json", &entry)
+}
+
+/// `--conf-dir` `conf_dir` `--entry` `entry_file`.
+fn dir_args<'a>(conf_dir: &'a TempDir, entry_file: &'a Path) -> [&'a str; 4] {
+    let (dir, entry) = (conf_dir.path(), entry_file);
+    [
+        "--conf-dir",
+        dir.to_str().unwrap(),
+        "--entry",
+        entry.to_str().unwrap(),
+    ]
 }
 
 /// Acceptance: status says missing (1), repair fixes it, status 0, a second
@@ -46,16 +64,8 @@ fn status_repair_status_repair() {
     let d = TempDir::new("cli").unwrap();
     let f = calico(&d);
     let entry = TempDir::new("cli-entry").unwrap();
-    let entry_file = entry.write(
-        "entry.json",
-        &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
-    );
-    let args = [
-        "--conf-dir",
-        d.path().to_str().unwrap(),
-        "--entry",
-        entry_file.to_str().unwrap(),
-    ];
+    let entry_file = entry_fixture(&entry);
+    let args = dir_args(&d, &entry_file);
 
     let o = chain(&[&["status"][..], &args].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -199,6 +209,19 @@ fn with_kubeconfig(e: &mut serde_json::Map<String, Value>, dir: &TempDir) {
     );
 }
 
+/// The desired entry, healing the conf dir `conf_dir` with its state in
+/// `state` (and its kubeconfig there).
+fn healing_entry(conf_dir: &TempDir, state: &TempDir) -> serde_json::Map<String, Value> {
+    let mut e = desired();
+    e.insert(
+        "cni_conf_dir".into(),
+        conf_dir.path().to_string_lossy().into(),
+    );
+    e.insert("state_dir".into(), state.path().to_string_lossy().into());
+    with_kubeconfig(&mut e, state);
+    e
+}
+
 /// The plugin's config as the runtime passes it for the entry `e`.
 fn add_stdin(e: &serde_json::Map<String, Value>) -> (Vec<u8>, Value) {
     let prev: Value = serde_json::from_str(
@@ -221,10 +244,7 @@ fn add_stdin(e: &serde_json::Map<String, Value>) -> (Vec<u8>, Value) {
 fn add_heals_a_stale_first_entry() {
     let d = TempDir::new("add").unwrap();
     let state = TempDir::new("add-state").unwrap();
-    let mut e = desired();
-    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
-    e.insert("state_dir".into(), state.path().to_string_lossy().into());
-    with_kubeconfig(&mut e, &state);
+    let e = healing_entry(&d, &state);
     // What the conflist holds: an older version of the entry, first.
     let mut stale = e.clone();
     stale.insert("log_level".into(), "debug".into());
@@ -271,10 +291,7 @@ fn other_commands_never_write() {
     let state = TempDir::new("readonly-state").unwrap();
     calico(&d);
     let before = tree(d.path());
-    let mut e = desired();
-    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
-    e.insert("state_dir".into(), state.path().to_string_lossy().into());
-    with_kubeconfig(&mut e, &state);
+    let e = healing_entry(&d, &state);
     let (stdin, _) = add_stdin(&e);
     for cmd in ["VERSION", "DEL", "CHECK", "GC", "STATUS"] {
         let o = run_cni(cmd, &stdin);
@@ -293,10 +310,7 @@ fn add_is_not_delayed_past_the_budget() {
     let d = TempDir::new("budget").unwrap();
     let state = TempDir::new("budget-state").unwrap();
     let f = calico(&d);
-    let mut e = desired();
-    e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
-    e.insert("state_dir".into(), state.path().to_string_lossy().into());
-    with_kubeconfig(&mut e, &state);
+    let mut e = healing_entry(&d, &state);
     e.insert("chain_repair_budget_seconds".into(), Value::from(0.5));
     let holder = fs::File::open(d.path()).unwrap();
     holder.lock().unwrap();
@@ -330,16 +344,8 @@ fn status_and_repair_refuse_a_symlink_leading_outside() {
     let before = fs::read(&target).unwrap();
     std::os::unix::fs::symlink(&target, d.join("10-calico.conflist")).unwrap();
     let entry = TempDir::new("cli-link-entry").unwrap();
-    let entry_file = entry.write(
-        "entry.json",
-        &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
-    );
-    let args = [
-        "--conf-dir",
-        d.path().to_str().unwrap(),
-        "--entry",
-        entry_file.to_str().unwrap(),
-    ];
+    let entry_file = entry_fixture(&entry);
+    let args = dir_args(&d, &entry_file);
     let o = chain(&[&["status"][..], &args].concat());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);

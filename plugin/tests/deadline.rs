@@ -67,6 +67,20 @@ fn run_plugin_with_lock(lock: &Path, env: &[(String, String)], conf: &Value) -> 
     o
 }
 
+/// ADD of the pod `emojivoto/web-0` in `netns`, with `lock` as the
+/// xtables lock.
+fn add_web0(lock: &Path, netns: &Path, conf: &Value) -> Output {
+    let env = cni_env("ADD", netns, Some(("emojivoto", "web-0")));
+    run_plugin_with_lock(lock, &env, conf)
+}
+
+/// [`add_web0`], which must end at the deadline; the error result.
+fn add_past_deadline(lock: &Path, netns: &Path, conf: &Value) -> Value {
+    let start = Instant::now();
+    let o = add_web0(lock, netns, conf);
+    expect_deadline_error(&o, start.elapsed())
+}
+
 fn expect_deadline_error(o: &Output, took: Duration) -> Value {
     assert!(!o.status.success(), "the ADD succeeded: {}", stderr(o));
     let e = stdout_json(o);
@@ -110,13 +124,7 @@ fn black_holed_api_server_ends_at_the_deadline() {
     conf["add_deadline_seconds"] = json!(DEADLINE_SECONDS);
     // Longer than the deadline: the deadline must cut it.
     conf["kubernetes"]["api-budget-seconds"] = json!(100);
-    let start = Instant::now();
-    let o = run_plugin_with_lock(
-        &lock,
-        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
-        &conf,
-    );
-    let e = expect_deadline_error(&o, start.elapsed());
+    let e = add_past_deadline(&lock, ns.path(), &conf);
     let details = e["details"].as_str().unwrap_or_default();
     assert!(details.contains("emojivoto/web-0"), "{e}");
     assert_eq!(api.total_requests(), 0);
@@ -139,13 +147,7 @@ fn held_xtables_lock_ends_at_the_deadline() {
     let before = nat_table(&ns, "iptables-legacy-save");
     let mut conf = netconf(&kubeconfig, json!({"use-wait-flag": true}));
     conf["add_deadline_seconds"] = json!(DEADLINE_SECONDS);
-    let start = Instant::now();
-    let o = run_plugin_with_lock(
-        &lock,
-        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
-        &conf,
-    );
-    let e = expect_deadline_error(&o, start.elapsed());
+    let e = add_past_deadline(&lock, ns.path(), &conf);
     let msg = e["msg"].as_str().unwrap_or_default();
     assert!(msg.contains("installing linkerd's iptables rules"), "{e}");
     let details = e["details"].as_str().unwrap_or_default();
@@ -157,11 +159,7 @@ fn held_xtables_lock_ends_at_the_deadline() {
 
     // Released: the same ADD goes through, so it was the lock that held it.
     held.unlock().unwrap();
-    let o = run_plugin_with_lock(
-        &lock,
-        &cni_env("ADD", ns.path(), Some(("emojivoto", "web-0"))),
-        &conf,
-    );
+    let o = add_web0(&lock, ns.path(), &conf);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_ne!(nat_table(&ns, "iptables-legacy-save"), before);
 }

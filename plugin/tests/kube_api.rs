@@ -15,24 +15,10 @@ use serde_json::{Value, json};
 use testkit::objects::{KUBERNETES_SERVICE_PATH, Pod, kubernetes_service, namespace_path};
 use testkit::{FakeApiServer, Mode, TempDir};
 
-use common::{cni_env, invocation, netconf};
-
-/// A fake server, its kubeconfig, and the dir holding it.
-struct Cluster {
-    api: FakeApiServer,
-    _dir: TempDir,
-    kubeconfig: std::path::PathBuf,
-}
+use common::{Cluster, cni_env, invocation, netconf};
 
 fn cluster() -> Cluster {
-    let api = FakeApiServer::start();
-    let dir = TempDir::new("kube").unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
-    Cluster {
-        api,
-        _dir: dir,
-        kubeconfig,
-    }
+    Cluster::start("kube")
 }
 
 impl Cluster {

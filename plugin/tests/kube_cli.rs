@@ -12,32 +12,21 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
-use testkit::{FakeApiServer, TempDir};
 
-use common::{BIN, stderr};
+use common::{BIN, Cluster, stderr};
 
 const NS: &str = "linkerd-cni";
 const POD: &str = "linkerd-cni-x7k2p";
 const DS: &str = "linkerd-cni";
 const UID: &str = "1b2c3d4e-0000-4000-8000-000000000001";
 
-struct Cluster {
-    api: FakeApiServer,
-    _dir: TempDir,
-    kubeconfig: std::path::PathBuf,
-}
-
 fn cluster() -> Cluster {
-    let api = FakeApiServer::start();
-    let dir = TempDir::new("lcni-kube-cli").unwrap();
-    let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
-    api.set(&pod_path(NS, POD), daemonset_pod(NS, POD, DS, UID));
-    api.set(&daemonset_path(NS, DS), daemonset(NS, DS, UID, false));
-    Cluster {
-        api,
-        _dir: dir,
-        kubeconfig,
-    }
+    let c = Cluster::start("lcni-kube-cli");
+    c.api
+        .set(&pod_path(NS, POD), daemonset_pod(NS, POD, DS, UID));
+    c.api
+        .set(&daemonset_path(NS, DS), daemonset(NS, DS, UID, false));
+    c
 }
 
 impl Cluster {

@@ -30,19 +30,20 @@
 //! thread per connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use base64::Engine;
 use rustls::ServerConfig;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use crate::http::{Request, lock, read_request, status_json, write_json};
 use crate::pki::TestPki;
 
 /// How the server answers.
@@ -86,10 +87,6 @@ struct Writes {
     races: Mutex<HashMap<String, Value>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A fake Kubernetes API server; stops on drop.
 pub struct FakeApiServer {
     addr: SocketAddr,
@@ -121,14 +118,7 @@ impl FakeApiServer {
 
     fn start_on(netns: Option<PathBuf>) -> std::io::Result<FakeApiServer> {
         let pki = TestPki::new();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(std::io::Error::other)?
-            .with_no_client_auth()
-            .with_single_cert(vec![pki.server_cert.clone()], pki.server_key_der())
-            .map_err(std::io::Error::other)?;
-        let tls = Arc::new(tls);
+        let tls = crate::http::server_tls(&pki)?;
         let state = Arc::new(State {
             objects: Mutex::new(HashMap::new()),
             counts: Mutex::new(HashMap::new()),
@@ -381,17 +371,13 @@ fn listen_reserved() -> std::io::Result<(OwnedFd, TcpListener)> {
 }
 
 fn accept_loop(listener: TcpListener, state: Arc<State>, tls: Arc<ServerConfig>, token: String) {
-    for conn in listener.incoming() {
-        if state.stopped.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(tcp) = conn else { continue };
+    crate::http::accept_until(listener, &state.stopped, |tcp| {
         state.connections.fetch_add(1, Ordering::SeqCst);
         let (state, tls, token) = (state.clone(), tls.clone(), token.clone());
         std::thread::spawn(move || {
             let _ = serve_connection(tcp, &state, tls, &token);
         });
-    }
+    });
 }
 
 fn serve_connection(
@@ -400,11 +386,7 @@ fn serve_connection(
     tls: Arc<ServerConfig>,
     token: &str,
 ) -> std::io::Result<()> {
-    // Bounds a handler whose client went away without closing.
-    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-    tcp.set_nodelay(true)?;
-    let conn = rustls::ServerConnection::new(tls).map_err(std::io::Error::other)?;
-    let mut stream = BufReader::new(rustls::StreamOwned::new(conn, tcp));
+    let mut stream = crate::http::accept_tls(tcp, tls)?;
     loop {
         let Some(req) = read_request(&mut stream)? else {
             return Ok(());
@@ -415,73 +397,8 @@ fn serve_connection(
         if let Mode::Slow(d) = mode {
             std::thread::sleep(d);
         }
-        let body = body.to_string();
-        let head = format!(
-            "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            reason(status),
-            body.len()
-        );
-        // One write, so head and body go out in one TLS record and segment
-        // (two small writes meet Nagle and delayed ACKs: 40 ms each).
-        let w = stream.get_mut();
-        w.write_all(format!("{head}{body}").as_bytes())?;
-        w.flush()?;
+        write_json(stream.get_mut(), status, &body)?;
     }
-}
-
-struct Request {
-    method: String,
-    path: String,
-    authorization: Option<String>,
-    body: Vec<u8>,
-}
-
-/// The largest request body read; past it the body is discarded.
-const MAX_REQUEST_BODY: usize = 1 << 20;
-
-/// Reads one request (a body up to [`MAX_REQUEST_BODY`]); None at a clean
-/// EOF.
-fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_string();
-    let target = parts.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default().to_string();
-    let mut authorization = None;
-    let mut body_len = 0usize;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            let v = v.trim().to_string();
-            match k.trim().to_ascii_lowercase().as_str() {
-                "authorization" => authorization = Some(v),
-                "content-length" => body_len = v.parse().unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    let mut body = Vec::new();
-    r.take(body_len.min(MAX_REQUEST_BODY) as u64)
-        .read_to_end(&mut body)?;
-    if body_len > MAX_REQUEST_BODY {
-        body.clear();
-        std::io::copy(
-            &mut r.take((body_len - MAX_REQUEST_BODY) as u64),
-            &mut std::io::sink(),
-        )?;
-    }
-    Ok(Some(Request {
-        method,
-        path,
-        authorization,
-        body,
-    }))
 }
 
 fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
@@ -554,31 +471,6 @@ fn patch(state: &State, req: &Request) -> (u16, Value) {
         meta.insert("resourceVersion".into(), next.to_string().into());
     }
     (200, obj.clone())
-}
-
-/// A `Status` object, as the API server returns with errors.
-fn status_json(code: u16, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason(code), "code": code,
-    })
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        400 => "BadRequest",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "NotFound",
-        405 => "MethodNotAllowed",
-        409 => "Conflict",
-        422 => "UnprocessableEntity",
-        429 => "TooManyRequests",
-        500 => "InternalError",
-        503 => "ServiceUnavailable",
-        _ => "Unknown",
-    }
 }
 
 #[cfg(test)]

@@ -29,16 +29,17 @@
 //! HTTP/1.1 only, keep-alive, one thread per connection.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustls::ServerConfig;
 use serde_json::{Map, Value, json};
 
+use crate::http::{Request, Tls, lock, read_request, status_json, write_json};
 use crate::pki::TestPki;
 
 /// How an expired resource version is answered on a watch.
@@ -189,10 +190,6 @@ struct State {
     stopped: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The stateful fake API server; stops on drop.
 pub struct WatchApiServer {
     addr: SocketAddr,
@@ -206,14 +203,7 @@ impl WatchApiServer {
     /// Listens on 127.0.0.1, a free port.
     pub fn start() -> WatchApiServer {
         let pki = TestPki::new();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_no_client_auth()
-            .with_single_cert(vec![pki.server_cert.clone()], pki.server_key_der())
-            .expect("TLS server config");
-        let tls = Arc::new(tls);
+        let tls = crate::http::server_tls(&pki).expect("TLS server config");
         let state = Arc::new(State {
             cluster: Mutex::new(Cluster {
                 rv: 100,
@@ -410,25 +400,12 @@ impl Drop for WatchApiServer {
 }
 
 fn accept_loop(listener: TcpListener, state: Arc<State>, tls: Arc<ServerConfig>, token: String) {
-    for conn in listener.incoming() {
-        if state.stopped.load(Ordering::SeqCst) {
-            break;
-        }
-        let Ok(tcp) = conn else { continue };
+    crate::http::accept_until(listener, &state.stopped, |tcp| {
         let (state, tls, token) = (state.clone(), tls.clone(), token.clone());
         std::thread::spawn(move || {
             let _ = serve_connection(tcp, &state, tls, &token);
         });
-    }
-}
-
-struct Request {
-    method: String,
-    path: String,
-    query: Vec<(String, String)>,
-    authorization: Option<String>,
-    content_type: String,
-    body: Vec<u8>,
+    });
 }
 
 enum Answer {
@@ -444,18 +421,13 @@ struct WatchRequest {
     timeout: Duration,
 }
 
-type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
-
 fn serve_connection(
     tcp: TcpStream,
     state: &State,
     tls: Arc<ServerConfig>,
     token: &str,
 ) -> std::io::Result<()> {
-    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-    tcp.set_nodelay(true)?;
-    let conn = rustls::ServerConnection::new(tls).map_err(std::io::Error::other)?;
-    let mut stream = BufReader::new(rustls::StreamOwned::new(conn, tcp));
+    let mut stream = crate::http::accept_tls(tcp, tls)?;
     loop {
         if state.stopped.load(Ordering::SeqCst) {
             return Ok(());
@@ -475,17 +447,7 @@ fn serve_connection(
             status,
         });
         match answer {
-            Answer::Json(status, body) => {
-                let body = body.to_string();
-                let head = format!(
-                    "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-                    reason(status),
-                    body.len()
-                );
-                let w = stream.get_mut();
-                w.write_all(format!("{head}{body}").as_bytes())?;
-                w.flush()?;
-            }
+            Answer::Json(status, body) => write_json(stream.get_mut(), status, &body)?,
             Answer::Watch(w) => {
                 if !serve_watch(stream.get_mut(), state, w)? {
                     // Cut on purpose: no final chunk, the connection shut.
@@ -588,82 +550,6 @@ fn serve_watch(w: &mut Tls, state: &State, req: WatchRequest) -> std::io::Result
 fn write_chunk(w: &mut Tls, v: &Value) -> std::io::Result<()> {
     let line = format!("{v}\n");
     w.write_all(format!("{:x}\r\n{line}\r\n", line.len()).as_bytes())
-}
-
-fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_string();
-    let target = parts.next().unwrap_or_default();
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), parse_query(q)),
-        None => (target.to_string(), vec![]),
-    };
-    let mut authorization = None;
-    let mut content_type = String::new();
-    let mut body_len = 0usize;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            let v = v.trim().to_string();
-            match k.trim().to_ascii_lowercase().as_str() {
-                "authorization" => authorization = Some(v),
-                "content-type" => content_type = v,
-                "content-length" => body_len = v.parse().unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    let mut body = vec![];
-    r.take(body_len as u64).read_to_end(&mut body)?;
-    Ok(Some(Request {
-        method,
-        path,
-        query,
-        authorization,
-        content_type,
-        body,
-    }))
-}
-
-fn parse_query(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (percent_decode(k), percent_decode(v)),
-            None => (percent_decode(p), String::new()),
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => match s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                Some(v) => {
-                    out.push(v);
-                    i += 2;
-                }
-                None => out.push(b'%'),
-            },
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn answer(state: &State, req: &Request, token: &str) -> Answer {
@@ -1015,37 +901,10 @@ impl Selector {
     }
 }
 
-/// A `Status` object, as the API server returns with errors.
-fn status_json(code: u16, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason(code), "code": code,
-    })
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        201 => "Created",
-        400 => "BadRequest",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "NotFound",
-        409 => "Conflict",
-        410 => "Gone",
-        415 => "UnsupportedMediaType",
-        422 => "Invalid",
-        429 => "TooManyRequests",
-        500 => "InternalError",
-        503 => "ServiceUnavailable",
-        _ => "Unknown",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::BufReader;
+    use std::io::{BufRead, BufReader, Read};
 
     /// A minimal HTTPS client: one request, the raw answer as lines.
     struct Client {
@@ -1226,13 +1085,8 @@ mod tests {
         // Resuming from an expired version: 410 in the stream.
         api.disconnect(true, |_| ());
         let mut c = Client::connect(&api);
-        c.send(
-            &api,
-            "GET",
-            &format!("/api/v1/pods?watch=1&resourceVersion={rv}"),
-            "application/json",
-            "",
-        );
+        let resume = format!("/api/v1/pods?watch=1&resourceVersion={rv}");
+        c.send(&api, "GET", &resume, "application/json", "");
         assert_eq!(c.head().0, 200);
         let e = c.event().unwrap();
         assert_eq!(e["type"], "ERROR");
@@ -1241,13 +1095,7 @@ mod tests {
 
         // Or as the answer.
         api.set_gone_style(GoneStyle::Http);
-        c.send(
-            &api,
-            "GET",
-            &format!("/api/v1/pods?watch=1&resourceVersion={rv}"),
-            "application/json",
-            "",
-        );
+        c.send(&api, "GET", &resume, "application/json", "");
         assert_eq!(c.answer().0, 410);
     }
 

@@ -39,6 +39,8 @@ pub mod api;
 pub mod api_watch;
 pub mod chain;
 pub mod chart;
+#[cfg(feature = "api")]
+mod http;
 pub mod installer;
 pub mod iptables;
 pub mod kubeconfig;

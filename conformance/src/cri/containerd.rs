@@ -706,13 +706,6 @@ impl CriNode {
         let staged = self
             .conf_dir()
             .join(format!(".{file_name}.{}.tmp", testkit::names::unique_id()));
-        let mut text = serde_json::to_string_pretty(conf).unwrap_or_default();
-        text.push('\n');
-        std::fs::write(&staged, text)
-            .unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
-        let target = self.conf_dir().join(file_name);
-        std::fs::rename(&staged, &target)
-            .unwrap_or_else(|e| panic!("cannot rename to {}: {e}", target.display()));
-        target
+        crate::node::write_then_rename(conf, &staged, self.conf_dir().join(file_name))
     }
 }

@@ -229,7 +229,7 @@ pub fn pause_binary() -> &'static Path {
 }
 
 fn build_pause() -> Result<PathBuf, String> {
-    let dir = super::profile_dir().join("cri");
+    let dir = crate::artifacts::profile_dir().join("cri");
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let src = dir.join(format!(".pause-{}.c", testkit::names::unique_id()));
     let tmp = dir.join(format!(".pause-{}.tmp", testkit::names::unique_id()));

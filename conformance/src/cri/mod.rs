@@ -30,24 +30,11 @@ pub mod measure;
 pub mod pods;
 pub mod wire;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use api::{Cri, SandboxSpec, SandboxStatus};
 pub use containerd::CriNode;
 pub use pods::Sandbox;
-
-/// The running executable's profile directory (`…/debug` or `…/release`):
-/// where harness-built helpers (the pause binary) are cached.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-    let dir = exe
-        .parent()
-        .unwrap_or_else(|| panic!("no directory above {}", exe.display()));
-    match dir.file_name() {
-        Some(n) if n == "deps" || n == "examples" => dir.parent().unwrap_or(dir).to_path_buf(),
-        _ => dir.to_path_buf(),
-    }
-}
 
 fn workspace_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

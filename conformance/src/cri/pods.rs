@@ -187,13 +187,7 @@ impl SandboxNetns {
     /// The IPv4 addresses (`a.b.c.d/len`) on `ifname`.
     pub fn ipv4_addrs(&self, ifname: &str) -> Vec<String> {
         let out = self.exec_ok(&["ip", "-4", "-o", "addr", "show", "dev", ifname]);
-        out.lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                it.position(|w| w == "inet")?;
-                it.next().map(String::from)
-            })
-            .collect()
+        crate::node::inet_addrs(&out)
     }
 }
 

@@ -7,13 +7,37 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use linkerd_cni::cni::{Env, Invocation, NetConf};
 use serde_json::{Value, json};
+use testkit::{FakeApiServer, TempDir};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
+
+/// A fake API server and a kubeconfig for it, in a temp dir that lives as
+/// long as the cluster.
+pub struct Cluster {
+    pub api: FakeApiServer,
+    pub kubeconfig: PathBuf,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts the server and writes its kubeconfig into a new temp dir
+    /// named after `prefix`.
+    pub fn start(prefix: &str) -> Cluster {
+        let api = FakeApiServer::start();
+        let dir = TempDir::new(prefix).unwrap();
+        let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
+        Cluster {
+            api,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+}
 
 /// The linkerd-cni entry of a conflist as the installer renders the
 /// shipped manifest's template, with chain healing off (another part of the
