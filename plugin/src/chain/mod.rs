@@ -12,15 +12,18 @@
 //!   writers that do not take our lock ([`repair`]);
 //! - the desired entry, persisted by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`]);
-//! - the plugin's invocation-time healing ([`heal_on_add`]).
+//! - the plugin's invocation-time healing ([`heal_on_add`]);
+//! - owned mode, where linkerd-cni keeps a conflist of its own ([`owned`]).
 
 mod error;
 pub(crate) mod fight;
 mod heal;
 mod lock;
+pub mod owned;
 mod plan;
 mod repair;
 mod scan;
+mod sha256;
 mod text;
 mod write;
 

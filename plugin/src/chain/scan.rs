@@ -52,6 +52,12 @@ pub(crate) struct Listing {
     pub configs: Vec<PathBuf>,
     /// Our temp files (from a repair that was killed, or one in progress).
     pub leftovers: Vec<PathBuf>,
+    /// Owned mode's files (recognised by the marker inside), in load order:
+    /// never a primary, so not among `configs`.
+    pub owned: Vec<PathBuf>,
+    /// Names that are no config but look like one of our files renamed by
+    /// another agent (confirmed by the marker in [`super::owned`]).
+    pub renamed: Vec<PathBuf>,
 }
 
 /// Go's `filepath.Ext`: from the last `.` of the name (so `.conf` alone has
@@ -68,6 +74,8 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
     let rd = fs::read_dir(dir).map_err(|e| ChainError::io("read the conf dir", dir, e))?;
     let mut configs = Vec::new();
     let mut leftovers = Vec::new();
+    let mut owned = Vec::new();
+    let mut renamed = Vec::new();
     for ent in rd {
         let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
         let name = ent.file_name();
@@ -76,6 +84,13 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
             continue;
         }
         if !is_config_name(&name) {
+            if super::owned::is_renamed_owned_name(&name) {
+                renamed.push(ent.path());
+            }
+            continue;
+        }
+        if super::owned::is_owned_name(&name) && super::owned::is_owned_file(&ent.path()) {
+            owned.push(ent.path());
             continue;
         }
         // Like Go's DirEntry.IsDir: the entry itself, not a symlink's target.
@@ -93,7 +108,14 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, ChainError> {
         a.cmp(b)
     });
     leftovers.sort();
-    Ok(Listing { configs, leftovers })
+    owned.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+    renamed.sort();
+    Ok(Listing {
+        configs,
+        leftovers,
+        owned,
+        renamed,
+    })
 }
 
 /// Reads a config (or entry) file through symlinks: regular files only (a
