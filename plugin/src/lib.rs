@@ -8,7 +8,8 @@
 //! - [`chain`]: keeping our entry last in the active conflist (diagnosis,
 //!   repair, healing on ADD), shared with the installer.
 //! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
-//! - [`plugin`]: what each CNI command does.
+//! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
+//!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
@@ -21,5 +22,6 @@ pub mod iptables;
 pub mod k8s;
 pub mod logging;
 pub mod netns;
+pub mod owned_add;
 pub mod plugin;
 pub mod pod;

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use linkerd_cni::chain::owned::{self, ChainMode};
 use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
 use linkerd_cni::config::DEFAULT_CONF_DIR;
@@ -22,13 +23,17 @@ USAGE:
     linkerd-cni version     print the version and the CNI versions supported
     linkerd-cni --help      print this help
     linkerd-cni chain status [--conf-dir DIR] [--entry FILE]
-                            show the active network config and whether the
-                            linkerd-cni entry is in place (exit 0 healthy,
-                            1 not healthy, 2 error)
+                            show the chain mode (the entry's chain_mode:
+                            inline or owned), the active network config and
+                            whether the linkerd-cni entry is in place; in
+                            owned mode our file, the primary's and whether
+                            the copy is current (exit 0 healthy, 1 not
+                            healthy, 2 error)
     linkerd-cni chain repair [--conf-dir DIR] [--entry FILE]
                             put the linkerd-cni entry last in the active
-                            config (under the conf-dir lock, atomically) and
-                            print what changed (exit 0 healthy afterwards,
+                            config (inline mode) or bring linkerd-cni's own
+                            config up to date (owned mode), under the
+                            conf-dir lock, atomically, and print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
 
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
@@ -96,27 +101,22 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         Ok(e) => e,
         Err(msg) => return fail(&msg),
     };
+    let mode = match owned::mode_of(&desired) {
+        Ok(m) => m,
+        Err(e) => return fail(&e.to_string()),
+    };
     match cmd {
-        "status" => match chain::diagnose(&conf_dir, &desired) {
-            Ok(d) => {
-                print!("{d}");
-                if d.is_healthy() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
+        "status" => match status(&conf_dir, &desired, mode) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
             Err(e) => fail(&e.to_string()),
         },
-        "repair" => match chain::repair(&conf_dir, &desired, &RepairOptions::default()) {
+        "repair" => match owned::converge(&conf_dir, &desired, &RepairOptions::default()) {
             Ok(r) => {
                 println!("{}", r.summary);
-                match chain::diagnose(&conf_dir, &desired) {
-                    Ok(d) if d.state == chain::ChainState::Healthy => ExitCode::SUCCESS,
-                    Ok(d) => {
-                        print!("{d}");
-                        ExitCode::from(1)
-                    }
+                match status(&conf_dir, &desired, mode) {
+                    Ok(true) => ExitCode::SUCCESS,
+                    Ok(false) => ExitCode::from(1),
                     Err(e) => fail(&e.to_string()),
                 }
             }
@@ -125,6 +125,34 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         other => fail(&format!(
             "unknown chain command {other:?}: expected status or repair"
         )),
+    }
+}
+
+/// Prints the chain's state in `mode`; returns whether it is healthy.
+fn status(conf_dir: &Path, desired: &Entry, mode: ChainMode) -> Result<bool, chain::ChainError> {
+    println!("mode:          {mode}");
+    let inline = chain::diagnose(conf_dir, desired)?;
+    match mode {
+        ChainMode::Inline => {
+            print!("{inline}");
+            let ours = owned::has_owned(conf_dir)?;
+            if ours {
+                println!(
+                    "note:          linkerd-cni's own config (owned mode) is still in place; repair removes it once the primary's file is chained"
+                );
+            }
+            Ok(inline.is_healthy() && !ours)
+        }
+        ChainMode::Owned => {
+            let o = owned::diagnose(conf_dir, desired)?;
+            print!("{o}");
+            if matches!(o.state, owned::OwnedState::Fallback { .. }) {
+                println!("inline chain (used instead):");
+                print!("{inline}");
+                return Ok(inline.is_healthy() && o.owned.is_empty());
+            }
+            Ok(o.is_current())
+        }
     }
 }
 

@@ -20,10 +20,15 @@ impl cni::Plugin for LinkerdCni {
 
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf)?;
+        // Before the pod's work: an ADD that ran a stale owned copy is sent
+        // back (code 11) without doing it.
+        let next = crate::owned_add::before_add(&inv.conf, &config)?;
         let pod = pod::add(inv, &config);
         // Healed whatever the pod's outcome: the runtime invoked us, so the
         // node's chain matters even when this pod's rules failed.
-        crate::chain::heal_on_add(&inv.conf, &config);
+        if next == crate::owned_add::Next::HealInline {
+            crate::chain::heal_on_add(&inv.conf, &config);
+        }
         pod?;
         Ok(inv.conf.pass_through_result())
     }
