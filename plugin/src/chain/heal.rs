@@ -18,8 +18,9 @@ use crate::config::PluginConfig;
 /// the entry in the conflist.
 const INJECTED: [&str; 5] = ["name", "cniVersion", "prevResult", "runtimeConfig", "args"];
 
-/// Fight detection for the plugin: this many repairs of one file in this
-/// window is a fight (then at most one repair per window / threshold).
+/// Fight detection for the plugin: this many repairs of the same content of
+/// one file in this window is a fight (then at most one repair of that
+/// content per window / threshold).
 const FIGHT_WINDOW: Duration = Duration::from_secs(600);
 const FIGHT_THRESHOLD: u32 = 5;
 
@@ -81,7 +82,11 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     }
     let active = diag.active.clone().unwrap_or_else(|| dir.clone());
     let mut fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
-    if diag.state.is_repairable() && !fights.allow(&active) {
+    // A fight is the same content undone again and again: keyed by what
+    // the repair starts from, so a primary writing new content is repaired
+    // at once each time.
+    let digest = super::fight::content_digest(&active);
+    if diag.state.is_repairable() && !fights.allow_of(&active, &digest) {
         log::warn!(
             "chain check: {}: {}; repair postponed: this file is being rewritten again and again by another agent (see earlier warnings)",
             active.display(),
@@ -98,7 +103,7 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     match repair(dir, &desired, &opts) {
         Ok(r) if r.changed => {
             log::warn!("chain {}", r.summary);
-            if let Some(w) = fights.record(r.file.as_deref().unwrap_or(&active)) {
+            if let Some(w) = fights.record_of(&active, &digest) {
                 log::warn!("{w}");
             }
         }

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 pub use error::ChainError;
-pub use fight::FightDetector;
+pub use fight::{FightDetector, content_digest};
 pub use heal::{entry_from_stdin, heal_on_add};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};

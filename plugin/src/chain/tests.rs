@@ -926,14 +926,29 @@ mod heal {
         // window / threshold (two minutes), so none more in this test.
         assert_eq!(repairs, 5);
         let saved: Value = serde_json::from_str(&n.state.read(fight::STATE_FILE)).unwrap();
-        let key = n.conf.path().join("10-calico.conflist");
-        assert_eq!(
-            saved[key.to_string_lossy().as_ref()]
-                .as_array()
-                .unwrap()
-                .len(),
-            5
+        // Kept per content: the digest of what each repair started from.
+        let key = format!(
+            "{}#{}",
+            n.conf.path().join("10-calico.conflist").display(),
+            super::sha256::hex(CALICO.as_bytes())
         );
+        assert_eq!(saved[key.as_str()].as_array().unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_primary_writing_new_content_is_repaired_every_time() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        for i in 0..20 {
+            // New content each time: no fight, however often.
+            let text = CALICO.replace("1440", &format!("{}", 1400 + i));
+            let f = n.conf.write("10-calico.conflist", &text);
+            heal(&conf);
+            assert!(
+                fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE),
+                "write {i} not repaired"
+            );
+        }
     }
 }
 
