@@ -480,8 +480,9 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
             d.marker = Some(marker);
             let ours = d.ours.clone().unwrap_or_default();
             d.state = match scan::read_file(&ours) {
-                Ok(have) if have == content && d.owned == [ours.clone()] => OwnedState::Current,
-                Ok(have) if have == content => OwnedState::Outdated,
+                Ok(have) if same_copy(&have, &content, desired) && d.owned == [ours.clone()] => {
+                    OwnedState::Current
+                }
                 Ok(_) => OwnedState::Outdated,
                 Err(_) => OwnedState::Missing,
             };
@@ -489,6 +490,33 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         }
     }
     d
+}
+
+/// Keys a runtime sets in every plugin's config: an entry rebuilt from the
+/// plugin's stdin cannot know their value in the file.
+const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
+
+/// Whether our file's content `have` is the copy `want`: the same JSON
+/// (formatting aside), our entry's runtime-set keys compared only when the
+/// desired entry has them. A copy that means the same is never rewritten.
+fn same_copy(have: &[u8], want: &[u8], desired: &Entry) -> bool {
+    let parse = |b: &[u8]| -> Option<Value> {
+        let mut v: Value = serde_json::from_slice(b).ok()?;
+        if let Some(last) = v
+            .get_mut("plugins")
+            .and_then(Value::as_array_mut)
+            .and_then(|p| p.last_mut())
+            .and_then(Value::as_object_mut)
+        {
+            for k in RUNTIME_SET {
+                if !desired.contains_key(k) {
+                    last.remove(k);
+                }
+            }
+        }
+        Some(v)
+    };
+    have == want || parse(have).is_some_and(|h| Some(h) == parse(want))
 }
 
 /// Read-only diagnosis in owned mode (no lock, no write).

@@ -406,3 +406,23 @@ fn sync_does_not_write_without_the_required_file() {
     assert!(!r.changed, "{r:?}");
     assert_eq!(d.names(), ["10-calico.conflist"]);
 }
+
+#[test]
+fn an_entry_rebuilt_from_stdin_finds_the_copy_current() {
+    // Without the installer's entry file the plugin knows its entry only
+    // from stdin, where the runtime has overwritten "name": the copy made
+    // from the full entry is still current, and is not rewritten.
+    let d = TempDir::new("owned-stdin");
+    d.write("10-calico.conflist", CALICO);
+    let mut full = owned_desired();
+    full.shift_insert(0, "name".into(), Value::String("linkerd-cni".into()));
+    sync(d.path(), &full, &opts()).unwrap();
+    let from_stdin = owned_desired();
+    assert!(diagnose(d.path(), &from_stdin).unwrap().is_current());
+    let r = sync(d.path(), &from_stdin, &opts()).unwrap();
+    assert!(!r.changed, "{r:?}");
+    // A real change of the entry is still one.
+    let mut other = from_stdin.clone();
+    other.insert("log_level".into(), Value::String("debug".into()));
+    assert!(!diagnose(d.path(), &other).unwrap().is_current());
+}
