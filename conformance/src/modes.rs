@@ -37,9 +37,13 @@ impl ChainMode {
         }
     }
 
-    /// `LINKERD_CNI_CHAIN_MODE` for the installer.
+    /// `LINKERD_CNI_CHAIN_MODE` for the installer (inline: empty, which
+    /// is unset, so the entry is exactly as before owned mode existed).
     pub fn installer_env(self) -> (&'static str, &'static str) {
-        ("LINKERD_CNI_CHAIN_MODE", self.as_str())
+        match self {
+            ChainMode::Inline => ("LINKERD_CNI_CHAIN_MODE", ""),
+            ChainMode::Owned => ("LINKERD_CNI_CHAIN_MODE", "owned"),
+        }
     }
 
     /// `entry` selecting this mode (inline: unchanged, as today).
