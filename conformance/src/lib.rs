@@ -71,6 +71,7 @@ pub mod expect;
 pub mod installer;
 pub mod iptables;
 pub mod kube;
+pub mod mode_bench;
 pub mod modes;
 pub mod node;
 pub mod results;
