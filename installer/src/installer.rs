@@ -444,7 +444,7 @@ impl Installer {
         if owned::mode_of(&entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned {
             match owned::diagnose(&dir, &entry) {
                 Ok(d) if matches!(d.state, OwnedState::Fallback { .. }) => {}
-                Ok(d) if d.is_current() => return problems,
+                Ok(d) if d.state == OwnedState::Current && d.is_current() => return problems,
                 Ok(d) => {
                     problems.push(format!(
                         "owned mode: linkerd-cni's own config is not current:\n    {}",

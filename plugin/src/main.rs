@@ -151,7 +151,8 @@ fn status(conf_dir: &Path, desired: &Entry, mode: ChainMode) -> Result<bool, cha
                 print!("{inline}");
                 return Ok(inline.is_healthy() && o.owned.is_empty());
             }
-            Ok(o.is_current())
+            // No primary config is not healthy either: nothing is chained.
+            Ok(o.state == owned::OwnedState::Current && o.is_current())
         }
     }
 }
