@@ -315,3 +315,142 @@ pub fn check_cost(pairs: usize) -> Result<(), Stop> {
     );
     Ok(())
 }
+
+struct PodVariant {
+    _installer: Installer,
+    api: testkit::FakeApiServer,
+    mode: ChainMode,
+    node: Node,
+    net: String,
+    file: String,
+    first_unmeshed: usize,
+    retried: usize,
+    stale: usize,
+    runs: usize,
+}
+
+/// A meshed pod added 0–100 ms (random) after the primary rewrote its
+/// config without linkerd-cni (new content each time), on a node whose
+/// installer watches the conf dir: how often its first ADD ran without
+/// linkerd-cni (inline mode's blind spot), how often an ADD was answered
+/// code 11 and retried (owned mode), how often the pod ended on a primary
+/// config older than the one on disk when it was added.
+pub fn pod_after_rewrite(rounds: usize) -> Result<(), Stop> {
+    let mut variants = Vec::new();
+    for mode in ChainMode::ALL {
+        let node = Node::without_linkerd_cni();
+        let api = node.start_api_server_only();
+        let net = node.network_name("pods");
+        let file = format!("10-{net}.conflist");
+        node.write_conf(&file, &primary_conf(&node, &net, 0));
+        let inst = Installer::start(
+            &node,
+            &api,
+            &[("LINKERD_CNI_RESYNC_SECONDS", "2"), mode.installer_env()],
+        );
+        let desired = mode.entry(installer::expected_entry(&node));
+        node.wait_healthy(
+            &desired,
+            &primary_conf(&node, &net, 0),
+            Duration::from_secs(7),
+        )
+        .map_err(|e| {
+            fail(format!(
+                "{} mode set-up: {e}\n{}",
+                mode.as_str(),
+                inst.log()
+            ))
+        })?;
+        variants.push(PodVariant {
+            _installer: inst,
+            api,
+            mode,
+            node,
+            net,
+            file,
+            first_unmeshed: 0,
+            retried: 0,
+            stale: 0,
+            runs: 0,
+        });
+    }
+    let mut rng = crate::sys::unique_id()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+        | 1;
+    for round in 0..rounds {
+        for k in 0..variants.len() {
+            checkpoint()?;
+            let n = variants.len();
+            let Some(v) = variants.get_mut((round + k) % n) else {
+                continue;
+            };
+            let generation = (round + 1) as u64;
+            v.node
+                .write_conf(&v.file, &primary_conf(&v.node, &v.net, generation));
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            crate::supervise::sleep(Duration::from_millis(rng % 101))?;
+            let name = format!("web-{round}");
+            let pod = v.node.pod(crate::kube::serve_meshed(&v.api, &name));
+            let mut attempts = 0;
+            let run = loop {
+                attempts += 1;
+                match v.node.add(&v.net, &pod) {
+                    Ok(run) => break run,
+                    Err(f) if f.code == Some(11) && attempts < 5 => {
+                        v.retried += 1;
+                        let _ = v.node.del(&v.net, &pod);
+                    }
+                    Err(f) => {
+                        return Err(fail(format!("{} mode: ADD failed: {f}", v.mode.as_str())));
+                    }
+                }
+            };
+            // Only a completed ADD can run without us: retries ran with us.
+            if run.execs("linkerd-cni").next().is_none() {
+                v.first_unmeshed += 1;
+            }
+            let ran = run
+                .execs("bridge")
+                .next()
+                .and_then(|e| e.stdin["mtu"].as_u64())
+                .map(|m| m - 1400);
+            if ran != Some(generation) {
+                v.stale += 1;
+            }
+            v.runs += 1;
+            v.node
+                .del(&v.net, &pod)
+                .map_err(|e| fail(format!("DEL: {e}")))?;
+        }
+    }
+    println!();
+    println!("### Chain modes: a meshed pod added right after the primary's rewrite");
+    println!();
+    println!(
+        "The primary rewrites its conflist by rename without linkerd-cni (new content each \
+         time); a meshed pod is added through libcni 0–100 ms later (uniformly random); the \
+         installer watches the conf dir (resync 2 s). An ADD answered code 11 is retried as a \
+         kubelet retries a sandbox (DEL, ADD)."
+    );
+    println!();
+    println!(
+        "| mode | pods | first ADD without linkerd-cni | ADDs retried (code 11) | ended on a stale primary config |"
+    );
+    println!("|---|---|---|---|---|");
+    for v in &variants {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            v.mode.as_str(),
+            v.runs,
+            v.first_unmeshed,
+            v.retried,
+            v.stale
+        );
+    }
+    Ok(())
+}

@@ -40,6 +40,8 @@ pub struct Installer {
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
+    /// Whether the previous pass found the binaries installed.
+    bins_were_ok: bool,
 }
 
 impl Installer {
@@ -50,6 +52,7 @@ impl Installer {
             notes: Notes::default(),
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
+            bins_were_ok: false,
         }
     }
 
@@ -76,7 +79,17 @@ impl Installer {
     /// One pass. Never fails: every problem is logged (once) and retried on
     /// the next pass.
     pub fn reconcile(&mut self) {
+        // The chain first when the binaries were in place on the previous
+        // pass: a pod created right after the primary's write must find
+        // the chain repaired, and comparing the binaries reads megabytes.
+        // The full order (binaries before any config names them) holds
+        // whenever they were not.
+        if self.bins_were_ok {
+            let last = self.last_entry.clone();
+            self.reconcile_mode(&last);
+        }
         let bins_ok = self.reconcile_binaries();
+        self.bins_were_ok = bins_ok;
         self.reconcile_kubeconfig();
         let entry = self.reconcile_entry();
         if !bins_ok {

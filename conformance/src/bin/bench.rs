@@ -178,7 +178,9 @@ fn modes(plan: &Plan) -> Result<(), Stop> {
     progress("chain modes: heal latency, inline vs owned, watch vs resync");
     conformance::mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
     progress("chain modes: the healthy check per ADD, inline vs owned");
-    conformance::mode_bench::check_cost(plan.repair_pairs)
+    conformance::mode_bench::check_cost(plan.repair_pairs)?;
+    progress("chain modes: a meshed pod right after the primary's rewrite");
+    conformance::mode_bench::pod_after_rewrite(plan.installer_heals * 2)
 }
 
 fn run_modes(plan: &Plan) -> Result<(), Stop> {
