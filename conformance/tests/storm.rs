@@ -22,11 +22,11 @@
 //! healthy and holds the primary's LAST content, within one installer
 //! resync. Why the installer and not "the next ADD": the plugin heals only
 //! when a pod is created, and while another agent keeps undoing its repairs
-//! it backs off on purpose (fight detection: after 5 repairs of a file in
-//! 10 minutes, one per 2 minutes), so a final ADD may rightly leave the file
-//! alone; the installer's resync is the level-triggered reconcile the
-//! design relies on to converge. The writes stay below the installer's own
-//! fight threshold (10 repairs a minute), so one resync bounds it. Finally,
+//! it backs off on purpose (fight detection: after 5 repairs of the same
+//! content in 10 minutes, one per 2 minutes), so a final ADD may rightly
+//! leave the file alone; the installer's resync is the level-triggered
+//! reconcile the design relies on to converge. The primary writes new
+//! content each time, which is no fight, so one resync bounds it. Finally,
 //! all 50 DELs at once leave no address reserved.
 //!
 //! The storm runs in both chain modes. In owned mode the runtime loads
@@ -51,8 +51,8 @@ use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
 
 const PODS: usize = 50;
-/// Primary rewrites during the storm: below the installer's fight
-/// threshold (10 repairs a minute), so its resync alone bounds the heal.
+/// Primary rewrites during the storm, each with new content (no fight), so
+/// the installer's resync alone bounds the heal.
 const WRITES: u64 = 6;
 const WRITE_EVERY: Duration = Duration::from_millis(250);
 const RESYNC: Duration = Duration::from_secs(1);
