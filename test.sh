@@ -15,6 +15,9 @@ if [[ -n "$(gofmt -l conformance/cnidriver)" ]]; then
   exit 1
 fi
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The binaries under test first: the conformance tests run the plugin and
+# the installer from target/<host triple>/debug/ and never build them.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked
 
 # Image and manifests: hadolint and kubernetes-validate (strict: unknown

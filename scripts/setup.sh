@@ -11,6 +11,10 @@ PACKAGES=(
   golang-go                     # builds the libcni driver
   golang-github-appc-cni-dev    # libcni source (GOPATH mode, offline)
   inotify-tools
+  containerd                    # the CRI tier's runtime (started by the tests)
+  runc
+  gcc                           # the CRI tier's pause binary (gcc -static)
+  libc6-dev
 )
 
 missing=()

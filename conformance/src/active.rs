@@ -3,7 +3,8 @@
 //! library: the self-heal tests must not let the code under test judge
 //! itself.
 //!
-//! "Healthy" here is the spec's and reference.md's: the active file is a
+//! "Healthy" here is what the CNI spec and a runtime's loader (libcni) make
+//! of the conf dir, plus linkerd-cni's own rule: the active file is a
 //! `.conflist` whose plugins end with exactly one linkerd-cni entry, equal
 //! to the desired one, and whose other plugins and top-level keys are the
 //! primary's, untouched (key order and number spelling included).
@@ -156,6 +157,14 @@ impl ActiveConf {
 }
 
 impl Node {
+    /// Whether the active config ends with exactly one `linkerd-cni`: a
+    /// quick oracle for loops that wait for a heal (the benchmarks).
+    pub fn linkerd_last(&self) -> bool {
+        self.read_active().is_ok_and(|a| {
+            a.is_list() && a.linkerd_positions() == [a.plugins().len().saturating_sub(1)]
+        })
+    }
+
     /// The active config ([`Node::active_conf`]) as read now.
     pub fn read_active(&self) -> Result<ActiveConf, String> {
         let path = self

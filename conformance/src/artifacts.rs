@@ -1,25 +1,19 @@
-//! The programs the tests run: the libcni driver (Go, built here, offline)
-//! and the workspace's own binaries (built by cargo).
+//! The programs the tests run: the workspace's own binaries, which cargo
+//! builds before any test runs (`./test.sh` runs
+//! `cargo build --workspace --bins` first), and the libcni driver (Go, built
+//! here, offline, once per process, under the running profile's directory,
+//! e.g. `target/<host triple>/debug/cnidriver/`).
 //!
-//! Both are built once per test process and cached under the cargo target
-//! directory of the running test profile, e.g.
-//! `target/x86_64-unknown-linux-gnu/debug/cnidriver/`.
-//!
-//! Workspace binaries are built by running `cargo build -p <package> --bin
-//! <bin>` for the test's own profile rather than by trusting that an earlier
-//! step built them: `cargo test -p conformance` alone does not build the
-//! plugin's binary, and a binary left over from an older build would test old
-//! code without a word. Cargo releases its build lock before it runs test
-//! binaries, so the nested build is possible; after `cargo test --workspace`
-//! has built everything it is a no-op (about 0.1 s).
+//! Nothing here runs cargo: a test never builds the code it tests. A missing
+//! binary fails the test with the command that builds it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::process::Command;
+use std::sync::OnceLock;
 
-use serde_json::Value;
+use testkit::child_path;
 
-use crate::sys::{self, child_path};
+use crate::sys;
 
 /// Debian's golang-github-appc-cni-dev installs libcni's source here.
 pub const GOPATH: &str = "/usr/share/gocode";
@@ -27,12 +21,6 @@ pub const GOPATH: &str = "/usr/share/gocode";
 /// The driver's Go source, in this crate.
 fn driver_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("cnidriver")
-}
-
-fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new("."))
 }
 
 /// The running executable's profile directory (`…/debug` or `…/release`):
@@ -44,7 +32,7 @@ fn profile_dir() -> PathBuf {
         .parent()
         .unwrap_or_else(|| panic!("no directory above {}", exe.display()));
     match dir.file_name() {
-        Some(n) if n == "deps" => dir.parent().unwrap_or(dir).to_path_buf(),
+        Some(n) if n == "deps" || n == "examples" => dir.parent().unwrap_or(dir).to_path_buf(),
         _ => dir.to_path_buf(),
     }
 }
@@ -69,7 +57,7 @@ fn build_cnidriver() -> Result<PathBuf, String> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let bin = out_dir.join("cnidriver");
-    let tmp = out_dir.join(format!(".cnidriver-{}.tmp", sys::unique_id()));
+    let tmp = out_dir.join(format!(".cnidriver-{}.tmp", testkit::names::unique_id()));
     let out = Command::new("go")
         .args(["build", "-o"])
         .arg(&tmp)
@@ -101,81 +89,53 @@ fn build_cnidriver() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// A binary of this workspace, freshly built for the running profile.
-pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
-    try_workspace_bin(package, bin).unwrap_or_else(|e| panic!("{e}"))
+/// Names the directory the workspace binaries are taken from, instead of
+/// the running executable's profile directory.
+pub const BIN_DIR_ENV: &str = "LINKERD_CNI_BIN_DIR";
+
+/// Where the workspace binaries are: `$LINKERD_CNI_BIN_DIR` when set (the
+/// demo and the benchmark run the release binaries from there), else the
+/// profile directory of the running executable, where
+/// `cargo build --workspace --bins` put them for the same profile and
+/// target.
+/// Absolute, since the harness links to the binaries from other
+/// directories.
+pub fn bin_dir() -> PathBuf {
+    match std::env::var_os(BIN_DIR_ENV) {
+        Some(d) if !d.is_empty() => std::path::absolute(&d).unwrap_or_else(|_| PathBuf::from(d)),
+        _ => profile_dir(),
+    }
 }
 
-/// [`workspace_bin`], for callers that report a failed build themselves.
-pub fn try_workspace_bin(package: &str, bin: &str) -> Result<PathBuf, String> {
-    static BUILT: Mutex<Vec<(String, Result<PathBuf, String>)>> = Mutex::new(Vec::new());
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let key = format!("{package}/{bin}");
-    match built.iter().find(|(k, _)| *k == key) {
-        Some((_, r)) => r.clone(),
-        None => {
-            let r = cargo_build(package, bin);
-            built.push((key, r.clone()));
-            r
-        }
+/// A binary of this workspace, built before the tests started; panics with
+/// what to build when it is missing.
+pub fn workspace_bin(bin: &str) -> PathBuf {
+    try_workspace_bin(bin).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`workspace_bin`], for callers that report a missing binary themselves.
+pub fn try_workspace_bin(bin: &str) -> Result<PathBuf, String> {
+    let path = bin_dir().join(bin);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is missing: build the workspace binaries first, \
+             `cargo build --workspace --bins` for the tests (./test.sh does), \
+             `cargo build --release -p linkerd-cni -p linkerd-cni-installer` for the \
+             demo and the benchmark (./demo.sh does), or set {BIN_DIR_ENV} to the \
+             directory that holds them",
+            path.display()
+        ))
     }
 }
 
 /// The `linkerd-cni` plugin binary.
 pub fn linkerd_cni() -> PathBuf {
-    workspace_bin("linkerd-cni", "linkerd-cni")
+    workspace_bin("linkerd-cni")
 }
 
-fn cargo_build(package: &str, bin: &str) -> Result<PathBuf, String> {
-    let profile_dir = profile_dir();
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(other) => other.to_string(),
-        None => return Err(format!("odd profile dir {}", profile_dir.display())),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    // Cargo runs tests with the variables it sets for the crate under test
-    // (CARGO_MANIFEST_DIR, CARGO_PKG_*...). Passed on, they reach build
-    // scripts that rerun when one changes (ring's does), and the nested build
-    // would rebuild ring and everything above it, and the next outer build
-    // again: seconds per test process. The nested build gets the caller's
-    // environment as a shell would have it.
-    for (k, _) in std::env::vars_os() {
-        let Some(k) = k.to_str() else { continue };
-        if k.starts_with("CARGO_PKG_")
-            || matches!(
-                k,
-                "CARGO_MANIFEST_DIR"
-                    | "CARGO_MANIFEST_PATH"
-                    | "CARGO_CRATE_NAME"
-                    | "CARGO_BIN_NAME"
-                    | "CARGO_PRIMARY_PACKAGE"
-                    | "CARGO_TARGET_TMPDIR"
-                    | "OUT_DIR"
-            )
-        {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd
-        .args(["build", "--message-format=json-render-diagnostics"])
-        .args(["-p", package, "--bin", bin, "--profile", &profile])
-        .current_dir(workspace_root())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run cargo to build {bin}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo build -p {package} --bin {bin} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    // Cargo names the executable it produced; no guessing of target dirs.
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == bin)
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| format!("cargo built no executable named {bin}"))
+/// The `linkerd-cni-installer` binary.
+pub fn installer() -> PathBuf {
+    workspace_bin("linkerd-cni-installer")
 }

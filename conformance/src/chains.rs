@@ -10,7 +10,7 @@ use crate::node::Node;
 /// supports with CHECK (0.4.0+) and without (0.3.1).
 pub const CHAIN_VERSIONS: [&str; 3] = ["0.3.1", "0.4.0", "1.0.0"];
 
-/// Every released CNI spec version (reference.md section 2).
+/// Every released CNI spec version (containernetworking/cni's `SPEC.md`).
 pub const ALL_VERSIONS: [&str; 7] = [
     "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
 ];
@@ -77,34 +77,26 @@ pub fn port_mapping(host_port: u16) -> Value {
     json!({"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}]})
 }
 
-/// linkerd-cni's entry as the linkerd2-cni chart renders it by default, with
-/// paths pointing into the node: `cni_conf_dir` is the node's conf dir and
-/// `state_dir` a node dir (so nothing can ever touch the machine's
-/// /etc/cni/net.d or /run/linkerd-cni), and the kubeconfig is where the
-/// installer would write it. Tweak keys on the returned object (e.g.
-/// `chain_heal`) as a test needs.
+/// linkerd-cni's entry as the installer renders the shipped manifest's
+/// template ([`testkit::chart`]), with paths pointing into the node:
+/// `cni_conf_dir` is the node's conf dir and `state_dir` a node dir (so
+/// nothing can ever touch the machine's /etc/cni/net.d or /run/linkerd-cni),
+/// the kubeconfig is where the installer would write it, and the log level
+/// is `debug` (the plugin's stderr is in every trace). Tweak keys on the
+/// returned object (e.g. `chain_heal`) as a test needs.
 pub fn linkerd_entry(node: &Node) -> Value {
-    json!({
-        "type": "linkerd-cni",
-        "log_level": "debug",
-        "cni_conf_dir": node.conf_dir(),
-        "state_dir": node.state_dir(),
-        "kubernetes": {
-            "kubeconfig": node.kubeconfig_path(),
-        },
-        "linkerd": {
-            "incoming-proxy-port": 4143,
-            "outgoing-proxy-port": 4140,
-            "proxy-uid": 2102,
-            "ports-to-redirect": [],
-            "inbound-ports-to-ignore": ["4191", "4190"],
-            "outbound-ports-to-ignore": [],
-            "simulate": false,
-            "use-wait-flag": false,
-            "iptables-mode": "legacy",
-            "ipv6": false,
-        },
-    })
+    let mut e = testkit::chart::rendered(
+        &node.kubeconfig_path().display().to_string(),
+        &node.conf_dir().display().to_string(),
+    );
+    e["state_dir"] = node.state_dir().display().to_string().into();
+    e["log_level"] = "debug".into();
+    // A plugin of a list runs under the list's name: the entry as chained
+    // has none of its own.
+    if let Some(m) = e.as_object_mut() {
+        m.remove("name");
+    }
+    e
 }
 
 /// A `.conflist` object.
@@ -134,4 +126,13 @@ pub fn typical_chain(node: &Node, primary: Primary, last: Option<Value>) -> Vec<
     let mut plugins = vec![primary.entry(node), portmap(), tuning()];
     plugins.extend(last);
     plugins
+}
+
+/// A primary's config at `generation`: a ptp chain (with portmap and
+/// tuning) whose MTU changes with the generation, as a primary's restart or
+/// upgrade changes its file.
+pub fn primary_generation(node: &Node, net: &str, generation: u64) -> Value {
+    let mut plugins = typical_chain(node, Primary::Ptp, None);
+    plugins[0]["mtu"] = (1400 + generation).into();
+    conflist(net, "1.0.0", plugins)
 }

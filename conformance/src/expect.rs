@@ -6,9 +6,9 @@
 use serde_json::Value;
 
 use crate::driver::Completed;
-use crate::iptables::{Backend, Family, NatTable};
 use crate::node::{Node, Pod};
 use crate::results::exact;
+use testkit::iptables::{Backend, Family, NatTable};
 
 /// The commands and plugins libcni ran, in order.
 pub fn steps(run: &Completed) -> Vec<(String, String)> {
@@ -89,7 +89,7 @@ pub fn expect_no_nat_rules(pod: &Pod) {
     }
 }
 
-/// The pod's nat tables hold exactly reference.md's rules for linkerd's
+/// The pod's nat tables hold exactly the reference rules for linkerd's
 /// defaults in `backend`'s IPv4 table (the whole table, counters zeroed,
 /// compared with testkit's copy of that text), and nothing in the other
 /// backend or in IPv6.

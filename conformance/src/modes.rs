@@ -91,7 +91,7 @@ impl ChainMode {
 pub fn chain_repair(node: &Node, entry: &Value) {
     let f = node
         .scratch_dir()
-        .join(format!("entry-{}.json", sys::unique_id()));
+        .join(format!("entry-{}.json", testkit::names::unique_id()));
     std::fs::write(&f, entry.to_string()).expect("write the entry");
     let out = sys::output(
         Command::new(artifacts::linkerd_cni())
@@ -100,7 +100,7 @@ pub fn chain_repair(node: &Node, entry: &Value) {
             .arg("--entry")
             .arg(&f)
             .env_clear()
-            .env("PATH", sys::child_path()),
+            .env("PATH", testkit::child_path()),
     );
     let _ = std::fs::remove_file(&f);
     assert!(

@@ -19,8 +19,11 @@ use serde_json::{Value, json};
 
 use crate::artifacts;
 use crate::driver::{self, Exec, Outcome};
-use crate::iptables::{Backend, Family, NatTable};
-use crate::sys::{self, Netns, TempDir, child_path};
+use testkit::iptables::{Backend, Family, NatTable};
+use testkit::names::unique_id;
+use testkit::{TempDir, TestNetns, child_path};
+
+use crate::sys;
 
 /// Where Debian's containernetworking-plugins installs the plugins.
 pub const REFERENCE_PLUGIN_DIR: &str = "/usr/lib/cni";
@@ -44,7 +47,7 @@ pub struct Node {
     id: String,
     // Dropped in this order: the namespace (and the links in it), then the
     // files.
-    netns: Netns,
+    netns: TestNetns,
     dir: TempDir,
     subnet: String,
     calls: AtomicU64,
@@ -71,9 +74,11 @@ impl Node {
 
     fn build(subnet: String, with_linkerd_cni: bool) -> Node {
         sys::require_environment();
-        let id = sys::unique_id();
-        let netns = Netns::create("node");
-        let dir = TempDir::create("node");
+        let id = unique_id();
+        let netns = TestNetns::new("node")
+            .unwrap_or_else(|e| panic!("cannot create the node's network namespace: {e}"));
+        let dir = TempDir::new("node")
+            .unwrap_or_else(|e| panic!("cannot create the node's temp dir: {e}"));
         let node = Node {
             id,
             netns,
@@ -120,7 +125,7 @@ impl Node {
     }
 
     /// The namespace standing in for the host.
-    pub fn netns(&self) -> &Netns {
+    pub fn netns(&self) -> &TestNetns {
         &self.netns
     }
 
@@ -181,9 +186,7 @@ impl Node {
     /// installer does: staged outside the conf dir, then renamed in, so a
     /// reader never sees half a file.
     pub fn write_conf(&self, file_name: &str, conf: &Value) -> PathBuf {
-        let staged = self
-            .scratch_dir()
-            .join(format!("conf-{}", sys::unique_id()));
+        let staged = self.scratch_dir().join(format!("conf-{}", unique_id()));
         let mut text = serde_json::to_string_pretty(conf).unwrap_or_default();
         text.push('\n');
         std::fs::write(&staged, text)
@@ -228,8 +231,9 @@ impl Node {
     /// A new pod namespace, not yet added to any network.
     pub fn pod(&self, spec: PodSpec) -> Pod {
         Pod {
-            netns: Netns::create("pod"),
-            container_id: format!("Ctr_{}.{}", self.id, sys::unique_id()),
+            netns: TestNetns::new("pod")
+                .unwrap_or_else(|e| panic!("cannot create a pod's network namespace: {e}")),
+            container_id: format!("Ctr_{}.{}", self.id, unique_id()),
             spec,
         }
     }
@@ -329,7 +333,7 @@ impl Node {
             .unwrap_or_else(|e| panic!("waiting for {}: {e}", exec.plugin))
     }
 
-    /// Runs `f` inside the node namespace; see [`Netns::enter`].
+    /// Runs `f` inside the node namespace; see [`TestNetns::enter`].
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.netns.enter(f)
     }
@@ -387,13 +391,13 @@ impl PodSpec {
 /// A pod sandbox: its namespace is deleted on drop.
 #[derive(Debug)]
 pub struct Pod {
-    netns: Netns,
+    netns: TestNetns,
     container_id: String,
     spec: PodSpec,
 }
 
 impl Pod {
-    pub fn netns(&self) -> &Netns {
+    pub fn netns(&self) -> &TestNetns {
         &self.netns
     }
 
@@ -424,7 +428,9 @@ impl Pod {
 
     /// Deletes the namespace, as when a sandbox dies before its DEL.
     pub fn remove_netns(&mut self) {
-        self.netns.remove();
+        self.netns
+            .remove()
+            .unwrap_or_else(|e| panic!("cannot delete the pod's network namespace: {e}"));
     }
 
     /// `iptables-save -t nat` (or ip6tables) of one backend in the pod.

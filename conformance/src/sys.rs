@@ -1,57 +1,10 @@
-//! Process-level plumbing: unique names, running commands with failures that
-//! say what failed, the root and package checks, and the Drop guards for
-//! network namespaces and temp dirs.
-//!
-//! Every name this harness creates starts with [`PREFIX`] and carries the
-//! creating process's pid, so parallel tests (and parallel test runs of other
-//! worktrees on the same machine) never collide, and leftovers of a killed
-//! run can be recognised and removed.
+//! Process-level plumbing: running commands with failures that say what
+//! failed, and the root and package checks. The guards for network
+//! namespaces and temp dirs, and their unique names, are testkit's.
 
-use std::ffi::OsStr;
-use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Start of every netns and temp dir name this harness creates.
-pub const PREFIX: &str = "lcnic-";
-
-/// Where `ip netns add` puts its bind mounts.
-const NETNS_DIR: &str = "/run/netns";
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// `<pid>-<n>`, unique on this machine while this process lives.
-pub fn unique_id() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A name `lcnic-<kind>-<pid>-<n>`.
-pub fn unique_name(kind: &str) -> String {
-    format!("{PREFIX}{kind}-{}", unique_id())
-}
-
-/// PATH for every child: the caller's, plus the sbin directories where
-/// Debian puts `ip` and the iptables tools (not in every root PATH).
-pub fn child_path() -> String {
-    let mut path = std::env::var("PATH").unwrap_or_default();
-    for dir in ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"] {
-        if !path.split(':').any(|p| p == dir) {
-            if !path.is_empty() {
-                path.push(':');
-            }
-            path.push_str(dir);
-        }
-    }
-    path
-}
 
 fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
@@ -64,7 +17,7 @@ fn describe(cmd: &Command) -> String {
 
 /// Runs `cmd` to completion; panics only when it cannot be started.
 pub fn output(cmd: &mut Command) -> Output {
-    cmd.env("PATH", child_path());
+    cmd.env("PATH", testkit::child_path());
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", describe(cmd)))
 }
@@ -95,14 +48,9 @@ pub fn require_environment() {
 }
 
 fn check_environment() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(
-            "the conformance tests must run as root: they create network namespaces, \
-             links and iptables rules inside them. Run ./test.sh as root (CI does)."
-                .into(),
-        );
-    }
+    testkit::require_root(
+        "creates network namespaces, links and iptables rules inside them (conformance)",
+    );
     let mut missing = Vec::new();
     for tool in [
         "ip",
@@ -135,190 +83,14 @@ fn check_environment() -> Result<(), String> {
             missing.join(", ")
         ));
     }
-    sweep_leftovers();
+    testkit::names::sweep_stale();
     Ok(())
 }
 
-/// The first `name` on [`child_path`], if any.
+/// The first `name` on [`testkit::child_path`], if any.
 pub fn which(name: &str) -> Option<PathBuf> {
-    child_path()
+    testkit::child_path()
         .split(':')
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
-}
-
-/// Removes netns and temp dirs that a killed earlier run of this harness
-/// left behind (their pid is gone). Drop guards cover panics; nothing covers
-/// SIGKILL, and stale namespaces would pile up on a developer's machine.
-fn sweep_leftovers() {
-    let me = std::process::id();
-    let stale = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            return false;
-        };
-        let mut parts = rest.rsplitn(3, '-');
-        let (Some(_n), Some(pid), Some(_kind)) = (parts.next(), parts.next(), parts.next()) else {
-            return false;
-        };
-        match pid.parse::<u32>() {
-            Ok(pid) => pid != me && !Path::new(&format!("/proc/{pid}")).exists(),
-            Err(_) => false,
-        }
-    };
-    if let Ok(entries) = std::fs::read_dir(NETNS_DIR) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if stale(&name) {
-                let _ = output(Command::new("ip").args(["netns", "del", &name]));
-            }
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if stale(&name) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-}
-
-/// A network namespace made with `ip netns add`, deleted on drop (also when
-/// the test panics).
-#[derive(Debug)]
-pub struct Netns {
-    name: String,
-    path: PathBuf,
-    removed: bool,
-}
-
-impl Netns {
-    /// A new namespace `lcnic-<kind>-<pid>-<n>` with its loopback up.
-    pub fn create(kind: &str) -> Netns {
-        let name = unique_name(kind);
-        checked(Command::new("ip").args(["netns", "add", &name]));
-        // The guard exists from here on, so a failing step below cleans up.
-        let ns = Netns {
-            path: Path::new(NETNS_DIR).join(&name),
-            name,
-            removed: false,
-        };
-        checked(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]));
-        ns
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The path runtimes pass as `CNI_NETNS`. Stays valid as a string after
-    /// [`Netns::remove`], for tests of a DEL after the netns is gone.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn exists(&self) -> bool {
-        self.path.exists()
-    }
-
-    /// `program` run inside this namespace (`ip netns exec`).
-    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name]).arg(program);
-        cmd
-    }
-
-    /// Deletes the namespace now, as a runtime does when a pod sandbox goes
-    /// away before its DEL.
-    pub fn remove(&mut self) {
-        if !self.removed {
-            checked(Command::new("ip").args(["netns", "del", &self.name]));
-            self.removed = true;
-        }
-    }
-
-    /// Runs `f` on a thread that has entered this namespace (`setns`), and
-    /// returns its result. Sockets created inside keep the namespace for
-    /// their whole life, whichever thread uses them later, and threads
-    /// spawned inside start in it: the way to run a server (e.g. the fake
-    /// Kubernetes API) that plugins running in this namespace can reach.
-    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|s| {
-            let handle = s.spawn(|| {
-                let ns = File::open(&self.path)
-                    .unwrap_or_else(|e| panic!("cannot open {}: {e}", self.path.display()));
-                // SAFETY: setns on a valid, open namespace fd; it changes only
-                // the calling thread, which is ours and ends after `f`.
-                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                if rc != 0 {
-                    panic!(
-                        "setns into {}: {}",
-                        self.path.display(),
-                        std::io::Error::last_os_error()
-                    );
-                }
-                f()
-            });
-            match handle.join() {
-                Ok(v) => v,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
-    }
-}
-
-/// So testkit's iptables readers and helpers work on this harness's
-/// namespaces as on its own.
-impl testkit::NamedNetns for Netns {
-    fn netns_name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if self.removed {
-            return;
-        }
-        let out = output(Command::new("ip").args(["netns", "del", &self.name]));
-        if !out.status.success() && self.path.exists() {
-            // Never panic in drop (it may run during a panic): say it.
-            eprintln!(
-                "conformance: could not delete netns {}: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-}
-
-/// A private directory under the system temp dir, removed on drop.
-#[derive(Debug)]
-pub struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    pub fn create(kind: &str) -> TempDir {
-        let path = std::env::temp_dir().join(unique_name(kind));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
-        TempDir { path }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            eprintln!("conformance: could not remove {}: {e}", self.path.display());
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! linkerd-cni last in chains of the reference plugins, driven by libcni as
 //! a runtime drives them, with the fake Kubernetes API server in the node:
 //! ADD hands back the primary's result untouched; a meshed pod's netns holds
-//! exactly reference.md's rules (legacy and nft modes), an unmeshed pod's
+//! exactly the reference rules (legacy and nft modes), an unmeshed pod's
 //! none; CHECK passes, and fails with our code 103 once a rule is gone; DEL
 //! passes, also after the netns is gone and when run twice. And the
 //! single-plugin `.conf`: healed into a `.conflist` that libcni then loads.
@@ -74,7 +74,7 @@ fn run_chain_in(primary: Primary, version: &str, mode: ChainMode) {
     // An exempt-namespace pod, checked with CHECK. No host port for this
     // one: Debian's portmap (1.1.1) fails CHECK for any IPv4-only pod with
     // port mappings, looking for IPv6 rules it never wrote
-    // (containernetworking/plugins#819, fixed upstream later).
+    // (a bug of containernetworking/plugins' portmap, fixed upstream later).
     let spec = PodSpec::kubernetes("kube-system", "coredns-5d78c9869d-abcde");
     let pod = node.pod(spec.clone());
     let added = node.add(&net, &pod).unwrap();

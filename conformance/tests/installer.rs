@@ -11,9 +11,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use conformance::chains::{self, Primary};
+use conformance::chains;
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::{Backend, Node, artifacts, kube};
 use serde_json::Value;
 
@@ -21,14 +21,6 @@ use serde_json::Value;
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(5);
-
-/// The primary's config at `generation`: ptp's MTU changes with it, as a
-/// primary's restart or upgrade changes its file.
-fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
-    let mut plugins = chains::typical_chain(node, Primary::Ptp, None);
-    plugins[0]["mtu"] = (1400 + generation).into();
-    chains::conflist(net, "1.0.0", plugins)
-}
 
 /// What the installer put on the node, checked: the plugin binary (a copy
 /// of the build, executable), the kubeconfig (0600, naming the API server),
@@ -83,7 +75,7 @@ fn pods_on_installed_node(node: &Node, api: &testkit::FakeApiServer, net: &str) 
 }
 
 /// Waits for the installer's first pass (binary and kubeconfig in place).
-fn wait_first_pass(node: &Node, inst: &Installer) {
+fn wait_first_pass(node: &Node, inst: &installer::Installer) {
     let deadline = Instant::now() + RESYNC + GRACE;
     while !(node.bin_dir().join("linkerd-cni").is_file() && node.kubeconfig_path().exists()) {
         assert!(
@@ -105,19 +97,13 @@ fn primary_rewrite_is_chained_again_while_the_installer_runs() {
     let api = node.start_api_server_only();
     let net = node.network_name("inst");
     let file = format!("10-{net}.conflist");
-    node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let mut inst = Installer::start(
-        &node,
-        &api,
-        &[("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string())],
-    );
+    let primary = chains::primary_generation(&node, &net, 0);
+    let mut inst = installer::start_and_chain(&node, &api, &file, &primary, RESYNC, RESYNC + GRACE);
     let desired = installer::expected_entry(&node);
-    node.wait_healthy(&desired, &primary_conf(&node, &net, 0), RESYNC + GRACE)
-        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     expect_installed(&node, &api);
 
     for generation in 1..=2 {
-        let conf = primary_conf(&node, &net, generation);
+        let conf = chains::primary_generation(&node, &net, generation);
         if generation == 1 {
             node.write_conf(&file, &conf);
         } else {
@@ -149,7 +135,7 @@ fn seed_race_without_watch_is_chained_within_a_resync() {
     let api = node.start_api_server_only();
     let net = node.network_name("seed");
     let file = format!("10-{net}.conflist");
-    let mut inst = Installer::start(
+    let mut inst = installer::start(
         &node,
         &api,
         &[
@@ -162,7 +148,7 @@ fn seed_race_without_watch_is_chained_within_a_resync() {
     assert_eq!(node.active_conf(), None, "{:?}", node.conf_dir_names());
 
     let desired = installer::expected_entry(&node);
-    let first = primary_conf(&node, &net, 0);
+    let first = chains::primary_generation(&node, &net, 0);
     node.write_conf(&file, &first);
     let t = Instant::now();
     node.wait_healthy(&desired, &first, RESYNC + GRACE)
@@ -173,7 +159,7 @@ fn seed_race_without_watch_is_chained_within_a_resync() {
     );
 
     // The primary undoes the installer's write at once.
-    let second = primary_conf(&node, &net, 1);
+    let second = chains::primary_generation(&node, &net, 1);
     node.write_conf(&file, &second);
     let t = Instant::now();
     node.wait_healthy(&desired, &second, RESYNC + GRACE)

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::modes::ChainMode;
 use conformance::{Backend, Completed, Node, Pod, kube};
 use serde_json::Value;
@@ -103,7 +103,7 @@ fn rewrite_then_add(watch: bool) {
     let file = format!("10-{net}.conflist");
     node.write_conf(&file, &primary_conf(&node, &net, 0));
     let resync = if watch { "1" } else { "3600" };
-    let inst = Installer::start(
+    let inst = installer::start(
         &node,
         &api,
         &[
@@ -181,7 +181,7 @@ fn a_chain_whose_primary_is_gone_is_not_run() {
     let net = node.network_name("gone");
     let file = format!("10-{net}.conflist");
     node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let inst = Installer::start(
+    let inst = installer::start(
         &node,
         &api,
         &[

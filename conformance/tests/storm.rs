@@ -42,9 +42,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use conformance::chains::{self, Primary};
+use conformance::chains;
 use conformance::expect::*;
-use conformance::installer::{self, Installer};
+use conformance::installer;
 use conformance::modes::ChainMode;
 use conformance::results::exact;
 use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
@@ -61,12 +61,6 @@ const GRACE: Duration = Duration::from_secs(5);
 /// Per pod: retries of an ADD whose config libcni could not parse, and
 /// sandbox recreations, together. Generous: the storm lasts seconds.
 const MAX_ATTEMPTS: u32 = 100;
-
-fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
-    let mut plugins = chains::typical_chain(node, Primary::Ptp, None);
-    plugins[0]["mtu"] = (1400 + generation).into();
-    chains::conflist(net, "1.0.0", plugins)
-}
 
 fn ran_linkerd(run: &Completed) -> bool {
     run.execs("linkerd-cni").next().is_some()
@@ -232,8 +226,9 @@ fn storm(mode: ChainMode) {
     let net = node.network_name("storm");
     let file = format!("10-{net}.conflist");
     let conf_path = node.conf_dir().join(&file);
-    node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let inst = Installer::start(
+    let primary = chains::primary_generation(&node, &net, 0);
+    node.write_conf(&file, &primary);
+    let inst = installer::start(
         &node,
         &api,
         &[
@@ -242,7 +237,7 @@ fn storm(mode: ChainMode) {
         ],
     );
     let desired = mode.entry(installer::expected_entry(&node));
-    node.wait_healthy(&desired, &primary_conf(&node, &net, 0), RESYNC + GRACE)
+    node.wait_healthy(&desired, &primary, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
 
     let pods: Vec<(Pod, bool)> = (0..PODS)
@@ -273,7 +268,7 @@ fn storm(mode: ChainMode) {
                 // Whatever was repaired meanwhile, the primary's previous
                 // write must still be the base: a repair computed from an
                 // older one must never stick.
-                let previous = primary_conf(&node, &net, generation - 1);
+                let previous = chains::primary_generation(&node, &net, generation - 1);
                 let kept = match mode {
                     ChainMode::Inline => primary_write_kept(&node, &previous),
                     // Nothing but the primary writes its file.
@@ -294,7 +289,7 @@ fn storm(mode: ChainMode) {
                 if adds_done.load(Ordering::SeqCst) {
                     break;
                 }
-                let conf = primary_conf(&node, &net, generation);
+                let conf = chains::primary_generation(&node, &net, generation);
                 if generation % 2 == 1 {
                     node.write_conf(&file, &conf);
                 } else {
@@ -355,7 +350,7 @@ fn storm(mode: ChainMode) {
     );
 
     // After the storm: healthy, with the primary's last content.
-    let last = primary_conf(&node, &net, last_generation);
+    let last = chains::primary_generation(&node, &net, last_generation);
     let t = Instant::now();
     node.wait_healthy(&desired, &last, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("after the storm: {e}\n{}", inst.log()));

@@ -15,7 +15,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use linkerd_cni::chain::owned::{self, ChainMode};
+use linkerd_cni_chain::owned::{self, ChainMode};
 
 use crate::entry::{self, Entry, Template};
 
@@ -31,7 +31,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 17] = [
+pub const VARIABLES: [&str; 20] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -48,8 +48,24 @@ pub const VARIABLES: [&str; 17] = [
     "LINKERD_CNI_WATCH",
     "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
     "LINKERD_CNI_UNINSTALL_ON_EXIT",
+    "LINKERD_CNI_POD_NAME",
+    "LINKERD_CNI_POD_NAMESPACE",
+    "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
     "LINKERD_CNI_CHAIN_MODE",
 ];
+
+/// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnExit {
+    /// `auto` (default): uninstall when the API says the owning DaemonSet
+    /// is gone or being deleted; otherwise (a rolling update, a restart,
+    /// no answer) leave everything.
+    Auto,
+    /// `true`: always uninstall.
+    Uninstall,
+    /// `false`: always leave everything.
+    Leave,
+}
 
 /// A variable that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,7 +117,17 @@ pub struct Config {
     /// `LINKERD_CNI_SERVICE_ACCOUNT_DIR`.
     pub service_account_dir: PathBuf,
     /// `LINKERD_CNI_UNINSTALL_ON_EXIT`.
-    pub uninstall_on_exit: bool,
+    pub on_exit: OnExit,
+    /// `LINKERD_CNI_POD_NAME` (the downward API's `metadata.name`); else
+    /// the host name, which is the pod's name unless it uses the host's
+    /// network.
+    pub pod_name: Option<String>,
+    /// `LINKERD_CNI_POD_NAMESPACE`; else the service account's `namespace`
+    /// file.
+    pub pod_namespace: Option<String>,
+    /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
+    /// symlinked config to a file outside the conf dir (default false).
+    pub chain_write_outside_conf_dir: bool,
     /// `LINKERD_CNI_CHAIN_MODE`: written into the entry's `chain_mode`; when
     /// unset the template's own key (if any) decides, else inline mode.
     pub chain_mode: Option<ChainMode>,
@@ -224,9 +250,28 @@ impl Config {
                 })?,
         };
         let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
-        let uninstall_on_exit = boolean(
-            "LINKERD_CNI_UNINSTALL_ON_EXIT",
-            var("LINKERD_CNI_UNINSTALL_ON_EXIT"),
+        let on_exit = match var("LINKERD_CNI_UNINSTALL_ON_EXIT")
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("auto") => OnExit::Auto,
+            Some("true") => OnExit::Uninstall,
+            Some("false") => OnExit::Leave,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "LINKERD_CNI_UNINSTALL_ON_EXIT",
+                    format!(
+                        "expected auto, true or false, got {:?}",
+                        get("LINKERD_CNI_UNINSTALL_ON_EXIT").unwrap_or_default()
+                    ),
+                ));
+            }
+        };
+        let pod_name = var("LINKERD_CNI_POD_NAME").map(|v| v.trim().to_string());
+        let pod_namespace = var("LINKERD_CNI_POD_NAMESPACE").map(|v| v.trim().to_string());
+        let chain_write_outside_conf_dir = boolean(
+            "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
+            var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
             false,
         )?;
 
@@ -255,7 +300,10 @@ impl Config {
             resync,
             watch,
             service_account_dir,
-            uninstall_on_exit,
+            on_exit,
+            pod_name,
+            pod_namespace,
+            chain_write_outside_conf_dir,
             chain_mode,
         };
         // Fail at start on a template that can never render.
@@ -306,10 +354,9 @@ impl Config {
             &self.dest_cni_net_dir,
         )?;
         if let Some(m) = self.chain_mode {
-            e.insert(
-                owned::MODE_KEY.into(),
-                serde_json::Value::String(m.as_str().into()),
-            );
+            e = e
+                .with(owned::MODE_KEY, m.as_str())
+                .map_err(|err| ConfigError::new("LINKERD_CNI_CHAIN_MODE", err.to_string()))?;
         }
         owned::mode_of(&e).map_err(|err| ConfigError::new(self.template.var(), err.to_string()))?;
         Ok(e)
@@ -387,7 +434,7 @@ fn is_plain_file_name(name: &str) -> bool {
 /// Whether a runtime would load a file of this name as a network config
 /// (the chain library's rule, so both agree).
 pub fn has_config_extension(name: &str) -> bool {
-    linkerd_cni::chain::is_config_name(std::ffi::OsStr::new(name))
+    linkerd_cni_chain::is_config_name(std::ffi::OsStr::new(name))
 }
 
 #[cfg(test)]
@@ -435,7 +482,7 @@ mod tests {
         assert!(!c.skip_tls_verify);
         assert_eq!(c.resync, Duration::from_secs(10));
         assert!(c.watch);
-        assert!(!c.uninstall_on_exit);
+        assert_eq!(c.on_exit, OnExit::Auto);
         assert_eq!(c.server_url(), "https://10.96.0.1:443");
     }
 
@@ -483,7 +530,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.resync, Duration::from_millis(500));
-        assert!(!c.watch && c.uninstall_on_exit && c.skip_tls_verify);
+        assert!(!c.watch && c.on_exit == OnExit::Uninstall && c.skip_tls_verify);
         assert_eq!(c.kube_ca_file, Path::new("/etc/ca.pem"));
         assert_eq!(c.service_account_dir, Path::new("/sa"));
         assert_eq!(c.chain_mode, None);

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use crate::config::ConfigError;
 
-/// One element of a conflist's `plugins`.
-pub use linkerd_cni::chain::Entry;
+/// linkerd-cni's element of a conflist's `plugins`.
+pub use linkerd_cni_chain::Entry;
+use linkerd_cni_chain::{ChainError, PLUGIN_TYPE};
 
 /// The placeholder upstream's installer replaces with the kubeconfig's path.
 pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
@@ -87,29 +88,19 @@ pub fn render(
             ),
         ));
     };
-    match entry.get("type") {
-        None => {
-            entry.insert(
-                "type".into(),
-                Value::String(linkerd_cni::chain::PLUGIN_TYPE.into()),
-            );
-        }
-        Some(Value::String(t)) if t == linkerd_cni::chain::PLUGIN_TYPE => {}
-        Some(other) => {
-            return Err(ConfigError::new(
-                var,
-                format!(
-                    "\"type\" must be {:?}, got {other}",
-                    linkerd_cni::chain::PLUGIN_TYPE
-                ),
-            ));
-        }
+    if !entry.contains_key("type") {
+        entry.insert("type".into(), Value::String(PLUGIN_TYPE.into()));
     }
     entry.insert(
         "cni_conf_dir".into(),
         Value::String(host_conf_dir.to_string_lossy().into_owned()),
     );
-    Ok(entry)
+    // A "type" other than ours is refused here: the chain could not
+    // recognise the entry it appended.
+    Entry::new(entry, var).map_err(|e| match e {
+        ChainError::InvalidEntry { problem, .. } => ConfigError::new(var, problem.to_string()),
+        other => ConfigError::new(var, other.to_string()),
+    })
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -178,9 +169,8 @@ mod tests {
                 "cni_conf_dir"
             ]
         );
-        // The plugin accepts what we render.
-        let c = linkerd_cni::config::PluginConfig::from_map(&e).unwrap();
-        assert_eq!(c.cni_conf_dir, Path::new("/etc/cni/net.d"));
+        // That the plugin accepts it is checked in the plugin crate
+        // (tests/installer_entry.rs), on the deploy manifest's template.
     }
 
     #[test]

@@ -10,8 +10,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
-use linkerd_cni::chain::{self, FightDetector, RepairOptions};
+use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
+use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, write};
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
@@ -40,8 +40,13 @@ pub struct Installer {
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
-    /// Whether the previous pass found the binaries installed.
-    bins_were_ok: bool,
+    /// Whether the previous pass got as far as the chain (binaries
+    /// installed, kubeconfig written).
+    chained_last_pass: bool,
+    /// When the last pass held a repair back (another agent keeps undoing
+    /// it), the time it is allowed again: the loop wakes then rather than
+    /// at the next resync.
+    retry_at: Option<Instant>,
 }
 
 impl Installer {
@@ -52,45 +57,83 @@ impl Installer {
             notes: Notes::default(),
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
-            bins_were_ok: false,
+            chained_last_pass: false,
+            retry_at: None,
         }
+    }
+
+    /// When the last pass held a repair back, when to try again.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
+    /// The chain library's options for this installer: symlinks in the conf
+    /// dir resolve as on the host (absolute targets under the host mount,
+    /// not the container's root).
+    fn repair_options(&self) -> RepairOptions {
+        RepairOptions {
+            host_root: self.cfg.mount_prefix.clone(),
+            write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,
+            ..RepairOptions::default()
+        }
+    }
+
     pub fn binaries(&self) -> &[Binary] {
         &self.bins
     }
 
-    /// Removes temp files a crashed predecessor left behind.
+    /// Removes temp files a crashed predecessor left behind. In the conf dir
+    /// under its lock: a plugin's repair may be writing one there right now.
     pub fn clean_stale_temps(&self) {
-        for dir in [self.cfg.bin_dir(), self.cfg.conf_dir()] {
-            for p in fsutil::remove_stale_temps(&dir) {
-                log::info!(
-                    "removed {}: a temp file left by an interrupted write",
-                    p.display()
-                );
-            }
+        let conf_dir = self.cfg.conf_dir();
+        let mut removed = write::remove_leftovers(&self.cfg.bin_dir());
+        match chain::lock_dir(&conf_dir, RepairOptions::default().lock_timeout, None) {
+            Ok(_lock) => removed.extend(write::remove_leftovers(&conf_dir)),
+            // The next repair removes them, under the lock.
+            Err(e) => log::warn!(
+                "leftover temp files in {} stay for now: {e}",
+                conf_dir.display()
+            ),
+        }
+        for p in removed {
+            log::info!(
+                "removed {}: a temp file left by an interrupted write",
+                p.display()
+            );
         }
     }
 
     /// One pass. Never fails: every problem is logged (once) and retried on
     /// the next pass.
     pub fn reconcile(&mut self) {
-        // The chain first when the binaries were in place on the previous
-        // pass: a pod created right after the primary's write must find
-        // the chain repaired, and comparing the binaries reads megabytes.
-        // The full order (binaries before any config names them) holds
-        // whenever they were not.
-        if self.bins_were_ok {
+        self.retry_at = None;
+        // The chain first when the previous pass got as far as the chain:
+        // a pod created right after the primary's write must find the chain
+        // repaired, and comparing the binaries reads megabytes. The full
+        // order (binaries and kubeconfig before any config names them)
+        // holds whenever it did not.
+        if std::mem::take(&mut self.chained_last_pass) {
             let last = self.last_entry.clone();
             self.reconcile_mode(&last);
         }
         let bins_ok = self.reconcile_binaries();
-        self.bins_were_ok = bins_ok;
-        self.reconcile_kubeconfig();
+        if !self.reconcile_kubeconfig() {
+            // The plugin could not look any pod up: every ADD outside the
+            // exempt namespaces would fail. Chain nothing (what is already
+            // there stays: the plugin passes pods through when its
+            // credentials are rejected).
+            self.notes.say(
+                "chain",
+                Level::Warn,
+                "writing no entry and leaving the chain alone until the kubeconfig can be written"
+                    .to_string(),
+            );
+            return;
+        }
         let entry = self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
@@ -102,6 +145,7 @@ impl Installer {
             return;
         }
         self.reconcile_mode(&entry);
+        self.chained_last_pass = true;
     }
 
     /// The chain in the entry's mode. Owned mode falls back to the inline
@@ -116,12 +160,13 @@ impl Installer {
         }
         self.reconcile_chain(entry);
         let dir = self.cfg.conf_dir();
-        if chain::owned::has_owned(&dir).unwrap_or(false)
-            && chain::diagnose(&dir, entry).is_ok_and(|d| d.state == chain::ChainState::Healthy)
+        if owned::has_owned(&dir).unwrap_or(false)
+            && chain::diagnose_with(&dir, entry, &self.repair_options())
+                .is_ok_and(|d| d.state == chain::ChainState::Healthy)
         {
             let opts = RepairOptions {
                 deadline: Some(Instant::now() + REPAIR_BUDGET),
-                ..RepairOptions::default()
+                ..self.repair_options()
             };
             match owned::retire(&dir, &opts) {
                 Ok(files) => {
@@ -145,7 +190,7 @@ impl Installer {
     /// takes over).
     fn reconcile_owned(&mut self, entry: &Entry) -> bool {
         let dir = self.cfg.conf_dir();
-        let diag = match owned::diagnose(&dir, entry) {
+        let diag = match owned::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
                 self.notes.say(
@@ -210,7 +255,7 @@ impl Installer {
         }
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
-            ..RepairOptions::default()
+            ..self.repair_options()
         };
         match owned::sync(&dir, entry, &opts) {
             Ok(r) => {
@@ -223,7 +268,7 @@ impl Installer {
                 {
                     self.notes.say("fight", Level::Warn, w);
                 }
-                match owned::diagnose(&dir, entry) {
+                match owned::diagnose_with(&dir, entry, &self.repair_options()) {
                     Ok(d) if d.is_current() => {
                         self.notes.assume("chain", Level::Info, owned_note(&d))
                     }
@@ -272,21 +317,28 @@ impl Installer {
         ok
     }
 
-    fn reconcile_kubeconfig(&mut self) {
+    /// Whether the kubeconfig is current.
+    fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
         match kubeconfig::ensure(&self.cfg) {
-            Ok(None) => self
-                .notes
-                .clear("kubeconfig", || format!("{} is current", path.display())),
+            Ok(None) => {
+                self.notes
+                    .clear("kubeconfig", || format!("{} is current", path.display()));
+                true
+            }
             Ok(Some(before)) => {
                 log::info!("wrote {}: it was {before}", path.display());
                 self.notes.forget("kubeconfig");
+                true
             }
-            Err(e) => self.notes.say(
-                "kubeconfig",
-                Level::Error,
-                format!("cannot write the kubeconfig {}: {e}", path.display()),
-            ),
+            Err(e) => {
+                self.notes.say(
+                    "kubeconfig",
+                    Level::Error,
+                    format!("cannot write the kubeconfig {}: {e}", path.display()),
+                );
+                false
+            }
         }
     }
 
@@ -334,7 +386,7 @@ impl Installer {
 
     fn reconcile_chain(&mut self, entry: &Entry) {
         let dir = self.cfg.conf_dir();
-        let diagnosis = match chain::diagnose(&dir, entry) {
+        let diagnosis = match chain::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
                 self.notes.say(
@@ -379,16 +431,20 @@ impl Installer {
         // repair starts from decides, so new content is repaired at once.
         let digest = chain::content_digest(&active);
         if !self.fights.allow_repair_of(&active, &digest, now) {
+            self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
             self.notes.say(
                 "chain",
                 Level::Warn,
-                format!("{found}; not repairing it again yet (another agent keeps undoing it)"),
+                format!(
+                    "{found}; not repairing it again yet (another agent keeps undoing it); \
+                     retrying as soon as the rate limit allows"
+                ),
             );
             return;
         }
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
-            ..RepairOptions::default()
+            ..self.repair_options()
         };
         match chain::repair(&dir, entry, &opts) {
             Ok(report) if report.changed => {
@@ -455,7 +511,7 @@ impl Installer {
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
         if owned::mode_of(&entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned {
-            match owned::diagnose(&dir, &entry) {
+            match owned::diagnose_with(&dir, &entry, &self.repair_options()) {
                 Ok(d) if matches!(d.state, OwnedState::Fallback { .. }) => {}
                 Ok(d) if d.state == OwnedState::Current && d.is_current() => return problems,
                 Ok(d) => {
@@ -471,7 +527,7 @@ impl Installer {
                 }
             }
         }
-        match chain::diagnose(&dir, &entry) {
+        match chain::diagnose_with(&dir, &entry, &self.repair_options()) {
             Ok(d) if d.is_healthy() => {}
             Ok(d) => problems.push(format!(
                 "the chain is not healthy:\n    {}",
@@ -487,7 +543,7 @@ impl Installer {
     /// kubeconfig and the persisted entry; then the binaries.
     pub fn uninstall(&self) -> Result<(), String> {
         let dir = self.cfg.conf_dir();
-        let opts = RepairOptions::default();
+        let opts = self.repair_options();
         let unchain = |pass: &str| -> Result<(), String> {
             if !dir.is_dir() {
                 // No conf dir: no config can name the plugin.

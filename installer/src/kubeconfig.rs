@@ -20,6 +20,10 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::fsutil::{self, FsError};
 
+/// The most to wait for the conf-dir lock before writing; past it the pass
+/// reports the error and the next one tries again.
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub const MODE: u32 = 0o600;
 pub const CONTEXT: &str = "linkerd-cni-context";
 
@@ -37,7 +41,11 @@ pub enum KubeconfigError {
     },
     #[error("the service-account token {} is empty", path.display())]
     EmptyToken { path: PathBuf },
-    #[error("cannot read the API server CA {} (KUBE_CA_FILE): {source}", path.display())]
+    #[error(
+        "cannot read the API server CA {} (KUBE_CA_FILE): {source}; set KUBE_CA_FILE to the \
+         cluster's CA, or SKIP_TLS_VERIFY=true",
+        path.display()
+    )]
     Ca {
         path: PathBuf,
         #[source]
@@ -146,8 +154,11 @@ pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
         return Err(KubeconfigError::EmptyToken { path: token_path });
     }
 
-    // As upstream: skip verification when asked, else embed the CA when the
-    // file exists, else trust the system roots.
+    // Skip verification when asked, else embed the CA. Unlike upstream, a
+    // missing CA file is an error rather than a kubeconfig trusting the
+    // system roots, which in-cluster API servers are almost never signed by:
+    // the plugin could not use it, and no entry goes in without a
+    // kubeconfig the plugin can use.
     let tls = if cfg.skip_tls_verify {
         "    insecure-skip-tls-verify: true\n".to_string()
     } else {
@@ -161,7 +172,6 @@ pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
                 "    certificate-authority-data: {}\n",
                 quoted(&STANDARD.encode(ca))
             ),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
             Err(source) => {
                 return Err(KubeconfigError::Ca {
                     path: cfg.kube_ca_file.clone(),
@@ -205,6 +215,11 @@ pub fn ensure(cfg: &Config) -> Result<Option<KubeconfigState>, KubeconfigError> 
     match state(cfg, &want)? {
         KubeconfigState::Current => Ok(None),
         before => {
+            // It lives in the conf dir, where temp files exist only under
+            // the conf-dir lock (a lock holder removes any other as a
+            // leftover).
+            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
+                .map_err(FsError::from)?;
             fsutil::write_atomic(&cfg.kubeconfig_path(), want.text().as_bytes(), MODE)?;
             Ok(Some(before))
         }

@@ -8,14 +8,15 @@ mod entry;
 mod fsutil;
 mod installer;
 mod kubeconfig;
+mod logging;
 mod notes;
+mod owner;
 mod run;
 mod signals;
 mod watch;
 
 use std::process::ExitCode;
 
-use linkerd_cni::logging;
 use log::LevelFilter;
 
 use crate::config::{Config, ConfigError};
@@ -66,7 +67,7 @@ fn main() -> ExitCode {
         Command::Check => LevelFilter::Warn,
         _ => LevelFilter::Info,
     };
-    logging::init("linkerd-cni-installer", level);
+    logging::init(level);
 
     let installer = match load() {
         Ok(i) => i,

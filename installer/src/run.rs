@@ -5,7 +5,8 @@
 //! first reconcile, so a change made while that reconcile runs wakes the loop
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
-//! resync period.
+//! resync period. A repair held back by the fight rate limit wakes the
+//! loop at the time the limit allows it.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -14,7 +15,9 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
+use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
+use crate::owner::{self, Verdict};
 use crate::signals::Signals;
 use crate::watch::Watcher;
 
@@ -88,25 +91,53 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
         let started = Instant::now();
         inst.reconcile();
-        match wait(
-            &signals,
-            watcher.as_mut(),
-            started + cfg.resync,
-            &mut last_event,
-        ) {
+        // A repair held back by the rate limit is retried as soon as the
+        // limit allows, not a whole resync later.
+        let next = match inst.retry_at() {
+            Some(t) => t.min(started + cfg.resync),
+            None => started + cfg.resync,
+        };
+        match wait(&signals, watcher.as_mut(), next, &mut last_event) {
             Wake::Timer | Wake::Event => {}
             Wake::Signal(sig) => return shutdown(&inst, sig),
         }
     }
 }
 
+/// SIGTERM: uninstall when the DaemonSet is gone or being deleted (or
+/// always, or never, as configured); otherwise leave everything, so that a
+/// rolling update or a restart never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
-    if !inst.config().uninstall_on_exit {
-        // A restart or an upgrade must not unchain pods: leave it all.
-        log::info!("{sig}: exiting; linkerd-cni stays installed and chained");
-        return ExitCode::SUCCESS;
-    }
-    log::info!("{sig}: uninstalling (LINKERD_CNI_UNINSTALL_ON_EXIT=true)");
+    let why = match inst.config().on_exit {
+        OnExit::Leave => {
+            log::info!(
+                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
+            );
+            return ExitCode::SUCCESS;
+        }
+        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Auto => match owner::ask(inst.config()) {
+            Verdict::Gone(how) => how,
+            Verdict::Present(how) => {
+                log::info!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
+                );
+                return ExitCode::SUCCESS;
+            }
+            Verdict::Unknown(why) => {
+                log::warn!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
+                     the DaemonSet is being deleted ({why}). If it is, the plugin passes pods \
+                     through once this pod's token is revoked; remove what is left with \
+                     `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry from \
+                     the node's CNI config. Granting `get` on daemonsets to the service account \
+                     lets the installer uninstall by itself."
+                );
+                return ExitCode::SUCCESS;
+            }
+        },
+    };
+    log::info!("{sig}: uninstalling ({why})");
     match inst.uninstall() {
         Ok(()) => {
             log::info!("uninstalled; exiting");

@@ -11,6 +11,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::Signal;
 
 use common::*;
+use testkit::names::file_names;
 
 const RESYNC: Duration = Duration::from_secs(1);
 const FAST: &[(&str, &str)] = &[("LINKERD_CNI_RESYNC_SECONDS", "1")];
@@ -258,6 +259,15 @@ fn no_primary_config_waits_and_writes_nothing() {
         ("LINKERD_CNI_RESYNC_SECONDS", "0.2"),
         ("LINKERD_CNI_WATCH", "false"),
     ]);
+    // The first pass has written what it writes before it says this.
+    assert!(
+        inst.wait_log("no primary CNI config", Duration::from_secs(30)),
+        "{}",
+        inst.log()
+    );
+    assert_eq!(file_names(&node.conf_dir), [ENTRY_FILE, KUBECONFIG_NAME]);
+    // Several more passes (0.2 s apart) must not say it again: that takes
+    // time, not an event.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(file_names(&node.conf_dir), [ENTRY_FILE, KUBECONFIG_NAME]);
     assert_eq!(
@@ -354,4 +364,30 @@ fn uninstall_without_a_conf_dir() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(file_names(&node.bin_dir).is_empty());
+}
+
+/// Temp files an interrupted write left (ours, recognised by name) go at
+/// start: in the bin dir, and in the conf dir (under its lock) even before
+/// any primary config exists, when no repair would remove them. Other
+/// dotfiles stay.
+#[test]
+fn leftover_temp_files_are_removed_at_start() {
+    let node = Node::new("leftovers");
+    let bin_tmp = node.bin_dir.join(".linkerd-cni-tmp-1-2-3");
+    let conf_tmp = node.conf(".linkerd-cni-tmp-4-5-6");
+    let other = node.conf(".other-tmp");
+    for p in [&bin_tmp, &conf_tmp, &other] {
+        fs::write(p, "half").unwrap();
+    }
+    let inst = node.start(FAST);
+    assert!(
+        wait_until(RESYNC + GRACE, || !bin_tmp.exists() && !conf_tmp.exists()),
+        "{}",
+        inst.log()
+    );
+    assert!(other.exists());
+    assert!(
+        inst.log()
+            .contains("a temp file left by an interrupted write")
+    );
 }

@@ -16,6 +16,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use common::*;
+use testkit::names::file_names;
 
 const RESYNC: Duration = Duration::from_secs(1);
 const OWNED: &[(&str, &str)] = &[

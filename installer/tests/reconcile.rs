@@ -1,5 +1,5 @@
 //! The reconcile loop, with the real installer binary on a temp "node":
-//! the acceptance scenarios, the seed race, primary rewrite storms,
+//! the self-heal scenarios, the seed race, primary rewrite storms,
 //! and token rotation. Short resync periods keep the runtime modest.
 
 mod common;
@@ -263,4 +263,33 @@ fn token_rotation() {
 fn base64_of(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// A conflist that is a symlink with an absolute target, as on the host:
+/// the installer resolves it under the host mount, not in its container,
+/// and repairs the target (which lies inside the conf dir).
+#[test]
+fn absolute_symlink_is_resolved_under_the_host_mount() {
+    let node = Node::new("abs-link");
+    let real = node.conf_dir.join("real");
+    std::fs::create_dir(&real).unwrap();
+    let target = real.join("calico.conflist");
+    std::fs::write(&target, calico_text(0)).unwrap();
+    std::os::unix::fs::symlink(
+        format!("{HOST_CONF_DIR}/real/calico.conflist"),
+        node.conf("10-calico.conflist"),
+    )
+    .unwrap();
+    let inst = node.start(&no_watch());
+    let chained = wait_until(RESYNC + GRACE, || {
+        std::fs::read_to_string(&target).is_ok_and(|t| t.contains("linkerd-cni"))
+    });
+    assert!(chained, "the target was not repaired\n{}", inst.log());
+    assert!(
+        std::fs::symlink_metadata(node.conf("10-calico.conflist"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(testkit::names::file_names(&real), ["calico.conflist"]);
 }

@@ -10,13 +10,14 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::chain::{self, Entry};
 use linkerd_cni::cni::NetConf;
 use linkerd_cni::config::PluginConfig;
+use linkerd_cni::heal;
+use linkerd_cni_chain::{self as chain, Entry};
 use serde_json::Value;
 
-const CALICO: &str = include_str!("../tests/fixtures/chain/calico/in/10-calico.conflist");
-const ENTRY: &str = include_str!("../tests/fixtures/chain/entry.json");
+const CALICO: &str = include_str!("../../chain/tests/fixtures/chain/calico/in/10-calico.conflist");
+const ENTRY: &str = include_str!("../../chain/tests/fixtures/chain/entry.json");
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -30,10 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(20_000);
     let dir = std::env::temp_dir().join(format!("lcni-check-cost-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
-    let Value::Object(entry) = serde_json::from_str::<Value>(ENTRY)? else {
-        return Err("entry is not an object".into());
-    };
-    let entry: Entry = entry;
+    let entry = Entry::parse(ENTRY.as_bytes(), "entry.json")?;
     fs::write(dir.join("10-calico.conflist"), CALICO)?;
     fs::write(
         dir.join("calico-kubeconfig"),
@@ -42,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     chain::persist_entry(&dir, &entry)?;
     chain::repair(&dir, &entry, &chain::RepairOptions::default())?;
 
-    let mut stdin = entry.clone();
+    let mut stdin = entry.clone().into_map();
     stdin.insert("cni_conf_dir".into(), dir.to_string_lossy().into());
     stdin.insert("name".into(), "k8s-pod-network".into());
     stdin.insert("cniVersion".into(), "0.3.1".into());
@@ -53,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (what, f) in [
         (
             "heal_on_add (healthy)",
-            &(|| chain::heal_on_add(&conf, &config)) as &dyn Fn(),
+            &(|| heal::heal_on_add(&conf, &config)) as &dyn Fn(),
         ),
         ("diagnose alone", &|| {
             let _ = chain::diagnose(&dir, &entry);

@@ -1,4 +1,6 @@
-//! linkerd-cni's own config keys, read from the stdin config.
+//! linkerd-cni's own config keys, read from the network config the runtime
+//! passes on stdin ([`crate::cni::netconf`] parses the members every plugin
+//! has; this module, those that are linkerd-cni's).
 //!
 //! Keys and meaning follow upstream linkerd-cni and the `linkerd2-cni` Helm
 //! chart, so existing configs work unchanged; new keys are ours and optional.
@@ -14,8 +16,9 @@ use std::time::Duration;
 use log::LevelFilter;
 use serde_json::{Map, Value};
 
-use crate::cni::config::short;
+use crate::cni::netconf::short;
 use crate::cni::{CniError, NetConf, code};
+use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
@@ -23,6 +26,13 @@ pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
+/// Well under the kubelet's 2-minute runtime request timeout, so that the
+/// runtime always gets our answer rather than abandoning the call and
+/// retrying while we still run.
+pub const DEFAULT_ADD_DEADLINE: Duration = Duration::from_secs(60);
+/// `add_deadline_seconds` must leave the runtime time to act on our answer
+/// before the kubelet's 120 s timeout.
+pub const MAX_ADD_DEADLINE: Duration = Duration::from_secs(110);
 
 /// Which iptables binaries to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +104,9 @@ pub struct PluginConfig {
     pub kubeconfig: Option<PathBuf>,
     /// `kubernetes.api-budget-seconds`: total time for all API calls of one ADD.
     pub api_budget: Duration,
+    /// `kubernetes.allow-plain-http`: accept an `http://` API server (the
+    /// token then crosses the network in clear). Default false.
+    pub allow_plain_http: bool,
     pub proxy: ProxyInit,
     /// `exempt-namespaces`: pods here pass through without any API call.
     pub exempt_namespaces: Vec<String>,
@@ -103,6 +116,13 @@ pub struct PluginConfig {
     pub chain_heal: bool,
     /// `chain_repair_budget_seconds`: the most an ADD spends repairing.
     pub chain_repair_budget: Duration,
+    /// `add_deadline_seconds`: the most one ADD takes, all steps included
+    /// (chain check and repair, API calls, every iptables command); each
+    /// step gets the smaller of its own bound and what is left.
+    pub add_deadline: Duration,
+    /// `chain_write_outside_conf_dir`: repair through a symlinked config to
+    /// a file outside the conf dir. Default false: refused, and said so.
+    pub chain_write_outside_conf_dir: bool,
     /// `state_dir`: where the plugin keeps what it remembers between
     /// invocations (repair history for fight detection). Outside the conf
     /// dir, where every write would make runtimes reload.
@@ -115,11 +135,14 @@ impl Default for PluginConfig {
             log_level: LevelFilter::Warn,
             kubeconfig: None,
             api_budget: DEFAULT_API_BUDGET,
+            allow_plain_http: false,
             proxy: ProxyInit::default(),
             exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
             chain_heal: true,
             chain_repair_budget: DEFAULT_REPAIR_BUDGET,
+            add_deadline: DEFAULT_ADD_DEADLINE,
+            chain_write_outside_conf_dir: false,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
@@ -132,90 +155,127 @@ impl PluginConfig {
         Self::from_map(&conf.raw)
     }
 
+    /// [`Self::from_netconf`] on the network config's JSON object (e.g. an
+    /// entry of a conflist).
     pub fn from_map(raw: &Map<String, Value>) -> Result<PluginConfig, CniError> {
         let mut c = PluginConfig::default();
         let top = Obj { map: raw, path: "" };
-        c.log_level = logging::level_from_config(top.string("log_level")?.as_deref());
+        c.read_top_level(&top)?;
+        if let Some(k8s) = top.object("kubernetes")? {
+            c.read_kubernetes(&k8s)?;
+        }
+        if let Some(l) = top.object("linkerd")? {
+            c.proxy.read(&l)?;
+        }
+        Ok(c)
+    }
+
+    /// The keys outside the `kubernetes` and `linkerd` blocks.
+    fn read_top_level(&mut self, top: &Obj) -> Result<(), CniError> {
+        self.log_level = logging::level_from_config(top.string("log_level")?.as_deref());
         if let Some(dir) = top.string("cni_conf_dir")?
             && !dir.is_empty()
         {
-            c.cni_conf_dir = PathBuf::from(dir);
+            self.cni_conf_dir = PathBuf::from(dir);
         }
         if let Some(dir) = top.string("state_dir")?
             && !dir.is_empty()
         {
-            c.state_dir = PathBuf::from(dir);
+            self.state_dir = PathBuf::from(dir);
         }
         if let Some(list) = top.strings("exempt-namespaces")? {
-            c.exempt_namespaces = list;
+            self.exempt_namespaces = list;
         }
         if let Some(b) = top.bool("chain_heal")? {
-            c.chain_heal = b;
+            self.chain_heal = b;
         }
         if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
-            c.chain_repair_budget = d;
+            self.chain_repair_budget = d;
         }
-        if let Some(k8s) = top.object("kubernetes")? {
-            if let Some(path) = k8s.string("kubeconfig")?
-                && !path.is_empty()
-            {
-                c.kubeconfig = Some(PathBuf::from(path));
-            }
-            if let Some(d) = k8s.seconds("api-budget-seconds")? {
-                c.api_budget = d;
-            }
+        if let Some(b) = top.bool("chain_write_outside_conf_dir")? {
+            self.chain_write_outside_conf_dir = b;
         }
-        if let Some(l) = top.object("linkerd")? {
-            let p = &mut c.proxy;
-            if let Some(v) = l.port("incoming-proxy-port")? {
-                p.incoming_proxy_port = v;
+        if let Some(d) = top.seconds("add_deadline_seconds")? {
+            if d > MAX_ADD_DEADLINE {
+                return Err(bad(
+                    "add_deadline_seconds",
+                    &Value::from(d.as_secs_f64()),
+                    "at most 110 seconds (the kubelet abandons a runtime call after 120 s)",
+                ));
             }
-            if let Some(v) = l.port("outgoing-proxy-port")? {
-                p.outgoing_proxy_port = v;
-            }
-            if let Some(v) = l.int("proxy-uid")? {
-                p.proxy_uid = v;
-            }
-            if let Some(v) = l.int("proxy-gid")? {
-                p.proxy_gid = v;
-            }
-            if let Some(v) = l.ports("ports-to-redirect")? {
-                p.ports_to_redirect = v;
-            }
-            if let Some(v) = l.strings("inbound-ports-to-ignore")? {
-                p.inbound_ports_to_ignore = v;
-            }
-            if let Some(v) = l.strings("outbound-ports-to-ignore")? {
-                p.outbound_ports_to_ignore = v;
-            }
-            if let Some(v) = l.strings("subnets-to-ignore")? {
-                p.subnets_to_ignore = v;
-            }
-            if let Some(v) = l.bool("simulate")? {
-                p.simulate = v;
-            }
-            if let Some(v) = l.bool("use-wait-flag")? {
-                p.use_wait_flag = v;
-            }
-            if let Some(v) = l.string("iptables-mode")? {
-                p.iptables_mode = match v.as_str() {
-                    "" | "legacy" => IptablesMode::Legacy,
-                    "nft" => IptablesMode::Nft,
-                    "plain" => IptablesMode::Plain,
-                    _ => {
-                        return Err(bad(
-                            "linkerd.iptables-mode",
-                            &Value::String(v.clone()),
-                            "one of \"legacy\", \"nft\", \"plain\"",
-                        ));
-                    }
-                };
-            }
-            if let Some(v) = l.bool("ipv6")? {
-                p.ipv6 = v;
-            }
+            self.add_deadline = d;
         }
-        Ok(c)
+        Ok(())
+    }
+
+    /// The `kubernetes` block.
+    fn read_kubernetes(&mut self, k8s: &Obj) -> Result<(), CniError> {
+        if let Some(path) = k8s.string("kubeconfig")?
+            && !path.is_empty()
+        {
+            self.kubeconfig = Some(PathBuf::from(path));
+        }
+        if let Some(d) = k8s.seconds("api-budget-seconds")? {
+            self.api_budget = d;
+        }
+        if let Some(b) = k8s.bool("allow-plain-http")? {
+            self.allow_plain_http = b;
+        }
+        Ok(())
+    }
+}
+
+impl ProxyInit {
+    /// The `linkerd` block: proxy-init's settings.
+    fn read(&mut self, l: &Obj) -> Result<(), CniError> {
+        if let Some(v) = l.port("incoming-proxy-port")? {
+            self.incoming_proxy_port = v;
+        }
+        if let Some(v) = l.port("outgoing-proxy-port")? {
+            self.outgoing_proxy_port = v;
+        }
+        if let Some(v) = l.owner_id("proxy-uid")? {
+            self.proxy_uid = v;
+        }
+        if let Some(v) = l.owner_id("proxy-gid")? {
+            self.proxy_gid = v;
+        }
+        if let Some(v) = l.ports("ports-to-redirect")? {
+            self.ports_to_redirect = v;
+        }
+        if let Some(v) = l.strings("inbound-ports-to-ignore")? {
+            self.inbound_ports_to_ignore = v;
+        }
+        if let Some(v) = l.strings("outbound-ports-to-ignore")? {
+            self.outbound_ports_to_ignore = v;
+        }
+        if let Some(v) = l.strings("subnets-to-ignore")? {
+            self.subnets_to_ignore = v;
+        }
+        if let Some(v) = l.bool("simulate")? {
+            self.simulate = v;
+        }
+        if let Some(v) = l.bool("use-wait-flag")? {
+            self.use_wait_flag = v;
+        }
+        if let Some(v) = l.string("iptables-mode")? {
+            self.iptables_mode = match v.as_str() {
+                "" | "legacy" => IptablesMode::Legacy,
+                "nft" => IptablesMode::Nft,
+                "plain" => IptablesMode::Plain,
+                _ => {
+                    return Err(bad(
+                        "linkerd.iptables-mode",
+                        &Value::String(v.clone()),
+                        "one of \"legacy\", \"nft\", \"plain\"",
+                    ));
+                }
+            };
+        }
+        if let Some(v) = l.bool("ipv6")? {
+            self.ipv6 = v;
+        }
+        Ok(())
     }
 }
 
@@ -263,12 +323,23 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn int(&self, k: &str) -> Result<Option<i64>, CniError> {
+    /// A uid or gid iptables' owner match takes, or -1/0 for none: a value
+    /// iptables refuses would otherwise fail every meshed pod's ADD.
+    fn owner_id(&self, k: &str) -> Result<Option<i64>, CniError> {
         match self.get(k) {
             None => Ok(None),
             Some(v) => int_of(v)
+                .filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
                 .map(Some)
-                .ok_or_else(|| bad(&self.key(k), v, "an integer")),
+                .ok_or_else(|| {
+                    bad(
+                        &self.key(k),
+                        v,
+                        &format!(
+                            "an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)"
+                        ),
+                    )
+                }),
         }
     }
 
@@ -424,6 +495,8 @@ mod tests {
                 r#"{"chain_repair_budget_seconds":-1}"#,
                 "chain_repair_budget_seconds",
             ),
+            (r#"{"add_deadline_seconds":0}"#, "add_deadline_seconds"),
+            (r#"{"add_deadline_seconds":120}"#, "add_deadline_seconds"),
         ] {
             let e = parse(json).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG);
@@ -431,11 +504,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn proxy_ids_are_range_checked() {
+        for v in ["4294967295", "99999999999", "-2", "\"4294967296\""] {
+            for key in ["proxy-uid", "proxy-gid"] {
+                let e = parse(&format!(r#"{{"linkerd":{{"{key}":{v}}}}}"#)).unwrap_err();
+                assert_eq!(e.code, code::INVALID_CONFIG, "{key}={v}");
+                assert!(e.msg.contains(&format!("linkerd.{key}")), "{}", e.msg);
+                assert!(e.details.contains("-1 to 4294967294"), "{}", e.details);
+            }
+        }
+        let c = parse(r#"{"linkerd":{"proxy-uid":4294967294,"proxy-gid":-1}}"#).unwrap();
+        assert_eq!((c.proxy.proxy_uid, c.proxy.proxy_gid), (4294967294, -1));
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 17] = [
+        const KEYS: [&str; 19] = [
+            "add_deadline_seconds",
             "log_level",
             "kubernetes",
             "kubeconfig",
@@ -452,6 +540,7 @@ mod tests {
             "cni_conf_dir",
             "chain_heal",
             "chain_repair_budget_seconds",
+            "chain_write_outside_conf_dir",
             "state_dir",
         ];
 

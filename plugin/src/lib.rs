@@ -2,12 +2,16 @@
 //! rules in each meshed pod's network namespace, and keeps itself chained in
 //! the node's active conflist.
 //!
-//! The crate is both the plugin binary and the library the installer shares:
+//! The crate is the plugin binary and its library (for its tests and the
+//! conformance tools); the installer does not depend on it:
 //!
-//! - [`cni`]: the CNI protocol (environment, stdin config, results, errors).
-//! - [`chain`]: keeping our entry last in the active conflist (diagnosis,
-//!   repair, healing on ADD), shared with the installer.
-//! - [`config`]: linkerd-cni's config keys, compatible with upstream's.
+//! - [`cni`]: the CNI protocol (environment, the stdin network config as
+//!   every plugin reads it, results, errors).
+//! - [`heal`]: checking the chain on every ADD and repairing it within a
+//!   budget, on top of the chain library (`linkerd_cni_chain`), which the
+//!   installer shares.
+//! - [`config`]: linkerd-cni's own keys of that network config, compatible
+//!   with upstream's.
 //! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
 //!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
@@ -15,9 +19,9 @@
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
 
-pub mod chain;
 pub mod cni;
 pub mod config;
+pub mod heal;
 pub mod iptables;
 pub mod k8s;
 pub mod logging;

@@ -44,6 +44,34 @@ pub fn set_context(ctx: impl Into<String>) {
     }
 }
 
+/// The context of one CNI invocation: `container=ID pod=NAMESPACE/NAME`,
+/// each part when known. The values come from the runtime's environment,
+/// unchecked for DEL, GC and STATUS: shortened, and quoted when they hold
+/// anything but visible ASCII, so that one record stays one line.
+pub fn invocation_context(container_id: Option<&str>, pod: Option<(&str, &str)>) -> String {
+    let mut parts = Vec::new();
+    if let Some(id) = container_id {
+        parts.push(format!("container={}", printable(id)));
+    }
+    if let Some((namespace, name)) = pod {
+        parts.push(format!("pod={}", printable(&format!("{namespace}/{name}"))));
+    }
+    parts.join(" ")
+}
+
+fn printable(s: &str) -> String {
+    const MAX_CHARS: usize = 128;
+    let mut cut: String = s.chars().take(MAX_CHARS).collect();
+    if cut.len() < s.len() {
+        cut.push_str("...");
+        format!("{cut:?}")
+    } else if cut.chars().all(|c| c.is_ascii_graphic() && c != '"') {
+        cut
+    } else {
+        format!("{cut:?}")
+    }
+}
+
 /// `log_level` as upstream reads it: debug or info, anything else is warn.
 pub fn level_from_config(s: Option<&str>) -> LevelFilter {
     match s.map(str::to_ascii_lowercase).as_deref() {
@@ -166,6 +194,23 @@ mod tests {
         assert!(!l.enabled(&meta("ureq::unversioned", Level::Info)));
         assert!(l.enabled(&meta("ureq::unversioned", Level::Warn)));
         assert!(!l.enabled(&meta("linkerd_cni::pod", Level::Trace)));
+    }
+
+    #[test]
+    fn invocation_context_is_one_short_line() {
+        assert_eq!(
+            invocation_context(Some("3f1c2b9a7e"), Some(("emojivoto", "web-1"))),
+            "container=3f1c2b9a7e pod=emojivoto/web-1"
+        );
+        assert_eq!(invocation_context(Some("c1"), None), "container=c1");
+        assert_eq!(invocation_context(None, None), "");
+        assert_eq!(
+            invocation_context(Some("a\nb c"), None),
+            r#"container="a\nb c""#
+        );
+        let long = "x".repeat(1000);
+        let shown = invocation_context(Some(&long), None);
+        assert!(shown.len() < 150 && shown.ends_with("...\""), "{shown}");
     }
 
     #[test]

@@ -5,12 +5,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use linkerd_cni::chain::owned::{self, ChainMode};
-use linkerd_cni::chain::{self, ENTRY_FILE, Entry, RepairOptions};
 use linkerd_cni::cni::{self, CniError, code};
-use linkerd_cni::config::DEFAULT_CONF_DIR;
+use linkerd_cni::config::{DEFAULT_CONF_DIR, PluginConfig};
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
+use linkerd_cni_chain::owned::{self, ChainMode};
+use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
 
 const USAGE: &str = "\
 linkerd-cni: chained CNI plugin that redirects meshed pods' traffic through
@@ -35,6 +35,16 @@ USAGE:
                             config up to date (owned mode), under the
                             conf-dir lock, atomically, and print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
+
+    linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
+                            [--timeout-seconds N]
+                            whether the DaemonSet controlling pod NS/NAME is
+                            gone or being deleted (or the namespace is, or
+                            the pod's own token or RBAC is revoked): exit 0 and
+                            \"gone: ...\" on stdout; exit 1 and \"present: ...\";
+                            exit 2: cannot tell (the reason on stderr).
+                            Every API call ends within N seconds (default 5).
+                            The installer asks this at SIGTERM.
 
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
     --entry FILE     JSON file holding the desired linkerd-cni entry (default:
@@ -61,6 +71,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["chain", rest @ ..] => chain_cli(rest),
+        ["kube", rest @ ..] => kube_cli(rest),
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
@@ -105,16 +116,22 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         Ok(m) => m,
         Err(e) => return fail(&e.to_string()),
     };
+    // As the plugin itself would repair: the entry's own settings.
+    let opts = RepairOptions {
+        write_outside_conf_dir: PluginConfig::from_map(&desired)
+            .is_ok_and(|c| c.chain_write_outside_conf_dir),
+        ..RepairOptions::default()
+    };
     match cmd {
-        "status" => match status(&conf_dir, &desired, mode) {
+        "status" => match status(&conf_dir, &desired, mode, &opts) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => fail(&e.to_string()),
         },
-        "repair" => match owned::converge(&conf_dir, &desired, &RepairOptions::default()) {
+        "repair" => match owned::converge(&conf_dir, &desired, &opts) {
             Ok(r) => {
                 println!("{}", r.summary);
-                match status(&conf_dir, &desired, mode) {
+                match status(&conf_dir, &desired, mode, &opts) {
                     Ok(true) => ExitCode::SUCCESS,
                     Ok(false) => ExitCode::from(1),
                     Err(e) => fail(&e.to_string()),
@@ -129,9 +146,15 @@ fn chain_cli(args: &[&str]) -> ExitCode {
 }
 
 /// Prints the chain's state in `mode`; returns whether it is healthy.
-fn status(conf_dir: &Path, desired: &Entry, mode: ChainMode) -> Result<bool, chain::ChainError> {
+fn status(
+    conf_dir: &Path,
+    desired: &Entry,
+    mode: ChainMode,
+    opts: &RepairOptions,
+) -> Result<bool, chain::ChainError> {
     println!("mode:          {mode}");
-    let inline = chain::diagnose(conf_dir, desired)?;
+    let inline = chain::diagnose_with(conf_dir, desired, opts)?;
+    print_transport_warnings(desired);
     match mode {
         ChainMode::Inline => {
             print!("{inline}");
@@ -144,7 +167,7 @@ fn status(conf_dir: &Path, desired: &Entry, mode: ChainMode) -> Result<bool, cha
             Ok(inline.is_healthy() && !ours)
         }
         ChainMode::Owned => {
-            let o = owned::diagnose(conf_dir, desired)?;
+            let o = owned::diagnose_with(conf_dir, desired, opts)?;
             print!("{o}");
             if matches!(o.state, owned::OwnedState::Fallback { .. }) {
                 println!("inline chain (used instead):");
@@ -157,13 +180,108 @@ fn status(conf_dir: &Path, desired: &Entry, mode: ChainMode) -> Result<bool, cha
     }
 }
 
+/// `linkerd-cni kube daemonset-gone`: exit 0 gone, 1 present, 2 cannot
+/// tell. Only 0 makes the installer uninstall, so a crash, a missing binary
+/// or any surprise leaves the node as it is.
+fn kube_cli(args: &[&str]) -> ExitCode {
+    logging::init("linkerd-cni", log::LevelFilter::Warn);
+    let fail = |msg: &str| {
+        eprintln!("linkerd-cni kube: {msg}");
+        ExitCode::from(2)
+    };
+    let Some((&cmd, mut rest)) = args.split_first() else {
+        return fail(&format!("expected daemonset-gone\n\n{USAGE}"));
+    };
+    if cmd != "daemonset-gone" {
+        return fail(&format!(
+            "unknown kube command {cmd:?}: expected daemonset-gone"
+        ));
+    }
+    let (mut kubeconfig, mut namespace, mut pod) = (None, None, None);
+    let mut timeout = std::time::Duration::from_secs(5);
+    while let Some((&flag, tail)) = rest.split_first() {
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        let (value, tail) = match (inline, tail.split_first()) {
+            (Some(v), _) => (v, tail),
+            (None, Some((&v, t))) => (v, t),
+            (None, None) => return fail(&format!("{name} needs a value")),
+        };
+        match name {
+            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value)),
+            "--namespace" => namespace = Some(value.to_string()),
+            "--pod" => pod = Some(value.to_string()),
+            "--timeout-seconds" => match value.parse::<f64>() {
+                Ok(s) if s > 0.0 && s <= 300.0 => {
+                    timeout = std::time::Duration::from_secs_f64(s);
+                }
+                _ => {
+                    return fail(&format!(
+                        "--timeout-seconds {value:?}: expected 0 < N <= 300"
+                    ));
+                }
+            },
+            _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
+        }
+        rest = tail;
+    }
+    let (Some(kubeconfig), Some(namespace), Some(pod)) = (kubeconfig, namespace, pod) else {
+        return fail("--kubeconfig, --namespace and --pod are required");
+    };
+    let api = match linkerd_cni::k8s::kubeconfig::load(&kubeconfig) {
+        Ok(api) => api,
+        Err(e) => return fail(&format!("cannot tell: {e}")),
+    };
+    let client = linkerd_cni::k8s::Client::new(api, timeout);
+    match linkerd_cni::k8s::owner::daemonset_of(&client, &namespace, &pod) {
+        // The verdict word leads stdout: the installer uninstalls only on
+        // exit 0 AND "gone:", so no other program can make it uninstall.
+        Ok(state) if state.is_gone() => {
+            println!("gone: {state}");
+            ExitCode::SUCCESS
+        }
+        Ok(state) => {
+            println!("present: {state}");
+            ExitCode::from(1)
+        }
+        Err(e) => fail(&format!("cannot tell: {e}")),
+    }
+}
+
+/// How the entry's kubeconfig reaches the API server, when that is weak
+/// (plain http, TLS verification off). Informational: the exit code stays
+/// the chain's.
+fn print_transport_warnings(desired: &Entry) {
+    let Ok(config) = PluginConfig::from_map(desired) else {
+        return;
+    };
+    let Some(path) = config.kubeconfig else {
+        return;
+    };
+    match linkerd_cni::k8s::kubeconfig::load(&path) {
+        Ok(api) => {
+            for w in api.transport_warnings() {
+                println!("warning: {w}");
+            }
+            if api.is_plain_http() && !config.allow_plain_http {
+                println!(
+                    "warning: the plugin refuses this plain http:// server (kubernetes.allow-plain-http is not set)"
+                );
+            }
+        }
+        Err(e) => println!("warning: {e}"),
+    }
+}
+
 /// `--entry FILE`, else the installer's entry file in the conf dir.
 fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> {
     match file {
         Some(f) => {
             let bytes =
                 std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
-            chain::parse_entry(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
+            Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {
             Ok(Some(e)) => Ok(e),
@@ -187,12 +305,12 @@ fn run_cni() -> ExitCode {
             format!("{info}; please report this bug"),
         );
         log::error!("{e}");
-        let _ = std::io::stdout().write_all(&cni::Outcome::error(&e, cni::version::LATEST).stdout);
+        let _ = std::io::stdout().write_all(&cni::Reply::error(&e, cni::version::LATEST).stdout);
     }));
 
     let outcome = match cni::read_stdin(std::io::stdin().lock()) {
         Ok(stdin) => cni::run(|k| std::env::var_os(k), &stdin, &LinkerdCni),
-        Err(e) => cni::Outcome::error(&e, cni::version::LATEST),
+        Err(e) => cni::Reply::error(&e, cni::version::LATEST),
     };
     let mut out = std::io::stdout().lock();
     if out

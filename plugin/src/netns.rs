@@ -5,8 +5,14 @@
 //! runs on a dedicated thread that enters the namespace and then exits:
 //! the rest of the process never changes namespace, and processes that
 //! thread spawns (iptables) start in the pod's namespace.
+//!
+//! A namespace that is the plugin's own or the host's (pid 1's) is refused
+//! before entering, by namespace identity (device and inode of the nsfs
+//! file), whatever path names it: the rules would otherwise redirect the
+//! node's own traffic.
 
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::sched::{CloneFlags, setns};
@@ -26,6 +32,11 @@ pub enum NetnsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "refusing network namespace {path}: it is {whose} network namespace, not a pod's; \
+         the container runtime must pass the pod's namespace in CNI_NETNS"
+    )]
+    NotAPod { path: PathBuf, whose: &'static str },
     #[error("the work inside network namespace {path} panicked")]
     Panicked { path: PathBuf },
 }
@@ -42,6 +53,7 @@ where
         path: path.to_path_buf(),
         source,
     })?;
+    refuse_own(&ns, path)?;
     std::thread::scope(|s| {
         let handle = std::thread::Builder::new()
             .name("netns".into())
@@ -63,6 +75,29 @@ where
     })
 }
 
+/// Errs when `ns` is the network namespace this process (or thread) or pid
+/// 1 is in. A file whose identity cannot be read is left to `setns`, which
+/// refuses anything that is not a namespace.
+fn refuse_own(ns: &File, path: &Path) -> Result<(), NetnsError> {
+    let Ok(target) = ns.metadata() else {
+        return Ok(());
+    };
+    let id = |m: &std::fs::Metadata| (m.dev(), m.ino());
+    for (own, whose) in [
+        ("/proc/thread-self/ns/net", "linkerd-cni's own"),
+        ("/proc/self/ns/net", "linkerd-cni's own"),
+        ("/proc/1/ns/net", "the host's (pid 1's)"),
+    ] {
+        if std::fs::metadata(own).is_ok_and(|m| id(&m) == id(&target)) {
+            return Err(NetnsError::NotAPod {
+                path: path.to_path_buf(),
+                whose,
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,9 +115,27 @@ mod tests {
     }
 
     #[test]
-    fn own_namespace_runs_the_closure() {
-        // Entering the namespace we are already in needs no throwaway netns.
-        let v = run_in(Path::new("/proc/self/ns/net"), || 42).unwrap();
-        assert_eq!(v, 42);
+    fn own_and_host_namespaces_are_refused() {
+        // Rules meant for a pod must never land in the node's namespace.
+        for path in [
+            "/proc/self/ns/net",
+            "/proc/thread-self/ns/net",
+            "/proc/1/ns/net",
+        ] {
+            let ran = std::sync::atomic::AtomicBool::new(false);
+            let e = run_in(Path::new(path), || {
+                ran.store(true, std::sync::atomic::Ordering::SeqCst)
+            })
+            .unwrap_err();
+            assert!(!ran.into_inner(), "{path}: the closure ran");
+            // pid 1 may be out of reach (another user namespace): then the
+            // open fails, which refuses it too.
+            let unreadable = path == "/proc/1/ns/net" && matches!(e, NetnsError::Open { .. });
+            assert!(
+                matches!(e, NetnsError::NotAPod { .. }) || unreadable,
+                "{path}: {e}"
+            );
+            assert!(e.to_string().contains(path), "{e}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! send back an ADD that ran a stale copy.
 //!
 //! The runtime hands the plugin its entry as it loaded it, marker included
-//! (see [`crate::chain::owned`]): the primary's file name and the digest of
+//! (see `linkerd_cni_chain::owned`): the primary's file name and the digest of
 //! its chain as copied. If the primary's file changed since (or is gone, or
 //! another file became the primary), the pod was set up by a chain the
 //! primary no longer means: the plugin brings our file up to date and
@@ -12,12 +12,12 @@
 
 use std::time::Instant;
 
-use serde_json::Value;
+use linkerd_cni_chain::owned::{self, ChainMode, Marker, OwnedState};
+use linkerd_cni_chain::{ChainError, Entry, RepairOptions, load_entry};
 
-use crate::chain::owned::{self, ChainMode, Marker, OwnedState};
-use crate::chain::{self, Entry, RepairOptions};
 use crate::cni::{CniError, NetConf, code};
 use crate::config::PluginConfig;
+use crate::heal::{entry_from_stdin, heal_on_add};
 
 /// What the ADD does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,15 +31,18 @@ pub enum Next {
 
 /// The desired entry: the installer's, else the one this ADD was invoked
 /// with (without the marker, which belongs to the copy, not the entry).
-fn desired(conf: &NetConf, config: &PluginConfig) -> Entry {
-    let mut from_stdin = chain::entry_from_stdin(&conf.raw);
-    from_stdin.remove(owned::MARKER_KEY);
-    match chain::load_entry(&config.cni_conf_dir) {
-        Ok(Some(e)) => e,
-        Ok(None) => from_stdin,
+fn desired(conf: &NetConf, config: &PluginConfig) -> Result<Entry, ChainError> {
+    let from_stdin = || {
+        let mut raw = conf.raw.clone();
+        raw.remove(owned::MARKER_KEY);
+        entry_from_stdin(&raw)
+    };
+    match load_entry(&config.cni_conf_dir) {
+        Ok(Some(e)) => Ok(e),
+        Ok(None) => from_stdin(),
         Err(e) => {
             log::warn!("chain check: {e}; using the entry this ADD was invoked with");
-            from_stdin
+            from_stdin()
         }
     }
 }
@@ -51,7 +54,10 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
         return Ok(Next::HealInline);
     }
     let ran = Marker::of(&conf.raw);
-    let desired = desired(conf, config);
+    // Not one of ours: the inline check says why it cannot heal.
+    let Ok(desired) = desired(conf, config) else {
+        return Ok(Next::HealInline);
+    };
     let mode = match owned::mode_of(&desired) {
         Ok(m) => m,
         Err(e) => {
@@ -62,12 +68,15 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
     if mode == ChainMode::Inline && ran.is_none() {
         return Ok(Next::HealInline);
     }
-    if desired.get("type").and_then(Value::as_str) != Some(chain::PLUGIN_TYPE) {
-        return Ok(Next::HealInline);
-    }
     let start = Instant::now();
     let dir = &config.cni_conf_dir;
-    let diag = match owned::diagnose(dir, &desired) {
+    let base = RepairOptions {
+        lock_timeout: config.chain_repair_budget,
+        deadline: Some(start + config.chain_repair_budget),
+        write_outside_conf_dir: config.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    };
+    let diag = match owned::diagnose_with(dir, &desired, &base) {
         Ok(d) => d,
         Err(e) => {
             log::warn!("owned chain check skipped: {e}");
@@ -86,13 +95,8 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
             if !diag.owned.is_empty() {
                 // Inline repair first, so the runtime never loads a chain
                 // without us, then our files (of another primary) go.
-                chain::heal_on_add(conf, config);
-                let opts = RepairOptions {
-                    lock_timeout: config.chain_repair_budget,
-                    deadline: Some(start + config.chain_repair_budget),
-                    requires: None,
-                };
-                match owned::retire(dir, &opts) {
+                heal_on_add(conf, config);
+                match owned::retire(dir, &base) {
                     Ok(files) => {
                         for f in files {
                             log::warn!(
@@ -107,9 +111,8 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
             }
         } else if !diag.is_current() {
             let opts = RepairOptions {
-                lock_timeout: config.chain_repair_budget,
-                deadline: Some(start + config.chain_repair_budget),
                 requires: config.kubeconfig.clone(),
+                ..base
             };
             match owned::sync(dir, &desired, &opts) {
                 Ok(r) if r.changed => log::warn!("chain (owned mode): {}", r.summary),
@@ -126,12 +129,9 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
         None => Ok(next),
         Some(why) => {
             if next == Next::HealInline {
-                chain::heal_on_add(conf, config);
+                heal_on_add(conf, config);
             }
-            log::warn!(
-                "ADD {}: the chain that ran was stale ({why}); asking the runtime to retry",
-                std::env::var("CNI_CONTAINERID").unwrap_or_default()
-            );
+            log::warn!("the chain that ran was stale ({why}); asking the runtime to retry");
             Err(CniError::new(
                 code::TRY_AGAIN_LATER,
                 "the network config this ADD ran is out of date; try again",

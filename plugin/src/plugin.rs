@@ -1,9 +1,11 @@
 //! linkerd-cni's behaviour for each CNI command: the glue between the
 //! protocol layer ([`crate::cni`]) and the work (per-pod rules, chain healing).
 
+use std::time::Instant;
+
 use serde_json::Value;
 
-use crate::cni::{self, CniError, Invocation, NetConf};
+use crate::cni::{self, CniError, Env, Invocation, NetConf};
 use crate::config::PluginConfig;
 use crate::logging;
 use crate::pod;
@@ -13,27 +15,50 @@ use crate::pod;
 pub struct LinkerdCni;
 
 impl cni::Plugin for LinkerdCni {
+    /// Every log line of the invocation names its container and pod.
+    fn start(&self, env: &Env) {
+        let pod = env.args.pod_namespace().zip(env.args.pod_name());
+        logging::set_context(logging::invocation_context(
+            env.container_id.as_deref(),
+            pod,
+        ));
+    }
+
     fn configure(&self, conf: &NetConf) {
         let level = logging::level_from_config(conf.raw.get("log_level").and_then(Value::as_str));
         logging::set_level(level);
     }
 
+    /// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain
+    /// comes first, with the smaller of its own budget and the deadline:
+    /// healing the node matters whatever happens to this pod, and a slow API
+    /// server or a held xtables lock must not starve it.
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf)?;
-        // Before the pod's work: an ADD that ran a stale owned copy is sent
-        // back (code 11) without doing it.
-        let next = crate::owned_add::before_add(&inv.conf, &config)?;
-        let pod = pod::add(inv, &config);
-        // Healed whatever the pod's outcome: the runtime invoked us, so the
-        // node's chain matters even when this pod's rules failed.
-        if next == crate::owned_add::Next::HealInline {
-            crate::chain::heal_on_add(&inv.conf, &config);
+        let deadline = Instant::now() + config.add_deadline;
+        let mut heal = config.clone();
+        heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
+        // Owned mode first: an ADD that ran a stale owned copy is sent back
+        // (code 11) without the pod's work.
+        if crate::owned_add::before_add(&inv.conf, &heal)? == crate::owned_add::Next::HealInline {
+            crate::heal::heal_on_add(&inv.conf, &heal);
         }
-        pod?;
+        pod::add_until(inv, &config, deadline)?;
         Ok(inv.conf.pass_through_result())
     }
 
+    /// A chained plugin's CHECK verifies against the ADD result the runtime
+    /// passes back; without it, refused, as the reference chained plugins
+    /// (portmap, tuning, bandwidth) do.
     fn check(&self, inv: &Invocation) -> Result<(), CniError> {
+        if inv.conf.prev_result.is_none() {
+            return Err(CniError::new(
+                cni::code::INVALID_CONFIG,
+                "CHECK without prevResult",
+                "linkerd-cni is a chained plugin: the runtime must pass the result of the \
+                 network's ADD as prevResult on CHECK",
+            ));
+        }
         let config = PluginConfig::from_netconf(&inv.conf)?;
         pod::check(inv, &config)
     }

@@ -9,13 +9,28 @@
 //! ports. Unlike upstream, the namespace is fetched at most once, pods in
 //! exempt namespaces never cause an API call, every API call fits one
 //! budget, and bad annotations are errors rather than silently skipped.
+//!
+//! Safe by construction when the plugin's credentials are gone: when the
+//! API server rejects them for the pod GET (401, or 403 without RBAC), or the
+//! kubeconfig does not exist (an uninstall under way), the plugin cannot
+//! tell whether the pod is meshed and passes it through without rules,
+//! logging why. A meshed pod then starts unredirected and linkerd's
+//! network-validator init container refuses it (fail closed for the mesh),
+//! while every other pod on the node starts normally. An API server that is
+//! down or slow stays an error ("try again later"): that is transient, and
+//! meshed pods must not start unredirected because of it.
+//!
+//! One deadline bounds everything an ADD does ([`add_until`]): each API call
+//! and iptables command gets the smaller of its own bound and what is left.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
-use crate::cni::{CniError, Invocation, code};
+use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
+use crate::k8s::objects::{Pod, PodSpec};
 use crate::k8s::{self, ApiError, Client, KubeconfigError};
 
 /// The proxy container linkerd's injector adds.
@@ -71,9 +86,19 @@ pub struct Plan {
     pub rule_sets: Vec<RuleSet>,
 }
 
-/// ADD: installs the rules when the pod is meshed.
+/// ADD: installs the rules when the pod is meshed, within
+/// `add_deadline_seconds` from now.
 pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
-    let plan = match decide(inv, config)? {
+    add_until(inv, config, Instant::now() + config.add_deadline)
+}
+
+/// ADD, every step ending by `deadline`.
+pub fn add_until(
+    inv: &Invocation,
+    config: &PluginConfig,
+    deadline: Instant,
+) -> Result<(), CniError> {
+    let plan = match decide_until(inv, config, deadline)? {
         Decision::PassThrough(why) => {
             log::info!("ADD: nothing to do: {why}");
             return Ok(());
@@ -93,8 +118,12 @@ pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     }
     let netns = netns_of(inv)?;
     driver(config)
+        .until(deadline)
         .apply(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+        .map_err(|e| {
+            let e = iptables_error("set up", &plan.pod, netns, e);
+            past_deadline(config, deadline, "installing linkerd's iptables rules", e)
+        })?;
     log::info!(
         "ADD {}: installed linkerd's redirect rules in {}",
         plan.pod,
@@ -119,7 +148,7 @@ pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let netns = netns_of(inv)?;
     let diffs = driver(config)
         .verify(netns, &plan.rule_sets)
-        .map_err(|e| iptables_error(&plan.pod, netns, e))?;
+        .map_err(|e| iptables_error("verify", &plan.pod, netns, e))?;
     if diffs.is_empty() {
         return Ok(());
     }
@@ -142,41 +171,130 @@ pub fn status(config: &PluginConfig) {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
         }
-        Some(path) => {
-            if let Err(e) = k8s::kubeconfig::load(path) {
-                log::warn!(
-                    "STATUS: {e}: meshed pods cannot be set up until the installer rewrites it"
-                );
-            }
-        }
+        Some(path) => match usable_kubeconfig(path, config) {
+            Ok(_) => {}
+            Err(e) => log::warn!("STATUS: {e}: meshed pods cannot be set up"),
+        },
     }
 }
 
 /// Decides what to do for the pod of `inv`, making the API calls needed
-/// (none for a pass-through by CNI_ARGS or exempt namespace).
+/// (none for a pass-through by CNI_ARGS or exempt namespace), within
+/// `add_deadline_seconds` from now.
 pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    let args = &inv.env.args;
+    decide_until(inv, config, Instant::now() + config.add_deadline)
+}
+
+/// [`decide`], every API call ending by `deadline`.
+pub fn decide_until(
+    inv: &Invocation,
+    config: &PluginConfig,
+    deadline: Instant,
+) -> Result<Decision, CniError> {
+    match plan(inv, config, deadline) {
+        Ok(plan) => Ok(Decision::Mesh(plan)),
+        Err(Stop::PassThrough(why)) => Ok(Decision::PassThrough(why)),
+        Err(Stop::Failed(e)) => Err(e),
+    }
+}
+
+/// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
+/// cannot be told to be), or something failed.
+enum Stop {
+    PassThrough(String),
+    Failed(CniError),
+}
+
+impl From<CniError> for Stop {
+    fn from(e: CniError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// The phases of [`decide`]: which pod, the API client, whether the pod is
+/// meshed, its effective settings, its rules.
+fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Plan, Stop> {
+    let (namespace, name) = pod_in_args(&inv.env.args, config)?;
+    let pod_id = format!("{namespace}/{name}");
+    let client = api_client(config, &pod_id, deadline)?;
+    let api_failed = |what: &str, e: ApiError| {
+        past_deadline(
+            config,
+            deadline,
+            "asking the Kubernetes API",
+            api_error(what, e),
+        )
+    };
+    let pod = match client.pod(namespace, name) {
+        Ok(pod) => pod,
+        Err(ApiError::Unauthorized {
+            status,
+            path: _,
+            kubeconfig,
+        }) => {
+            return Err(Stop::PassThrough(credentials_rejected(
+                &pod_id,
+                status,
+                &kubeconfig,
+            )));
+        }
+        Err(e) => return Err(Stop::Failed(api_failed(&format!("pod {pod_id}"), e))),
+    };
+    check_meshed(&pod.spec, &pod_id)?;
+    let spec = effective_spec(&client, config, &pod, namespace, &pod_id, &api_failed)?;
+    let rule_sets = rule_sets(&spec, config.proxy.ipv6);
+    Ok(Plan {
+        pod: pod_id,
+        spec,
+        rule_sets,
+    })
+}
+
+/// The pass-through reason when the API server rejects the plugin's
+/// credentials for the pod GET: logged as an error, since a meshed pod then
+/// starts unredirected (and linkerd's network-validator refuses it).
+fn credentials_rejected(pod_id: &str, status: u16, kubeconfig: &std::path::Path) -> String {
+    let why = format!(
+        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+         linkerd-cni's credentials (HTTP {status}), so the pod starts WITHOUT linkerd's \
+         redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+         fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+         linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), or, if \
+         linkerd-cni was uninstalled, remove the linkerd-cni entry from the node's CNI config",
+        kubeconfig.display()
+    );
+    log::error!("{why}");
+    why
+}
+
+/// The pod's namespace and name from CNI_ARGS; a pass-through when the
+/// invocation is not for a Kubernetes pod or its namespace is exempt.
+fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Ok(Decision::PassThrough(
+        return Err(Stop::PassThrough(
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "namespace {namespace:?} is exempt (exempt-namespaces)"
         )));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !valid_name(value) {
-            return Err(CniError::new(
+            return Err(Stop::Failed(CniError::new(
                 code::INVALID_ENV,
                 format!("invalid {key} {value:?} in CNI_ARGS"),
                 "a Kubernetes name holds only lower-case letters, digits, '-' and '.'",
-            ));
+            )));
         }
     }
-    let pod_id = format!("{namespace}/{name}");
+    Ok((namespace, name))
+}
 
+/// A client for the configured kubeconfig, to look up `pod_id` by
+/// `deadline`; a pass-through when the kubeconfig is known to be absent.
+fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<Client, Stop> {
     let path = config.kubeconfig.as_deref().ok_or_else(|| {
         CniError::new(
             code::INVALID_CONFIG,
@@ -186,20 +304,33 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
             "the linkerd-cni installer sets kubernetes.kubeconfig to the kubeconfig it writes",
         )
     })?;
-    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
-    let client = Client::new(api, config.api_budget);
+    // Only a kubeconfig known to be absent: one that cannot be checked
+    // (permissions) is an error below, like any unusable one.
+    if matches!(path.try_exists(), Ok(false)) {
+        let why = format!(
+            "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
+             (linkerd-cni is being uninstalled, or its installer has not run on this node); \
+             the pod starts without linkerd's redirect rules",
+            path.display()
+        );
+        log::error!("{why}");
+        return Err(Stop::PassThrough(why));
+    }
+    let api = usable_kubeconfig(path, config)?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    Ok(Client::new(api, config.api_budget.min(remaining)))
+}
 
-    let pod = client
-        .pod(namespace, name)
-        .map_err(|e| api_error(&format!("pod {pod_id}"), e))?;
-    let spec = &pod.spec;
+/// A pass-through unless the pod has linkerd's proxy and no init container
+/// of its own.
+fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
     let has_proxy = spec
         .containers
         .iter()
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has no {PROXY_CONTAINER} container"
         )));
     }
@@ -208,24 +339,36 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Ok(Decision::PassThrough(format!(
+        return Err(Stop::PassThrough(format!(
             "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
         )));
     }
+    Ok(())
+}
 
+/// The config keys, overridden by the pod's (or its namespace's)
+/// annotations; a control-plane pod also skips the API server's ports.
+fn effective_spec(
+    client: &Client,
+    config: &PluginConfig,
+    pod: &Pod,
+    namespace: &str,
+    pod_id: &str,
+    api_failed: &dyn Fn(&str, ApiError) -> CniError,
+) -> Result<RedirectSpec, CniError> {
     let mut spec = base_spec(&config.proxy)?;
     let pod_ann = &pod.metadata.annotations;
     // One namespace GET covers every annotation the pod lacks.
     let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
         client
             .namespace(namespace)
-            .map_err(|e| api_error(&format!("namespace {namespace} of pod {pod_id}"), e))?
+            .map_err(|e| api_failed(&format!("namespace {namespace} of pod {pod_id}"), e))?
             .metadata
             .annotations
     } else {
         BTreeMap::new()
     };
-    apply_annotations(&mut spec, pod_ann, &ns_ann, &pod_id)?;
+    apply_annotations(&mut spec, pod_ann, &ns_ann, pod_id)?;
 
     if pod
         .metadata
@@ -233,7 +376,7 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         .get(CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
-        let ports = api_server_ports(&client).unwrap_or_else(|e| {
+        let ports = api_server_ports(client).unwrap_or_else(|e| {
             log::warn!(
                 "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
             );
@@ -242,25 +385,52 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniEr
         spec.outbound_ports_to_ignore
             .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
     }
+    Ok(spec)
+}
 
+/// One rule set per family to program.
+fn rule_sets(spec: &RedirectSpec, ipv6: bool) -> Vec<RuleSet> {
     let mut families = vec![Family::V4];
-    if config.proxy.ipv6 {
+    if ipv6 {
         families.push(Family::V6);
     }
-    let rule_sets = families
+    families
         .into_iter()
-        .map(|f| RuleSet::build(&spec, f))
-        .collect();
-    Ok(Decision::Mesh(Plan {
-        pod: pod_id,
-        spec,
-        rule_sets,
-    }))
+        .map(|f| RuleSet::build(spec, f))
+        .collect()
+}
+
+/// The kubeconfig at `path`, refused when it would send the token over
+/// plain http without `kubernetes.allow-plain-http`; its transport
+/// weaknesses are logged as warnings on every use.
+fn usable_kubeconfig(
+    path: &std::path::Path,
+    config: &PluginConfig,
+) -> Result<k8s::ApiConfig, CniError> {
+    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    if api.is_plain_http() && !config.allow_plain_http {
+        return Err(CniError::new(
+            code::KUBERNETES,
+            format!(
+                "refusing plain http:// to the Kubernetes API at {} (kubeconfig {}): the bearer \
+                 token would cross the network unencrypted",
+                api.server,
+                path.display()
+            ),
+            "use an https:// server address; to accept plain http anyway, set \
+             kubernetes.allow-plain-http: true in the linkerd-cni config",
+        ));
+    }
+    for w in api.transport_warnings() {
+        log::warn!("{w}");
+    }
+    Ok(api)
 }
 
 /// The settings from the config keys alone.
 pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
     let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
+        rules::check_list_size(list.len(), 0).map_err(|e| invalid_config(key, e))?;
         list.iter()
             .filter(|s| !s.trim().is_empty())
             .map(|s| PortRange::parse(s))
@@ -281,13 +451,16 @@ pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
             "linkerd.outbound-ports-to-ignore",
             &p.outbound_ports_to_ignore,
         )?,
-        subnets_to_ignore: p
-            .subnets_to_ignore
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| Subnet::parse(s))
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))?,
+        subnets_to_ignore: rules::check_list_size(p.subnets_to_ignore.len(), 0)
+            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            .and_then(|()| {
+                p.subnets_to_ignore
+                    .iter()
+                    .filter(|s| !s.trim().is_empty())
+                    .map(|s| Subnet::parse(s))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
+            })?,
     })
 }
 
@@ -306,11 +479,25 @@ pub fn apply_annotations(
         }
         .filter(|(v, _)| !v.trim().is_empty())
     };
+    let ns_name = pod_id.split_once('/').map_or(pod_id, |(ns, _)| ns);
     let bad = |key: &str, value: &str, on: &str, why: String| {
+        let (whose, fix) = if on == "pod" {
+            (format!("pod {pod_id}"), "recreate the pod")
+        } else {
+            (
+                format!("namespace {ns_name} (read for pod {pod_id})"),
+                "recreate the pod (the namespace's annotations apply to pods created afterwards)",
+            )
+        };
+        // The value is the pod author's: quoted, but not at any length.
+        let shown = match value.char_indices().nth(64) {
+            Some((i, _)) => format!("{:?}... ({} bytes)", &value[..i], value.len()),
+            None => format!("{value:?}"),
+        };
         CniError::new(
             code::INVALID_ANNOTATION,
-            format!("invalid annotation {key}={value:?} on the {on} of pod {pod_id}"),
-            format!("{why}; fix or remove the annotation and recreate the pod"),
+            format!("invalid annotation {key}={shown} on {whose}"),
+            format!("{why}; fix or remove the annotation and {fix}"),
         )
     };
 
@@ -336,8 +523,19 @@ pub fn apply_annotations(
                 .trim()
                 .parse::<i64>()
                 .ok()
-                .filter(|id| u32::try_from(*id).is_ok() || *id < 0)
-                .ok_or_else(|| bad(key, v, on, "expected an integer id".into()))?;
+                .filter(|id| (rules::MIN_OWNER_ID..=rules::MAX_OWNER_ID).contains(id))
+                .ok_or_else(|| {
+                    bad(
+                        key,
+                        v,
+                        on,
+                        format!(
+                            "expected an integer id from {} to {} (-1 or 0: none)",
+                            rules::MIN_OWNER_ID,
+                            rules::MAX_OWNER_ID
+                        ),
+                    )
+                })?;
         }
     }
     Ok(())
@@ -399,20 +597,44 @@ fn kubeconfig_error(e: KubeconfigError) -> CniError {
     )
 }
 
-/// `what`: what was being read, e.g. "pod ns/name".
+/// `what`: what was being read, e.g. "pod ns/name". An unreachable, slow
+/// or overloaded server is "try again later" (code 11), which is what it is.
 fn api_error(what: &str, e: ApiError) -> CniError {
+    let code = if e.transient() {
+        code::TRY_AGAIN_LATER
+    } else {
+        code::KUBERNETES
+    };
+    CniError::new(code, format!("cannot get {what}: {e}"), e.hint())
+}
+
+/// `e`, or, when the ADD's deadline has passed, the error that says so
+/// (code 11: the kubelet retries the pod), with `e` as the details.
+fn past_deadline(config: &PluginConfig, deadline: Instant, doing: &str, e: CniError) -> CniError {
+    if Instant::now() < deadline {
+        return e;
+    }
     CniError::new(
-        code::KUBERNETES,
-        format!("cannot get {what}: {e}"),
-        e.hint(),
+        code::TRY_AGAIN_LATER,
+        format!(
+            "linkerd-cni's ADD deadline of {} s (add_deadline_seconds) ran out while {doing}",
+            config.add_deadline.as_secs_f32()
+        ),
+        format!("{}: {}", e.msg, e.details),
     )
 }
 
-fn iptables_error(pod_id: &str, netns: &std::path::Path, e: IptablesError) -> CniError {
+/// `doing`: "set up" (ADD) or "verify" (CHECK).
+fn iptables_error(
+    doing: &str,
+    pod_id: &str,
+    netns: &std::path::Path,
+    e: IptablesError,
+) -> CniError {
     CniError::new(
         code::IPTABLES,
         format!(
-            "cannot set up linkerd's iptables rules for pod {pod_id} in {}",
+            "cannot {doing} linkerd's iptables rules for pod {pod_id} in {}",
             netns.display()
         ),
         e.to_string(),
@@ -507,8 +729,78 @@ mod tests {
                 "{}",
                 e.msg
             );
-            assert!(e.msg.contains("pod of pod ns/p"), "{}", e.msg);
+            assert!(e.msg.ends_with("on pod ns/p"), "{}", e.msg);
         }
+    }
+
+    #[test]
+    fn long_lists_are_refused_with_a_short_message() {
+        let many_ports = (1..=5000)
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let many_subnets = (0..=255)
+            .flat_map(|a| (0..4).map(move |b| format!("10.{a}.{b}.0/24")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let huge = "1,".repeat(128 << 10);
+        for (key, value) in [
+            (annotation::SKIP_OUTBOUND_PORTS, &many_ports),
+            (annotation::SKIP_INBOUND_PORTS, &huge),
+            (annotation::SKIP_SUBNETS, &many_subnets),
+        ] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(&mut spec, &map(&[(key, value)]), &BTreeMap::new(), "ns/p")
+                .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{key}");
+            assert!(e.msg.contains(key), "{}", e.msg);
+            assert!(e.details.contains("at most"), "{}", e.details);
+            assert!(
+                e.msg.len() + e.details.len() < 1024,
+                "{key}: {} bytes",
+                e.msg.len() + e.details.len()
+            );
+        }
+        let e = base_spec(&ProxyInit {
+            outbound_ports_to_ignore: many_ports.split(',').map(String::from).collect(),
+            ..ProxyInit::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.details.contains("at most"), "{}", e.details);
+    }
+
+    #[test]
+    fn out_of_range_annotation_ids_are_refused() {
+        for v in ["4294967295", "-2"] {
+            let mut spec = RedirectSpec::default();
+            let e = apply_annotations(
+                &mut spec,
+                &map(&[(annotation::PROXY_UID, v)]),
+                &BTreeMap::new(),
+                "ns/p",
+            )
+            .unwrap_err();
+            assert_eq!(e.code, code::INVALID_ANNOTATION, "{v}");
+        }
+    }
+
+    #[test]
+    fn namespace_annotations_name_the_namespace() {
+        let mut spec = RedirectSpec::default();
+        let e = apply_annotations(
+            &mut spec,
+            &BTreeMap::new(),
+            &map(&[(annotation::PROXY_UID, "root")]),
+            "emojivoto/bad-1",
+        )
+        .unwrap_err();
+        assert!(
+            e.msg
+                .ends_with("on namespace emojivoto (read for pod emojivoto/bad-1)"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

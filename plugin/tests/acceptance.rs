@@ -1,9 +1,9 @@
-//! Issue 4's acceptance scenarios through the plugin binary, as a runtime
+//! The plugin's acceptance scenarios through its binary, as a runtime
 //! runs it: a kubeconfig pointing at a fake API server over TLS, a pod
 //! netns made with `ip netns add`, and the rules read back with
 //! `iptables-save`.
 
-mod support;
+mod common;
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use testkit::iptables::{default_save, delete_rule, nat_table};
 use testkit::objects::Pod;
 use testkit::{FakeApiServer, TempDir, TestNetns};
 
-use support::{cni_env, netconf, run_plugin, stderr, stdout_json};
+use common::{cni_env, netconf, run_plugin, stderr, stdout_json};
 
 struct Node {
     api: FakeApiServer,
@@ -22,7 +22,7 @@ struct Node {
 
 fn node() -> Node {
     let api = FakeApiServer::start();
-    let dir = TempDir::new("lcni-acc").unwrap();
+    let dir = TempDir::new("acc").unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
     Node {
         api,
@@ -56,7 +56,7 @@ fn untouched() -> String {
 fn meshed_pod_add_installs_the_reference_rules_in_both_modes() {
     for mode in ["legacy", "nft"] {
         let n = node();
-        let ns = TestNetns::new("lcni-acc-add").unwrap();
+        let ns = TestNetns::new("acc-add").unwrap();
         n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
         n.api.add_namespace("emojivoto", &[]);
         let conf = netconf(&n.kubeconfig, json!({"iptables-mode": mode}));
@@ -95,7 +95,7 @@ fn meshed_pod_add_installs_the_reference_rules_in_both_modes() {
 #[test]
 fn check_reports_a_deleted_rule() {
     let n = node();
-    let ns = TestNetns::new("lcni-acc-chk").unwrap();
+    let ns = TestNetns::new("acc-chk").unwrap();
     n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
     n.api.add_namespace("emojivoto", &[]);
     let conf = netconf(&n.kubeconfig, json!({"iptables-mode": "nft"}));
@@ -132,7 +132,7 @@ fn check_reports_a_deleted_rule() {
 #[test]
 fn unmeshed_pod_gets_no_rules() {
     let n = node();
-    let ns = TestNetns::new("lcni-acc-plain").unwrap();
+    let ns = TestNetns::new("acc-plain").unwrap();
     n.api.add_pod(&Pod::new("emojivoto", "vote-bot-0"));
     let conf = netconf(&n.kubeconfig, json!({}));
     let o = run_plugin(
@@ -153,7 +153,7 @@ fn unmeshed_pod_gets_no_rules() {
 fn exempt_pod_passes_with_the_api_down_and_no_call() {
     let mut n = node();
     n.api.stop();
-    let ns = TestNetns::new("lcni-acc-exempt").unwrap();
+    let ns = TestNetns::new("acc-exempt").unwrap();
     let conf = netconf(&n.kubeconfig, json!({}));
     for namespace in ["linkerd-cni", "kube-system"] {
         let o = run_plugin(&cni_env("ADD", ns.path(), Some((namespace, "x-0"))), &conf);
@@ -167,7 +167,7 @@ fn exempt_pod_passes_with_the_api_down_and_no_call() {
 fn meshed_pod_with_the_api_down_fails_within_the_budget() {
     let mut n = node();
     n.api.stop();
-    let ns = TestNetns::new("lcni-acc-down").unwrap();
+    let ns = TestNetns::new("acc-down").unwrap();
     let conf = netconf(&n.kubeconfig, json!({}));
     let start = Instant::now();
     let o = run_plugin(
@@ -177,7 +177,8 @@ fn meshed_pod_with_the_api_down_fails_within_the_budget() {
     let took = start.elapsed();
     assert!(!o.status.success());
     let e = stdout_json(&o);
-    assert_eq!(e["code"], 100);
+    // Transient: "try again later".
+    assert_eq!(e["code"], 11);
     let msg = e["msg"].as_str().unwrap();
     assert!(msg.contains("cannot reach the Kubernetes API"), "{msg}");
     assert!(msg.contains("emojivoto/web-0"), "{msg}");
@@ -189,7 +190,7 @@ fn meshed_pod_with_the_api_down_fails_within_the_budget() {
 #[test]
 fn simulate_applies_nothing() {
     let n = node();
-    let ns = TestNetns::new("lcni-acc-sim").unwrap();
+    let ns = TestNetns::new("acc-sim").unwrap();
     n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
     n.api.add_namespace("emojivoto", &[]);
     let conf = netconf(&n.kubeconfig, json!({"simulate": true}));
@@ -210,7 +211,7 @@ fn simulate_applies_nothing() {
 
 #[test]
 fn status_succeeds_even_without_a_usable_kubeconfig() {
-    let dir = TempDir::new("lcni-acc-status").unwrap();
+    let dir = TempDir::new("acc-status").unwrap();
     let ns_path = std::path::Path::new("/run/netns/unused");
     for kubeconfig in [dir.path().join("missing"), dir.path().join("garbage")] {
         std::fs::write(dir.path().join("garbage"), "{{{").unwrap();
@@ -229,7 +230,7 @@ fn status_succeeds_even_without_a_usable_kubeconfig() {
 #[test]
 fn malformed_annotation_fails_the_add_with_code_102() {
     let n = node();
-    let ns = TestNetns::new("lcni-acc-ann").unwrap();
+    let ns = TestNetns::new("acc-ann").unwrap();
     n.api.add_pod(
         &Pod::meshed("emojivoto", "web-0").annotation("config.linkerd.io/proxy-gid", "wheel"),
     );

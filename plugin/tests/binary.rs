@@ -1,50 +1,22 @@
 //! The plugin binary as a runtime runs it: environment, stdin, stdout, exit
 //! code.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use std::process::Command;
+
+use common::{BIN, exempt_env, run, stdout_json};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
-
-fn run(vars: &[(&str, &str)], stdin: &[u8]) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.env_clear()
-        .envs(vars.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn linkerd-cni");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn stdout_json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON value ({e}): {:?}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
-}
-
 fn add_env() -> Vec<(&'static str, &'static str)> {
-    vec![
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "3f1c2b9a7e"),
-        ("CNI_NETNS", "/var/run/netns/cni-1234"),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", "/opt/cni/bin"),
-        // An exempt namespace: the pass-through path needs no API server.
-        (
-            "CNI_ARGS",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
-        ),
-    ]
+    exempt_env("ADD")
 }
 
 /// What Calico's 0.3.1 conflist makes a runtime send to the last plugin.
+/// A literal, not built from testkit's chart template: it is the runtime's
+/// bytes, and the test judges that stdout keeps their key order and number
+/// spelling (`0.30000000000000000004`), which a value built in memory would
+/// not show.
 const CALICO_ADD: &str = r#"{
   "cniVersion": "0.3.1",
   "name": "k8s-pod-network",
@@ -131,6 +103,23 @@ fn del_succeeds_without_netns_or_prev_result() {
             String::from_utf8_lossy(&o.stdout)
         );
         assert!(o.stdout.is_empty());
+    }
+}
+
+#[test]
+fn log_lines_name_the_container_and_the_pod() {
+    // Chain healing is off in CALICO_ADD and the pod is exempt: the lines
+    // are the ADD's own.
+    let o = run(&add_env(), CALICO_ADD.as_bytes());
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "log_level debug, yet nothing on stderr");
+    for line in lines {
+        assert!(
+            line.contains("container=3f1c2b9a7e pod=kube-system/coredns-1 "),
+            "{line}"
+        );
     }
 }
 

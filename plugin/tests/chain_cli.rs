@@ -1,16 +1,16 @@
 //! `linkerd-cni chain status|repair` and healing through the real binary,
-//! as a person and a runtime run it: the acceptance scenarios.
+//! as a person and a runtime run it: the self-heal scenarios.
 
 mod common;
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{TempDir, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 
 const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
 
@@ -43,9 +43,9 @@ fn calico(dir: &TempDir) -> std::path::PathBuf {
 /// repair writes nothing.
 #[test]
 fn status_repair_status_repair() {
-    let d = TempDir::new("cli");
+    let d = TempDir::new("cli").unwrap();
     let f = calico(&d);
-    let entry = TempDir::new("cli-entry");
+    let entry = TempDir::new("cli-entry").unwrap();
     let entry_file = entry.write(
         "entry.json",
         &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
@@ -99,7 +99,7 @@ fn status_repair_status_repair() {
 
 #[test]
 fn entry_file_in_the_conf_dir_is_the_default() {
-    let d = TempDir::new("cli-default");
+    let d = TempDir::new("cli-default").unwrap();
     calico(&d);
     let o = chain(&["status", "--conf-dir", d.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -108,7 +108,11 @@ fn entry_file_in_the_conf_dir_is_the_default() {
         err.contains("--entry") && err.contains("installer"),
         "{err}"
     );
-    linkerd_cni::chain::persist_entry(d.path(), &desired()).unwrap();
+    linkerd_cni_chain::persist_entry(
+        d.path(),
+        &linkerd_cni_chain::Entry::new(desired(), "entry.json").unwrap(),
+    )
+    .unwrap();
     let conf_dir = format!("--conf-dir={}", d.path().display());
     let o = chain(&["repair", &conf_dir]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -118,8 +122,8 @@ fn entry_file_in_the_conf_dir_is_the_default() {
 
 #[test]
 fn not_repairable_is_1_and_bad_usage_is_2() {
-    let d = TempDir::new("cli-bad");
-    let entry = TempDir::new("cli-bad-entry");
+    let d = TempDir::new("cli-bad").unwrap();
+    let entry = TempDir::new("cli-bad-entry").unwrap();
     let good = entry.write("e.json", &Value::Object(desired()).to_string());
     let dir = d.path().to_str().unwrap();
     // No primary config: nothing to do, not healthy.
@@ -182,26 +186,7 @@ fn not_repairable_is_1_and_bad_usage_is_2() {
 }
 
 fn run_cni(command: &str, stdin: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs([
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", "3f1c2b9a7e"),
-            ("CNI_NETNS", "/var/run/netns/cni-1234"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            (
-                "CNI_ARGS",
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
-            ),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    common::run(&common::exempt_env(command), stdin)
 }
 
 /// Points the entry's kubeconfig at a file in `dir`: the plugin heals only
@@ -234,8 +219,8 @@ fn add_stdin(e: &serde_json::Map<String, Value>) -> (Vec<u8>, Value) {
 /// and the desired one, and the ADD printed the prevResult.
 #[test]
 fn add_heals_a_stale_first_entry() {
-    let d = TempDir::new("add");
-    let state = TempDir::new("add-state");
+    let d = TempDir::new("add").unwrap();
+    let state = TempDir::new("add-state").unwrap();
     let mut e = desired();
     e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
     e.insert("state_dir".into(), state.path().to_string_lossy().into());
@@ -282,8 +267,8 @@ fn add_heals_a_stale_first_entry() {
 /// Only ADD ever writes: the others leave an unhealthy conf dir as it is.
 #[test]
 fn other_commands_never_write() {
-    let d = TempDir::new("readonly");
-    let state = TempDir::new("readonly-state");
+    let d = TempDir::new("readonly").unwrap();
+    let state = TempDir::new("readonly-state").unwrap();
     calico(&d);
     let before = tree(d.path());
     let mut e = desired();
@@ -305,8 +290,8 @@ fn other_commands_never_write() {
 /// The ADD ends within the budget when another repair holds the lock.
 #[test]
 fn add_is_not_delayed_past_the_budget() {
-    let d = TempDir::new("budget");
-    let state = TempDir::new("budget-state");
+    let d = TempDir::new("budget").unwrap();
+    let state = TempDir::new("budget-state").unwrap();
     let f = calico(&d);
     let mut e = desired();
     e.insert("cni_conf_dir".into(), d.path().to_string_lossy().into());
@@ -333,4 +318,43 @@ fn add_is_not_delayed_past_the_budget() {
         text(&o)
     );
     assert!(!fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
+}
+
+/// A symlinked conflist leading outside the conf dir: status says the
+/// repair is refused and why; repair refuses and writes nothing there.
+#[test]
+fn status_and_repair_refuse_a_symlink_leading_outside() {
+    let d = TempDir::new("cli-link").unwrap();
+    let elsewhere = TempDir::new("cli-link-target").unwrap();
+    let target = calico(&elsewhere);
+    let before = fs::read(&target).unwrap();
+    std::os::unix::fs::symlink(&target, d.join("10-calico.conflist")).unwrap();
+    let entry = TempDir::new("cli-link-entry").unwrap();
+    let entry_file = entry.write(
+        "entry.json",
+        &fs::read_to_string(fixtures().join("entry.json")).unwrap(),
+    );
+    let args = [
+        "--conf-dir",
+        d.path().to_str().unwrap(),
+        "--entry",
+        entry_file.to_str().unwrap(),
+    ];
+    let o = chain(&[&["status"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("refused:") && out.contains("outside the conf dir"),
+        "{out}"
+    );
+    assert!(out.contains("chain_write_outside_conf_dir"), "{out}");
+    let o = chain(&[&["repair"][..], &args].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("outside the conf dir"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(fs::read(&target).unwrap(), before);
+    assert_eq!(elsewhere.names(), ["10-calico.conflist"]);
 }

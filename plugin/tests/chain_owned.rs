@@ -8,8 +8,9 @@ use std::fs;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use common::{TempDir, desired, fixtures};
 use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{desired, fixtures};
 
 const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
 const OURS: &str = "10-calico-linkerd-cni.conflist";
@@ -64,13 +65,13 @@ struct Setup {
 }
 
 fn setup(tag: &str) -> Setup {
-    let conf = TempDir::new(tag);
+    let conf = TempDir::new(tag).unwrap();
     fs::copy(
         fixtures().join("calico/in/10-calico.conflist"),
         conf.join("10-calico.conflist"),
     )
     .unwrap();
-    let aux = TempDir::new(&format!("{tag}-aux"));
+    let aux = TempDir::new(&format!("{tag}-aux")).unwrap();
     let mut entry = desired();
     entry.insert("chain_mode".into(), "owned".into());
     entry.insert("cni_conf_dir".into(), conf.path().to_string_lossy().into());

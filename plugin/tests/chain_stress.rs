@@ -2,8 +2,6 @@
 //! many `linkerd-cni chain repair` runs against a primary CNI that keeps
 //! rewriting its file, and repairs killed with SIGKILL at random points.
 
-mod common;
-
 use std::fs::{self, File};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -12,8 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, desired, fixtures, is_linkerd, plugins};
 use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{desired, fixtures, is_linkerd, plugins};
 
 const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
 
@@ -95,8 +94,8 @@ const GENERATIONS: u64 = 80;
 
 #[test]
 fn fifty_repairs_against_a_rewriting_primary_lose_no_update() {
-    let d = TempDir::new("conc");
-    let e = TempDir::new("conc-entry");
+    let d = TempDir::new("conc").unwrap();
+    let e = TempDir::new("conc-entry").unwrap();
     let entry = e.write("entry.json", &Value::Object(desired()).to_string());
     fs::copy(
         fixtures().join("calico/in/10-calico.conflist"),
@@ -147,8 +146,18 @@ fn fifty_repairs_against_a_rewriting_primary_lose_no_update() {
     let report = String::from_utf8_lossy(&out.stdout);
     let (last, lost) = report.trim().split_once(' ').unwrap();
     let (last, lost): (u64, u64) = (last.parse().unwrap(), lost.parse().unwrap());
-    // Let repairs run a little after the primary's last write.
-    thread::sleep(Duration::from_millis(500));
+    // The repair loops go on until one has run after the primary's last
+    // write: wait for that (our entry back, last, on the last generation),
+    // with a generous deadline; the assertions below judge what we got.
+    let file = d.join("10-calico.conflist");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let list = plugins(&fs::read_to_string(&file).unwrap());
+        if list.last().is_some_and(is_linkerd) && list[0]["x-generation"] == last {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.join().unwrap().unwrap();
@@ -194,8 +203,8 @@ fn active(snap: &[(String, Vec<u8>)]) -> Option<&(String, Vec<u8>)> {
 
 #[test]
 fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
-    let d = TempDir::new("crash");
-    let e = TempDir::new("crash-entry");
+    let d = TempDir::new("crash").unwrap();
+    let e = TempDir::new("crash-entry").unwrap();
     let entry = e.write("entry.json", &Value::Object(desired()).to_string());
     let calico = fs::read(fixtures().join("calico/in/10-calico.conflist")).unwrap();
     let bridge = br#"{"cniVersion":"0.4.0","name":"br","type":"bridge","bridge":"cni0"}"#.to_vec();
@@ -259,7 +268,7 @@ fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
         }
         if snap
             .iter()
-            .any(|(n, _)| n.starts_with(linkerd_cni::chain::TEMP_PREFIX))
+            .any(|(n, _)| n.starts_with(linkerd_cni_chain::TEMP_PREFIX))
         {
             saw_temp += 1;
         }

@@ -23,7 +23,7 @@ fn defaults() -> Vec<RuleSet> {
 #[test]
 fn defaults_match_the_reference_rules_in_both_modes() {
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-ipt").unwrap();
+        let ns = TestNetns::new("ipt").unwrap();
         driver(mode).apply(ns.path(), &defaults()).unwrap();
         assert_eq!(
             nat_table(&ns, &format!("iptables-{name}-save")),
@@ -43,7 +43,7 @@ fn defaults_match_the_reference_rules_in_both_modes() {
 #[test]
 fn second_apply_leaves_exactly_the_same_rules() {
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-idem").unwrap();
+        let ns = TestNetns::new("idem").unwrap();
         let save = format!("iptables-{name}-save");
         driver(mode).apply(ns.path(), &defaults()).unwrap();
         let first = nat_table(&ns, &save);
@@ -59,7 +59,7 @@ fn apply_converges_from_other_settings() {
     // A pod whose rules were installed with other settings (e.g. by an older
     // config) ends up with exactly the new ones, jumps not duplicated.
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-conv").unwrap();
+        let ns = TestNetns::new("conv").unwrap();
         let other = RedirectSpec {
             proxy_gid: 7,
             outbound_ports_to_ignore: rules::parse_port_list("25,3306").unwrap(),
@@ -80,7 +80,7 @@ fn apply_converges_from_other_settings() {
 #[test]
 fn verify_detects_a_deleted_rule_and_a_deleted_jump() {
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-chk").unwrap();
+        let ns = TestNetns::new("chk").unwrap();
         let d = driver(mode);
         d.apply(ns.path(), &defaults()).unwrap();
         let bin = format!("iptables-{name}");
@@ -137,7 +137,7 @@ fn every_rule_shape_round_trips_through_iptables() {
         RuleSet::build(&spec, Family::V6),
     ];
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-shape").unwrap();
+        let ns = TestNetns::new("shape").unwrap();
         let d = driver(mode);
         d.apply(ns.path(), &sets).unwrap();
         let diffs = d.verify(ns.path(), &sets).unwrap();
@@ -164,7 +164,7 @@ fn every_rule_shape_round_trips_through_iptables() {
 #[test]
 fn ipv6_also_programs_ip6tables() {
     for (mode, name) in MODES {
-        let ns = TestNetns::new("lcni-v6").unwrap();
+        let ns = TestNetns::new("v6").unwrap();
         let sets = [
             RuleSet::build(&RedirectSpec::default(), Family::V4),
             RuleSet::build(&RedirectSpec::default(), Family::V6),

@@ -8,6 +8,10 @@
 //! [`FakeApiServer::fail_next`] (the next requests get an error status, e.g.
 //! 503 or 429, then normal service resumes), and [`FakeApiServer::stop`]
 //! (the listener closes: connections are refused from then on).
+//! Credentials: [`FakeApiServer::issue_token`] adds a valid token (a
+//! second service-account pod's), [`FakeApiServer::revoke_token`] makes one
+//! get 401 from then on (its pod was deleted); [`FakeApiServer::forbid`]
+//! answers 403 on one path (RBAC that lacks that resource).
 //!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
 //! for tests that run the plugin in a "node" namespace whose loopback is
@@ -19,6 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,6 +57,12 @@ struct State {
     fail_next: Mutex<VecDeque<u16>>,
     connections: AtomicUsize,
     stopped: AtomicBool,
+    /// Valid besides the server's own token.
+    extra_tokens: Mutex<Vec<String>>,
+    /// Rejected with 401, whatever else says.
+    revoked: Mutex<Vec<String>>,
+    /// Paths answered with 403.
+    forbidden: Mutex<Vec<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,9 +75,13 @@ pub struct FakeApiServer {
     token: String,
     pki: TestPki,
     state: Arc<State>,
-    /// The listener's namespace, held open so it can be entered to stop the
-    /// server even after `ip netns del` removed its name.
-    netns: Option<std::fs::File>,
+    /// The accept thread's listener (another descriptor of it), to shut it
+    /// down on stop.
+    listener: Option<TcpListener>,
+    /// Holds the port from start to drop, so that no other socket of the
+    /// machine (another test's server, a connect's source port) takes it
+    /// once the listener is stopped: the address then refuses connections.
+    _port: OwnedFd,
     accept: Option<JoinHandle<()>>,
 }
 
@@ -100,29 +115,37 @@ impl FakeApiServer {
             fail_next: Mutex::new(VecDeque::new()),
             connections: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
+            extra_tokens: Mutex::new(Vec::new()),
+            revoked: Mutex::new(Vec::new()),
+            forbidden: Mutex::new(Vec::new()),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
 
-        let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<SocketAddr>>();
+        type Bound = (SocketAddr, OwnedFd, TcpListener);
+        let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<Bound>>();
         let st = state.clone();
         let tok = token.clone();
+        // The sockets are made on the thread, which is in the namespace.
         let serve = move || {
-            let listener = match TcpListener::bind("127.0.0.1:0") {
-                Ok(l) => l,
+            let bound = listen_reserved().and_then(|(port, listener)| {
+                let addr = listener.local_addr()?;
+                Ok((addr, port, listener.try_clone()?, listener))
+            });
+            match bound {
+                Ok((addr, port, ours, listener)) => {
+                    let _ = tx.send(Ok((addr, port, ours)));
+                    accept_loop(listener, st, tls, tok);
+                }
                 Err(e) => {
                     let _ = tx.send(Err(e));
-                    return;
                 }
-            };
-            let _ = tx.send(listener.local_addr());
-            accept_loop(listener, st, tls, tok);
+            }
         };
-        let netns = netns.map(std::fs::File::open).transpose()?;
-        let accept = match &netns {
-            Some(f) => crate::netns::spawn_in(f.try_clone()?, serve)?,
+        let accept = match netns {
+            Some(p) => crate::netns::spawn_in(std::fs::File::open(p)?, serve)?,
             None => std::thread::spawn(serve),
         };
-        let addr = rx
+        let (addr, port, listener) = rx
             .recv()
             .map_err(|_| std::io::Error::other("fake API server thread died"))??;
         Ok(FakeApiServer {
@@ -130,7 +153,8 @@ impl FakeApiServer {
             token,
             pki,
             state,
-            netns,
+            listener: Some(listener),
+            _port: port,
             accept: Some(accept),
         })
     }
@@ -181,6 +205,29 @@ impl FakeApiServer {
         lock(&self.state.fail_next).extend(std::iter::repeat_n(status, n));
     }
 
+    /// A new valid bearer token, as a second pod of the service account gets.
+    pub fn issue_token(&self) -> String {
+        let t = format!("testkit-token-{}", crate::unique_name("t"));
+        lock(&self.state.extra_tokens).push(t.clone());
+        t
+    }
+
+    /// From now on `token` gets 401, as a pod-bound token once its pod is
+    /// deleted.
+    pub fn revoke_token(&self, token: &str) {
+        lock(&self.state.revoked).push(token.to_string());
+    }
+
+    /// From now on requests for `path` get 403 (an RBAC role without it).
+    pub fn forbid(&self, path: &str) {
+        lock(&self.state.forbidden).push(path.to_string());
+    }
+
+    /// Stops serving `path` (404 from now on), as when the object is deleted.
+    pub fn remove(&self, path: &str) {
+        lock(&self.state.objects).remove(path);
+    }
+
     /// Requests received for `path` (whatever the answer).
     pub fn requests(&self, path: &str) -> usize {
         lock(&self.state.counts).get(path).copied().unwrap_or(0)
@@ -202,21 +249,15 @@ impl FakeApiServer {
         if self.state.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Wake the blocking accept() with a connection from the listener's
-        // own namespace.
-        let addr = self.addr;
-        let woke = match &self.netns {
-            Some(f) => f
-                .try_clone()
-                .and_then(|f| crate::netns::run_in_file(f, move || TcpStream::connect(addr)))
-                .and_then(|r| r)
-                .is_ok(),
-            None => TcpStream::connect(addr).is_ok(),
-        };
-        // Without the wake-up the thread would block in accept() forever:
-        // leave it rather than hang the test.
-        if !woke {
-            return;
+        // shutdown(), not close(): it takes the socket itself out of the
+        // LISTEN state, whoever else holds a descriptor of it. Closing ours
+        // is not enough: a child that another test is spawning holds copies
+        // of all our descriptors between its fork and its exec, and the
+        // socket would go on accepting until then. It also wakes the thread
+        // blocked in accept() (which then fails with EINVAL), from any
+        // namespace.
+        if let Some(l) = self.listener.take() {
+            let _ = nix::sys::socket::shutdown(l.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         }
         if let Some(h) = self.accept.take() {
             let _ = h.join();
@@ -226,29 +267,13 @@ impl FakeApiServer {
     /// A kubeconfig for this server, as the installer writes it (context
     /// `linkerd-cni-context`, `certificate-authority-data`, inline token).
     pub fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: https://[{}]:{}
-    certificate-authority-data: {}
-users:
-- name: linkerd-cni
-  user:
-    token: {}
-contexts:
-- name: linkerd-cni-context
-  context:
-    cluster: local
-    user: linkerd-cni
-current-context: linkerd-cni-context
-",
-            self.addr.ip(),
-            self.addr.port(),
-            base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes()),
-            self.token
+        crate::kubeconfig::installer_text(
+            &format!("https://[{}]:{}", self.addr.ip(), self.addr.port()),
+            &format!(
+                "certificate-authority-data: {}",
+                base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes())
+            ),
+            &self.token,
         )
     }
 
@@ -272,6 +297,34 @@ impl Drop for FakeApiServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A listener on a free port of 127.0.0.1, and a second socket bound to
+/// the same port (both SO_REUSEPORT) that never listens: it keeps the port
+/// taken after the listener is shut down, so the address refuses
+/// connections instead of reaching whatever else could bind it.
+fn listen_reserved() -> std::io::Result<(OwnedFd, TcpListener)> {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, bind, getsockname, listen,
+        setsockopt, socket, sockopt::ReusePort,
+    };
+    let new = || -> nix::Result<OwnedFd> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, ReusePort, &true)?;
+        Ok(fd)
+    };
+    let port = new()?;
+    bind(port.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0))?;
+    let addr: SockaddrIn = getsockname(port.as_raw_fd())?;
+    let listener = new()?;
+    bind(listener.as_raw_fd(), &addr)?;
+    listen(&listener, Backlog::MAXCONN)?;
+    Ok((port, TcpListener::from(listener)))
 }
 
 fn accept_loop(listener: TcpListener, state: Arc<State>, tls: Arc<ServerConfig>, token: String) {
@@ -374,8 +427,19 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         }
         Mode::Normal | Mode::Slow(_) => {}
     }
-    if req.authorization.as_deref() != Some(&format!("Bearer {token}")) {
+    let bearer = req
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "));
+    let valid = bearer.is_some_and(|b| {
+        (b == token || lock(&state.extra_tokens).iter().any(|t| t == b))
+            && !lock(&state.revoked).iter().any(|t| t == b)
+    });
+    if !valid {
         return (401, status_json(401, "Unauthorized"));
+    }
+    if lock(&state.forbidden).contains(&req.path) {
+        return (403, status_json(403, "forbidden: User cannot get resource"));
     }
     if req.method != "GET" {
         return (405, status_json(405, "method not allowed"));

@@ -1,66 +1,102 @@
-//! Test fixtures shared by linkerd-cni's test suites (the plugin's own tests
-//! and the end-to-end conformance tests). A dev-dependency only.
+//! Test fixtures shared by linkerd-cni's test suites (the plugin's and the
+//! installer's own tests, the end-to-end conformance tests, and the demo's
+//! and benchmarks' harness). Every fixture lives here, once.
 //!
 //! - [`api`]: [`FakeApiServer`], a Kubernetes API server stand-in over real
 //!   TLS with a bearer token, serving the pods, namespaces and services a
 //!   test registers, counting requests, and able to fail on purpose (401,
-//!   slow, down, 5xx). It can listen inside a network namespace.
+//!   slow, down, 5xx). It can listen inside a network namespace. Behind the
+//!   default feature `api` (with [`pki`]), which the installer's tests turn
+//!   off.
+//! - [`api_watch`]: [`WatchApiServer`], a stateful one for long-running
+//!   clients: pods listed and watched with selectors, bookmarks and
+//!   `410 Gone`, deleted; Events posted; nodes patched; streams cut on
+//!   purpose. Behind the feature `api` too.
 //! - [`objects`]: JSON builders for the pods, namespaces and services the
 //!   plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
-//! - [`netns`]: throwaway network namespaces ([`TestNetns`]) and running
-//!   code inside one; [`NamedNetns`] lets the helpers here work on other
-//!   harnesses' namespaces (the conformance tests keep their own guard).
-//! - [`iptables`]: reading a netns' nat table for comparisons, and the
-//!   reference rules for linkerd's defaults.
-//! - [`TempDir`] and [`unique_name`]: unique, self-cleaning names, because
-//!   other suites run at the same time on the same machine.
+//! - [`netns`]: throwaway network namespaces ([`TestNetns`]), commands and
+//!   code run inside one.
+//! - [`iptables`]: reading a netns' nat table (both backends, both
+//!   families), and the reference rules for linkerd's defaults.
+//! - [`chain`]: the chain library's fixture conf dirs and the tree and
+//!   JSON comparisons repairs are judged with.
+//! - [`chart`]: the entry template the shipped manifest's ConfigMap holds.
+//! - [`installer`]: the real installer as a child process, with the chart's
+//!   environment.
+//! - [`kubeconfig`]: kubeconfig text as the installer writes it.
+//! - [`names`]: unique names (`lcnic-<kind>-<pid>-<n>`), [`TempDir`], and
+//!   the sweep of what a killed earlier run left.
 //!
 //! Everything that creates something on the machine removes it on drop,
-//! also when a test fails.
+//! also when a test fails. Set-up failures panic with what failed: they are
+//! broken test environments, not outcomes. Root-only fixtures fail (never
+//! skip) with a message naming what is missing ([`require_root`]).
 
+#[cfg(feature = "api")]
 pub mod api;
+#[cfg(feature = "api")]
+pub mod api_watch;
+pub mod chain;
+pub mod chart;
+pub mod installer;
 pub mod iptables;
+pub mod kubeconfig;
+pub mod names;
 pub mod netns;
 pub mod objects;
+#[cfg(feature = "api")]
 pub mod pki;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
+#[cfg(feature = "api")]
 pub use api::{FakeApiServer, Mode};
-pub use netns::{NamedNetns, TestNetns};
+#[cfg(feature = "api")]
+pub use api_watch::WatchApiServer;
+pub use names::{TempDir, unique_name};
+pub use netns::TestNetns;
 
-/// `prefix-<pid>-<n>`: unique on the machine for the life of this process.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A uniquely named directory under the system temp dir, removed on drop.
-#[derive(Debug)]
-pub struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(prefix: &str) -> std::io::Result<TempDir> {
-        let path = std::env::temp_dir().join(unique_name(prefix));
-        std::fs::create_dir_all(&path)?;
-        Ok(TempDir { path })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+/// Panics unless the process runs as root, naming `needs` (what the test
+/// does that takes root) and how to run it. Root-only tests call it first,
+/// so an unprivileged run fails with this message rather than an `EPERM`
+/// from deep inside a fixture.
+pub fn require_root(needs: &str) {
+    if !nix::unistd::geteuid().is_root() {
+        panic!(
+            "this test must run as root: it {needs}. Run it as root, e.g. \
+             `sudo ./test.sh` (CI runs every test as root)"
+        );
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+/// PATH for every child: the caller's, plus the sbin directories where
+/// Debian puts `ip` and the iptables tools (not in every root PATH).
+pub fn child_path() -> String {
+    let mut path = std::env::var("PATH").unwrap_or_default();
+    for dir in ["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"] {
+        if !path.split(':').any(|p| p == dir) {
+            if !path.is_empty() {
+                path.push(':');
+            }
+            path.push_str(dir);
+        }
+    }
+    path
+}
+
+/// Polls `f` every 10 ms until it is true or `within` has passed; whether
+/// it became true. For waiting on another process's effect, never as a
+/// timed assertion.
+pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

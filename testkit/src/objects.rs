@@ -159,3 +159,95 @@ pub fn kubernetes_service(ports: &[(u16, Value)]) -> Value {
         "spec": {"clusterIP": "10.96.0.1", "type": "ClusterIP", "ports": ports},
     })
 }
+
+/// `pod` scheduled on `node` (`spec.nodeName`).
+pub fn on_node(mut pod: Value, node: &str) -> Value {
+    if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.insert("nodeName".into(), node.into());
+    }
+    pod
+}
+
+/// `pod` with the status of init container `container`: running after a
+/// previous run that exited with `last_exit_code` (as the kubelet reports a
+/// restarted container), or never terminated when None.
+pub fn with_init_status(mut pod: Value, container: &str, last_exit_code: Option<i32>) -> Value {
+    let mut status = json!({
+        "name": container,
+        "ready": false,
+        "restartCount": if last_exit_code.is_some() { 1 } else { 0 },
+        "image": format!("example/{container}:1.0"),
+        "imageID": "",
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {},
+    });
+    if let Some(code) = last_exit_code {
+        status["lastState"] = json!({"terminated": {
+            "exitCode": code, "reason": "Error",
+            "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:01Z",
+        }});
+    }
+    if let Some(st) = pod.get_mut("status").and_then(Value::as_object_mut) {
+        let list = st
+            .entry("initContainerStatuses")
+            .or_insert_with(|| Value::Array(vec![]));
+        if let Some(list) = list.as_array_mut() {
+            list.push(status);
+        }
+    }
+    pod
+}
+
+/// `pod` being deleted (`metadata.deletionTimestamp` set).
+pub fn being_deleted(mut pod: Value) -> Value {
+    if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("deletionTimestamp".into(), "2026-01-01T00:00:00Z".into());
+        meta.insert("deletionGracePeriodSeconds".into(), 30.into());
+    }
+    pod
+}
+
+/// The API path of a DaemonSet.
+pub fn daemonset_path(namespace: &str, name: &str) -> String {
+    format!("/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+}
+
+/// A DaemonSet; `deleting` sets a `deletionTimestamp` and the finalizer a
+/// foreground cascade leaves on it while its pods go.
+pub fn daemonset(namespace: &str, name: &str, uid: &str, deleting: bool) -> Value {
+    let mut meta = json!({
+        "name": name, "namespace": namespace, "uid": uid, "generation": 1,
+        "labels": {"k8s-app": name},
+    });
+    if deleting && let Some(m) = meta.as_object_mut() {
+        m.insert("deletionTimestamp".into(), "2026-01-01T00:00:00Z".into());
+        m.insert("finalizers".into(), json!(["foregroundDeletion"]));
+    }
+    json!({
+        "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "metadata": meta,
+        "spec": {"selector": {"matchLabels": {"k8s-app": name}}},
+        "status": {"desiredNumberScheduled": 1, "numberReady": 1},
+    })
+}
+
+/// The installer's own pod, owned (as its controller) by DaemonSet
+/// `daemonset` with `uid`.
+pub fn daemonset_pod(namespace: &str, name: &str, daemonset: &str, uid: &str) -> Value {
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": "6a1f0c2e-8d4b-4e5f-a1b2-c3d4e5f60718",
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {"containers": [container("install-cni", None)]},
+        "status": {"phase": "Running"},
+    })
+}

@@ -4,7 +4,7 @@
 //! (`..data` symlink to a timestamped dir). Everything is removed on drop,
 //! and installer processes are killed on drop, also when a test fails.
 //!
-//! The chain checks here are independent of `linkerd_cni::chain`, so the
+//! The chain checks here are independent of `linkerd_cni_chain`, so the
 //! tests do not trust the library under test to judge itself.
 
 #![allow(dead_code)]
@@ -12,12 +12,15 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testkit::installer::ChartEnv;
+pub use testkit::installer::InstallerProcess as Installer;
+pub use testkit::wait_until;
 
 /// Scheduling slack on top of a bound the installer promises: CI machines
 /// are small and shared, and a bound is about the design, not about speed.
@@ -26,27 +29,6 @@ pub const GRACE: Duration = Duration::from_millis(750);
 pub const HOST_CONF_DIR: &str = "/etc/cni/net.d";
 pub const KUBECONFIG_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 pub const ENTRY_FILE: &str = "ZZZ-linkerd-cni-entry";
-
-/// The linkerd2-cni chart's default `cni_network_config`.
-pub const TEMPLATE: &str = r#"{
-  "name": "linkerd-cni",
-  "type": "linkerd-cni",
-  "log_level": "info",
-  "kubernetes": {
-      "kubeconfig": "__KUBECONFIG_FILEPATH__"
-  },
-  "linkerd": {
-    "incoming-proxy-port": 4143,
-    "outgoing-proxy-port": 4140,
-    "proxy-uid": 2102,
-    "ports-to-redirect": [],
-    "inbound-ports-to-ignore": ["4191","4190"],
-    "simulate": false,
-    "use-wait-flag": false,
-    "iptables-mode": "legacy",
-    "ipv6": false
-  }
-}"#;
 
 /// A Calico conflist as Calico's installer writes it; `mtu` doubles as a
 /// version number in the storm tests.
@@ -81,6 +63,7 @@ pub fn calico_text(version: u64) -> String {
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 pub struct Node {
+    _dir: testkit::TempDir,
     pub root: PathBuf,
     pub prefix: PathBuf,
     pub conf_dir: PathBuf,
@@ -90,20 +73,10 @@ pub struct Node {
     sa_generation: AtomicU32,
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.root);
-    }
-}
-
 impl Node {
     pub fn new(tag: &str) -> Node {
-        let root = std::env::temp_dir().join(format!(
-            "lcni-inst-{tag}-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
+        let dir = testkit::TempDir::new(&format!("inst-{tag}")).expect("temp dir");
+        let root = dir.path().to_path_buf();
         let prefix = root.join("host");
         let conf_dir = prefix.join("etc/cni/net.d");
         let bin_dir = prefix.join("opt/cni/bin");
@@ -122,6 +95,7 @@ impl Node {
         )
         .unwrap();
         let node = Node {
+            _dir: dir,
             root,
             prefix,
             conf_dir,
@@ -134,24 +108,19 @@ impl Node {
         node
     }
 
+    /// The chart's environment, with the manifest's entry template.
     pub fn env(&self) -> Vec<(String, String)> {
-        [
-            ("CONTAINER_MOUNT_PREFIX", self.prefix.to_str().unwrap()),
-            ("CONTAINER_CNI_BIN_DIR", self.image_bin.to_str().unwrap()),
-            (
-                "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
-                self.sa_dir.to_str().unwrap(),
-            ),
-            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-            ("KUBERNETES_SERVICE_PORT", "443"),
-            ("CNI_NETWORK_CONFIG", TEMPLATE),
-            ("DEST_CNI_NET_DIR", HOST_CONF_DIR),
-            ("DEST_CNI_BIN_DIR", "/opt/cni/bin"),
-            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        ChartEnv {
+            mount_prefix: self.prefix.clone(),
+            image_bin: self.image_bin.clone(),
+            service_account: self.sa_dir.clone(),
+            dest_conf_dir: HOST_CONF_DIR.into(),
+            dest_bin_dir: "/opt/cni/bin".into(),
+            api_host: "10.96.0.1".into(),
+            api_port: 443,
+            template: testkit::chart::template().into(),
+        }
+        .vars()
     }
 
     fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
@@ -167,18 +136,7 @@ impl Node {
     pub fn start(&self, extra: &[(&str, &str)]) -> Installer {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let log = self.root.join(format!("installer-{n}.log"));
-        let child = self
-            .command(&[], extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn the installer");
-        Installer {
-            child,
-            log,
-            started: Instant::now(),
-        }
+        Installer::spawn(self.command(&[], extra), log)
     }
 
     /// Runs a subcommand to completion.
@@ -310,80 +268,5 @@ pub fn primary_part(v: &Value) -> Value {
     if let Some(p) = v["plugins"].as_array_mut() {
         p.retain(|p| p["type"] != "linkerd-cni");
     }
-    v
-}
-
-pub struct Installer {
-    pub child: Child,
-    pub log: PathBuf,
-    pub started: Instant,
-}
-
-impl Installer {
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, sig).unwrap();
-    }
-
-    /// Waits for the process to end, at most `within`.
-    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    pub fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log holds `needle` (the installer has reached a point).
-    pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
-        wait_until(within, || self.log().contains(needle))
-    }
-}
-
-impl Drop for Installer {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "--- installer log {} ---\n{}",
-                self.log.display(),
-                self.log()
-            );
-        }
-    }
-}
-
-pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-pub fn file_names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    v.sort();
     v
 }

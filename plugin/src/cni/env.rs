@@ -5,7 +5,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::error::{CniError, code};
 
@@ -126,25 +126,7 @@ impl Env {
     /// fail over variables they never use (a failing DEL in a chain blocks the
     /// primary's DEL and leaks the pod's IP).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Env, CniError> {
-        let command = match lookup("CNI_COMMAND") {
-            None => {
-                return Err(CniError::new(
-                    code::INVALID_ENV,
-                    "CNI_COMMAND is not set",
-                    "linkerd-cni is a CNI plugin: the container runtime runs it with CNI_COMMAND set",
-                ));
-            }
-            Some(raw) => {
-                let s = raw.to_string_lossy();
-                Command::parse(&s).ok_or_else(|| {
-                    CniError::new(
-                        code::INVALID_ENV,
-                        format!("unknown CNI_COMMAND {s:?}"),
-                        "expected one of ADD, DEL, CHECK, VERSION, GC, STATUS",
-                    )
-                })?
-            }
-        };
+        let command = command(&lookup)?;
         let strict = matches!(command, Command::Add | Command::Check);
         let text = |name: &str| -> Result<Option<String>, CniError> {
             match lookup(name) {
@@ -179,23 +161,11 @@ impl Env {
         };
 
         if strict {
-            match &container_id {
-                None => return Err(missing("CNI_CONTAINERID")),
-                Some(id) if !valid_container_id(id) => {
-                    return Err(CniError::new(
-                        code::INVALID_ENV,
-                        format!("invalid CNI_CONTAINERID {id:?}"),
-                        "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
-                    ));
-                }
-                Some(_) => {}
-            }
-            if netns.is_none() {
-                return Err(missing("CNI_NETNS"));
-            }
-            if ifname.is_none() {
-                return Err(missing("CNI_IFNAME"));
-            }
+            required_for_add_and_check(
+                container_id.as_deref(),
+                netns.as_deref(),
+                ifname.as_deref(),
+            )?;
         }
 
         Ok(Env {
@@ -212,6 +182,52 @@ impl Env {
     pub fn from_process() -> Result<Env, CniError> {
         Env::from_lookup(|k| std::env::var_os(k))
     }
+}
+
+/// `CNI_COMMAND`, which every invocation needs.
+fn command(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Command, CniError> {
+    let Some(raw) = lookup("CNI_COMMAND") else {
+        return Err(CniError::new(
+            code::INVALID_ENV,
+            "CNI_COMMAND is not set",
+            "linkerd-cni is a CNI plugin: the container runtime runs it with CNI_COMMAND set",
+        ));
+    };
+    let s = raw.to_string_lossy();
+    Command::parse(&s).ok_or_else(|| {
+        CniError::new(
+            code::INVALID_ENV,
+            format!("unknown CNI_COMMAND {s:?}"),
+            "expected one of ADD, DEL, CHECK, VERSION, GC, STATUS",
+        )
+    })
+}
+
+/// What ADD and CHECK need and DEL, GC and STATUS may lack: a valid
+/// container ID, the netns and the interface name.
+fn required_for_add_and_check(
+    container_id: Option<&str>,
+    netns: Option<&Path>,
+    ifname: Option<&str>,
+) -> Result<(), CniError> {
+    match container_id {
+        None => return Err(missing("CNI_CONTAINERID")),
+        Some(id) if !valid_container_id(id) => {
+            return Err(CniError::new(
+                code::INVALID_ENV,
+                format!("invalid CNI_CONTAINERID {id:?}"),
+                "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
+            ));
+        }
+        Some(_) => {}
+    }
+    if netns.is_none() {
+        return Err(missing("CNI_NETNS"));
+    }
+    if ifname.is_none() {
+        return Err(missing("CNI_IFNAME"));
+    }
+    Ok(())
 }
 
 fn missing(name: &str) -> CniError {

@@ -9,9 +9,9 @@
 //! in, stdout bytes and an exit code come out, so every path (including any
 //! bytes at all on stdin) is testable without spawning a process.
 
-pub mod config;
 pub mod env;
 pub mod error;
+pub mod netconf;
 pub mod version;
 
 use std::ffi::OsString;
@@ -19,9 +19,9 @@ use std::io::Read;
 
 use serde_json::Value;
 
-pub use config::NetConf;
 pub use env::{CniArgs, Command, Env};
 pub use error::{CniError, code};
+pub use netconf::NetConf;
 
 /// One invocation: the parsed environment and stdin config.
 #[derive(Debug, Clone)]
@@ -33,6 +33,9 @@ pub struct Invocation {
 /// What a plugin does for each command. Only ADD produces a result; the
 /// others report success or an error.
 pub trait Plugin {
+    /// Called as soon as the environment is parsed, before anything about
+    /// the invocation is logged (e.g. to name the container in every line).
+    fn start(&self, _env: &Env) {}
     /// Called once the config is parsed, before the command (e.g. to set the
     /// log level from it).
     fn configure(&self, _conf: &NetConf) {}
@@ -51,15 +54,16 @@ pub trait Plugin {
     }
 }
 
-/// What the process prints and how it exits.
+/// The answer to the runtime: the bytes for stdout (a result, an error
+/// object, or nothing) and the exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Reply {
     pub stdout: Vec<u8>,
     pub exit_code: u8,
 }
 
-impl Outcome {
-    fn ok(v: Option<Value>) -> Outcome {
+impl Reply {
+    fn ok(v: Option<Value>) -> Reply {
         let stdout = match v {
             Some(v) => {
                 let mut s = serde_json::to_vec(&v).unwrap_or_default();
@@ -68,28 +72,28 @@ impl Outcome {
             }
             None => Vec::new(),
         };
-        Outcome {
+        Reply {
             stdout,
             exit_code: 0,
         }
     }
 
     /// The error JSON on stdout, exit 1.
-    pub fn error(e: &CniError, cni_version: &str) -> Outcome {
+    pub fn error(e: &CniError, cni_version: &str) -> Reply {
         let mut stdout = serde_json::to_vec(&e.to_json(cni_version)).unwrap_or_default();
         stdout.push(b'\n');
-        Outcome {
+        Reply {
             stdout,
             exit_code: 1,
         }
     }
 }
 
-/// Reads stdin up to [`config::MAX_STDIN`].
+/// Reads stdin up to [`netconf::MAX_STDIN`].
 pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
     let mut buf = Vec::new();
     r.by_ref()
-        .take(config::MAX_STDIN as u64 + 1)
+        .take(netconf::MAX_STDIN as u64 + 1)
         .read_to_end(&mut buf)
         .map_err(|e| {
             CniError::new(
@@ -98,11 +102,11 @@ pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
                 e.to_string(),
             )
         })?;
-    if buf.len() > config::MAX_STDIN {
+    if buf.len() > netconf::MAX_STDIN {
         return Err(CniError::new(
             code::INVALID_CONFIG,
             "network config on stdin is too large",
-            format!("more than {} bytes", config::MAX_STDIN),
+            format!("more than {} bytes", netconf::MAX_STDIN),
         ));
     }
     Ok(buf)
@@ -113,22 +117,27 @@ pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
 /// DEL, GC and STATUS never fail over input they do not need: a failing DEL
 /// blocks the primary plugin's DEL (leaking the pod's IP), and a failing
 /// STATUS marks the whole node not ready. Their input problems are logged.
-pub fn run(
-    lookup: impl Fn(&str) -> Option<OsString>,
-    stdin: &[u8],
-    plugin: &dyn Plugin,
-) -> Outcome {
+///
+/// That includes a `cniVersion` we do not support. The spec has a plugin
+/// answer code 1 to it, but for linkerd-cni DEL and GC release nothing and
+/// STATUS only reports, so refusing would trade no protection for a leaked
+/// pod IP or a not-ready node; a config we cannot read already failed its
+/// ADD with code 1. ADD and CHECK do answer code 1.
+pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn Plugin) -> Reply {
     let env = match Env::from_lookup(&lookup) {
-        Ok(env) => env,
+        Ok(env) => {
+            plugin.start(&env);
+            env
+        }
         Err(e) => {
             let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-            return Outcome::error(&e, &v);
+            return Reply::error(&e, &v);
         }
     };
 
     if env.command == Command::Version {
         let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-        return Outcome::ok(Some(version::version_info(&v)));
+        return Reply::ok(Some(version::version_info(&v)));
     }
 
     let tolerant = matches!(env.command, Command::Del | Command::Gc | Command::Status);
@@ -136,11 +145,11 @@ pub fn run(
         Ok(c) => c,
         Err(e) if tolerant => {
             log::warn!("{}: ignoring unusable network config: {e}", env.command);
-            return Outcome::ok(None);
+            return Reply::ok(None);
         }
         Err(e) => {
             let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-            return Outcome::error(&e, &v);
+            return Reply::error(&e, &v);
         }
     };
     plugin.configure(&conf);
@@ -155,10 +164,10 @@ pub fn run(
         Command::Version => Ok(Some(version::version_info(&inv.conf.cni_version))),
     };
     match res {
-        Ok(v) => Outcome::ok(v),
+        Ok(v) => Reply::ok(v),
         Err(e) => {
             log::error!("{} failed: {e}", inv.env.command);
-            Outcome::error(&e, &inv.conf.cni_version)
+            Reply::error(&e, &inv.conf.cni_version)
         }
     }
 }
@@ -187,7 +196,7 @@ mod tests {
         }
     }
 
-    fn invoke(vars: &[(&str, &str)], stdin: &[u8]) -> Outcome {
+    fn invoke(vars: &[(&str, &str)], stdin: &[u8]) -> Reply {
         let m: HashMap<String, OsString> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
@@ -195,7 +204,7 @@ mod tests {
         run(|k| m.get(k).cloned(), stdin, &PassThrough)
     }
 
-    fn json(o: &Outcome) -> Value {
+    fn json(o: &Reply) -> Value {
         serde_json::from_slice(&o.stdout).expect("stdout is one JSON value")
     }
 
@@ -248,7 +257,13 @@ mod tests {
     #[test]
     fn del_gc_status_succeed_on_anything() {
         for cmd in ["DEL", "GC", "STATUS"] {
-            for stdin in [&b""[..], b"garbage", br#"{"cniVersion":"0.3.1"}"#] {
+            for stdin in [
+                &b""[..],
+                b"garbage",
+                br#"{"cniVersion":"0.3.1"}"#,
+                br#"{"cniVersion":"9.9.9"}"#,
+                br#"{"cniVersion":"1.0"}"#,
+            ] {
                 let o = invoke(&[("CNI_COMMAND", cmd), ("CNI_NETNS", "/nowhere")], stdin);
                 assert_eq!(o.exit_code, 0, "{cmd} {stdin:?}");
                 assert!(o.stdout.is_empty(), "{cmd} printed {:?}", o.stdout);

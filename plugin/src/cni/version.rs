@@ -19,6 +19,26 @@ pub fn is_supported(v: &str) -> bool {
     SUPPORTED.contains(&v)
 }
 
+/// A spec version as numbers, so "0.10.0" sorts after "0.3.0" (as strings
+/// it would not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl Version {
+    /// `MAJOR.MINOR.PATCH`, digits only; anything else is None.
+    pub fn parse(s: &str) -> Option<Version> {
+        let mut parts = s.split('.').map(|p| {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                None
+            } else {
+                p.parse::<u32>().ok()
+            }
+        });
+        let v = Version(parts.next()??, parts.next()??, parts.next()??);
+        parts.next().is_none().then_some(v)
+    }
+}
+
 /// The answer to VERSION.
 pub fn version_info(requested: &str) -> Value {
     let mut m = Map::new();
@@ -41,7 +61,7 @@ pub fn version_info(requested: &str) -> Value {
 pub fn empty_result(cni_version: &str) -> Value {
     let mut m = Map::new();
     m.insert("cniVersion".into(), Value::String(cni_version.into()));
-    if cni_version >= "0.3.0" {
+    if Version::parse(cni_version) >= Some(Version(0, 3, 0)) {
         m.insert("interfaces".into(), Value::Array(vec![]));
         m.insert("ips".into(), Value::Array(vec![]));
     }
@@ -69,6 +89,20 @@ mod tests {
                 "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
             ]
         );
+    }
+
+    #[test]
+    fn versions_compare_as_numbers() {
+        assert!(
+            empty_result("0.10.0").get("ips").is_some(),
+            "0.10.0 is after 0.3.0"
+        );
+        assert!(empty_result("0.2.0").get("ips").is_none());
+        assert!(Version::parse("0.10.0") > Version::parse("0.3.0"));
+        assert!(Version::parse("1.1.0") > Version::parse("1.0.0"));
+        assert_eq!(Version::parse("1.0"), None);
+        assert_eq!(Version::parse("1.0.0-rc1"), None);
+        assert_eq!(Version::parse("+1.0.0"), None);
     }
 
     #[test]

@@ -30,6 +30,11 @@ const STANDARD_DIRS: [&str; 6] = [
 
 /// How much of a failed command's stderr goes into the error.
 const MAX_STDERR: usize = 2048;
+/// The most stdout read from one command: a pod's nat table is a few KiB,
+/// and a runaway `*-save` must not fill the plugin's memory.
+pub const MAX_OUTPUT: usize = 4 << 20;
+/// The most stderr kept (only an excerpt is reported).
+const MAX_STDERR_READ: usize = 64 << 10;
 
 #[derive(Debug, Error)]
 pub enum ExecError {
@@ -49,6 +54,8 @@ pub enum ExecError {
         status: ExitStatus,
         stderr: String,
     },
+    #[error("{bin} printed more than {limit} bytes: refusing to read more")]
+    TooMuchOutput { bin: String, limit: usize },
     #[error("{bin} did not finish within {} s and was killed", .after.as_secs_f32())]
     TimedOut { bin: String, after: Duration },
 }
@@ -151,6 +158,7 @@ impl Tools {
         let mut cmd = Command::new(&self.save);
         cmd.args(["-t", "nat"]);
         let out = run(cmd, &self.save, None, timeout)?;
+        // Lossy: a table we cannot read as UTF-8 then differs from ours.
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
@@ -165,13 +173,24 @@ impl Tools {
     }
 }
 
-/// Runs `cmd` with `input` on stdin, returning stdout; kills it after
-/// `timeout` (e.g. when it waits forever on the xtables lock).
+/// Runs `cmd` with `input` on stdin, returning stdout (at most
+/// [`MAX_OUTPUT`] bytes); kills it after `timeout` (e.g. when it waits
+/// forever on the xtables lock).
 fn run(
+    cmd: Command,
+    bin: &Path,
+    input: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Vec<u8>, ExecError> {
+    run_limited(cmd, bin, input, timeout, MAX_OUTPUT)
+}
+
+fn run_limited(
     mut cmd: Command,
     bin: &Path,
     input: Option<&[u8]>,
     timeout: Duration,
+    max_output: usize,
 ) -> Result<Vec<u8>, ExecError> {
     let name = bin.display().to_string();
     cmd.stdin(if input.is_some() {
@@ -196,14 +215,18 @@ fn run(
             let _ = s.write_all(&data);
         }
     });
-    let stdout = reader(child.stdout.take());
-    let stderr = reader(child.stderr.take());
+    let stdout = reader(child.stdout.take(), max_output);
+    let stderr = reader(child.stderr.take(), MAX_STDERR_READ);
 
     let status = wait_until(&mut child, Instant::now() + timeout);
     let _ = writer.join();
-    let out = stdout.join().unwrap_or_default();
-    let err = stderr.join().unwrap_or_default();
+    let (out, overflow) = stdout.join().unwrap_or_default();
+    let (err, _) = stderr.join().unwrap_or_default();
     match status {
+        Some(Ok(_)) if overflow => Err(ExecError::TooMuchOutput {
+            bin: name,
+            limit: max_output,
+        }),
         Some(Ok(status)) if status.success() => Ok(out),
         Some(Ok(status)) => Err(ExecError::Failed {
             bin: name,
@@ -218,13 +241,20 @@ fn run(
     }
 }
 
-fn reader<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+/// Reads up to `limit` bytes; the rest is drained (so the child never
+/// blocks on a full pipe) and dropped. True when there was more.
+fn reader<R: Read + Send + 'static>(
+    r: Option<R>,
+    limit: usize,
+) -> std::thread::JoinHandle<(Vec<u8>, bool)> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
+        let mut overflow = false;
         if let Some(mut r) = r {
-            let _ = r.read_to_end(&mut buf);
+            let _ = r.by_ref().take(limit as u64).read_to_end(&mut buf);
+            overflow = std::io::copy(&mut r, &mut std::io::sink()).is_ok_and(|n| n > 0);
         }
-        buf
+        (buf, overflow)
     })
 }
 
@@ -350,6 +380,25 @@ mod tests {
         assert!(!dirs.contains(&PathBuf::from("relative")));
         assert_eq!(dirs.iter().filter(|d| d.ends_with("usr/sbin")).count(), 1);
         assert!(search_dirs(None).contains(&PathBuf::from("/sbin")));
+    }
+
+    #[test]
+    fn output_beyond_the_limit_is_an_error() {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "head -c 100000 /dev/zero"]);
+        let e = run_limited(
+            cmd,
+            Path::new("/bin/sh"),
+            None,
+            Duration::from_secs(10),
+            4096,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ExecError::TooMuchOutput { limit: 4096, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("more than 4096 bytes"), "{e}");
     }
 
     #[test]

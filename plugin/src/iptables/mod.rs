@@ -12,7 +12,7 @@ pub mod rules;
 pub mod table;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -33,6 +33,8 @@ pub struct Driver {
     pub timeout: Duration,
     /// Where to look for the binaries.
     pub dirs: Vec<PathBuf>,
+    /// When set, no command runs past it (the ADD's deadline).
+    pub deadline: Option<Instant>,
 }
 
 impl Driver {
@@ -44,6 +46,24 @@ impl Driver {
             // lock, which kube-proxy can hold for seconds on big clusters.
             timeout: Duration::from_secs(30),
             dirs: exec::search_dirs(std::env::var_os("PATH").as_deref()),
+            deadline: None,
+        }
+    }
+
+    /// The same driver, whose commands all end by `deadline`.
+    pub fn until(mut self, deadline: Instant) -> Driver {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The bound for the next command: its own timeout, cut to what is left
+    /// before the deadline.
+    fn step_timeout(&self) -> Duration {
+        match self.deadline {
+            Some(d) => self
+                .timeout
+                .min(d.saturating_duration_since(Instant::now())),
+            None => self.timeout,
         }
     }
 
@@ -58,7 +78,7 @@ impl Driver {
         let tools = self.tools(sets)?;
         netns::run_in(netns, || -> Result<(), IptablesError> {
             for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.timeout)?);
+                let current = NatTable::parse(&t.save(self.step_timeout())?);
                 let batch = table::restore_batch(set, &current);
                 log::debug!(
                     "{} --noflush{} in {}:\n{batch}",
@@ -66,7 +86,7 @@ impl Driver {
                     if self.wait { " -w" } else { "" },
                     netns.display()
                 );
-                t.restore(&batch, self.wait, self.timeout)?;
+                t.restore(&batch, self.wait, self.step_timeout())?;
             }
             Ok(())
         })?
@@ -78,7 +98,7 @@ impl Driver {
         netns::run_in(netns, || -> Result<Vec<String>, IptablesError> {
             let mut diffs = Vec::new();
             for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.timeout)?);
+                let current = NatTable::parse(&t.save(self.step_timeout())?);
                 diffs.extend(table::differences(set, &current));
             }
             Ok(diffs)

@@ -20,6 +20,20 @@ pub const OUTPUT_CHAIN: &str = "PROXY_INIT_OUTPUT";
 /// iptables' multiport match takes at most 15 ports; a range counts as 2.
 const MULTIPORT_UNITS: usize = 15;
 
+/// The largest uid or gid iptables' owner match accepts (`(uid_t)-1`
+/// means "none" to the kernel).
+pub const MAX_OWNER_ID: i64 = u32::MAX as i64 - 1;
+/// The smallest accepted: -1 (like 0) means "no rule", as upstream reads it.
+pub const MIN_OWNER_ID: i64 = -1;
+
+/// Most entries one port or subnet list may have (a config key or an
+/// annotation). Each subnet is a rule per family, every 15 ports one; real
+/// lists have a few dozen entries, and a bigger one makes every retry of a
+/// pod start ship a huge batch to iptables and CHECK compare it.
+pub const MAX_LIST_ITEMS: usize = 256;
+/// Longest list text parsed (an annotation value can be 256 KiB).
+pub const MAX_LIST_TEXT: usize = 16 << 10;
+
 /// An address family, and with it the iptables flavour that programs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -53,6 +67,31 @@ pub enum ParseError {
     Port(String),
     #[error("{0:?} is not an IPv4 or IPv6 address or CIDR")]
     Cidr(String),
+    #[error("the list has {got} entries; at most {MAX_LIST_ITEMS} are accepted")]
+    TooMany { got: usize },
+    #[error("the list is {got} bytes long; at most {MAX_LIST_TEXT} are accepted")]
+    TooLong { got: usize },
+}
+
+/// Errs when a list of `count` entries, or its text, is over the caps.
+pub fn check_list_size(count: usize, text_len: usize) -> Result<(), ParseError> {
+    if text_len > MAX_LIST_TEXT {
+        return Err(ParseError::TooLong { got: text_len });
+    }
+    if count > MAX_LIST_ITEMS {
+        return Err(ParseError::TooMany { got: count });
+    }
+    Ok(())
+}
+
+/// The non-empty items of a comma-separated list, after the size checks.
+fn list_items(s: &str) -> Result<Vec<&str>, ParseError> {
+    if s.len() > MAX_LIST_TEXT {
+        return Err(ParseError::TooLong { got: s.len() });
+    }
+    let items: Vec<&str> = s.split(',').filter(|p| !p.trim().is_empty()).collect();
+    check_list_size(items.len(), s.len())?;
+    Ok(items)
 }
 
 /// A port or an inclusive port range, as in `4190` or `1000-2000`.
@@ -108,10 +147,7 @@ impl fmt::Display for PortRange {
 /// Parses a comma-separated list of ports and ranges, skipping empty items
 /// (as in `"4190,"`).
 pub fn parse_port_list(s: &str) -> Result<Vec<PortRange>, ParseError> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(PortRange::parse)
-        .collect()
+    list_items(s)?.into_iter().map(PortRange::parse).collect()
 }
 
 /// A subnet whose traffic skips the proxy.
@@ -170,10 +206,7 @@ impl Subnet {
 
 /// Parses a comma-separated list of CIDRs, skipping empty items.
 pub fn parse_subnet_list(s: &str) -> Result<Vec<Subnet>, ParseError> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(Subnet::parse)
-        .collect()
+    list_items(s)?.into_iter().map(Subnet::parse).collect()
 }
 
 /// Everything the rules depend on: the config keys after the pod's and
@@ -444,23 +477,25 @@ mod tests {
     #[test]
     fn defaults_match_upstream() {
         let set = RuleSet::build(&RedirectSpec::default(), Family::V4);
-        assert_eq!(
-            render(&set),
-            "\
--A PROXY_INIT_OUTPUT -m owner --uid-owner 2102 -m comment --comment \"proxy-init/ignore-proxy-user-id\" -j RETURN
--A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN
--A PROXY_INIT_OUTPUT -p tcp -m comment --comment \"proxy-init/redirect-all-outgoing-to-proxy-port\" -j REDIRECT --to-ports 4140
--A PROXY_INIT_REDIRECT -p tcp -m multiport --dports 4191,4190 -m comment --comment \"proxy-init/ignore-port-4191,4190\" -j RETURN
--A PROXY_INIT_REDIRECT -p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\" -j REDIRECT --to-ports 4143
-"
-        );
+        // testkit's reference rules: the chains' rules, then the jumps.
+        let reference = testkit::iptables::DEFAULT_RULES;
+        let chain_rules: String = reference
+            .lines()
+            .filter(|l| l.starts_with("-A PROXY_INIT_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(render(&set), chain_rules);
+        let jump = |comment: &str, chain: &str| {
+            let line = testkit::iptables::default_rule(comment);
+            line.strip_prefix(&format!("-A {chain} ")).unwrap_or(line)
+        };
         assert_eq!(
             PREROUTING_JUMP.spec(),
-            "-m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT"
+            jump("install-proxy-init-prerouting", "PREROUTING")
         );
         assert_eq!(
             OUTPUT_JUMP.spec(),
-            "-m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT"
+            jump("install-proxy-init-output", "OUTPUT")
         );
     }
 

@@ -5,6 +5,13 @@
 //! the plugin is a short-lived process, and an async runtime would cost
 //! start-up time and megabytes for three GETs.
 //!
+//! No proxy, ever: the API server a CNI plugin talks to is the cluster's
+//! own, reached over the node's network. Container runtimes often carry the
+//! node's `HTTPS_PROXY`/`NO_PROXY` (whose CIDR entries HTTP clients tend to
+//! ignore), and honouring them would hand the bearer token to an egress
+//! proxy. So the proxy settings of the environment are ignored, and the
+//! connector chain has no proxy step at all (TCP, then TLS).
+//!
 //! Every call is bounded: a connect timeout, a per-attempt timeout, and the
 //! invocation's budget, which retries never exceed. Only transient failures
 //! are retried (refused or reset connections, timeouts, 429, 5xx), a few
@@ -13,14 +20,19 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::transport::{
+    ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
+};
 
 use super::kubeconfig::{ApiConfig, Trust};
-use super::objects::{Namespace, Pod, Service};
+use super::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -34,6 +46,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
 
+/// What an [`ApiError`] ran into underneath: the HTTP, TLS or JSON stack's
+/// error, or our words where the stack has no error value.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// A failed API call.
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -45,16 +61,27 @@ pub enum ApiError {
         server: String,
         path: String,
         attempts: u32,
-        cause: String,
+        #[source]
+        cause: Cause,
     },
     #[error(
-        "the Kubernetes API at {server} did not answer GET {path} within linkerd-cni's {} s budget",
-        .budget.as_secs_f32()
+        "no answer from the Kubernetes API at {server} to GET {path} within linkerd-cni's {} s budget{}",
+        .budget.as_secs_f32(),
+        .last.as_deref().map(|l| format!(" (last attempt: {l})")).unwrap_or_default()
     )]
     TimedOut {
         server: String,
         path: String,
         budget: Duration,
+        /// What the last attempt ran into, when it failed before the budget
+        /// ran out.
+        last: Option<String>,
+    },
+    #[error("the Kubernetes API at {server} accepted the connection but did not answer GET {path} within {:.1} s", .after.as_secs_f32())]
+    NoAnswer {
+        server: String,
+        path: String,
+        after: Duration,
     },
     #[error("the Kubernetes API refused linkerd-cni's credentials (HTTP {status} for GET {path})")]
     Unauthorized {
@@ -71,9 +98,19 @@ pub enum ApiError {
         message: String,
     },
     #[error("TLS with the Kubernetes API at {server} failed: {cause}")]
-    Tls { server: String, cause: String },
+    Tls {
+        server: String,
+        #[source]
+        cause: Cause,
+        /// The handshake did not finish in time (rather than failing).
+        handshake_hung: bool,
+    },
     #[error("GET {path}: cannot read the answer: {cause}")]
-    Decode { path: String, cause: String },
+    Decode {
+        path: String,
+        #[source]
+        cause: Cause,
+    },
 }
 
 impl ApiError {
@@ -85,6 +122,11 @@ impl ApiError {
                  server address); the pod start is retried by the kubelet"
                     .into()
             }
+            ApiError::NoAnswer { .. } => {
+                "the API server is reachable but overloaded or stuck; the pod start is retried \
+                 by the kubelet"
+                    .into()
+            }
             ApiError::Unauthorized { kubeconfig, .. } => format!(
                 "the token in {} is stale or lacks RBAC to get pods, namespaces and services; \
                  the linkerd-cni installer DaemonSet rewrites this kubeconfig from its service \
@@ -92,6 +134,11 @@ impl ApiError {
                  (kubectl -n linkerd-cni rollout restart daemonset/linkerd-cni)",
                 kubeconfig.display()
             ),
+            ApiError::Tls { handshake_hung: true, .. } => {
+                "something at the server address accepts TCP connections but does not speak TLS \
+                 (a proxy, a firewall, a wrong port?): check the kubeconfig's server address"
+                    .into()
+            }
             ApiError::Tls { .. } => {
                 "check the certificate-authority in the kubeconfig (the installer writes the \
                  cluster's CA) and the server address"
@@ -107,9 +154,16 @@ impl ApiError {
         }
     }
 
-    fn transient(&self) -> bool {
+    /// Worth retrying later: the server was unreachable, slow or overloaded.
+    pub fn transient(&self) -> bool {
         match self {
-            ApiError::Unreachable { .. } | ApiError::TimedOut { .. } => true,
+            ApiError::Unreachable { .. }
+            | ApiError::TimedOut { .. }
+            | ApiError::NoAnswer { .. }
+            | ApiError::Tls {
+                handshake_hung: true,
+                ..
+            } => true,
             ApiError::Status { status, .. } => *status == 429 || *status >= 500,
             _ => false,
         }
@@ -119,6 +173,8 @@ impl ApiError {
 /// A client for one API server, with the budget of one invocation.
 pub struct Client {
     agent: ureq::Agent,
+    /// How far the current attempt's connection got (see [`Phase`]).
+    phase: Arc<AtomicU8>,
     config: ApiConfig,
     budget: Duration,
     deadline: Instant,
@@ -141,18 +197,31 @@ impl Client {
                     .collect::<Vec<_>>(),
             )),
         };
-        let agent = ureq::Agent::config_builder()
+        let agent_config = ureq::Agent::config_builder()
             .tls_config(tls.build())
+            .proxy(None)
             .http_status_as_error(false)
             // The API server does not redirect; following one could send the
             // token elsewhere.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .new_agent();
+            .build();
+        let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
+        let mark = |p: Phase| Mark {
+            phase: phase.clone(),
+            to: p,
+        };
+        let connector =
+            ().chain(mark(Phase::Connecting))
+                .chain(TcpConnector::default())
+                .chain(mark(Phase::TcpConnected))
+                .chain(RustlsConnector::default())
+                .chain(mark(Phase::Secured));
+        let agent = ureq::Agent::with_parts(agent_config, connector, DefaultResolver::default());
         Client {
             agent,
+            phase,
             config,
             budget,
             deadline: Instant::now() + budget,
@@ -171,6 +240,12 @@ impl Client {
         self.get(&format!("/api/v1/namespaces/{name}"))
     }
 
+    pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
+        self.get(&format!(
+            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        ))
+    }
+
     /// Service `default/kubernetes`: the API server's ports.
     pub fn kubernetes_service(&self) -> Result<Service, ApiError> {
         self.get("/api/v1/namespaces/default/services/kubernetes")
@@ -183,13 +258,13 @@ impl Client {
         loop {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(self.timed_out(path));
+                return Err(self.timed_out(path, None));
             }
             let err = match self.attempt(path, remaining.min(ATTEMPT_TIMEOUT), attempt) {
                 Ok(body) => {
                     return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
                         path: path.into(),
-                        cause: e.to_string(),
+                        cause: e.into(),
                     });
                 }
                 Err(e) => e,
@@ -200,7 +275,7 @@ impl Client {
                 // A timeout that used up the budget says so, whatever the
                 // attempt's own error was.
                 return Err(if remaining.is_zero() {
-                    self.timed_out(path)
+                    self.timed_out(path, Some(&err))
                 } else {
                     err
                 });
@@ -211,17 +286,31 @@ impl Client {
         }
     }
 
-    fn timed_out(&self, path: &str) -> ApiError {
+    /// The budget ran out; `last` is what the last attempt ran into.
+    fn timed_out(&self, path: &str, last: Option<&ApiError>) -> ApiError {
+        let last = last.map(|e| match e {
+            ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.to_string(),
+            ApiError::NoAnswer { after, .. } => {
+                format!(
+                    "connected, but no answer within {:.1} s",
+                    after.as_secs_f32()
+                )
+            }
+            other => other.to_string(),
+        });
         ApiError::TimedOut {
             server: self.config.server.clone(),
             path: path.into(),
             budget: self.budget,
+            last,
         }
     }
 
     /// One GET; the body of a 200 answer.
     fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
         let url = format!("{}{path}", self.config.server);
+        self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
+        let started = Instant::now();
         let res = self
             .agent
             .get(&url)
@@ -232,7 +321,7 @@ impl Client {
             .header("Authorization", &format!("Bearer {}", self.config.token))
             .header("Accept", "application/json")
             .call();
-        let mut res = res.map_err(|e| self.classify(path, e, attempt))?;
+        let mut res = res.map_err(|e| self.classify(path, e, attempt, started))?;
         let status = res.status().as_u16();
         log::debug!("GET {path}: HTTP {status}");
         let body = res
@@ -240,7 +329,7 @@ impl Client {
             .with_config()
             .limit(MAX_BODY)
             .read_to_vec()
-            .map_err(|e| self.classify(path, e, attempt))?;
+            .map_err(|e| self.classify(path, e, attempt, started))?;
         match status {
             200 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
@@ -257,28 +346,53 @@ impl Client {
         }
     }
 
-    fn classify(&self, path: &str, e: ureq::Error, attempts: u32) -> ApiError {
+    fn classify(&self, path: &str, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
         let server = self.config.server.clone();
-        let unreachable = |cause: String| ApiError::Unreachable {
+        let unreachable = |cause: Cause| ApiError::Unreachable {
             server: server.clone(),
             path: path.into(),
             attempts,
             cause,
         };
         match e {
-            ureq::Error::Timeout(t) => ApiError::Unreachable {
-                server: server.clone(),
-                path: path.into(),
-                attempts,
-                cause: format!("timed out ({t})"),
-            },
+            // Which timer fired says less than how far the connection got:
+            // the attempt's global timer can fire in any phase, and ureq
+            // counts the TLS handshake as part of connecting.
+            ureq::Error::Timeout(t) => {
+                let after = started.elapsed();
+                let secs = after.as_secs_f32();
+                match Phase::from(self.phase.load(Ordering::SeqCst)) {
+                    Phase::Connecting if t == ureq::Timeout::Resolve => unreachable(
+                        format!("resolving the host name timed out after {secs:.1} s").into(),
+                    ),
+                    Phase::Connecting => unreachable(
+                        format!("the TCP connection timed out after {secs:.1} s").into(),
+                    ),
+                    Phase::TcpConnected => ApiError::Tls {
+                        server,
+                        cause: format!(
+                            "the TLS handshake did not finish within {secs:.1} s of the TCP \
+                             connection being made"
+                        )
+                        .into(),
+                        handshake_hung: true,
+                    },
+                    Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
+                        server,
+                        path: path.into(),
+                        after,
+                    },
+                }
+            }
             ureq::Error::Rustls(e) => ApiError::Tls {
                 server,
-                cause: e.to_string(),
+                cause: e.into(),
+                handshake_hung: false,
             },
             ureq::Error::Tls(e) => ApiError::Tls {
                 server,
-                cause: e.to_string(),
+                cause: e.into(),
+                handshake_hung: false,
             },
             ureq::Error::Io(io) => {
                 // rustls reports handshake failures (e.g. an unknown CA) as
@@ -288,22 +402,69 @@ impl Client {
                 {
                     return ApiError::Tls {
                         server,
-                        cause: inner.to_string(),
+                        cause: inner.to_string().into(),
+                        handshake_hung: false,
                     };
                 }
-                unreachable(io.to_string())
+                unreachable(io.into())
             }
             ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
             ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
             ureq::Error::Protocol(e) => ApiError::Decode {
                 path: path.into(),
-                cause: format!("HTTP protocol error: {e}"),
+                cause: format!("HTTP protocol error: {e}").into(),
             },
             other => ApiError::Decode {
                 path: path.into(),
-                cause: other.to_string(),
+                cause: other.into(),
             },
         }
+    }
+}
+
+/// How far an attempt's connection got, recorded by [`Mark`]s between the
+/// connectors, so a timeout can name what did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// No connector ran: a pooled connection was reused.
+    Pooled,
+    /// Resolving and making the TCP connection.
+    Connecting,
+    /// TCP connected; the TLS handshake is under way.
+    TcpConnected,
+    /// TLS established; the request is under way.
+    Secured,
+}
+
+impl From<u8> for Phase {
+    fn from(v: u8) -> Phase {
+        match v {
+            1 => Phase::Connecting,
+            2 => Phase::TcpConnected,
+            3 => Phase::Secured,
+            _ => Phase::Pooled,
+        }
+    }
+}
+
+/// A connector that passes the transport through and records the phase.
+#[derive(Debug)]
+struct Mark {
+    phase: Arc<AtomicU8>,
+    to: Phase,
+}
+
+impl<In: Transport> Connector<In> for Mark {
+    type Out = In;
+
+    fn connect(
+        &self,
+        _: &ConnectionDetails,
+        chained: Option<In>,
+    ) -> Result<Option<In>, ureq::Error> {
+        self.phase.store(self.to as u8, Ordering::SeqCst);
+        Ok(chained)
     }
 }
 

@@ -6,6 +6,10 @@
 //! `certificate-authority[-data]` and `insecure-skip-tls-verify`, and its
 //! user's `token` or `tokenFile`. Relative paths are relative to the
 //! kubeconfig's directory, as kubectl reads them.
+//!
+//! A cluster's `proxy-url` is refused rather than ignored: the plugin never
+//! reaches the API server through a proxy (see [`super::client`]), and a
+//! kubeconfig that asks for one would otherwise be silently half-applied.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -31,11 +35,14 @@ const SYSTEM_BUNDLES: [&str; 4] = [
 ];
 
 /// A kubeconfig that cannot be used: the file and the problem.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 #[error("kubeconfig {path}: {problem}")]
 pub struct KubeconfigError {
     pub path: PathBuf,
     pub problem: String,
+    /// The I/O error, when the file itself could not be read.
+    #[source]
+    pub source: Option<std::io::Error>,
 }
 
 /// How to trust the API server's certificate.
@@ -56,6 +63,37 @@ pub struct ApiConfig {
     pub server: String,
     pub token: String,
     pub trust: Trust,
+}
+
+impl ApiConfig {
+    /// `http://`: the bearer token crosses the network in clear text.
+    pub fn is_plain_http(&self) -> bool {
+        self.server.starts_with("http://")
+    }
+
+    /// What is weak about how this config reaches the API server, one
+    /// sentence each; empty when it uses verified TLS. For logs and status
+    /// output (`linkerd-cni chain status` shows them; the installer's checks
+    /// can run that).
+    pub fn transport_warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.is_plain_http() {
+            w.push(format!(
+                "kubeconfig {}: the API server {} is reached over plain http://: the bearer \
+                 token crosses the network unencrypted",
+                self.source.display(),
+                self.server
+            ));
+        } else if self.trust == Trust::Insecure {
+            w.push(format!(
+                "kubeconfig {}: TLS verification is off (insecure-skip-tls-verify): the API \
+                 server {} is not authenticated and anyone in the path can take the bearer token",
+                self.source.display(),
+                self.server
+            ));
+        }
+        w
+    }
 }
 
 impl std::fmt::Debug for ApiConfig {
@@ -102,6 +140,8 @@ struct Cluster {
     certificate_authority_data: Option<String>,
     #[serde(rename = "insecure-skip-tls-verify")]
     insecure_skip_tls_verify: Option<bool>,
+    #[serde(rename = "proxy-url")]
+    proxy_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -129,8 +169,13 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
     let err = |problem: String| KubeconfigError {
         path: path.to_path_buf(),
         problem,
+        source: None,
     };
-    let text = read_small(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let text = read_small(path).map_err(|e| KubeconfigError {
+        problem: format!("cannot read it: {e}"),
+        source: Some(e),
+        ..err(String::new())
+    })?;
     let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
     let base = path.parent().unwrap_or(Path::new("/"));
     let mut config = parse(&text, base).map_err(err)?;
@@ -156,8 +201,22 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
-    let file: File = serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    let options = serde_saphyr::options! { with_snippet: false };
+    let file: File =
+        serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?;
+    let (name, ctx) = context(&file)?;
+    let (cluster_name, cluster) = cluster(&file, name, ctx)?;
+    let (user_name, user) = user(&file, name, ctx)?;
+    Ok(ApiConfig {
+        source: PathBuf::new(),
+        server: server(cluster_name, cluster)?,
+        token: token(user_name, user, base)?,
+        trust: trust(cluster_name, cluster, base)?,
+    })
+}
 
+/// The context the installer names, else the current one.
+fn context(file: &File) -> Result<(&str, &Context), String> {
     let contexts: BTreeMap<&str, Option<&Context>> = file
         .contexts
         .iter()
@@ -175,7 +234,15 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .get(name)
         .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
         .ok_or_else(|| format!("context {name:?} is empty"))?;
+    Ok((name, ctx))
+}
 
+/// The cluster context `name` names, with its name.
+fn cluster<'a>(
+    file: &'a File,
+    name: &str,
+    ctx: &'a Context,
+) -> Result<(&'a str, &'a Cluster), String> {
     let cluster_name = ctx
         .cluster
         .as_deref()
@@ -188,6 +255,11 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .value
         .as_ref()
         .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
+    Ok((cluster_name, cluster))
+}
+
+/// The user context `name` names, with its name.
+fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'a User), String> {
     let user_name = ctx
         .user
         .as_deref()
@@ -200,15 +272,33 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         .user
         .as_ref()
         .ok_or_else(|| format!("user {user_name:?} is empty"))?;
+    Ok((user_name, user))
+}
 
-    let server = normalize_server(
+/// The cluster's server, normalized; a cluster that asks for a proxy is
+/// refused.
+fn server(cluster_name: &str, cluster: &Cluster) -> Result<String, String> {
+    if cluster
+        .proxy_url
+        .as_deref()
+        .is_some_and(|p| !p.trim().is_empty())
+    {
+        return Err(format!(
+            "cluster {cluster_name:?} sets proxy-url, which linkerd-cni does not support: it \
+             always connects to the API server directly; remove proxy-url"
+        ));
+    }
+    normalize_server(
         cluster
             .server
             .as_deref()
             .ok_or_else(|| format!("cluster {cluster_name:?} has no server"))?,
     )
-    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))?;
+    .map_err(|e| format!("cluster {cluster_name:?}: {e}"))
+}
 
+/// The user's bearer token, inline or from its `tokenFile`.
+fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
     let token = match (&user.token, &user.token_file) {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
         (_, Some(f)) if !f.is_empty() => {
@@ -228,7 +318,12 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         }
         _ => return Err(format!("user {user_name:?} has no token or tokenFile")),
     };
+    Ok(token)
+}
 
+/// How to trust the server: not at all when asked, else the cluster's CA
+/// (inline or from a file), else the system's bundle.
+fn trust(cluster_name: &str, cluster: &Cluster, base: &Path) -> Result<Trust, String> {
     let trust = if cluster.insecure_skip_tls_verify == Some(true) {
         Trust::Insecure
     } else if let Some(data) = cluster
@@ -262,13 +357,62 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
             )
         })?
     };
+    Ok(trust)
+}
 
-    Ok(ApiConfig {
-        source: PathBuf::new(),
-        server,
-        token,
-        trust,
-    })
+/// A YAML error as line, column and what was expected, never quoting the
+/// input: the parser's own text can hold source snippets or the offending
+/// value, and a kubeconfig holds a bearer token. The error reaches pod
+/// events, which anyone who can list events in the pod's namespace reads.
+fn yaml_problem(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::Error as E;
+    let at = e
+        .location()
+        .filter(|l| l.line() > 0)
+        .map(|l| format!(" at line {}, column {}", l.line(), l.column()))
+        .unwrap_or_default();
+    let what = match e.without_snippet() {
+        E::Unexpected { expected, .. } => format!("expected {expected}"),
+        E::Eof { .. } => "unexpected end of input".into(),
+        E::MultipleDocuments { .. } => "more than one YAML document".into(),
+        E::Message { msg, .. } => serde_message(msg),
+        E::ExternalMessage { msg, .. } if plain_words(msg) => msg.clone(),
+        _ => String::new(),
+    };
+    if what.is_empty() {
+        format!("invalid YAML{at}")
+    } else {
+        format!("invalid YAML{at}: {what}")
+    }
+}
+
+/// serde's messages without the value they quote: `invalid type: string
+/// "…", expected a sequence` becomes `invalid type, expected a sequence`.
+fn serde_message(msg: &str) -> String {
+    if let Some((head, expected)) = msg.rsplit_once(", expected ") {
+        let kind = head.split(':').next().unwrap_or_default();
+        if matches!(kind, "invalid type" | "invalid value" | "invalid length") {
+            return format!("{kind}, expected {expected}");
+        }
+    }
+    if let Some(field) = msg.strip_prefix("missing field ")
+        && plain_words(field.trim_matches('`'))
+    {
+        return msg.to_string();
+    }
+    if plain_words(msg) {
+        msg.to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// Text that cannot be a token or key: lower-case words and punctuation,
+/// no digits, no quotes.
+fn plain_words(s: &str) -> bool {
+    s.len() <= 120
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || matches!(c, ' ' | ',' | ';' | '-' | '(' | ')'))
 }
 
 /// The DER certificates in PEM text; at least one, each a certificate
@@ -389,29 +533,9 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 
-    /// What the upstream installer writes.
+    /// What the installer writes, with the token the tests look for.
     fn installer(server: &str, tls: &str) -> String {
-        format!(
-            "# Kubeconfig file for linkerd CNI plugin.
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: {server}
-    {tls}
-users:
-- name: linkerd-cni
-  user:
-    token: abc.def.ghi
-contexts:
-- name: linkerd-cni-context
-  context:
-    cluster: local
-    user: linkerd-cni
-current-context: linkerd-cni-context
-"
-        )
+        testkit::kubeconfig::installer_text(server, tls, "abc.def.ghi")
     }
 
     #[test]
@@ -529,6 +653,10 @@ current-context: other
                 "bearer tokens".to_string(),
             ),
             (
+                &installer("https://x:443", "proxy-url: http://127.0.0.1:3128"),
+                "sets proxy-url, which linkerd-cni does not support".to_string(),
+            ),
+            (
                 &installer("https://x", &ok_tls).replace("cluster: local", "cluster: elsewhere"),
                 "\"elsewhere\" (of context \"linkerd-cni-context\") is not defined".to_string(),
             ),
@@ -536,6 +664,95 @@ current-context: other
             let e = parse(text, Path::new("/")).unwrap_err();
             assert!(e.contains(&want), "{text:?}: {e}");
         }
+    }
+
+    /// Broken kubeconfigs around a token and a client key: no error may
+    /// quote either (errors reach pod events and logs).
+    #[test]
+    fn no_error_quotes_the_token_or_key_material() {
+        const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.SeCrEtToKeN0123456789.sig";
+        const KEY: &str = "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpzZWNyZXRrZXk=";
+        let good = testkit::kubeconfig::installer_text(
+            "https://10.96.0.1:443",
+            &format!("certificate-authority-data: {}", b64(ca_pem())),
+            TOKEN,
+        )
+        .replace(
+            &format!("    token: {TOKEN}\n"),
+            &format!("    token: {TOKEN}\n    client-key-data: {KEY}\n"),
+        );
+        let token_line = format!("    token: {TOKEN}");
+        let key_line = format!("    client-key-data: {KEY}");
+        let mut corpus: Vec<String> = vec![
+            // Syntax errors on, before and after the secret lines.
+            good.replace(&token_line, &format!("    token: [{TOKEN}")),
+            good.replace(&token_line, &format!("    token: \"{TOKEN}")),
+            good.replace(&token_line, &format!("    token: '{TOKEN}")),
+            good.replace(&token_line, &format!("  token: {TOKEN}\n   x: : :")),
+            good.replace(&token_line, &format!("\ttoken: {TOKEN}")),
+            good.replace(&token_line, &format!("    token: {{{TOKEN}")),
+            good.replace(&token_line, &format!("    token: {TOKEN}\n  - bad")),
+            good.replace(&key_line, &format!("    client-key-data: [{KEY}")),
+            good.replace(&key_line, &format!("    client-key-data: \"{KEY}\"x")),
+            good.replace("  user:\n", "  user: [\n"),
+            good.replace("contexts:", "contexts: ]"),
+            good.replace("current-context:", "current-context: : :"),
+            // Type errors: the secret where another type is expected.
+            good.replace(&token_line, &format!("    token: {{a: {TOKEN}}}")),
+            good.replace(&token_line, &format!("    token: [{TOKEN}]")),
+            good.replace("  user:\n", &format!("  user: {TOKEN}\n")),
+            good.replace("users:\n", &format!("users: {TOKEN}\n")),
+            good.replace(&token_line, &format!("    tokenFile: [{TOKEN}]")),
+            good.replace(&key_line, &format!("    client-key-data: {{k: {KEY}}}")),
+            good.replace("- name: linkerd-cni\n", &format!("- name: [{TOKEN}]\n")),
+            good.replace(&token_line, &format!("    token: !!binary {TOKEN}")),
+            good.replace(&token_line, &format!("    token: !!int {TOKEN}")),
+            good.replace(&token_line, &format!("    token: &a {TOKEN}\n    x: *b")),
+            good.replace(
+                &token_line,
+                &format!("    token: {TOKEN}\n    token: {TOKEN}"),
+            ),
+            format!("{good}\n---\n{good}"),
+            good.replace(&token_line, &format!("    token: |\n  {TOKEN}")),
+            good.replace(&token_line, &format!("    token: >\n     {TOKEN}\n   x")),
+            good.replace(&token_line, &format!("    token: \"{TOKEN}\\q\"")),
+        ];
+        // Every prefix of the file, cut inside and after the secrets.
+        for cut in [token_line.len(), key_line.len()] {
+            let at = good
+                .find(if cut == token_line.len() {
+                    &token_line
+                } else {
+                    &key_line
+                })
+                .unwrap();
+            for extra in [4, 12, 20, cut - 3] {
+                corpus.push(format!("{}\n  - [", &good[..at + extra]));
+            }
+        }
+        // Each variant differs from the good text (else a replace missed).
+        assert!(corpus.iter().all(|t| *t != good));
+        let mut seen_errors = 0;
+        for text in &corpus {
+            let Err(e) = parse(text, Path::new("/")) else {
+                continue;
+            };
+            seen_errors += 1;
+            for secret in [TOKEN, KEY, "SeCrEtToKeN", "LS0tLS1C"] {
+                assert!(
+                    !e.contains(secret),
+                    "error quotes {secret:?}: {e}\ninput:\n{text}"
+                );
+            }
+            if e.starts_with("invalid YAML") {
+                assert!(e.contains("line "), "no line number: {e}");
+            }
+        }
+        assert!(
+            seen_errors >= corpus.len() - 3,
+            "{seen_errors} of {}",
+            corpus.len()
+        );
     }
 
     #[test]

@@ -26,6 +26,32 @@ pub struct ObjectMeta {
     pub annotations: BTreeMap<String, String>,
     #[serde(deserialize_with = "nullable")]
     pub labels: BTreeMap<String, String>,
+    #[serde(deserialize_with = "nullable")]
+    pub uid: String,
+    /// Set once the object is being deleted (finalizers may keep it a while).
+    #[serde(rename = "deletionTimestamp")]
+    pub deletion_timestamp: Option<String>,
+    #[serde(rename = "ownerReferences", deserialize_with = "nullable")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct OwnerReference {
+    #[serde(deserialize_with = "nullable")]
+    pub kind: String,
+    #[serde(deserialize_with = "nullable")]
+    pub name: String,
+    #[serde(deserialize_with = "nullable")]
+    pub uid: String,
+    pub controller: Option<bool>,
+}
+
+/// Only its metadata is read.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct DaemonSet {
+    pub metadata: ObjectMeta,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

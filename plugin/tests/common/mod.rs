@@ -1,144 +1,127 @@
-//! Helpers shared by the integration tests: throwaway directories with
-//! unique names, removed on drop (also when a test fails).
-
+//! Helpers shared by the plugin's integration tests (each test file uses a
+//! different subset): running the plugin binary as a runtime does, the
+//! entry and environment a runtime passes. Temp dirs, namespaces and the
+//! chain fixtures are testkit's.
 #![allow(dead_code)]
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
-use serde_json::{Map, Value};
+use linkerd_cni::cni::{Env, Invocation, NetConf};
+use serde_json::{Value, json};
 
-static N: AtomicU32 = AtomicU32::new(0);
+pub const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
 
-pub struct TempDir(PathBuf);
+/// The linkerd-cni entry of a conflist as the installer renders the
+/// shipped manifest's template, with chain healing off (another part of the
+/// plugin, tested elsewhere) and `linkerd` keys of `linkerd` on top, as a
+/// runtime passes it to the last plugin of a Calico chain.
+pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
+    let mut c = testkit::chart::template_json();
+    c["cniVersion"] = "0.3.1".into();
+    c["name"] = "k8s-pod-network".into();
+    c["log_level"] = "debug".into();
+    c["chain_heal"] = false.into();
+    c["kubernetes"]["kubeconfig"] = kubeconfig.to_str().unwrap().into();
+    c["linkerd"]["outbound-ports-to-ignore"] = json!([]);
+    // Other suites on this machine may hold the legacy xtables lock.
+    c["linkerd"]["use-wait-flag"] = true.into();
+    if let (Some(base), Value::Object(extra)) = (c["linkerd"].as_object_mut(), linkerd) {
+        base.extend(extra);
+    }
+    c["prevResult"] = json!({
+        "cniVersion": "0.3.1",
+        "interfaces": [{"name": "cali5ad3b6c0e1f"}, {"name": "eth0", "sandbox": "/var/run/netns/x"}],
+        "ips": [{"version": "4", "interface": 1, "address": "10.244.1.17/32"}],
+        "dns": {}
+    });
+    c
+}
 
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "lcni-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
+/// The CNI_* variables of `command` for a pod of an exempt namespace
+/// (`kube-system`): the pass-through path, which needs no API server.
+pub fn exempt_env(command: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", "3f1c2b9a7e"),
+        ("CNI_NETNS", "/var/run/netns/cni-1234"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/opt/cni/bin"),
+        (
+            "CNI_ARGS",
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
+        ),
+    ]
+}
+
+/// The CNI_* variables of `command` for pod `namespace/name` in `netns`.
+pub fn cni_env(command: &str, netns: &Path, pod: Option<(&str, &str)>) -> Vec<(String, String)> {
+    let mut v = vec![
+        ("CNI_COMMAND".to_string(), command.to_string()),
+        ("CNI_CONTAINERID".into(), "0a1b2c3d4e5f".into()),
+        ("CNI_NETNS".into(), netns.to_str().unwrap().into()),
+        ("CNI_IFNAME".into(), "eth0".into()),
+        ("CNI_PATH".into(), "/opt/cni/bin".into()),
+    ];
+    if let Some((ns, name)) = pod {
+        v.push((
+            "CNI_ARGS".into(),
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=0a1b2c3d4e5f"
+            ),
         ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
     }
+    v
+}
 
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    pub fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        fs::write(&p, text).expect("write");
-        p
-    }
-
-    pub fn read(&self, name: &str) -> String {
-        fs::read_to_string(self.0.join(name)).expect("read")
-    }
-
-    /// Top-level names, sorted.
-    pub fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(&self.0)
-            .expect("read_dir")
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
+/// An invocation as the protocol layer would build it.
+pub fn invocation(env: &[(String, String)], conf: &Value) -> Invocation {
+    let m: HashMap<&str, OsString> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), OsString::from(v)))
+        .collect();
+    Invocation {
+        env: Env::from_lookup(|k| m.get(k).cloned()).expect("valid env"),
+        conf: NetConf::parse(conf.to_string().as_bytes()).expect("valid conf"),
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+/// Runs the plugin binary with exactly `vars` (no PATH unless given: it
+/// must find the iptables binaries by itself) and `stdin`.
+pub fn run<K: AsRef<OsStr>, V: AsRef<OsStr>>(vars: &[(K, V)], stdin: &[u8]) -> Output {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn linkerd-cni");
+    // A plugin that exits without reading stdin closes the pipe; its
+    // output is what the tests judge.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
 }
 
-/// Copies a directory tree (regular files and directories).
-pub fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dst);
-        } else {
-            fs::copy(e.path(), &dst).unwrap();
-        }
-    }
+/// [`run`] with `conf` on stdin.
+pub fn run_plugin(env: &[(String, String)], conf: &Value) -> Output {
+    run(env, conf.to_string().as_bytes())
 }
 
-/// Every file of a tree, as (relative path, bytes), sorted.
-pub fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
-        for e in fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let p = e.path();
-            if e.file_type().unwrap().is_dir() {
-                out.push((
-                    format!("{}/", p.strip_prefix(root).unwrap().display()),
-                    vec![],
-                ));
-                walk(root, &p, out);
-            } else {
-                let rel = p.strip_prefix(root).unwrap().display().to_string();
-                out.push((rel, fs::read(&p).unwrap()));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
+/// Stdout as one JSON value.
+pub fn stdout_json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON value ({e}): {:?}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
 }
 
-pub fn object(text: &str) -> Map<String, Value> {
-    match serde_json::from_str(text).expect("JSON") {
-        Value::Object(m) => m,
-        _ => panic!("not a JSON object"),
-    }
-}
-
-pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chain")
-}
-
-/// The desired entry of the fixtures.
-pub fn desired() -> Map<String, Value> {
-    object(&fs::read_to_string(fixtures().join("entry.json")).unwrap())
-}
-
-/// Plugin objects of a conflist's text.
-pub fn plugins(text: &str) -> Vec<Value> {
-    object(text)
-        .get("plugins")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-}
-
-pub fn is_linkerd(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("linkerd-cni")
-}
-
-/// Same values and, for objects, the same key order at every depth.
-pub fn same_order(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|((ka, va), (kb, vb))| ka == kb && same_order(va, vb))
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_order(p, q))
-        }
-        _ => a == b,
-    }
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -1,0 +1,76 @@
+//! The chain module's error type.
+//!
+//! Every variant names the file or directory involved and, where there is
+//! one, what a person can do about it: these errors end up in the plugin's
+//! log, the installer's log and the `chain` CLI's output.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    /// A file-system operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// Another repair (plugin, installer or CLI) held the conf-dir lock for
+    /// longer than we were allowed to wait.
+    #[error(
+        "timed out after {waited:?} waiting for the lock on {}: another linkerd-cni repair holds it; try again",
+        dir.display()
+    )]
+    LockTimeout { dir: PathBuf, waited: Duration },
+
+    /// The caller's deadline passed before the repair could finish. Nothing
+    /// half-done is left behind: either the file was replaced or it was not.
+    #[error("deadline reached before {} could be repaired; it was left as it was", path.display())]
+    Deadline { path: PathBuf },
+
+    /// The desired entry (from the entry file, `--entry` or stdin) is unusable.
+    #[error("invalid linkerd-cni entry from {origin}: {problem}")]
+    InvalidEntry {
+        origin: String,
+        #[source]
+        problem: EntryProblem,
+    },
+
+    /// A repair would destroy or shadow something that is not ours.
+    #[error("will not repair {}: {reason}", path.display())]
+    Refused { path: PathBuf, reason: String },
+
+    /// Another writer kept changing the file faster than we could repair it.
+    #[error(
+        "{} changed {attempts} times while being repaired; another agent is rewriting it, try again later",
+        path.display()
+    )]
+    Contended { path: PathBuf, attempts: u32 },
+}
+
+/// Why a JSON value is not a linkerd-cni entry.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryProblem {
+    #[error("not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not a JSON object")]
+    NotAnObject,
+    #[error("\"type\" must be {:?}, found {found}", crate::PLUGIN_TYPE)]
+    WrongType { found: String },
+    #[error("{key:?} must be \"inline\" or \"owned\", found {found}")]
+    UnknownMode { key: &'static str, found: String },
+}
+
+impl ChainError {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        ChainError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

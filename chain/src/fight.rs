@@ -1,0 +1,390 @@
+//! Detecting another agent that keeps undoing our repairs ("fights"), and
+//! bounding how often we repair while it does.
+//!
+//! Some agents rewrite the active config on their own schedule: Cilium with
+//! `cni.exclusive=true` renames every foreign config away, Calico's init
+//! container rewrites its file on every restart, AKS may reconcile its own.
+//! Repairing each time is right (the state on disk is what counts), but
+//! doing it in a tight loop only churns the conf dir, reloading the runtime
+//! every time; so past a threshold repairs are rate-limited and a warning
+//! names the likely cause.
+//!
+//! A fight is the same content being undone again and again: the history is
+//! kept per file AND per digest of the content a repair started from
+//! ([`content_digest`]). A primary that writes new content each time is no
+//! fight, however often it writes: each new content is repaired at once.
+//! Only the same content coming back repeatedly is rate-limited.
+//!
+//! [`FightDetector`] keeps the history in memory for the long-lived
+//! installer. The plugin is a process per ADD, so it keeps the same history
+//! in a small file in its state dir ([`PersistedFights`]), never in the conf
+//! dir.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// Repairs of one file, in seconds on some clock, oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct History(VecDeque<f64>);
+
+impl History {
+    fn prune(&mut self, now: f64, window: f64) {
+        // Also drops times "in the future": the wall clock went back.
+        self.0.retain(|&t| t <= now && now - t < window);
+    }
+
+    fn fighting(&self, threshold: u32) -> bool {
+        self.0.len() >= threshold as usize
+    }
+
+    /// Bounded rate while fighting: one repair per `window / threshold`.
+    fn allow(&self, now: f64, window: f64, threshold: u32) -> bool {
+        let mut h = self.clone();
+        h.prune(now, window);
+        if !h.fighting(threshold) {
+            return true;
+        }
+        let interval = window / f64::from(threshold.max(1));
+        h.0.back().is_none_or(|&last| now - last >= interval)
+    }
+
+    /// When [`History::allow`] turns true again, in seconds from `now`
+    /// (zero when it is true now).
+    fn wait(&self, now: f64, window: f64, threshold: u32) -> f64 {
+        let mut h = self.clone();
+        h.prune(now, window);
+        if !h.fighting(threshold) {
+            return 0.0;
+        }
+        let interval = window / f64::from(threshold.max(1));
+        h.0.back()
+            .map_or(0.0, |&last| (last + interval - now).max(0.0))
+    }
+
+    fn record(&mut self, now: f64, window: f64, threshold: u32) -> bool {
+        self.prune(now, window);
+        self.0.push_back(now);
+        // Only the last `threshold` matter.
+        while self.0.len() > threshold as usize {
+            self.0.pop_front();
+        }
+        self.fighting(threshold)
+    }
+}
+
+fn warning(file: &Path, threshold: u32, window: Duration) -> String {
+    let interval = window / threshold.max(1);
+    format!(
+        "{} needed {threshold} repairs within {window:?}: another agent keeps rewriting it without \
+         the linkerd-cni entry (for example Cilium with cni.exclusive=true, a primary CNI's init \
+         container or a cloud provider's reconciler). Repairs of it are now limited to one every \
+         {interval:?}; configure that agent to leave other plugins' entries in place (for Cilium: \
+         cni.exclusive=false)",
+        file.display()
+    )
+}
+
+/// In-memory fight detection for the installer.
+#[derive(Debug, Clone)]
+pub struct FightDetector {
+    window: Duration,
+    threshold: u32,
+    origin: Instant,
+    repairs: HashMap<PathBuf, History>,
+}
+
+impl FightDetector {
+    /// A fight is `threshold` repairs of one file within `window`.
+    pub fn new(window: Duration, threshold: u32) -> Self {
+        FightDetector {
+            window,
+            threshold: threshold.max(1),
+            origin: Instant::now(),
+            repairs: HashMap::new(),
+        }
+    }
+
+    fn secs(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.origin).as_secs_f64()
+    }
+
+    /// Records a repair of `file` now; returns a warning when it is a fight
+    /// (and repairs should be rate-limited), `None` otherwise.
+    pub fn record_repair(&mut self, file: &Path, now: Instant) -> Option<String> {
+        let t = self.secs(now);
+        let (w, th) = (self.window.as_secs_f64(), self.threshold);
+        let h = self.repairs.entry(file.to_path_buf()).or_default();
+        h.record(t, w, th)
+            .then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// Whether a repair of `file` is allowed now (bounded rate while
+    /// fighting).
+    pub fn allow(&self, file: &Path, now: Instant) -> bool {
+        self.repairs
+            .get(file)
+            .is_none_or(|h| h.allow(self.secs(now), self.window.as_secs_f64(), self.threshold))
+    }
+
+    /// [`Self::record_repair`] of `file` from content with `digest`: only
+    /// repairs of the same content count towards a fight.
+    pub fn record_repair_of(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
+        let (t, w) = (self.secs(now), self.window.as_secs_f64());
+        self.repairs.retain(|_, h| {
+            h.prune(t, w);
+            !h.0.is_empty()
+        });
+        let key = keyed(file, digest);
+        let th = self.threshold;
+        let h = self.repairs.entry(key).or_default();
+        h.record(t, w, th)
+            .then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// [`Self::allow`] for a repair of `file` from content with `digest`.
+    pub fn allow_repair_of(&self, file: &Path, digest: &str, now: Instant) -> bool {
+        self.allow(&keyed(file, digest), now)
+    }
+
+    /// When a repair of `file` is allowed again: `now` when it is now, else
+    /// up to 2 ms after the exact time (rounded up, so that float rounding
+    /// never gives a time at which [`FightDetector::allow`] still says no).
+    pub fn next_allowed(&self, file: &Path, now: Instant) -> Instant {
+        let wait = self.repairs.get(file).map_or(0.0, |h| {
+            h.wait(self.secs(now), self.window.as_secs_f64(), self.threshold)
+        });
+        if wait <= 0.0 {
+            return now;
+        }
+        now + Duration::from_millis((wait * 1000.0).ceil() as u64 + 1)
+    }
+
+    /// [`Self::next_allowed`] for a repair of `file` from content with
+    /// `digest`.
+    pub fn next_allowed_of(&self, file: &Path, digest: &str, now: Instant) -> Instant {
+        self.next_allowed(&keyed(file, digest), now)
+    }
+}
+
+/// The history key of a file's content.
+fn keyed(file: &Path, digest: &str) -> PathBuf {
+    let mut k = file.as_os_str().to_owned();
+    k.push("#");
+    k.push(digest);
+    PathBuf::from(k)
+}
+
+/// The digest of a file's content, for [`FightDetector::record_repair_of`]
+/// (empty when it cannot be read: all unreadable states count as one).
+pub fn content_digest(path: &Path) -> String {
+    super::scan::read_file(path)
+        .map(|b| super::sha256::hex(&b))
+        .unwrap_or_default()
+}
+
+/// The plugin's fight history: [`FightDetector`]'s logic on wall-clock
+/// seconds, kept in `<state_dir>/chain-repairs.json` between invocations.
+/// Best effort throughout: losing it only delays detection. To record a
+/// repair, load and record while still holding the conf-dir lock the repair
+/// took ([`crate::repair_locked`]): the file is read, updated and replaced as
+/// a whole, so two plugins doing that concurrently would lose one record.
+#[derive(Debug, Clone)]
+pub struct PersistedFights {
+    path: PathBuf,
+    window: Duration,
+    threshold: u32,
+    repairs: BTreeMap<String, History>,
+}
+
+/// The history file [`PersistedFights`] keeps in the plugin's state dir.
+pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
+
+fn wall_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+impl PersistedFights {
+    /// The history saved in `state_dir`; empty when absent or unreadable.
+    pub fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
+        let path = state_dir.join(FIGHT_STATE_FILE);
+        let mut repairs = BTreeMap::new();
+        if let Ok(bytes) = super::scan::read_file(&path)
+            && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes)
+        {
+            for (k, v) in m {
+                if let Value::Array(ts) = v {
+                    let h = History(ts.iter().filter_map(Value::as_f64).collect());
+                    repairs.insert(k, h);
+                }
+            }
+        }
+        PersistedFights {
+            path,
+            window,
+            threshold: threshold.max(1),
+            repairs,
+        }
+    }
+
+    fn key(file: &Path) -> String {
+        file.to_string_lossy().into_owned()
+    }
+
+    /// Whether a repair of `file` is allowed now.
+    pub fn allow(&self, file: &Path) -> bool {
+        self.repairs
+            .get(&Self::key(file))
+            .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
+    }
+
+    /// [`Self::allow`] for a repair from content with `digest`.
+    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
+        self.allow(&keyed(file, digest))
+    }
+
+    /// [`Self::record`] of a repair from content with `digest`: only
+    /// repairs of the same content count towards a fight.
+    pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
+        let fighting = self.record_keyed(&keyed(file, digest));
+        fighting.then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// Records a repair and saves; returns the warning when it is a fight.
+    pub fn record(&mut self, file: &Path) -> Option<String> {
+        let fighting = self.record_keyed(file);
+        fighting.then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// Records a repair under the history key `file` and saves; returns
+    /// whether it is a fight.
+    fn record_keyed(&mut self, file: &Path) -> bool {
+        let now = wall_now();
+        let w = self.window.as_secs_f64();
+        for h in self.repairs.values_mut() {
+            h.prune(now, w);
+        }
+        self.repairs.retain(|_, h| !h.0.is_empty());
+        let fighting =
+            self.repairs
+                .entry(Self::key(file))
+                .or_default()
+                .record(now, w, self.threshold);
+        if let Err(e) = self.save() {
+            log::debug!("cannot save {}: {e}", self.path.display());
+        }
+        fighting
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        let dir = super::write::parent(&self.path);
+        fs::create_dir_all(dir)?;
+        let m: serde_json::Map<String, Value> = self
+            .repairs
+            .iter()
+            .map(|(k, h)| (k.clone(), h.0.iter().map(|&t| Value::from(t)).collect()))
+            .collect();
+        let text = Value::Object(m).to_string();
+        let tmp = super::write::write_temp(dir, text.as_bytes(), None)?;
+        fs::rename(&tmp, &self.path).inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_repairs_are_a_fight_and_get_rate_limited() {
+        let f = Path::new("/x/10-calico.conflist");
+        let mut d = FightDetector::new(Duration::from_secs(60), 3);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(d.allow(f, at(0)));
+        assert_eq!(d.record_repair(f, at(0)), None);
+        assert_eq!(d.record_repair(f, at(1)), None);
+        assert!(d.allow(f, at(2)));
+        let w = d
+            .record_repair(f, at(2))
+            .expect("third repair in a minute is a fight");
+        assert!(w.contains("cni.exclusive"), "{w}");
+        // One repair per 20 s while fighting.
+        assert!(!d.allow(f, at(3)));
+        assert!(!d.allow(f, at(21)));
+        assert!(d.allow(f, at(22)));
+        // The next allowed time is the first at which `allow` holds.
+        let next = d.next_allowed(f, at(3));
+        assert!(next >= at(22) && next <= at(22) + Duration::from_millis(2));
+        assert!(d.allow(f, next));
+        assert!(!d.allow(f, at(22) - Duration::from_millis(1)));
+        assert_eq!(d.next_allowed(f, at(30)), at(30));
+        assert_eq!(d.next_allowed(Path::new("/x/other.conflist"), at(3)), at(3));
+        // Another file is not affected.
+        assert!(d.allow(Path::new("/x/other.conflist"), at(3)));
+        // Once the other agent stops, the window empties and limits go.
+        assert!(d.allow(f, at(200)));
+        assert_eq!(d.record_repair(f, at(200)), None);
+    }
+
+    #[test]
+    fn new_content_each_time_is_no_fight_the_same_content_again_is() {
+        let f = Path::new("/x/10-calico.conflist");
+        let mut d = FightDetector::new(Duration::from_secs(60), 3);
+        let t0 = Instant::now();
+        // A primary writing new content every 200 ms: every repair allowed.
+        for i in 0..100u64 {
+            let now = t0 + Duration::from_millis(200 * i);
+            let digest = format!("content-{i}");
+            assert!(d.allow_repair_of(f, &digest, now), "write {i}");
+            assert_eq!(d.record_repair_of(f, &digest, now), None, "write {i}");
+        }
+        // The same content undone again and again: a fight, rate-limited.
+        let t1 = t0 + Duration::from_secs(30);
+        let at = |ms: u64| t1 + Duration::from_millis(ms);
+        assert_eq!(d.record_repair_of(f, "same", at(0)), None);
+        assert_eq!(d.record_repair_of(f, "same", at(100)), None);
+        assert!(d.record_repair_of(f, "same", at(200)).is_some());
+        assert!(!d.allow_repair_of(f, "same", at(300)));
+        // ...while a new content is still repaired at once.
+        assert!(d.allow_repair_of(f, "newer", at(300)));
+        // Old histories are pruned: the map stays small.
+        d.record_repair_of(f, "late", t1 + Duration::from_secs(120));
+        assert_eq!(d.repairs.len(), 1);
+    }
+
+    #[test]
+    fn persisted_history_is_per_content() {
+        let dir = std::env::temp_dir().join(format!("lcni-fight-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let f = Path::new("/x/a.conflist");
+        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
+        assert_eq!(p.record_of(f, "one"), None);
+        assert_eq!(p.record_of(f, "two"), None);
+        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
+        assert!(p.allow_of(f, "three"));
+        assert!(p.record_of(f, "one").is_some());
+        assert!(!p.allow_of(f, "one"));
+        assert!(p.allow_of(f, "four"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spaced_repairs_are_no_fight() {
+        let f = Path::new("/x/a.conflist");
+        let mut d = FightDetector::new(Duration::from_secs(10), 2);
+        let t0 = Instant::now();
+        for i in 0..10 {
+            let now = t0 + Duration::from_secs(11 * i);
+            assert!(d.allow(f, now));
+            assert_eq!(d.record_repair(f, now), None);
+        }
+    }
+}

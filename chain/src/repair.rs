@@ -1,0 +1,896 @@
+//! Repairing the active config, and removing our entries on uninstall.
+//!
+//! Everything here runs under the conf-dir lock ([`super::lock`]), which
+//! orders linkerd-cni's own writers. The primary CNI's installer does not
+//! take it, so a replacement must also be safe against a file that changes
+//! between our read and our rename: the new file is swapped in with
+//! `renameat2(RENAME_EXCHANGE)`, which hands back exactly what it replaced.
+//! If that is not what the repair was computed from, someone wrote in
+//! between: their content becomes the new base and is repaired in turn (or,
+//! when it needs no repair or cannot be read, put back as it was, the very
+//! same inode, so a writer still holding it open keeps writing to the live
+//! file). A primary's write is never silently undone, not even by a kill in
+//! the middle of that: every repair starts by deciding what each leftover
+//! temp file is (from the intent its name carries) and puts back someone's
+//! displaced content before anything else; only our own content is removed.
+//!
+//! A symlinked config is written through to its target only where the
+//! scan allows it (inside the conf dir, unless
+//! [`RepairOptions::write_outside_conf_dir`]); the temp file goes next to
+//! the target, where the next scan looks for leftovers too.
+
+use std::fs::{self, Metadata};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::plan;
+use super::scan::{self, Kind, LinkRule, Listing};
+use super::write::{self, Intent, parent};
+use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
+
+/// Bounds and conditions for one repair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairOptions {
+    /// The most to wait for the conf-dir lock.
+    pub lock_timeout: Duration,
+    /// The whole repair ends by then (it never leaves a half-done change).
+    pub deadline: Option<Instant>,
+    /// Repair only while this file exists, checked under the lock. The
+    /// plugin passes its kubeconfig: uninstall removes the kubeconfig and
+    /// then sweeps the entries once more under the lock, so an ADD already
+    /// in flight cannot chain the node again to a binary about to be removed.
+    pub requires: Option<PathBuf>,
+    /// Where the host's `/` is in this process: absolute symlink targets in
+    /// the conf dir are resolved under it. `/` for the plugin; the host
+    /// mount (`CONTAINER_MOUNT_PREFIX`) for the installer, whose own `/` is
+    /// the container's.
+    pub host_root: PathBuf,
+    /// Whether to write through a symlinked config to a file outside the
+    /// conf dir. Off by default: such a file is outside the conf dir's
+    /// lock and belongs to whoever made the link, so the repair is refused
+    /// with the reason in the diagnosis.
+    pub write_outside_conf_dir: bool,
+}
+
+impl Default for RepairOptions {
+    fn default() -> Self {
+        RepairOptions {
+            lock_timeout: Duration::from_secs(2),
+            deadline: None,
+            requires: None,
+            host_root: PathBuf::from("/"),
+            write_outside_conf_dir: false,
+        }
+    }
+}
+
+impl RepairOptions {
+    pub(crate) fn link_rule(&self) -> LinkRule<'_> {
+        LinkRule {
+            host_root: &self.host_root,
+            outside: self.write_outside_conf_dir,
+        }
+    }
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// The config file written (`None`: no config was written).
+    pub file: Option<PathBuf>,
+    /// Whether a config file's content changed.
+    pub changed: bool,
+    /// The state found (on the first look under the lock).
+    pub before: ChainState,
+    /// One line for logs: what changed and why.
+    pub summary: String,
+}
+
+/// Re-diagnoses after someone else's write this many times at most.
+const MAX_ATTEMPTS: u32 = 8;
+/// Swaps with a file that keeps changing under us, at most.
+const MAX_SWAPS: u32 = 16;
+
+/// How one replacement attempt ended.
+enum Replacement {
+    /// Our content is in place.
+    Written,
+    /// Someone else's content is in place (newer than what we read, and
+    /// either healthy or not ours to repair): look again.
+    Superseded,
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+/// Repairs the active config under the conf-dir lock. Never writes when
+/// nothing would change, never writes a linkerd-only config, never touches
+/// an active file it cannot parse. Leftover temp files are removed.
+pub fn repair(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<RepairReport, ChainError> {
+    repair_locked(conf_dir, desired, opts).map(|(report, _lock)| report)
+}
+
+/// [`repair()`], returning with the conf-dir lock still held, so that what
+/// the caller records about the repair (the plugin's fight history) is
+/// read and written in the same critical section as the repair itself: a
+/// record made after the lock is released races with the next repair's.
+pub fn repair_locked(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(RepairReport, lock::DirLock), ChainError> {
+    let lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    repair_under(conf_dir, desired, opts).map(|r| (r, lock))
+}
+
+fn repair_under(
+    conf_dir: &Path,
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<RepairReport, ChainError> {
+    if let Some(req) = &opts.requires
+        && !req.exists()
+    {
+        let (diag, _) = diagnose_listing(&scan::list(conf_dir, opts.link_rule())?, desired);
+        return Ok(RepairReport {
+            file: None,
+            changed: false,
+            before: diag.state,
+            summary: format!(
+                "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
+                req.display()
+            ),
+        });
+    }
+    let mut before = None;
+    let mut notes = Vec::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let mut listing = scan::list(conf_dir, opts.link_rule())?;
+        let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+        if recovery.removed > 0 {
+            notes.push(format!(
+                "removed {} leftover temp file(s)",
+                recovery.removed
+            ));
+        }
+        if !recovery.restored.is_empty() {
+            // Files came back: look again before deciding anything.
+            notes.extend(recovery.restored);
+            listing = scan::list(conf_dir, opts.link_rule())?;
+        }
+        let (diag, base) = diagnose_listing(&listing, desired);
+        let before = before.get_or_insert_with(|| diag.state.clone()).clone();
+        let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
+        else {
+            let mut summary = match &diag.active {
+                Some(a) => format!("{}: {}; nothing written", a.display(), diag.state),
+                None => format!("{}: {}; nothing written", conf_dir.display(), diag.state),
+            };
+            for n in &notes {
+                summary.push_str("; ");
+                summary.push_str(n);
+            }
+            return Ok(RepairReport {
+                file: None,
+                changed: false,
+                before,
+                summary,
+            });
+        };
+        if past(opts.deadline) {
+            return Err(ChainError::Deadline {
+                path: active.clone(),
+            });
+        }
+        let (outcome, file, how) = match Kind::of(active) {
+            Kind::List => {
+                let real = writable(&listing, active)?;
+                let (o, via) = replace(active, &real, &base, opts.deadline, |b| {
+                    plan::repaired(Kind::List, b, desired)
+                })?;
+                (o, active.clone(), via)
+            }
+            Kind::Single => {
+                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts)?;
+                let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
+                (o, dst, how)
+            }
+        };
+        match outcome {
+            Replacement::Superseded => {
+                notes.push(format!(
+                    "{} changed while being repaired; looked again",
+                    file_name(active)
+                ));
+                continue;
+            }
+            Replacement::Written => {
+                let mut summary = format!(
+                    "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
+                    file.display(),
+                    diag.state
+                );
+                for n in &notes {
+                    summary.push_str("; ");
+                    summary.push_str(n);
+                }
+                return Ok(RepairReport {
+                    file: Some(file),
+                    changed: true,
+                    before,
+                    summary,
+                });
+            }
+        }
+    }
+    Err(ChainError::Contended {
+        path: conf_dir.to_path_buf(),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Removes every linkerd-cni entry from every config file in `conf_dir`
+/// (uninstall), under the lock, with the same write discipline. Returns the
+/// files rewritten. A file is otherwise left byte-identical; a `.conflist`
+/// once converted from a `.conf` stays a `.conflist`. A file that would be
+/// left with no plugin, or a single-plugin file of ours, is left alone and
+/// logged: it is not a primary's config.
+pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
+    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    let mut listing = scan::list(conf_dir, opts.link_rule())?;
+    if !recover(conf_dir, &listing, &opts.host_root)?
+        .restored
+        .is_empty()
+    {
+        listing = scan::list(conf_dir, opts.link_rule())?;
+    }
+    let mut rewritten = Vec::new();
+    for path in &listing.configs {
+        let Ok(bytes) = listing.read(path) else {
+            continue;
+        };
+        if Kind::of(path) == Kind::Single {
+            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::is_ours(&t.into())) {
+                log::warn!(
+                    "{} is a linkerd-cni-only config, not a primary's: left as it is",
+                    path.display()
+                );
+            }
+            continue;
+        }
+        if plan::without_entries(&bytes).is_none() {
+            if plan::analyze(Kind::List, &bytes, &serde_json::Map::new()).state
+                == ChainState::NoPrimaryPlugin
+            {
+                log::warn!(
+                    "{} holds only linkerd-cni entries: left as it is (removing them would leave an empty chain)",
+                    path.display()
+                );
+            }
+            continue;
+        }
+        if past(opts.deadline) {
+            return Err(ChainError::Deadline { path: path.clone() });
+        }
+        let real = match writable(&listing, path) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("{e}: its linkerd-cni entries stay");
+                continue;
+            }
+        };
+        // Superseded: someone's newer content, which holds no entry of ours.
+        let (outcome, _) = replace(path, &real, &bytes, opts.deadline, plan::without_entries)?;
+        if let Replacement::Written = outcome {
+            rewritten.push(path.clone());
+        }
+    }
+    Ok(rewritten)
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    /// Temp files removed: our unfinished writes, and displaced content
+    /// already superseded.
+    pub removed: usize,
+    /// What was put back, one note each.
+    pub restored: Vec<String>,
+}
+
+/// Deals with the temp files a killed repair left, before anything else is
+/// decided: our own unfinished writes are removed, and content that is not
+/// ours (a primary's write displaced by an exchange, a single-plugin config
+/// retired by a conversion) is put back when nothing newer has replaced it
+/// since, and only removed once something has. The lock guarantees that no
+/// live repair owns any of them. `listing.leftovers` is every place a temp
+/// file can be.
+pub(crate) fn recover(
+    conf_dir: &Path,
+    listing: &Listing,
+    host_root: &Path,
+) -> Result<Recovery, ChainError> {
+    let mut done = Recovery::default();
+    let mut touched = vec![conf_dir.to_path_buf()];
+    for p in &listing.leftovers {
+        let name = p.file_name().unwrap_or_default();
+        let restored = match Intent::of(name) {
+            None => None,
+            Some(Intent::Swap {
+                back,
+                target,
+                expected,
+                put,
+            }) => recover_swap(p, back, target, expected, put)?,
+            Some(Intent::Grave {
+                json,
+                list,
+                base,
+                content,
+            }) => recover_grave(p, host_root, json, list, base, content)?,
+        };
+        match restored {
+            Some(note) => {
+                log::warn!("{note}");
+                done.restored.push(note);
+            }
+            None => match fs::remove_file(p) {
+                Ok(()) => done.removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
+            },
+        }
+        let dir = parent(p).to_path_buf();
+        if !touched.contains(&dir) {
+            touched.push(dir);
+        }
+    }
+    if done.removed > 0 || !done.restored.is_empty() {
+        for dir in &touched {
+            write::fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))?;
+        }
+    }
+    Ok(done)
+}
+
+/// The digest of a file's content (`None`: unreadable or absent).
+fn content_digest(path: &Path) -> Option<u64> {
+    scan::read_file(path).ok().map(|b| write::digest(&b))
+}
+
+/// The file in `dir` whose name has digest `name` (not a temp file).
+fn named(dir: &Path, name: u64) -> Option<PathBuf> {
+    fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let n = e.file_name();
+        (!write::is_temp_name(&n) && write::digest(n.as_encoded_bytes()) == name).then(|| e.path())
+    })
+}
+
+/// A temp file left around an exchange with `target`: `Some(note)` when it
+/// held someone else's content, which is now back in place (or, rarely,
+/// kept for the next pass); `None` when it is to be removed.
+fn recover_swap(
+    p: &Path,
+    back: bool,
+    target: u64,
+    expected: u64,
+    put: Option<u64>,
+) -> Result<Option<String>, ChainError> {
+    let held = content_digest(p);
+    // Which content the temp file holds, and which content must be in
+    // place for it to be the newest there is.
+    let must_be_in_place = if held == put {
+        // The exchange did not happen: it holds what we were putting in.
+        if !back {
+            return Ok(None); // our own unfinished write
+        }
+        Some(expected)
+    } else if held == Some(expected) {
+        // The exchange happened and it holds exactly what we meant to
+        // replace: superseded by what we put in.
+        return Ok(None);
+    } else {
+        // The exchange happened and it holds what someone wrote in the
+        // instant before.
+        put
+    };
+    let dir = parent(p);
+    let Some(real) = named(dir, target) else {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let now = content_digest(&real);
+    if now != must_be_in_place {
+        log::warn!(
+            "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
+            p.display(),
+            real.display()
+        );
+        return Ok(None);
+    }
+    // Put it back, the very inode, and see what comes out.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    if content_digest(p) == now {
+        let _ = fs::remove_file(p);
+        return Ok(Some(format!(
+            "put back {}'s content that an interrupted repair had displaced",
+            real.display()
+        )));
+    }
+    // Rewritten in the meantime: theirs is the newest, ours to keep for now.
+    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
+    Ok(Some(format!(
+        "{} changed while a displaced version of it was being put back; kept {} for the next pass",
+        real.display(),
+        p.display()
+    )))
+}
+
+/// A single-plugin config retired by an interrupted conversion: `Some(note)`
+/// when it was rewritten by its owner before being retired and is now back
+/// (as the live conversion does); `None` when it is to be removed.
+fn recover_grave(
+    p: &Path,
+    host_root: &Path,
+    json: bool,
+    list: u64,
+    base: u64,
+    content: u64,
+) -> Result<Option<String>, ChainError> {
+    if read_in(host_root, p).ok().map(|b| write::digest(&b)) == Some(base) {
+        // What the conversion was computed from: the list holds it.
+        return Ok(None);
+    }
+    let Some(list) = named(parent(p), list) else {
+        log::warn!(
+            "{} holds a config retired by an interrupted conversion, whose list is gone since: removed",
+            p.display()
+        );
+        return Ok(None);
+    };
+    let original = list.with_extension(if json { "json" } else { "conf" });
+    match write::rename_noreplace(p, &original) {
+        Ok(()) => {}
+        // An even newer one is there already.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(ChainError::io("restore", &original, e)),
+    }
+    // The list built from the older content is ours to take back.
+    if content_digest(&list) == Some(content) {
+        let _ = fs::remove_file(&list);
+    }
+    Ok(Some(format!(
+        "put back {}, rewritten by its owner while an interrupted repair was converting it",
+        original.display()
+    )))
+}
+
+/// What to put at the target next.
+enum Candidate {
+    /// New content, to be written to a fresh temp file.
+    New(Vec<u8>),
+    /// An inode we displaced (someone else's newer content), held at a temp
+    /// name, with its content (`None`: unreadable): to be put back.
+    Restore(PathBuf, Option<Vec<u8>>),
+}
+
+/// Replaces the list `path` (through a symlink, its target) by
+/// `transform(content)`, computed from `base`, safe against other writers.
+/// Returns how it ended and a note for the summary.
+fn replace(
+    path: &Path,
+    real: &Path,
+    base: &[u8],
+    deadline: Option<Instant>,
+    transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<(Replacement, String), ChainError> {
+    let via = if real != path {
+        format!(" (through the symlink, in {})", real.display())
+    } else {
+        String::new()
+    };
+    let dir = parent(real).to_path_buf();
+    let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
+    let Some(first) = transform(base) else {
+        return Ok((Replacement::Superseded, via));
+    };
+    swap_loop(real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
+}
+
+fn swap_loop(
+    real: &Path,
+    dir: &Path,
+    meta: &Metadata,
+    base: &[u8],
+    first: Vec<u8>,
+    deadline: Option<Instant>,
+    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Replacement, ChainError> {
+    let io_err = |action: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |e| ChainError::io(action, p, e)
+    };
+    // What the target holds, as far as we know.
+    let mut expected = base.to_vec();
+    let mut candidate = Candidate::New(first);
+    let target = write::name_digest(real);
+    for swaps in 0..MAX_SWAPS {
+        let (held, placed, ours) = match candidate {
+            Candidate::New(bytes) => {
+                if swaps > 0 && past(deadline) {
+                    return Err(ChainError::Deadline {
+                        path: real.to_path_buf(),
+                    });
+                }
+                let intent = Intent::Swap {
+                    back: false,
+                    target,
+                    expected: write::digest(&expected),
+                    put: Some(write::digest(&bytes)),
+                };
+                let t = write::write_temp_for(dir, Some(&intent), &bytes, Some(meta))
+                    .map_err(io_err("write a temp file in", dir))?;
+                // A last look right before the swap (writing the temp file
+                // took an fsync): a change seen here costs nobody anything.
+                let now = scan::read_file(real).ok();
+                if now.as_deref() != Some(&expected[..]) {
+                    let _ = fs::remove_file(&t);
+                    match now.as_deref().and_then(transform) {
+                        Some(next) => {
+                            expected = now.unwrap_or_default();
+                            candidate = Candidate::New(next);
+                            continue;
+                        }
+                        // Healthy, unreadable or half-written now: look again
+                        // from the top.
+                        None => return Ok(Replacement::Superseded),
+                    }
+                }
+                (t, bytes, true)
+            }
+            Candidate::Restore(t, bytes) => {
+                let t = mark_restore(&t, target, &expected, bytes.as_deref())
+                    .map_err(io_err("rename a temp file in", dir))?;
+                (t, bytes.unwrap_or_default(), false)
+            }
+        };
+        #[cfg(test)]
+        if ours {
+            testing::before_swap();
+        }
+        match write::exchange(&held, real) {
+            Ok(()) => {}
+            Err(e) if write::unsupported(&e) && ours => {
+                return rename_checked(real, held, expected, transform);
+            }
+            Err(e) => {
+                if ours {
+                    let _ = fs::remove_file(&held);
+                }
+                return Err(ChainError::io("swap a temp file with", real, e));
+            }
+        }
+        #[cfg(test)]
+        testing::after_exchange();
+        // `held` now names what the target held an instant ago.
+        let displaced = scan::read_file(&held).ok();
+        if displaced.as_deref() == Some(&expected[..]) {
+            let _ = fs::remove_file(&held);
+            write::fsync_dir(dir).map_err(io_err("fsync", dir))?;
+            if ours {
+                return Ok(Replacement::Written);
+            }
+            // Someone's newer content is back in place: repair it in turn.
+            match transform(&placed) {
+                Some(next) => {
+                    expected = placed;
+                    candidate = Candidate::New(next);
+                    continue;
+                }
+                None => return Ok(Replacement::Superseded),
+            }
+        }
+        // Someone wrote in the microseconds since our last look. Put their
+        // content back at once, the very inode (a writer may still hold it
+        // open), before any slow work: ours was computed from an older base.
+        log::info!(
+            "{} changed while being repaired; putting the newer content back",
+            real.display()
+        );
+        expected = placed;
+        candidate = Candidate::Restore(held, displaced);
+    }
+    if let Candidate::Restore(newest, bytes) = candidate {
+        // Put the newest content we hold back in place, once more.
+        let newest = mark_restore(&newest, target, &expected, bytes.as_deref())
+            .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
+        if write::exchange(&newest, real).is_ok()
+            && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
+        {
+            let _ = fs::remove_file(&newest);
+        }
+    }
+    Err(ChainError::Contended {
+        path: real.to_path_buf(),
+        attempts: MAX_SWAPS,
+    })
+}
+
+/// Renames `held`, which holds someone else's content displaced by our
+/// exchange, to say that it is now being put back in place of `expected`:
+/// if we are killed before or after that exchange, recovery knows which
+/// content is whose.
+fn mark_restore(
+    held: &Path,
+    target: u64,
+    expected: &[u8],
+    content: Option<&[u8]>,
+) -> io::Result<PathBuf> {
+    let intent = Intent::Swap {
+        back: true,
+        target,
+        expected: write::digest(expected),
+        put: content.map(write::digest),
+    };
+    let to = intent.path_in(parent(held));
+    fs::rename(held, &to)?;
+    Ok(to)
+}
+
+/// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
+/// before an ordinary rename (a window of microseconds instead of none).
+fn rename_checked(
+    real: &Path,
+    mut tmp: PathBuf,
+    mut expected: Vec<u8>,
+    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Replacement, ChainError> {
+    let dir = parent(real).to_path_buf();
+    for _ in 0..MAX_SWAPS {
+        let current = scan::read_file(real).ok();
+        if current.as_deref() == Some(&expected[..]) {
+            if let Err(e) = fs::rename(&tmp, real) {
+                let _ = fs::remove_file(&tmp);
+                return Err(ChainError::io("rename a temp file to", real, e));
+            }
+            write::fsync_dir(&dir).map_err(|e| ChainError::io("fsync", &dir, e))?;
+            return Ok(Replacement::Written);
+        }
+        let _ = fs::remove_file(&tmp);
+        let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
+            return Ok(Replacement::Superseded);
+        };
+        let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
+        tmp = write::write_temp(&dir, &next, Some(&meta))
+            .map_err(|e| ChainError::io("write a temp file in", &dir, e))?;
+        expected = current;
+    }
+    let _ = fs::remove_file(&tmp);
+    Err(ChainError::Contended {
+        path: real.to_path_buf(),
+        attempts: MAX_SWAPS,
+    })
+}
+
+/// The file to write for the config `path` (its symlink's target), or why
+/// a repair must not.
+fn writable(listing: &Listing, path: &Path) -> Result<PathBuf, ChainError> {
+    let refused = |reason| ChainError::Refused {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if let Some(why) = listing.refused(path) {
+        return Err(refused(why));
+    }
+    listing.real(path).map_err(refused)
+}
+
+/// Reads `path`, resolving it under `host_root` when it is a symlink.
+fn read_in(host_root: &Path, path: &Path) -> io::Result<Vec<u8>> {
+    if fs::symlink_metadata(path)?.file_type().is_symlink() {
+        scan::read_file(&scan::resolve_in(host_root, path)?)
+    } else {
+        scan::read_file(path)
+    }
+}
+
+/// Turns the single-plugin `active` into a `.conflist` of the same base
+/// name holding it and the desired entry, then retires `active` (only once
+/// the list is in place, so a crash leaves one or the other loadable).
+/// Returns the new list's path.
+fn convert(
+    conf_dir: &Path,
+    listing: &Listing,
+    active: &Path,
+    base: &[u8],
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(Replacement, PathBuf), ChainError> {
+    let deadline = opts.deadline;
+    let dst = active.with_extension("conflist");
+    let dst_name = dst.file_name().unwrap_or_default().to_os_string();
+    // The list must become the active config: nothing may sort before it.
+    let mut dst_exists = false;
+    for c in listing.configs.iter().skip(1) {
+        let name = c.file_name().unwrap_or_default();
+        if name == dst_name {
+            dst_exists = true;
+        } else if name.as_encoded_bytes() < dst_name.as_encoded_bytes() {
+            return Err(ChainError::Refused {
+                path: active.to_path_buf(),
+                reason: format!(
+                    "once converted to {} it would no longer be the active config, because {} sorts before it; rename one of them",
+                    file_name(&dst),
+                    c.display()
+                ),
+            });
+        }
+    }
+    let old_dst = if dst_exists {
+        let bytes = listing
+            .read(&dst)
+            .map_err(|e| ChainError::io("read", &dst, e))?;
+        // A list holding our entry is what a conversion interrupted after
+        // writing it leaves; anything else is someone's config.
+        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
+            t.get("plugins")
+                .and_then(|p| p.as_array())
+                .is_some_and(|p| p.iter().any(plan::is_ours))
+        }) {
+            return Err(ChainError::Refused {
+                path: active.to_path_buf(),
+                reason: format!(
+                    "it must become {}, which already exists and is not linkerd-cni's; remove one of the two files",
+                    dst.display()
+                ),
+            });
+        }
+        Some(bytes)
+    } else {
+        None
+    };
+    let Some(content) = plan::repaired(Kind::Single, base, desired) else {
+        return Ok((Replacement::Superseded, dst));
+    };
+    if past(deadline) {
+        return Err(ChainError::Deadline {
+            path: active.to_path_buf(),
+        });
+    }
+    let real = listing.real(active).map_err(|reason| ChainError::Refused {
+        path: active.to_path_buf(),
+        reason,
+    })?;
+    let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
+    let tmp = write::write_temp(conf_dir, &content, Some(&meta))
+        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let placed = match &old_dst {
+        None => write::rename_noreplace(&tmp, &dst).map(|()| true),
+        Some(old) => match write::exchange(&tmp, &dst) {
+            Ok(()) => {
+                if scan::read_file(&tmp).ok().as_ref() == Some(old) {
+                    Ok(true)
+                } else {
+                    // Changed since we looked: not ours to overwrite.
+                    write::exchange(&tmp, &dst).map(|()| false)
+                }
+            }
+            Err(e) if write::unsupported(&e) => fs::rename(&tmp, &dst).map(|()| true),
+            Err(e) => Err(e),
+        },
+    };
+    let _ = fs::remove_file(&tmp);
+    match placed {
+        Ok(true) => {}
+        Ok(false) => return Ok((Replacement::Superseded, dst)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Ok((Replacement::Superseded, dst));
+        }
+        Err(e) => return Err(ChainError::io("put in place", &dst, e)),
+    }
+    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+
+    // Retire the single-plugin file, capturing atomically what it holds now.
+    let grave = Intent::Grave {
+        json: active.extension().is_some_and(|e| e == "json"),
+        list: write::name_digest(&dst),
+        base: write::digest(base),
+        content: write::digest(&content),
+    }
+    .path_in(conf_dir);
+    match fs::rename(active, &grave) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
+        Err(e) => return Err(ChainError::io("remove", active, e)),
+    }
+    // Through the symlink, if it was one: the link itself was retired.
+    let captured = read_in(&opts.host_root, &grave).ok();
+    if captured.as_deref() == Some(base) {
+        let _ = fs::remove_file(&grave);
+        write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+        return Ok((Replacement::Written, dst));
+    }
+    // The primary rewrote it meanwhile: its content wins. Put it back and
+    // take back the list built from the old content.
+    match write::rename_noreplace(&grave, active) {
+        Ok(()) => {}
+        // An even newer one is there already.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = fs::remove_file(&grave);
+        }
+        Err(e) => return Err(ChainError::io("restore", active, e)),
+    }
+    if scan::read_file(&dst).ok().as_deref() == Some(&content[..]) {
+        let _ = fs::remove_file(&dst);
+    }
+    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    Ok((Replacement::Superseded, dst))
+}
+
+/// Test access: act as another writer between our last look and the swap
+/// (a window too short to hit on purpose otherwise), and [`replace`] with
+/// a base of the test's choosing.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+    use std::path::Path;
+
+    use super::{ChainError, Entry, Kind, Replacement, plan, replace};
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+        static AFTER: RefCell<VecDeque<Box<dyn FnOnce()>>> = RefCell::new(VecDeque::new());
+    }
+
+    /// Runs `f` right after an exchange: the first one queued after the
+    /// next exchange, the second after the one after, and so on.
+    pub(crate) fn after_next_exchange(f: impl FnOnce() + 'static) {
+        AFTER.with(|h| h.borrow_mut().push_back(Box::new(f)));
+    }
+
+    pub(super) fn after_exchange() {
+        if let Some(f) = AFTER.with(|h| h.borrow_mut().pop_front()) {
+            f();
+        }
+    }
+
+    /// Runs `f` before the next swap of new content (once).
+    pub(crate) fn before_next_swap(f: impl FnMut() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn before_swap() {
+        if let Some(mut f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    /// Replaces `path` as a repair computed from `base` would. Returns
+    /// whether our content ended up in place.
+    pub(crate) fn replace_from(
+        path: &Path,
+        base: &[u8],
+        desired: &Entry,
+    ) -> Result<bool, ChainError> {
+        let (o, _) = replace(path, path, base, None, |b| {
+            plan::repaired(Kind::List, b, desired)
+        })?;
+        Ok(matches!(o, Replacement::Written))
+    }
+}

@@ -1,0 +1,357 @@
+//! Which files a runtime loads from a conf dir, in which order, and reading
+//! them without ever blocking or slurping something huge.
+//!
+//! The rules are containerd's (libcni `ConfFiles` + go-cni): top-level
+//! entries whose extension, as Go's `filepath.Ext` sees it, is `.conf`,
+//! `.conflist` or `.json`; dotfiles included; directories skipped (a symlink
+//! to a directory is not skipped, and then fails to load, as in containerd);
+//! bytewise order of names. The first one is the active config.
+//!
+//! A config may be a symlink. Where it leads is resolved here as the host
+//! resolves it, also from inside the installer's container: an absolute
+//! target is taken under the host's root as mounted in this process
+//! (`host_root`), and `..` never climbs above it. Whether a repair may write
+//! there is decided here too: only inside the conf dir (itself or a
+//! directory below it, under the same lock), unless writing elsewhere is
+//! explicitly allowed.
+
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::OFlag;
+
+use super::ChainError;
+use super::write::is_temp_name;
+
+/// The extensions runtimes load.
+pub const CONFIG_EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
+
+/// Larger files are reported rather than read: no real network config comes
+/// near this, and the plugin must stay quick whatever lies in the conf dir.
+pub const MAX_CONFIG_SIZE: u64 = 1 << 20;
+
+/// How a runtime reads a config file: a list only from `.conflist`; `.conf`
+/// and `.json` hold a single plugin (containerd and CRI-O both reject a list
+/// in them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    List,
+    Single,
+}
+
+impl Kind {
+    pub(crate) fn of(path: &Path) -> Kind {
+        if path.as_os_str().as_bytes().ends_with(b".conflist") {
+            Kind::List
+        } else {
+            Kind::Single
+        }
+    }
+}
+
+/// The conf dir as the runtime and the repair see it.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// Config files, in load order: the first is the active one.
+    pub configs: Vec<PathBuf>,
+    /// Our temp files (from a repair that was killed, or one in progress),
+    /// in the conf dir and in every directory a symlinked config leads to:
+    /// wherever a repair may have written one.
+    pub leftovers: Vec<PathBuf>,
+    /// The symlinks among `configs`, resolved.
+    pub links: Vec<Link>,
+    /// Owned mode's files (recognised by the marker inside), in load order:
+    /// never a primary, so not among `configs`.
+    pub owned: Vec<PathBuf>,
+    /// Names that are no config but look like one of our files renamed by
+    /// another agent (confirmed by the marker in [`super::owned`]).
+    pub renamed: Vec<PathBuf>,
+}
+
+/// A config that is a symlink.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    /// As listed.
+    pub path: PathBuf,
+    /// The file it leads to, in this process's view; or why there is none.
+    pub real: Result<PathBuf, String>,
+    /// Why a repair must not write there (`None`: it may).
+    pub refused: Option<String>,
+}
+
+/// Where symlinks lead and where a repair may follow them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LinkRule<'a> {
+    /// The host's `/` in this process's view.
+    pub host_root: &'a Path,
+    /// Whether a repair may write to a target outside the conf dir.
+    pub outside: bool,
+}
+
+impl Listing {
+    /// The file to read and write for the config `path`: its symlink's
+    /// target, or itself.
+    pub(crate) fn real(&self, path: &Path) -> Result<PathBuf, String> {
+        match self.links.iter().find(|l| l.path == path) {
+            Some(l) => l.real.clone(),
+            None => Ok(path.to_path_buf()),
+        }
+    }
+
+    /// Why a repair must not write through `path`, if it must not.
+    pub(crate) fn refused(&self, path: &Path) -> Option<String> {
+        self.links
+            .iter()
+            .find(|l| l.path == path)
+            .and_then(|l| l.refused.clone())
+    }
+
+    /// Reads the config `path` (through its symlink, as resolved).
+    pub(crate) fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        read_file(&self.real(path).map_err(io::Error::other)?)
+    }
+}
+
+/// Symlinks followed at most while resolving one path (Linux's limit).
+const MAX_LINKS: u32 = 40;
+
+/// Resolves `path` (in this process's view, under `root`) the way the host
+/// would: every component, symlinks included, with absolute targets taken
+/// under `root` and `..` stopping at it. The result exists and is no
+/// symlink.
+pub(crate) fn resolve_in(root: &Path, path: &Path) -> io::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    let rel = path.strip_prefix(root).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not under {}", path.display(), root.display()),
+        )
+    })?;
+    let mut todo: VecDeque<OsString> = VecDeque::new();
+    push_front(&mut todo, rel);
+    let mut done: Vec<OsString> = Vec::new();
+    let mut links = 0;
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let here: PathBuf = std::iter::once(root.as_os_str())
+            .chain(done.iter().map(OsString::as_os_str))
+            .chain(std::iter::once(c.as_os_str()))
+            .collect();
+        if !fs::symlink_metadata(&here)?.file_type().is_symlink() {
+            done.push(c);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(io::Error::other(format!(
+                "more than {MAX_LINKS} symlinks to follow (a loop?)"
+            )));
+        }
+        let target = fs::read_link(&here)?;
+        if target.is_absolute() {
+            done.clear();
+        }
+        push_front(&mut todo, &target);
+    }
+    Ok(std::iter::once(root.as_os_str())
+        .chain(done.iter().map(OsString::as_os_str))
+        .collect())
+}
+
+/// Puts `path`'s components (names and `..`) in front of `todo`.
+fn push_front(todo: &mut VecDeque<OsString>, path: &Path) {
+    for c in path.components().rev() {
+        match c {
+            Component::Normal(n) => todo.push_front(n.to_os_string()),
+            Component::ParentDir => todo.push_front(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+}
+
+/// Resolves the symlinked config `path` and decides whether a repair may
+/// write where it leads.
+fn link(path: &Path, conf_real: Option<&Path>, rule: LinkRule<'_>) -> Link {
+    let real = resolve_in(rule.host_root, path).map_err(|e| {
+        format!(
+            "cannot resolve the symlink (absolute targets are taken under {}): {e}",
+            rule.host_root.display()
+        )
+    });
+    let refused = match (&real, conf_real) {
+        (Ok(_), _) if rule.outside => None,
+        (Ok(r), Some(conf)) if r.starts_with(conf) => None,
+        (Ok(r), _) => Some(format!(
+            "it is a symlink to {}, outside the conf dir; linkerd-cni writes only inside the conf dir unless told otherwise: point the link at a file inside the conf dir, or allow writing outside it (plugin config \"chain_write_outside_conf_dir\": true; installer LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR=true)",
+            r.display()
+        )),
+        (Err(_), _) => None,
+    };
+    Link {
+        path: path.to_path_buf(),
+        real,
+        refused,
+    }
+}
+
+/// Go's `filepath.Ext`: from the last `.` of the name (so `.conf` alone has
+/// the extension `.conf`).
+pub fn is_config_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    match b.iter().rposition(|&c| c == b'.').and_then(|i| b.get(i..)) {
+        Some(ext) => CONFIG_EXTENSIONS.iter().any(|e| e.as_bytes() == ext),
+        None => false,
+    }
+}
+
+pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError> {
+    let rd = fs::read_dir(dir).map_err(|e| ChainError::io("read the conf dir", dir, e))?;
+    let mut configs = Vec::new();
+    let mut leftovers = Vec::new();
+    let mut links = Vec::new();
+    let mut owned = Vec::new();
+    let mut renamed = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
+        let name = ent.file_name();
+        if is_temp_name(&name) {
+            leftovers.push(ent.path());
+            continue;
+        }
+        if !is_config_name(&name) {
+            if super::owned::is_renamed_owned_name(&name) {
+                renamed.push(ent.path());
+            }
+            continue;
+        }
+        if super::owned::is_owned_name(&name) && super::owned::is_owned_file(&ent.path()) {
+            owned.push(ent.path());
+            continue;
+        }
+        // Like Go's DirEntry.IsDir: the entry itself, not a symlink's target.
+        // A file that vanished meanwhile is simply not listed.
+        match ent.file_type() {
+            Ok(t) if t.is_dir() => continue,
+            Ok(t) if t.is_symlink() => {
+                configs.push(ent.path());
+                links.push(ent.path());
+            }
+            Ok(_) => configs.push(ent.path()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(ChainError::io("read the conf dir", dir, e)),
+        }
+    }
+    configs.sort_by(|a, b| {
+        let a = a.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
+        let b = b.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
+        a.cmp(b)
+    });
+    let conf_real = match links.is_empty() {
+        true => None,
+        false => resolve_in(rule.host_root, dir).ok(),
+    };
+    let links: Vec<Link> = links
+        .iter()
+        .map(|p| link(p, conf_real.as_deref(), rule))
+        .collect();
+    // Temp files where symlinks lead: a repair writes them next to the
+    // target (and older versions did so wherever that was).
+    let mut dirs: Vec<&Path> = vec![];
+    for l in &links {
+        if let Ok(real) = &l.real {
+            let d = super::write::parent(real);
+            if !dirs.contains(&d) && Some(d) != conf_real.as_deref() {
+                dirs.push(d);
+            }
+        }
+    }
+    for d in dirs {
+        let Ok(rd) = fs::read_dir(d) else { continue };
+        for ent in rd.flatten() {
+            if is_temp_name(&ent.file_name()) {
+                leftovers.push(ent.path());
+            }
+        }
+    }
+    leftovers.sort();
+    leftovers.dedup();
+    owned.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+    renamed.sort();
+    Ok(Listing {
+        configs,
+        leftovers,
+        links,
+        owned,
+        renamed,
+    })
+}
+
+/// Reads a config (or entry) file through symlinks: regular files only (a
+/// FIFO must not hang the plugin), at most [`MAX_CONFIG_SIZE`] bytes.
+pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f: File = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    if meta.len() > MAX_CONFIG_SIZE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_SIZE} bytes"),
+        ));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize + 1);
+    f.by_ref().take(MAX_CONFIG_SIZE + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > MAX_CONFIG_SIZE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_SIZE} bytes"),
+        ));
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions_as_go_sees_them() {
+        for yes in [
+            "10-calico.conflist",
+            "a.conf",
+            "x.json",
+            ".conf",
+            ".hidden.conflist",
+            "a.b.conf",
+        ] {
+            assert!(is_config_name(OsStr::new(yes)), "{yes}");
+        }
+        for no in [
+            "10-calico.conflist.bak",
+            "conf",
+            "a.CONF",
+            "a.conf~",
+            "a.cilium_bak",
+            "ZZZ-linkerd-cni-kubeconfig",
+            ".linkerd-cni-tmp-1-2",
+            "a.conflist.tmp",
+        ] {
+            assert!(!is_config_name(OsStr::new(no)), "{no}");
+        }
+    }
+}

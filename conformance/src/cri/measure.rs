@@ -1,0 +1,154 @@
+//! Measurements through CRI that the tests make (the benchmark of sandbox
+//! creation is the tools crate's `cri_bench`).
+//!
+//! - [`primary_rewrites`]: the primary CNI rewrites its config without
+//!   linkerd-cni's entry (as Calico's init container does on every restart)
+//!   and a meshed pod is created right after: how many such pods came up
+//!   without their rules. Parameterised by how the chain is kept
+//!   ([`ChainKeeping`]), so every chain mode the project has is measured the
+//!   same way.
+
+use std::any::Any;
+
+use serde_json::Value;
+use testkit::FakeApiServer;
+
+use super::containerd::CriNode;
+use crate::chains::{self, Primary};
+use crate::kube::{self, APP_NAMESPACE};
+use crate::node::Node;
+
+/// One way of keeping linkerd-cni's entry in the node's active chain.
+pub trait ChainKeeping {
+    /// For reports, e.g. "inline".
+    fn name(&self) -> String;
+
+    /// Starts keeping the chain of `node` (its primary's config is in
+    /// place, the fake API server `api` runs in the node, the node's bin
+    /// dir has no linkerd-cni yet). The returned guard stops it on drop.
+    fn start(&self, node: &CriNode, api: &FakeApiServer) -> Box<dyn Any>;
+
+    /// Whether `source`, a network list containerd loaded, chains
+    /// linkerd-cni as this mode intends (the meshing chain).
+    fn is_meshing(&self, source: &Value) -> bool {
+        source["plugins"]
+            .as_array()
+            .and_then(|p| p.last())
+            .is_some_and(|last| last["type"] == "linkerd-cni")
+    }
+}
+
+/// Today's mode: linkerd-cni's entry inline in the primary's list, kept
+/// there by the installer (inotify watch plus resync) and healed by the
+/// plugin during a pod's ADD.
+#[derive(Debug, Clone, Copy)]
+pub struct Inline;
+
+impl ChainKeeping for Inline {
+    fn name(&self) -> String {
+        "inline".into()
+    }
+
+    fn start(&self, node: &CriNode, api: &FakeApiServer) -> Box<dyn Any> {
+        Box::new(crate::installer::start(
+            node,
+            api,
+            &[
+                ("LINKERD_CNI_WATCH", "true"),
+                ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+            ],
+        ))
+    }
+}
+
+/// What [`primary_rewrites`] saw.
+#[derive(Debug, Clone)]
+pub struct RewriteReport {
+    pub keeping: String,
+    /// Meshed pods created, each right after a rewrite.
+    pub pods: usize,
+    /// Of those, the ones whose sandbox has no linkerd-cni rules.
+    pub unmeshed: usize,
+    /// Pods whose sandbox had some but not exactly the reference rules, or
+    /// whose RunPodSandbox failed: never acceptable.
+    pub broken: Vec<String>,
+    /// What the node's teardown found left behind.
+    pub left_behind: Vec<String>,
+}
+
+impl std::fmt::Display for RewriteReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} of {} meshed pods created right after the primary's rewrite came up unmeshed",
+            self.keeping, self.unmeshed, self.pods
+        )
+    }
+}
+
+/// The primary's own list (no linkerd-cni), different at each
+/// `generation` as a real rewrite after an upgrade would be.
+fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
+    let mut plugins = chains::typical_chain(node, Primary::Ptp, None);
+    plugins[0]["mtu"] = (1400 + generation).into();
+    chains::conflist(net, "1.0.0", plugins)
+}
+
+/// Starts a containerd node kept by `keeping`, then `rounds` times: the
+/// primary rewrites its config without linkerd-cni (rename within the conf
+/// dir, as its installer does), a meshed pod is created through CRI at
+/// once, its sandbox's rules are read, it is removed, and the next round
+/// waits for the chain to be meshing again. Rounds stay below the
+/// installer's and the plugin's fight thresholds.
+pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteReport {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("rewrite");
+    let file = format!("10-{net}.conflist");
+    node.write_conf(&file, &primary_conf(&node, &net, 0));
+    let node = CriNode::start(node);
+    let keeper = keeping.start(&node, &api);
+    let mut report = RewriteReport {
+        keeping: keeping.name(),
+        pods: 0,
+        unmeshed: 0,
+        broken: Vec::new(),
+        left_behind: Vec::new(),
+    };
+    let meshing = |node: &CriNode| {
+        node.wait_cni_loaded("a meshing chain", |sources| {
+            sources
+                .iter()
+                .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+                .any(|v| v["name"] == net && keeping.is_meshing(&v))
+        });
+    };
+    for round in 0..rounds {
+        meshing(&node);
+        node.replace_conf(&file, &primary_conf(&node, &net, round as u64 + 1));
+        let name = format!("web-{round}");
+        kube::serve_meshed(&api, &name);
+        report.pods += 1;
+        match node.run_pod(APP_NAMESPACE, &name) {
+            Ok(sbx) => {
+                let ns = sbx.netns();
+                if ns.has_linkerd_rules() {
+                    if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
+                        report.broken.push(format!("{name}: partial rules: {e:?}"));
+                    }
+                } else {
+                    report.unmeshed += 1;
+                }
+                drop(ns);
+                if let Err(e) = sbx.stop_and_remove() {
+                    report.broken.push(format!("{name}: stop/remove: {e}"));
+                }
+            }
+            Err(e) => report.broken.push(format!("{name}: RunPodSandbox: {e}")),
+        }
+    }
+    meshing(&node);
+    drop(keeper);
+    report.left_behind = node.shutdown();
+    report
+}

@@ -1,0 +1,211 @@
+//! Pod sandboxes as the tests use them: created through CRI with the pod's
+//! Kubernetes identity, their network namespace reachable from the test
+//! (containerd's netns mounts live in its private mount namespace: the
+//! sandbox's pause process gives the way in), stopped and removed as the
+//! kubelet does, also when a test fails.
+
+use std::process::Command;
+
+use testkit::iptables::{default_save, normalize_save};
+
+use super::api::SandboxStatus;
+use super::containerd::CriNode;
+use super::grpc::GrpcError;
+use crate::sys;
+
+/// A sandbox; stopped and removed on drop if the test did not.
+#[derive(Debug)]
+pub struct Sandbox<'a> {
+    node: &'a CriNode,
+    id: String,
+    removed: bool,
+}
+
+impl CriNode {
+    /// `RunPodSandbox` for pod `namespace/name`, as the kubelet calls it:
+    /// the CNI ADD of the node's active chain runs inside.
+    pub fn run_pod(&self, namespace: &str, name: &str) -> Result<Sandbox<'_>, GrpcError> {
+        let id = self
+            .cri()
+            .run_pod_sandbox(&self.sandbox_spec(namespace, name))?;
+        Ok(Sandbox {
+            node: self,
+            id,
+            removed: false,
+        })
+    }
+}
+
+impl Sandbox<'_> {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `PodSandboxStatus` (verbose).
+    pub fn status(&self) -> SandboxStatus {
+        self.node
+            .cri()
+            .pod_sandbox_status(&self.id)
+            .unwrap_or_else(|e| panic!("PodSandboxStatus {}: {e}", self.id))
+    }
+
+    /// The sandbox's network namespace, under a name of this harness.
+    pub fn netns(&self) -> SandboxNetns {
+        let st = self.status();
+        let pid = st
+            .pid()
+            .unwrap_or_else(|| panic!("no pid in the sandbox's status: {st:?}"));
+        SandboxNetns::attach(pid)
+    }
+
+    /// `StopPodSandbox` (CNI DEL).
+    pub fn stop(&self) -> Result<(), GrpcError> {
+        self.node.cri().stop_pod_sandbox(&self.id)
+    }
+
+    /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet does when
+    /// a pod is deleted.
+    pub fn stop_and_remove(mut self) -> Result<(), GrpcError> {
+        self.stop()?;
+        self.node.cri().remove_pod_sandbox(&self.id)?;
+        self.removed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Sandbox<'_> {
+    fn drop(&mut self) {
+        if !self.removed {
+            let cri = self.node.cri();
+            if let Err(e) = cri
+                .stop_pod_sandbox(&self.id)
+                .and_then(|_| cri.remove_pod_sandbox(&self.id))
+            {
+                eprintln!("conformance: removing sandbox {}: {e}", self.id);
+            }
+        }
+    }
+}
+
+/// A sandbox's netns, attached under `/run/netns/lcnic-sbx-<pid>-<n>`
+/// (`ip netns attach`) for the iptables readers; the name is deleted on
+/// drop (the namespace itself belongs to containerd).
+#[derive(Debug)]
+pub struct SandboxNetns {
+    name: String,
+}
+
+/// `*-save` tools: (tool, the one linkerd-cni's default config uses).
+const SAVE_TOOLS: [(&str, bool); 4] = [
+    ("iptables-legacy-save", true),
+    ("iptables-nft-save", false),
+    ("ip6tables-legacy-save", false),
+    ("ip6tables-nft-save", false),
+];
+
+impl SandboxNetns {
+    fn attach(pid: u32) -> SandboxNetns {
+        let name = testkit::unique_name("sbx");
+        sys::checked(Command::new("ip").args(["netns", "attach", &name, &pid.to_string()]));
+        SandboxNetns { name }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `argv` inside the sandbox (`ip netns exec`): its stdout; panics with
+    /// its stderr when it fails.
+    fn exec_ok(&self, argv: &[&str]) -> String {
+        let out = sys::output(
+            Command::new("ip")
+                .args(["netns", "exec", &self.name])
+                .args(argv),
+        );
+        assert!(
+            out.status.success(),
+            "{argv:?} in sandbox netns {} failed: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Every backend's and family's nat table, normalized.
+    pub fn nat_tables(&self) -> Vec<(&'static str, String)> {
+        SAVE_TOOLS
+            .iter()
+            .map(|(tool, _)| (*tool, self.nat_table(tool)))
+            .collect()
+    }
+
+    /// `<tool> -t nat` in the sandbox, normalized.
+    fn nat_table(&self, tool: &str) -> String {
+        let out =
+            sys::output(Command::new("ip").args(["netns", "exec", &self.name, tool, "-t", "nat"]));
+        assert!(
+            out.status.success(),
+            "{tool} -t nat in sandbox netns {} failed ({}): {}{}",
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        normalize_save(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// Whether any linkerd-cni chain is in any nat table.
+    pub fn has_linkerd_rules(&self) -> bool {
+        self.nat_tables()
+            .iter()
+            .any(|(_, t)| t.contains("PROXY_INIT"))
+    }
+
+    /// The reference rules for linkerd's defaults, exactly, in the legacy
+    /// IPv4 table, and no rule anywhere else.
+    pub fn expect_reference_rules(&self) {
+        for ((tool, ours), (_, table)) in SAVE_TOOLS.iter().zip(self.nat_tables()) {
+            if *ours {
+                assert_eq!(table, default_save(), "{tool} in the sandbox");
+            } else {
+                assert!(!table.contains("\n-A "), "{tool} in the sandbox:\n{table}");
+            }
+        }
+    }
+
+    /// No nat rule at all, in any backend or family.
+    pub fn expect_no_rules(&self) {
+        for (tool, table) in self.nat_tables() {
+            assert!(!table.contains("\n-A "), "{tool} in the sandbox:\n{table}");
+            assert!(
+                !table.contains("PROXY_INIT"),
+                "{tool} in the sandbox:\n{table}"
+            );
+        }
+    }
+
+    /// The IPv4 addresses (`a.b.c.d/len`) on `ifname`.
+    pub fn ipv4_addrs(&self, ifname: &str) -> Vec<String> {
+        let out = self.exec_ok(&["ip", "-4", "-o", "addr", "show", "dev", ifname]);
+        out.lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                it.position(|w| w == "inet")?;
+                it.next().map(String::from)
+            })
+            .collect()
+    }
+}
+
+impl Drop for SandboxNetns {
+    fn drop(&mut self) {
+        let out = sys::output(Command::new("ip").args(["netns", "del", &self.name]));
+        if !out.status.success() {
+            eprintln!(
+                "conformance: could not delete netns name {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! linkerd-cni under containerd's CRI, driven as the kubelet drives it:
+//! RunPodSandbox / PodSandboxStatus / StopPodSandbox / RemovePodSandbox
+//! with the pod's Kubernetes identity, on a node whose containerd has its
+//! own root, socket, config and CNI dirs. Each test ends by shutting its
+//! node down and checking that nothing of it is left on the machine.
+
+use conformance::chains::{self, Primary};
+use conformance::cri::CriNode;
+use conformance::cri::grpc::GrpcError;
+use conformance::cri::{daemonset, measure};
+use conformance::expect::reserved_ips;
+use conformance::kube::{self, APP_NAMESPACE};
+use conformance::{Node, PodSpec};
+use conformance::{artifacts, installer};
+use serde_json::Value;
+use std::time::Duration;
+use testkit::FakeApiServer;
+
+/// A CRI node with the API server running and the typical chain, linkerd-cni
+/// last, loaded by containerd.
+fn meshing_node() -> (CriNode, FakeApiServer, String) {
+    // In place before containerd starts, as on a node whose CNI is
+    // installed (a file moved into the conf dir from elsewhere, as
+    // Node::write_conf does, is an inotify "create", which containerd
+    // ignores; CriNode::replace_conf is for a running node).
+    let node = Node::new();
+    let api = node.start_api_server();
+    let net = node.network_name("cri");
+    let plugins = chains::typical_chain(&node, Primary::Ptp, Some(chains::linkerd_entry(&node)));
+    node.write_conf(
+        &format!("10-{net}.conflist"),
+        &chains::conflist(&net, "1.0.0", plugins),
+    );
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the chain with linkerd-cni", |s| {
+        s.iter()
+            .any(|t| t.contains(&net) && t.contains("linkerd-cni"))
+    });
+    (node, api, net)
+}
+
+/// Shuts the node down and fails on anything it left behind.
+fn shutdown_clean(node: CriNode) {
+    let left = node.shutdown();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[test]
+fn meshed_pod_gets_the_reference_rules_and_unmeshed_none() {
+    let (node, api, net) = meshing_node();
+    kube::serve_meshed(&api, "web-0");
+    kube::serve_unmeshed(&api, "db-0");
+
+    let meshed = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let unmeshed = node.run_pod(APP_NAMESPACE, "db-0").unwrap();
+    for (sbx, name) in [(&meshed, "web-0"), (&unmeshed, "db-0")] {
+        let st = sbx.status();
+        assert!(st.ready, "{st:?}");
+        assert_eq!(
+            (st.namespace.as_str(), st.name.as_str()),
+            (APP_NAMESPACE, name)
+        );
+        let ns = sbx.netns();
+        assert_eq!(ns.ipv4_addrs("eth0"), [format!("{}/24", st.ip)], "{st:?}");
+    }
+    meshed.netns().expect_reference_rules();
+    unmeshed.netns().expect_no_rules();
+    // The plugin asked the API about both pods: containerd passed their
+    // identity.
+    assert_eq!(api.requests(&kube::pod_path("web-0")), 1);
+    assert_eq!(api.requests(&kube::pod_path("db-0")), 1);
+    assert_eq!(reserved_ips(&node, &net).len(), 2);
+
+    meshed.stop_and_remove().unwrap();
+    unmeshed.stop_and_remove().unwrap();
+    assert_eq!(
+        reserved_ips(&node, &net),
+        Vec::<String>::new(),
+        "addresses leaked"
+    );
+    drop(api);
+    shutdown_clean(node);
+}
+
+#[test]
+fn stop_releases_the_address_and_remove_forgets_the_sandbox() {
+    let (node, api, net) = meshing_node();
+    kube::serve_meshed(&api, "web-0");
+    let sbx = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let ip = sbx.status().ip;
+    assert_eq!(reserved_ips(&node, &net), vec![ip.clone()]);
+    sbx.stop().unwrap();
+    assert!(
+        reserved_ips(&node, &net).is_empty(),
+        "StopPodSandbox kept {ip}"
+    );
+    let id = sbx.id().to_string();
+    assert!(!sbx.status().ready);
+    sbx.stop_and_remove().unwrap();
+    assert!(
+        node.cri().pod_sandbox_status(&id).is_err(),
+        "{id} still known"
+    );
+    assert!(node.cri().list_pod_sandbox_ids().unwrap().is_empty());
+    drop(api);
+    shutdown_clean(node);
+}
+
+fn types(conf: &Value) -> Vec<String> {
+    conf["plugins"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .filter_map(|e| e["type"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The network list named `net` among those containerd has loaded now.
+fn loaded(node: &CriNode, net: &str) -> Value {
+    node.status()
+        .loaded_cni_sources()
+        .iter()
+        .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+        .find(|v| v["name"] == net)
+        .unwrap_or_else(|| panic!("containerd has no network {net} loaded"))
+}
+
+/// A plugin appended after linkerd-cni (the primary's installer added one,
+/// the installer is not running): the meshed pod's ADD heals the file, and
+/// containerd already runs the healed chain when RunPodSandbox returns.
+#[test]
+fn self_heal_during_add_is_loaded_before_run_pod_sandbox_returns() {
+    let node = Node::new();
+    let api = node.start_api_server();
+    let net = node.network_name("heal");
+    let file = format!("10-{net}.conflist");
+    let desired = chains::linkerd_entry(&node);
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Ptp, None),
+    );
+    // linkerd-cni, then tuning appended after it.
+    let mut plugins = chains::typical_chain(&node, Primary::Ptp, None);
+    plugins.insert(2, desired.clone());
+    node.write_conf(&file, &chains::conflist(&net, "1.0.0", plugins));
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the broken chain", |s| s.len() == 2);
+    assert_eq!(
+        types(&loaded(&node, &net)),
+        ["ptp", "portmap", "linkerd-cni", "tuning"]
+    );
+
+    kube::serve_meshed(&api, "web-0");
+    let first = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    // No wait: what containerd has loaded the moment the call returned.
+    assert_eq!(
+        types(&loaded(&node, &net)),
+        ["ptp", "portmap", "tuning", "linkerd-cni"],
+        "containerd had not reloaded the healed chain when RunPodSandbox returned"
+    );
+    first.netns().expect_reference_rules();
+    let healed = node.read_active().unwrap();
+    healed
+        .healthy_with(&desired, &primary)
+        .unwrap_or_else(|e| panic!("after the ADD: {e}\n{}", healed.text));
+    let bytes = std::fs::read(&healed.path).unwrap();
+
+    // The next pod runs the healed chain and changes nothing.
+    kube::serve_meshed(&api, "web-1");
+    let second = node.run_pod(APP_NAMESPACE, "web-1").unwrap();
+    second.netns().expect_reference_rules();
+    assert_eq!(std::fs::read(&healed.path).unwrap(), bytes);
+
+    first.stop_and_remove().unwrap();
+    second.stop_and_remove().unwrap();
+    assert!(reserved_ips(&node, &net).is_empty());
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// The API server does not know the pod: the plugin fails the ADD, and the
+/// kubelet sees the plugin's own error in RunPodSandbox's.
+#[test]
+fn failed_api_lookup_shows_the_plugins_error_in_the_cri_error() {
+    let (node, api, net) = meshing_node();
+    // The plugin's error for this pod, straight from libcni on the same
+    // node and chain.
+    let probe = node.pod(PodSpec::kubernetes(APP_NAMESPACE, "ghost-0"));
+    let direct = node.add(&net, &probe).unwrap_err();
+    let msg = direct.msg.clone().unwrap_or_else(|| panic!("{direct}"));
+    // libcni leaves a failed ADD to the runtime's DEL, as containerd does.
+    node.del(&net, &probe).unwrap();
+    drop(probe);
+
+    let err = node.run_pod(APP_NAMESPACE, "ghost-0").unwrap_err();
+    let GrpcError::Status { code, message } = &err else {
+        panic!("not a gRPC status: {err}");
+    };
+    assert_eq!(*code, 2, "{err}");
+    assert!(
+        message.contains("plugin type=\"linkerd-cni\"") && message.contains(&msg),
+        "the CRI error does not carry linkerd-cni's error {msg:?}: {message}"
+    );
+    // Nothing of the failed sandbox holds an address.
+    assert!(reserved_ips(&node, &net).is_empty(), "addresses leaked");
+    assert!(node.cri().list_pod_sandbox_ids().unwrap().is_empty());
+    drop(api);
+    shutdown_clean(node);
+}
+
+const CONCURRENT: usize = 20;
+
+#[test]
+fn twenty_concurrent_sandboxes_are_all_meshed_and_released() {
+    let (node, api, net) = meshing_node();
+    for i in 0..CONCURRENT {
+        kube::serve_meshed(&api, &format!("web-{i}"));
+    }
+    let sandboxes: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..CONCURRENT)
+            .map(|i| {
+                let node = &node;
+                s.spawn(move || node.run_pod(APP_NAMESPACE, &format!("web-{i}")))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    let mut ips: Vec<String> = sandboxes.iter().map(|s| s.status().ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), CONCURRENT, "addresses not distinct: {ips:?}");
+    assert_eq!(reserved_ips(&node, &net).len(), CONCURRENT);
+    for sbx in &sandboxes {
+        sbx.netns().expect_reference_rules();
+    }
+    std::thread::scope(|s| {
+        for sbx in sandboxes {
+            s.spawn(move || sbx.stop_and_remove().unwrap());
+        }
+    });
+    assert!(reserved_ips(&node, &net).is_empty(), "addresses leaked");
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// The primary's rewrite without linkerd-cni, measured in today's (inline)
+/// mode: a meshed pod created right after the rewrite may run the chain
+/// before it is healed. The count is reported (expected nonzero inline);
+/// what must hold in any mode: every sandbox came up, with exactly the
+/// reference rules or none, and the chain is meshing again afterwards.
+#[test]
+fn primary_rewrite_without_linkerd_cni_measured_inline() {
+    let report = measure::primary_rewrites(&measure::Inline, 6);
+    eprintln!("primary rewrites, {report}");
+    assert_eq!(report.pods, 6);
+    assert!(report.broken.is_empty(), "{:#?}", report.broken);
+    assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+}
+
+/// linkerd-cni's image, run as the DaemonSet runs it, installs the plugin
+/// and its entry; its readiness probe passes inside the container; then
+/// pods created through CRI are meshed.
+#[test]
+fn the_image_run_as_the_daemonset_runs_it_meshes_pods() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("ds");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Ptp, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
+
+    let mut ds = daemonset::start(&node, &api, &installer::template(&node), |name| {
+        artifacts::workspace_bin(name)
+    });
+    ds.wait_ready(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("readiness probe: {e}"));
+
+    // Started as the manifest says: read-only root, no capability, host
+    // network, the /host mounts.
+    let info: Value =
+        serde_json::from_str(&daemonset::ctr_ok(&node, &["containers", "info", ds.id()])).unwrap();
+    let spec = &info["Spec"];
+    assert_eq!(spec["root"]["readonly"], true, "{spec}");
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ] {
+        let caps = spec["process"]["capabilities"][set].as_array();
+        assert!(caps.is_none_or(|c| c.is_empty()), "{set}: {caps:?}");
+    }
+    let namespaces: Vec<&str> = spec["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["type"].as_str())
+        .collect();
+    assert!(
+        !namespaces.contains(&"network"),
+        "not host network: {namespaces:?}"
+    );
+    let pid = ds.pid().expect("the container's pid");
+    for (k, v) in daemonset::capabilities(pid) {
+        if k != "CapAmb" || !v.is_empty() {
+            assert_eq!(
+                u64::from_str_radix(&v, 16).unwrap(),
+                0,
+                "{k} of the installer"
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        std::fs::read_link(format!("/proc/{}/ns/net", node.containerd_pid())).unwrap(),
+        "the installer is not in the node's network namespace"
+    );
+
+    // What it installed: the plugin (a copy, not a link), its entry last,
+    // loaded by containerd.
+    let plugin = node.bin_dir().join("linkerd-cni");
+    assert!(plugin.symlink_metadata().unwrap().file_type().is_file());
+    assert_eq!(
+        std::fs::read(&plugin).unwrap(),
+        std::fs::read(artifacts::linkerd_cni()).unwrap()
+    );
+    let chain = node.wait_cni_loaded("the chain with linkerd-cni", |s| {
+        s.iter().any(|t| t.contains("linkerd-cni"))
+    });
+    let ours: Value = serde_json::from_str(&chain[1]).unwrap();
+    assert_eq!(types(&ours), ["ptp", "portmap", "tuning", "linkerd-cni"]);
+
+    kube::serve_meshed(&api, "web-0");
+    kube::serve_unmeshed(&api, "db-0");
+    let meshed = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let unmeshed = node.run_pod(APP_NAMESPACE, "db-0").unwrap();
+    meshed.netns().expect_reference_rules();
+    unmeshed.netns().expect_no_rules();
+    meshed.stop_and_remove().unwrap();
+    unmeshed.stop_and_remove().unwrap();
+    assert!(reserved_ips(&node, &net).is_empty());
+    // Still ready after serving pods.
+    assert_eq!(ds.probe().0, 0, "{}", ds.log());
+    drop(ds);
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// A process's identity: pid and start time (pids are reused).
+fn process_identity(pid: u32) -> Option<(u32, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, starttime field 22.
+    (fields.first() != Some(&"Z")).then(|| (pid, fields.get(19).unwrap_or(&"").to_string()))
+}
+
+/// A test that fails half-way (a sandbox running, containerd serving)
+/// still leaves nothing: the Drop guards stop and remove it all.
+#[test]
+fn a_failing_test_leaves_nothing_behind() {
+    let seen = std::sync::Mutex::new(None);
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (node, api, _net) = meshing_node();
+        kube::serve_meshed(&api, "web-0");
+        let sbx = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+        let pause = sbx.status().pid().unwrap();
+        *seen.lock().unwrap() = Some((
+            [node.containerd_pid(), pause].map(|p| process_identity(p).unwrap()),
+            node.dir().to_path_buf(),
+            node.netns().path().to_path_buf(),
+            node.cgroup_parent().to_string(),
+        ));
+        panic!("deliberate panic: the Drop guards must still clean up");
+    }));
+    assert!(res.is_err());
+    let (processes, dir, netns, cgroup) = seen.into_inner().unwrap().unwrap();
+    for (pid, started) in processes {
+        assert_ne!(
+            process_identity(pid),
+            Some((pid, started)),
+            "process {pid} still running"
+        );
+    }
+    for p in [&dir, &netns] {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    for line in mounts.lines().filter(|l| l.contains(" cgroup")) {
+        let mnt = line.split(' ').nth(1).unwrap();
+        let d = std::path::Path::new(mnt).join(&cgroup);
+        assert!(!d.exists(), "{} left behind", d.display());
+    }
+    assert!(
+        !mounts.contains(&dir.display().to_string()),
+        "mounts under {} left behind",
+        dir.display()
+    );
+}

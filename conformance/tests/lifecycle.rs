@@ -1,0 +1,323 @@
+//! A node's life with the real installer, the real plugin, libcni and the
+//! fake API server, where credentials come and go as in a cluster: each
+//! installer pod has its own service-account token, revoked (401) once the
+//! pod object is deleted.
+//!
+//! - The DaemonSet is deleted (background cascade: NotFound; foreground:
+//!   deletionTimestamp; the whole manifest or chart: the ServiceAccount gone
+//!   too): at SIGTERM the installer unchains the node, then the token is
+//!   revoked, and pods, meshed or not, start through libcni.
+//! - With the upstream chart's RBAC (no `get daemonsets`) the installer
+//!   cannot tell and leaves the node chained; once the token is revoked
+//!   the plugin passes every pod through.
+//! - A rolling update: the old installer stops (DaemonSet present: the
+//!   node stays chained), its token is revoked, the new one starts 5 s
+//!   later; the ADDs in the gap are counted.
+
+use std::time::{Duration, Instant};
+
+use conformance::chains::{self, Primary};
+use conformance::expect::*;
+use conformance::installer::{self, Installer};
+use conformance::{Node, kube};
+use serde_json::Value;
+use testkit::FakeApiServer;
+use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
+
+const RESYNC: Duration = Duration::from_secs(2);
+/// Scheduling slack on a small shared machine running other tests.
+const GRACE: Duration = Duration::from_secs(5);
+/// The installer's bound at SIGTERM: the API question (5 s per call, the
+/// child killed at 7 s), then the uninstall (a few file operations).
+const SIGTERM_BOUND: Duration = Duration::from_secs(7);
+const NS: &str = "linkerd-cni";
+const DS: &str = "linkerd-cni";
+const DS_UID: &str = "5d1e8a7c-0000-4000-8000-00000000d5e7";
+/// The rolling update's gap between the old pod's end and the new one's
+/// start.
+const GAP: Duration = Duration::from_secs(5);
+
+const ORDER_WITH: [&str; 4] = ["ptp", "portmap", "tuning", "linkerd-cni"];
+const ORDER_WITHOUT: [&str; 3] = ["ptp", "portmap", "tuning"];
+
+fn primary(node: &Node, net: &str) -> Value {
+    chains::conflist(
+        net,
+        "1.0.0",
+        chains::typical_chain(node, Primary::Ptp, None),
+    )
+}
+
+/// An installer pod of the DaemonSet: its pod object, its own token.
+struct InstallerPod {
+    inst: Installer,
+    token: String,
+    name: String,
+}
+
+fn start_pod(node: &Node, api: &FakeApiServer, name: &str) -> InstallerPod {
+    api.set(&pod_path(NS, name), daemonset_pod(NS, name, DS, DS_UID));
+    let token = api.issue_token();
+    let inst = installer::start_with_token(
+        node,
+        api,
+        &token,
+        &[
+            ("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string()),
+            ("LINKERD_CNI_POD_NAME", name),
+            ("LINKERD_CNI_POD_NAMESPACE", NS),
+        ],
+    );
+    InstallerPod {
+        inst,
+        token,
+        name: name.to_string(),
+    }
+}
+
+impl InstallerPod {
+    /// SIGTERM, then the exit within the stated bound; then the pod object
+    /// goes and its token with it.
+    fn stop(mut self, api: &FakeApiServer) -> String {
+        let t = Instant::now();
+        // SAFETY: kill(2) on our own child, not reaped yet: `self.inst`
+        // owns it and only its wait_exit or drop reap it.
+        let r = unsafe { libc::kill(self.inst.id() as i32, libc::SIGTERM) };
+        assert_eq!(r, 0, "cannot signal the installer");
+        let status = self
+            .inst
+            .wait_exit(SIGTERM_BOUND + GRACE)
+            .unwrap_or_else(|| panic!("still running after SIGTERM:\n{}", self.inst.log()));
+        eprintln!(
+            "installer {} exited {:?} after SIGTERM",
+            self.name,
+            t.elapsed()
+        );
+        assert!(status.success(), "{status:?}\n{}", self.inst.log());
+        api.remove(&pod_path(NS, &self.name));
+        api.revoke_token(&self.token);
+        self.inst.log()
+    }
+}
+
+fn chained_node() -> (Node, FakeApiServer, String, Value, InstallerPod) {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, false));
+    let net = node.network_name("life");
+    let conf = primary(&node, &net);
+    node.write_conf(&format!("10-{net}.conflist"), &conf);
+    let pod = start_pod(&node, &api, "linkerd-cni-old");
+    node.wait_healthy(&installer::expected_entry(&node), &conf, RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
+    (node, api, net, conf, pod)
+}
+
+/// Adds a pod through libcni; the run's plugins, or the failure.
+fn add(node: &Node, net: &str, spec: conformance::PodSpec) -> Result<Vec<String>, String> {
+    let pod = node.pod(spec);
+    let out = node.add(net, &pod);
+    let res = match &out {
+        Ok(run) => Ok(steps(run)
+            .into_iter()
+            .filter(|(c, _)| c == "ADD")
+            .map(|(_, p)| p)
+            .collect()),
+        Err(f) => Err(format!("{f:?}")),
+    };
+    if out.is_ok() {
+        let rules = pod
+            .nat_tables()
+            .iter()
+            .any(|t| !t.linkerd_lines().is_empty());
+        node.del(net, &pod).unwrap();
+        if rules {
+            return res.map(|mut v: Vec<String>| {
+                v.push("(rules)".into());
+                v
+            });
+        }
+    }
+    res
+}
+
+fn uninstalled(node: &Node, conf: &Value) {
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(node.active_conf().unwrap()).unwrap()).unwrap();
+    assert_eq!(&on_disk, conf, "the primary's config, without linkerd-cni");
+    assert_eq!(
+        node.conf_dir_names(),
+        [format!("10-{}.conflist", conf["name"].as_str().unwrap())],
+        "kubeconfig and entry file removed"
+    );
+    assert!(
+        !node.bin_dir().join("linkerd-cni").exists(),
+        "binary removed"
+    );
+}
+
+/// Ways a DaemonSet goes, as the installer's pods see them at SIGTERM.
+#[derive(Debug, Clone, Copy)]
+enum Deletion {
+    /// `kubectl delete daemonset` (background cascade): NotFound.
+    Background,
+    /// `kubectl delete --cascade=foreground`: a deletionTimestamp.
+    Foreground,
+    /// `kubectl delete -f` of the manifest or `helm uninstall`: by the time
+    /// the pods get SIGTERM the ServiceAccount is gone (its tokens get 401),
+    /// whatever RBAC there was (here the upstream chart's, without
+    /// daemonsets) with it.
+    Everything,
+}
+
+/// Each deletion: unchained at SIGTERM, within the stated bound; then, the
+/// token revoked, pods start through libcni.
+#[test]
+fn deleting_the_daemonset_unchains_the_node() {
+    for deletion in [
+        Deletion::Background,
+        Deletion::Foreground,
+        Deletion::Everything,
+    ] {
+        let (node, api, net, conf, pod) = chained_node();
+        let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
+        assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+
+        match deletion {
+            Deletion::Background => api.remove(&daemonset_path(NS, DS)),
+            Deletion::Foreground => {
+                api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true))
+            }
+            Deletion::Everything => {
+                api.forbid(&daemonset_path(NS, DS));
+                api.remove(&daemonset_path(NS, DS));
+                api.revoke_token(&pod.token);
+            }
+        }
+        let log = pod.stop(&api);
+        assert!(log.contains("uninstalling"), "{deletion:?}: {log}");
+        uninstalled(&node, &conf);
+
+        for (spec, what) in [
+            (kube::serve_unmeshed(&api, "plain-1"), "unmeshed"),
+            (kube::serve_meshed(&api, "web-1"), "meshed"),
+        ] {
+            let steps = add(&node, &net, spec)
+                .unwrap_or_else(|e| panic!("{deletion:?}: {what} pod after uninstall: {e}"));
+            assert_eq!(steps, ORDER_WITHOUT, "{deletion:?}: {what}");
+        }
+        expect_no_reserved_ips(&node, &net);
+    }
+}
+
+/// The upstream chart's RBAC has no `get daemonsets`: after
+/// `kubectl delete daemonset` alone (the ServiceAccount and its RBAC stay)
+/// the installer cannot tell, leaves the node chained and says why. Once
+/// its token is revoked, every pod still starts: the plugin passes them
+/// through (a meshed one unredirected, which linkerd's network-validator
+/// then refuses).
+#[test]
+fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
+    let (node, api, net, conf, pod) = chained_node();
+    api.forbid(&daemonset_path(NS, DS));
+    api.remove(&daemonset_path(NS, DS));
+    api.add_namespace(NS, &[]);
+    let log = pod.stop(&api);
+    assert!(
+        log.contains("cannot tell whether the DaemonSet is being deleted"),
+        "{log}"
+    );
+    assert!(log.contains("HTTP 403"), "{log}");
+    node.healthy_now(&conf);
+
+    let plain = add(&node, &net, kube::serve_unmeshed(&api, "plain-0")).unwrap();
+    assert_eq!(plain, ORDER_WITH);
+    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
+    assert_eq!(meshed, ORDER_WITH, "passed through, without rules");
+    expect_no_reserved_ips(&node, &net);
+}
+
+/// A rolling update: the old installer stops (the DaemonSet is present:
+/// everything stays), its token is revoked, the new installer starts 5 s
+/// later. ADDs keep coming through the gap, meshed and unmeshed.
+#[test]
+fn rolling_update_gap() {
+    let (node, api, net, conf, old) = chained_node();
+    let log = old.stop(&api);
+    assert!(log.contains("a rolling update or a restart"), "{log}");
+    node.healthy_now(&conf);
+
+    let gap_end = Instant::now() + GAP;
+    let (mut n, mut failed_meshed, mut failed_plain, mut unredirected) = (0, 0, 0, 0);
+    while Instant::now() < gap_end {
+        for meshed in [true, false] {
+            let name = format!("{}-{n}", if meshed { "web" } else { "plain" });
+            let spec = if meshed {
+                kube::serve_meshed(&api, &name)
+            } else {
+                kube::serve_unmeshed(&api, &name)
+            };
+            match add(&node, &net, spec) {
+                Err(e) => {
+                    eprintln!("gap: {name}: {e}");
+                    if meshed {
+                        failed_meshed += 1;
+                    } else {
+                        failed_plain += 1;
+                    }
+                }
+                Ok(steps) => {
+                    if meshed && steps.last().map(String::as_str) != Some("(rules)") {
+                        unredirected += 1;
+                    }
+                }
+            }
+        }
+        n += 1;
+    }
+    eprintln!(
+        "rolling update, {GAP:?} gap: {n} meshed and {n} unmeshed ADDs; failed: {failed_meshed} meshed, {failed_plain} unmeshed; meshed started unredirected (refused by linkerd's network-validator): {unredirected}"
+    );
+    assert_eq!(failed_plain, 0, "unmeshed pods failed in the gap");
+    assert!(n > 0);
+
+    let new = start_pod(&node, &api, "linkerd-cni-new");
+    assert!(
+        wait_for(RESYNC + GRACE, || std::fs::read_to_string(
+            node.kubeconfig_path()
+        )
+        .is_ok_and(|k| k.contains(&new.token))),
+        "the new installer did not rewrite the kubeconfig:\n{}",
+        new.inst.log()
+    );
+    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-after")).unwrap();
+    assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+    expect_no_reserved_ips(&node, &net);
+}
+
+fn wait_for(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+trait HealthyNow {
+    fn healthy_now(&self, primary: &Value);
+}
+
+impl HealthyNow for Node {
+    /// Still chained, with the kubeconfig and the binary in place.
+    fn healthy_now(&self, primary: &Value) {
+        self.wait_healthy(&installer::expected_entry(self), primary, Duration::ZERO)
+            .unwrap();
+        assert!(self.kubeconfig_path().exists());
+        assert!(self.bin_dir().join("linkerd-cni").exists());
+    }
+}

@@ -1,0 +1,468 @@
+//! Invocation-time healing: the plugin checks the chain on every ADD and
+//! repairs it within a budget. The glue between the CNI invocation (its
+//! config, its stdin) and the chain library, `linkerd_cni_chain`.
+//!
+//! The check is read-only and lock-free, so the healthy path (almost every
+//! ADD) costs a directory listing and a parse. Nothing here can fail or
+//! delay the ADD beyond the budget: trouble is logged and the ADD goes on.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use linkerd_cni_chain::{
+    ChainError, Entry, PersistedFights, RepairOptions, content_digest, diagnose_with, load_entry,
+    repair_locked,
+};
+
+use crate::cni::NetConf;
+use crate::config::PluginConfig;
+
+/// Keys a runtime adds to a plugin's config when invoking it: not part of
+/// the entry in the conflist.
+const INJECTED: [&str; 5] = ["name", "cniVersion", "prevResult", "runtimeConfig", "args"];
+
+/// Fight detection for the plugin: this many repairs of the same content of
+/// one file in this window is a fight (then at most one repair of that
+/// content per window / threshold).
+const FIGHT_WINDOW: Duration = Duration::from_secs(600);
+const FIGHT_THRESHOLD: u32 = 5;
+
+/// The entry the plugin was invoked with: its stdin config minus what the
+/// runtime injects. An error when that is not one of ours (the plugin was
+/// installed under another type name), since the chain could not then be
+/// told to hold it.
+pub fn entry_from_stdin(raw: &Map<String, Value>) -> Result<Entry, ChainError> {
+    let plugin = raw
+        .iter()
+        .filter(|(k, _)| !INJECTED.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Entry::new(plugin, "the config this ADD was invoked with")
+}
+
+/// Checks the chain and, when unhealthy, repairs it within
+/// `config.chain_repair_budget`. Never fails, never writes when healthy.
+pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
+    if !config.chain_heal {
+        return;
+    }
+    let start = Instant::now();
+    let dir = &config.cni_conf_dir;
+    let desired = match load_entry(dir) {
+        Ok(Some(e)) => Ok(e),
+        Ok(None) => entry_from_stdin(&conf.raw),
+        Err(e) => {
+            log::warn!("chain check: {e}; using the entry this ADD was invoked with");
+            entry_from_stdin(&conf.raw)
+        }
+    };
+    let desired = match desired {
+        Ok(e) => e,
+        Err(e) => {
+            log::warn!(
+                "chain check skipped: {e}, so this plugin's entry cannot be recognised in the chain"
+            );
+            return;
+        }
+    };
+    let opts = RepairOptions {
+        write_outside_conf_dir: config.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    };
+    let diag = match diagnose_with(dir, &desired, &opts) {
+        Ok(d) => d,
+        Err(e) => {
+            log::warn!("chain check skipped: {e}");
+            return;
+        }
+    };
+    if diag.is_healthy() {
+        log::debug!("chain check: healthy ({:?})", start.elapsed());
+        return;
+    }
+    if !diag.needs_repair() {
+        // Invalid or no primary config: nothing for us to write.
+        log::warn!(
+            "chain check: {}: {}; not repairing{}",
+            diag.active
+                .as_deref()
+                .map_or_else(|| dir.display().to_string(), |p| p.display().to_string()),
+            diag.state,
+            diag.refused
+                .as_deref()
+                .map_or_else(String::new, |why| format!(": {why}"))
+        );
+        return;
+    }
+    let active = diag.active.clone().unwrap_or_else(|| dir.clone());
+    // A look without the lock: at worst one repair more is allowed. The
+    // record below is made under the lock.
+    let fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
+    // A fight is the same content undone again and again: keyed by what
+    // the repair starts from, so a primary writing new content is repaired
+    // at once each time.
+    let digest = content_digest(&active);
+    if diag.state.is_repairable() && !fights.allow_of(&active, &digest) {
+        log::warn!(
+            "chain check: {}: {}; repair postponed: this file is being rewritten again and again by another agent (see earlier warnings)",
+            active.display(),
+            diag.state
+        );
+        return;
+    }
+    let budget = config.chain_repair_budget.saturating_sub(start.elapsed());
+    let opts = RepairOptions {
+        lock_timeout: budget,
+        deadline: Some(start + config.chain_repair_budget),
+        requires: config.kubeconfig.clone(),
+        ..opts
+    };
+    match repair_locked(dir, &desired, &opts) {
+        Ok((r, lock)) if r.changed => {
+            // Read, update and save the history while still holding the
+            // conf-dir lock: concurrent ADDs that each repair then each
+            // leave their record instead of overwriting one another's.
+            let mut fights =
+                PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
+            let fight = fights.record_of(&active, &digest);
+            drop(lock);
+            log::warn!("chain {}", r.summary);
+            if let Some(w) = fight {
+                log::warn!("{w}");
+            }
+        }
+        Ok((r, _lock)) => log::info!("chain check: {}", r.summary),
+        Err(e) => log::warn!("chain repair failed (the ADD goes on): {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Healing on ADD, with the plugin's config as the runtime passes it.
+
+    use std::fs::{self, File};
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Path, PathBuf};
+
+    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, diagnose, persist_entry};
+
+    use super::*;
+
+    /// A throwaway directory with the two file helpers these tests use.
+    struct TempDir(testkit::TempDir);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let t = testkit::TempDir::new(&format!("lcni-{tag}")).expect("create temp dir");
+            // Empty, even if a killed process with the same pid left it:
+            // a stale fight history would postpone every repair.
+            fs::remove_dir_all(t.path()).expect("clear temp dir");
+            fs::create_dir(t.path()).expect("create temp dir");
+            TempDir(t)
+        }
+
+        fn path(&self) -> &Path {
+            self.0.path()
+        }
+
+        fn write(&self, name: &str, text: &str) -> PathBuf {
+            let p = self.path().join(name);
+            fs::write(&p, text).expect("write");
+            p
+        }
+
+        fn read(&self, name: &str) -> String {
+            fs::read_to_string(self.path().join(name)).expect("read")
+        }
+    }
+
+    use testkit::chain::CALICO;
+
+    /// The entry the chart renders.
+    fn desired() -> Map<String, Value> {
+        testkit::chain::chart_entry()
+    }
+
+    struct Node {
+        conf: TempDir,
+        state: TempDir,
+    }
+
+    fn node() -> Node {
+        let n = Node {
+            conf: TempDir::new("heal-conf"),
+            state: TempDir::new("heal-state"),
+        };
+        // Healing requires the kubeconfig the entry names (see
+        // `RepairOptions::requires`).
+        n.state.write("kubeconfig", "apiVersion: v1\n");
+        n
+    }
+
+    /// The stdin of an ADD for the entry `desired()`, as libcni builds it.
+    fn stdin(n: &Node, extra: &[(&str, Value)]) -> NetConf {
+        let mut m = desired();
+        m.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().to_string_lossy().into(),
+        );
+        m.insert("state_dir".into(), n.state.path().to_string_lossy().into());
+        m.insert(
+            "kubernetes".into(),
+            serde_json::json!({"kubeconfig": n.state.path().join("kubeconfig")}),
+        );
+        for (k, v) in extra {
+            m.insert((*k).into(), v.clone());
+        }
+        m.insert("name".into(), "k8s-pod-network".into());
+        m.insert("cniVersion".into(), "0.3.1".into());
+        m.insert(
+            "prevResult".into(),
+            serde_json::json!({"cniVersion":"0.3.1","ips":[]}),
+        );
+        m.insert(
+            "runtimeConfig".into(),
+            serde_json::json!({"portMappings":[]}),
+        );
+        NetConf::parse(Value::Object(m).to_string().as_bytes()).unwrap()
+    }
+
+    fn heal(conf: &NetConf) {
+        heal_on_add(conf, &PluginConfig::from_netconf(conf).unwrap());
+    }
+
+    /// The entry the plugin derives from `stdin(n, extra)`.
+    fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
+        entry_from_stdin(&stdin(n, extra).raw).unwrap()
+    }
+
+    #[test]
+    fn stdin_entry_is_the_config_minus_runtime_keys() {
+        let n = node();
+        let e = derived(&n, &[]);
+        for k in ["name", "cniVersion", "prevResult", "runtimeConfig", "args"] {
+            assert!(!e.contains_key(k), "{k}");
+        }
+        assert_eq!(e.get("type"), Some(&Value::from(PLUGIN_TYPE)));
+        assert!(e.contains_key("cni_conf_dir") && e.contains_key("linkerd"));
+    }
+
+    #[test]
+    fn a_plugin_invoked_under_another_type_has_no_entry_and_heals_nothing() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("type", Value::from("linkerd-cni-renamed"))]);
+        let e = entry_from_stdin(&conf.raw).unwrap_err().to_string();
+        assert!(e.contains("linkerd-cni-renamed"), "{e}");
+        heal(&conf);
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+    }
+
+    #[test]
+    fn stale_first_entry_is_moved_last_and_refreshed() {
+        let n = node();
+        let mut stale = desired();
+        stale.insert("log_level".into(), "debug".into());
+        let calico = CALICO.replacen(
+            "\"plugins\": [\n",
+            &format!("\"plugins\": [\n    {},\n", Value::Object(stale)),
+            1,
+        );
+        let f = n.conf.write("10-calico.conflist", &calico);
+        let conf = stdin(&n, &[]);
+        heal(&conf);
+        let text = fs::read_to_string(&f).unwrap();
+        let want = derived(&n, &[]);
+        let d = diagnose(n.conf.path(), &want).unwrap();
+        assert_eq!(d.active.as_deref(), Some(f.as_path()));
+        assert_eq!(d.state, ChainState::Healthy, "{text}");
+        // The state dir remembers the repair, for fight detection.
+        assert!(
+            n.state
+                .read(FIGHT_STATE_FILE)
+                .contains("10-calico.conflist")
+        );
+    }
+
+    #[test]
+    fn no_heal_while_the_kubeconfig_is_gone() {
+        // Uninstall removes the kubeconfig, then sweeps the entries again:
+        // an ADD must not put the entry back in between.
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let gone = n.state.path().join("removed-kubeconfig");
+        let conf = stdin(
+            &n,
+            &[("kubernetes", serde_json::json!({"kubeconfig": gone}))],
+        );
+        heal(&conf);
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+        // Without the guard the same ADD heals (the test can fail).
+        heal(&stdin(&n, &[]));
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+    }
+
+    #[test]
+    fn entry_file_wins_over_stdin() {
+        let n = node();
+        n.conf.write("10-calico.conflist", CALICO);
+        let mut persisted = desired();
+        persisted.insert("log_level".into(), "debug".into());
+        let persisted = Entry::new(persisted, "a test").unwrap();
+        persist_entry(n.conf.path(), &persisted).unwrap();
+        heal(&stdin(&n, &[]));
+        assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());
+    }
+
+    #[test]
+    fn healthy_path_takes_no_lock_and_writes_nothing() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.2))]);
+        heal(&conf);
+        let m1 = fs::metadata(&f).unwrap();
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        for _ in 0..20 {
+            heal(&conf);
+        }
+        // Twenty healthy checks with the lock held: none waited for it.
+        assert!(start.elapsed() < Duration::from_millis(200 * 5));
+        let m2 = fs::metadata(&f).unwrap();
+        assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
+    }
+
+    #[test]
+    fn repair_trouble_never_fails_or_outlasts_the_budget() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
+        let holder = File::open(n.conf.path()).unwrap();
+        holder.lock().unwrap();
+        let start = Instant::now();
+        heal(&conf);
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
+        drop(holder);
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+    }
+
+    #[test]
+    fn unusable_state_dir_or_conf_dir_never_fails() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        // The state dir is a regular file: nothing can be saved there.
+        let bogus = n.state.write("not-a-dir", "x");
+        let mut conf = stdin(&n, &[]);
+        conf.raw
+            .insert("state_dir".into(), bogus.to_string_lossy().into());
+        heal(&conf);
+        assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+        let mut conf = stdin(&n, &[]);
+        conf.raw.insert(
+            "cni_conf_dir".into(),
+            n.conf.path().join("absent").to_string_lossy().into(),
+        );
+        heal(&conf);
+        // Off switch.
+        let f2 = n.conf.write("10-calico.conflist", CALICO);
+        heal(&stdin(&n, &[("chain_heal", Value::Bool(false))]));
+        assert_eq!(fs::read_to_string(&f2).unwrap(), CALICO);
+    }
+
+    #[test]
+    fn a_fight_is_detected_and_repairs_are_rate_limited() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        let mut repairs = 0;
+        for _ in 0..8 {
+            // Another agent rewrites the file without our entry.
+            let f = n.conf.write("10-calico.conflist", CALICO);
+            heal(&conf);
+            if fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE) {
+                repairs += 1;
+            }
+        }
+        // The fifth repair within the window is a fight; then one per
+        // window / threshold (two minutes), so none more in this test.
+        assert_eq!(repairs, 5);
+        let saved: Value = serde_json::from_str(&n.state.read(FIGHT_STATE_FILE)).unwrap();
+        // Kept per content: the digest of what each repair started from.
+        let same = n.state.write("calico-copy", CALICO);
+        let key = format!(
+            "{}#{}",
+            n.conf.path().join("10-calico.conflist").display(),
+            content_digest(&same)
+        );
+        assert_eq!(saved[key.as_str()].as_array().unwrap().len(), 5, "{saved}");
+    }
+
+    #[test]
+    fn a_primary_writing_new_content_is_repaired_every_time() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        for i in 0..20 {
+            // New content each time: no fight, however often.
+            let text = CALICO.replace("1440", &format!("{}", 1400 + i));
+            assert_ne!(text, CALICO, "the fixture has an MTU of 1440");
+            let f = n.conf.write("10-calico.conflist", &text);
+            heal(&conf);
+            assert!(
+                fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE),
+                "write {i} not repaired"
+            );
+        }
+    }
+
+    #[test]
+    fn concurrent_repairs_each_leave_a_record() {
+        // Each ADD is invoked with a different entry, so each finds the
+        // chain stale and repairs it: every repair must be in the history,
+        // however the ADDs interleave.
+        const ADDS: usize = 4;
+        assert!(
+            ADDS < FIGHT_THRESHOLD as usize,
+            "the history keeps only the last few"
+        );
+        for round in 0..10 {
+            let n = node();
+            n.conf.write("10-calico.conflist", CALICO);
+            let levels = ["debug", "info", "warn", "error"];
+            let confs: Vec<NetConf> = levels
+                .iter()
+                .map(|l| {
+                    stdin(
+                        &n,
+                        &[
+                            ("log_level", Value::from(*l)),
+                            ("chain_repair_budget_seconds", Value::from(30)),
+                        ],
+                    )
+                })
+                .collect();
+            let start = std::sync::Barrier::new(ADDS);
+            std::thread::scope(|s| {
+                for conf in &confs {
+                    let start = &start;
+                    s.spawn(move || {
+                        start.wait();
+                        heal(conf);
+                    });
+                }
+            });
+            let saved: Value = serde_json::from_str(&n.state.read(FIGHT_STATE_FILE)).unwrap();
+            let recorded: usize = saved
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_array().map_or(0, Vec::len))
+                .sum();
+            assert_eq!(recorded, ADDS, "round {round}: {saved}");
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! deploy/linkerd-cni.yaml grants the token in the node's kubeconfig no
+//! more than the plugin reads: get on pods and namespaces anywhere, and get
+//! on the one Service `default/kubernetes` (the installer reads nothing
+//! from the API).
+
+use serde_json::Value;
+
+fn manifest() -> Vec<Value> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/linkerd-cni.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn grants(role: &Value, resource: &str) -> Vec<Value> {
+    role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == resource))
+        })
+        .cloned()
+        .collect()
+}
+
+fn binds_the_service_account(binding: &Value) -> bool {
+    binding["subjects"].as_array().is_some_and(|s| {
+        s.iter().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == "linkerd-cni"
+                && s["namespace"] == "linkerd-cni"
+        })
+    })
+}
+
+#[test]
+fn services_are_readable_only_as_default_kubernetes() {
+    let docs = manifest();
+    for role in of_kind(&docs, "ClusterRole") {
+        assert!(
+            grants(role, "services").is_empty(),
+            "a ClusterRole grants services: {role}"
+        );
+    }
+    let roles: Vec<&Value> = of_kind(&docs, "Role")
+        .into_iter()
+        .filter(|r| r["metadata"]["namespace"] == "default")
+        .filter(|r| !grants(r, "services").is_empty())
+        .collect();
+    assert_eq!(roles.len(), 1, "one Role in default grants services");
+    let rules = grants(roles[0], "services");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["verbs"], serde_json::json!(["get"]));
+    assert_eq!(rules[0]["resourceNames"], serde_json::json!(["kubernetes"]));
+    assert_eq!(rules[0]["apiGroups"], serde_json::json!([""]));
+
+    let name = roles[0]["metadata"]["name"].clone();
+    assert!(
+        of_kind(&docs, "RoleBinding").iter().any(|b| {
+            b["metadata"]["namespace"] == "default"
+                && b["roleRef"]["kind"] == "Role"
+                && b["roleRef"]["name"] == name
+                && binds_the_service_account(b)
+        }),
+        "no RoleBinding in default binds the Role to linkerd-cni/linkerd-cni"
+    );
+}
+
+#[test]
+fn cluster_wide_the_plugin_reads_pods_and_namespaces_the_repair_controller_deletes_pods() {
+    let docs = manifest();
+    let roles = of_kind(&docs, "ClusterRole");
+    assert_eq!(roles.len(), 1);
+    assert_eq!(
+        roles[0]["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
+        ])
+    );
+    let name = roles[0]["metadata"]["name"].clone();
+    assert!(of_kind(&docs, "ClusterRoleBinding").iter().any(|b| {
+        b["roleRef"]["kind"] == "ClusterRole"
+            && b["roleRef"]["name"] == name
+            && binds_the_service_account(b)
+    }));
+}

@@ -1,0 +1,446 @@
+//! The watch of this node's meshed pods and the repair loop.
+//!
+//! One task does everything, in order: it applies watch events to the set
+//! of pods waiting for a repair, and when one is due (its backoff elapsed)
+//! and the node's chain allows it, deletes it and publishes an Event. Pods
+//! are kept in a set keyed by namespace and name, not in a queue: a pod
+//! that fails again and again is one entry, and a burst of watch events
+//! cannot crowd out other pods.
+//!
+//! The watch is kube-runtime's `watcher`: after an error, a timeout or a
+//! dropped stream it resumes from the last resource version it saw
+//! (bookmarks included), and after `410 Gone` it lists again. A re-list
+//! replaces the whole set at its end, so pods deleted while the watch was
+//! down are forgotten and pods that failed meanwhile are found. The one
+//! case it does not recover from by itself, a watch request answered with
+//! an HTTP 410 status (rather than a 410 event in the stream), is handled
+//! here by starting a new watcher, which lists again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::time::Instant;
+
+use crate::backoff::{self, Backoff};
+use crate::chain_gate::{self, Verdict};
+use crate::metrics::Metrics;
+use crate::pod::{DATA_PLANE_LABEL, needs_repair};
+
+/// `reportingController` of the Events, as upstream's controller names it.
+pub const REPORTER: &str = "linkerd-cni-repair-controller";
+/// Event reason, as upstream's.
+pub const EVENT_REASON: &str = "LinkerdCNINotConfigured";
+/// Event action, as upstream's.
+pub const EVENT_ACTION: &str = "Deleting";
+
+/// At most this many pods wait for a repair; more are dropped and counted
+/// in `queue_overflow` (a node runs a few hundred pods at most; a pod
+/// dropped here comes back with its next restart of the validator).
+pub const MAX_PENDING: usize = 4096;
+
+/// How long a deleted pod's UID is remembered, so that a stale watch event
+/// of the deleted pod does not cause a second deletion.
+const DELETED_MEMORY: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_name: String,
+    pub controller_pod_name: String,
+    pub cni_net_dir: PathBuf,
+    pub chain_check_interval: Duration,
+    pub backoff: backoff::Policy,
+    pub api_timeout: Duration,
+}
+
+type Key = (String, String);
+
+#[derive(Debug, Clone)]
+struct Candidate {
+    uid: Option<String>,
+    reference: ObjectReference,
+}
+
+enum Deletion {
+    Deleted,
+    /// Gone already, or replaced by a newer pod of the same name: nothing
+    /// to repair any more.
+    Moot,
+    Failed,
+}
+
+pub struct Controller {
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    pending: BTreeMap<Key, Candidate>,
+    /// Filled between `Init` and `InitDone` of a (re-)list.
+    relist: Option<BTreeMap<Key, Candidate>>,
+    backoff: Backoff<Key>,
+    deleted: HashMap<String, Instant>,
+    /// While the chain holds repairs back: when to look again.
+    chain_recheck_at: Option<Instant>,
+    last_verdict: Option<Verdict>,
+}
+
+impl Controller {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Metrics,
+        ready: Arc<AtomicBool>,
+    ) -> Self {
+        let backoff = Backoff::new(settings.backoff);
+        Controller {
+            client,
+            settings,
+            metrics,
+            ready,
+            pending: BTreeMap::new(),
+            relist: None,
+            backoff,
+            deleted: HashMap::new(),
+            chain_recheck_at: None,
+            last_verdict: None,
+        }
+    }
+
+    fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let config = watcher::Config::default()
+            .labels(DATA_PLANE_LABEL)
+            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+        watcher(api, config).default_backoff().boxed()
+    }
+
+    /// Runs until `shutdown` completes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut events = self.watch();
+        tracing::info!(
+            node = %self.settings.node_name,
+            conf_dir = %self.settings.cni_net_dir.display(),
+            "watching this node's meshed pods"
+        );
+        loop {
+            let now = Instant::now();
+            let wake = self
+                .next_wake(now)
+                .unwrap_or(now + Duration::from_secs(3600));
+            tokio::select! {
+                () = &mut shutdown => return,
+                ev = events.next() => match ev {
+                    Some(Ok(ev)) => self.on_event(ev),
+                    Some(Err(e)) => {
+                        if gone_at_watch_start(&e) {
+                            tracing::info!("watch resource version expired: listing again");
+                            events = self.watch();
+                        } else {
+                            tracing::warn!(error = %e, "watch of this node's pods failed; resuming");
+                        }
+                    }
+                    None => {
+                        tracing::warn!("watch of this node's pods ended; starting again");
+                        events = self.watch();
+                    }
+                },
+                () = tokio::time::sleep_until(wake) => self.repair_due().await,
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: watcher::Event<Pod>) {
+        match ev {
+            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
+            watcher::Event::InitApply(pod) => {
+                if let Some(mut set) = self.relist.take() {
+                    self.classify(&mut set, &pod);
+                    self.relist = Some(set);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(set) = self.relist.take() {
+                    tracing::debug!(pods = set.len(), "listed this node's pods");
+                    self.pending = set;
+                }
+                if !self.ready.swap(true, Ordering::SeqCst) {
+                    tracing::info!(waiting = self.pending.len(), "initial list done");
+                }
+            }
+            watcher::Event::Apply(pod) => {
+                let mut set = std::mem::take(&mut self.pending);
+                self.classify(&mut set, &pod);
+                self.pending = set;
+            }
+            watcher::Event::Delete(pod) => {
+                self.pending.remove(&key_of(&pod));
+            }
+        }
+        self.metrics.pods_pending.set(self.pending.len() as i64);
+    }
+
+    /// Puts `pod` in `set` when it needs a repair, takes it out otherwise.
+    fn classify(&self, set: &mut BTreeMap<Key, Candidate>, pod: &Pod) {
+        let key = key_of(pod);
+        let uid = pod.metadata.uid.clone();
+        let already_deleted = uid.as_ref().is_some_and(|u| self.deleted.contains_key(u));
+        if !needs_repair(pod, &self.settings.node_name) || already_deleted {
+            set.remove(&key);
+            return;
+        }
+        if !set.contains_key(&key) {
+            if set.len() >= MAX_PENDING {
+                self.metrics.queue_overflow.inc();
+                tracing::warn!(namespace = %key.0, pod = %key.1, "too many pods waiting for a repair; dropped");
+                return;
+            }
+            // Once per pod, not again when a new list finds it still waiting.
+            if !self.pending.contains_key(&key) {
+                tracing::info!(namespace = %key.0, pod = %key.1, "pod started without linkerd-cni's rules (linkerd-network-validator exited 95)");
+            }
+        }
+        set.insert(
+            key,
+            Candidate {
+                uid,
+                reference: pod.object_ref(&()),
+            },
+        );
+    }
+
+    /// When the next repair may happen, if any pod waits.
+    fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let earliest = self
+            .pending
+            .keys()
+            .map(|k| self.backoff.ready_at(k, now))
+            .min()?;
+        Some(match self.chain_recheck_at {
+            Some(t) if t > earliest => t,
+            _ => earliest,
+        })
+    }
+
+    async fn repair_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Key> = self
+            .pending
+            .keys()
+            .filter(|k| self.backoff.ready_at(k, now) <= now)
+            .cloned()
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        if self.chain_recheck_at.is_some_and(|t| t > now) {
+            return;
+        }
+        if !self.chain_allows_repair().await {
+            self.chain_recheck_at = Some(Instant::now() + self.settings.chain_check_interval);
+            return;
+        }
+        self.chain_recheck_at = None;
+        for key in due {
+            let Some(c) = self.pending.get(&key).cloned() else {
+                continue;
+            };
+            let outcome = self.delete(&key, &c).await;
+            // From the end of the attempt: the next one then reaches the
+            // API server at least one backoff after this one did.
+            self.backoff.record(&key, Instant::now());
+            match outcome {
+                Deletion::Deleted => {
+                    self.pending.remove(&key);
+                    if let Some(uid) = &c.uid {
+                        self.deleted.insert(uid.clone(), Instant::now());
+                    }
+                    self.publish(&key, &c.reference).await;
+                }
+                Deletion::Moot => {
+                    self.pending.remove(&key);
+                }
+                // Stays pending: the backoff spaces the next attempt.
+                Deletion::Failed => {}
+            }
+        }
+        let now = Instant::now();
+        self.backoff.prune(now);
+        self.deleted
+            .retain(|_, t| now.saturating_duration_since(*t) < DELETED_MEMORY);
+        self.metrics.pods_pending.set(self.pending.len() as i64);
+    }
+
+    /// Judges the chain (off the async threads: it reads files) and logs
+    /// when the verdict changes.
+    async fn chain_allows_repair(&mut self) -> bool {
+        let dir = self.settings.cni_net_dir.clone();
+        let verdict = tokio::task::spawn_blocking(move || chain_gate::check(&dir))
+            .await
+            .unwrap_or_else(|e| Verdict::Broken(format!("the chain check failed: {e}")));
+        if self.last_verdict.as_ref() != Some(&verdict) {
+            match &verdict {
+                Verdict::Healthy if self.last_verdict.is_some() => {
+                    tracing::info!(
+                        waiting = self.pending.len(),
+                        "chain healthy: repairing pods"
+                    )
+                }
+                Verdict::Healthy => {}
+                Verdict::Broken(why) => tracing::warn!(
+                    waiting = self.pending.len(),
+                    "chain broken, pods wait for it to be repaired: {why}"
+                ),
+                Verdict::Unchecked(why) => tracing::warn!(
+                    "cannot check the chain, repairing pods without waiting for it: {why}"
+                ),
+            }
+            self.last_verdict = Some(verdict.clone());
+        }
+        self.metrics
+            .chain_broken
+            .set(i64::from(!verdict.allows_repair()));
+        verdict.allows_repair()
+    }
+
+    async fn delete(&self, (ns, name): &Key, c: &Candidate) -> Deletion {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            // Never the newer pod of the same name the watch has not shown
+            // us yet.
+            preconditions: c.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let t0 = Instant::now();
+        match tokio::time::timeout(self.settings.api_timeout, api.delete(name, &params)).await {
+            Ok(Ok(_)) => {
+                self.metrics.pods_deleted.inc();
+                self.metrics
+                    .pods_delete_latency_seconds
+                    .observe(t0.elapsed().as_secs_f64());
+                tracing::info!(namespace = %ns, pod = %name, "deleted pod so that it starts again with linkerd-cni's rules");
+                Deletion::Deleted
+            }
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
+                tracing::debug!(namespace = %ns, pod = %name, code = s.code, "pod already gone or replaced");
+                Deletion::Moot
+            }
+            Ok(Err(e)) => {
+                self.metrics.pods_delete_errors.inc();
+                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot delete pod; will retry");
+                Deletion::Failed
+            }
+            Err(_) => {
+                self.metrics.pods_delete_timeouts.inc();
+                tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.settings.api_timeout, "pod deletion timed out; will retry");
+                Deletion::Failed
+            }
+        }
+    }
+
+    async fn publish(&self, (ns, name): &Key, regarding: &ObjectReference) {
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), ns);
+        let event = event_for(regarding, &self.settings.controller_pod_name);
+        let t0 = Instant::now();
+        match tokio::time::timeout(
+            self.settings.api_timeout,
+            api.create(&PostParams::default(), &event),
+        )
+        .await
+        {
+            Ok(Ok(_)) => self
+                .metrics
+                .events_publish_latency_seconds
+                .observe(t0.elapsed().as_secs_f64()),
+            Ok(Err(e)) => {
+                self.metrics.events_publish_errors.inc();
+                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot publish the Event of a deletion");
+            }
+            Err(_) => {
+                self.metrics.events_publish_timeouts.inc();
+                tracing::warn!(namespace = %ns, pod = %name, "publishing the Event of a deletion timed out");
+            }
+        }
+    }
+}
+
+fn key_of(pod: &Pod) -> Key {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// A watch request answered `410 Gone` outright: the watcher would retry
+/// the same expired resource version forever.
+fn gone_at_watch_start(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
+}
+
+/// The `events.k8s.io/v1` Event recording the deletion of `regarding`.
+/// Always a new Event (never a patch of an earlier series), so that the
+/// chart's RBAC (`create` only) suffices.
+pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let pod = regarding.name.clone().unwrap_or_default();
+    K8sEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{pod}.{:x}", now.as_nanosecond())),
+            namespace: regarding.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        action: Some(EVENT_ACTION.into()),
+        reason: Some(EVENT_REASON.into()),
+        note: Some(
+            "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again"
+                .into(),
+        ),
+        type_: Some("Normal".into()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        reporting_controller: Some(REPORTER.into()),
+        reporting_instance: Some(instance.into()),
+        ..K8sEvent::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_shape() {
+        let pod = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some("web-1".into()),
+            namespace: Some("shop".into()),
+            uid: Some("u1".into()),
+            ..ObjectReference::default()
+        };
+        let e = event_for(&pod, "linkerd-cni-x1");
+        assert_eq!(e.reason.as_deref(), Some(EVENT_REASON));
+        assert_eq!(e.action.as_deref(), Some(EVENT_ACTION));
+        assert_eq!(e.reporting_controller.as_deref(), Some(REPORTER));
+        assert_eq!(e.reporting_instance.as_deref(), Some("linkerd-cni-x1"));
+        assert_eq!(e.metadata.namespace.as_deref(), Some("shop"));
+        assert!(e.metadata.name.unwrap().starts_with("web-1."));
+        assert!(
+            e.note.unwrap().len() <= 1024,
+            "the API limits notes to 1 kB"
+        );
+        assert_eq!(e.regarding, Some(pod));
+    }
+}

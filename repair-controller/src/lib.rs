@@ -1,0 +1,31 @@
+//! linkerd-cni-repair-controller: deletes this node's meshed pods that
+//! started without linkerd-cni's redirect rules, so that their owners create
+//! them again, this time through a working chain.
+//!
+//! linkerd's injector adds a `linkerd-network-validator` init container to
+//! meshed pods in CNI mode; it exits 95 when outbound traffic is not
+//! redirected, i.e. when the pod's network was set up without linkerd-cni
+//! (the node was not chained yet, or the chain was broken). Such a pod
+//! crash-loops forever; deleting it is the repair.
+//!
+//! The crate owns:
+//!
+//! - [`args`]: the command line, compatible with the upstream controller's
+//!   flags and `LINKERD_CNI_REPAIR_CONTROLLER_*` variables;
+//! - [`pod`]: which pods need a repair;
+//! - [`chain_gate`]: whether this node's chain is healthy, so that no pod is
+//!   deleted while its replacement would fail the same way (the only module
+//!   that uses linkerd-cni's chain library);
+//! - [`backoff`]: per-pod backoff between deletions;
+//! - [`controller`]: the watch of this node's pods and the repair loop;
+//! - [`metrics`] and [`admin`]: Prometheus metrics, `/live` and `/ready`;
+//! - [`logging`]: plain or JSON logs on stderr.
+
+pub mod admin;
+pub mod args;
+pub mod backoff;
+pub mod chain_gate;
+pub mod controller;
+pub mod logging;
+pub mod metrics;
+pub mod pod;

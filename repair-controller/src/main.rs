@@ -1,0 +1,124 @@
+//! `linkerd-cni-repair-controller`: see the library's docs.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use clap::Parser;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use linkerd_cni_repair_controller::admin::{self, AdminState};
+use linkerd_cni_repair_controller::args::Args;
+use linkerd_cni_repair_controller::backoff::Policy;
+use linkerd_cni_repair_controller::controller::{Controller, Settings};
+use linkerd_cni_repair_controller::logging;
+use linkerd_cni_repair_controller::metrics::Metrics;
+use prometheus_client::registry::Registry;
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = logging::init(&args.log_level, args.log_format) {
+        eprintln!("linkerd-cni-repair-controller: {e}");
+        return ExitCode::from(2);
+    }
+    // One thread: the controller never blocks it (file reads go to the
+    // blocking pool), so the admin server answers probes between its awaits.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let client = client(&args).await?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = admin::bind(args.admin_addr)
+        .await
+        .map_err(|e| format!("cannot listen on --admin-addr {}: {e}", args.admin_addr))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the admin address: {e}"))?;
+    tracing::info!(addr = %local, "admin server listening");
+    tokio::spawn(admin::serve(
+        listener,
+        AdminState {
+            ready: ready.clone(),
+            registry: Arc::new(registry),
+        },
+    ));
+
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+
+    let settings = Settings {
+        node_name: args.node_name,
+        controller_pod_name: args.controller_pod_name,
+        cni_net_dir: args.cni_net_dir,
+        chain_check_interval: args.chain_check_interval,
+        backoff: Policy {
+            initial: args.pod_backoff,
+            max: args.pod_backoff_max.max(args.pod_backoff),
+        },
+        api_timeout: args.api_timeout,
+    };
+    Controller::new(client, settings, metrics, ready)
+        .run(shutdown)
+        .await;
+    Ok(())
+}
+
+/// The client: the kubeconfig flags when given, else `$KUBECONFIG` or
+/// `~/.kube/config`, else the pod's service account.
+async fn client(args: &Args) -> Result<kube::Client, String> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        cluster: args.cluster.clone(),
+        user: args.user.clone(),
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| format!("invalid kubeconfig {}: {e}", path.display()))?
+        }
+        None if options.context.is_some()
+            || options.cluster.is_some()
+            || options.user.is_some() =>
+        {
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| format!("cannot load the kubeconfig: {e}"))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            format!("cannot configure the Kubernetes client (no kubeconfig and not in a pod?): {e}")
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| format!("cannot create the Kubernetes client: {e}"))
+}

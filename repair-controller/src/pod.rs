@@ -1,0 +1,129 @@
+//! Which pods need a repair: a meshed pod of this node whose network
+//! validator found no redirect, and that nobody is deleting yet.
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// The init container linkerd's injector adds to meshed pods in CNI mode.
+pub const VALIDATOR_CONTAINER: &str = "linkerd-network-validator";
+
+/// The validator's exit code when outbound traffic is not redirected
+/// (EOPNOTSUPP): the pod's network was set up without linkerd-cni.
+pub const VALIDATOR_FAILED_EXIT_CODE: i32 = 95;
+
+/// The label linkerd's injector puts on every meshed pod.
+pub const DATA_PLANE_LABEL: &str = "linkerd.io/control-plane-ns";
+
+/// Whether `pod`, scheduled on `node`, should be deleted. The watch's
+/// selectors already restrict to meshed pods of this node; they are checked
+/// again so that a pod the API sends us by mistake is never deleted.
+pub fn needs_repair(pod: &Pod, node: &str) -> bool {
+    let meta = &pod.metadata;
+    if meta.deletion_timestamp.is_some() {
+        return false;
+    }
+    if !meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DATA_PLANE_LABEL))
+    {
+        return false;
+    }
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+        return false;
+    }
+    // The last termination, as upstream judges it: after a failed run the
+    // kubelet restarts the init container, and `lastState` keeps the
+    // failure while the restart waits in CrashLoopBackOff.
+    pod.status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.name == VALIDATOR_CONTAINER)
+        .filter_map(|c| c.last_state.as_ref()?.terminated.as_ref())
+        .any(|t| t.exit_code == VALIDATOR_FAILED_EXIT_CODE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn pod(node: &str, meshed: bool, container: &str, exit: Option<i32>) -> Pod {
+        let labels = meshed.then(|| {
+            [(DATA_PLANE_LABEL.to_string(), "linkerd".to_string())]
+                .into_iter()
+                .collect()
+        });
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                labels,
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                init_container_statuses: Some(vec![ContainerStatus {
+                    name: container.into(),
+                    last_state: exit.map(|code| ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: code,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_failed_validator_needs_repair() {
+        assert!(needs_repair(
+            &pod("n1", true, VALIDATOR_CONTAINER, Some(95)),
+            "n1"
+        ));
+    }
+
+    #[test]
+    fn other_pods_do_not() {
+        // Another exit code, no termination yet, another container.
+        assert!(!needs_repair(
+            &pod("n1", true, VALIDATOR_CONTAINER, Some(1)),
+            "n1"
+        ));
+        assert!(!needs_repair(
+            &pod("n1", true, VALIDATOR_CONTAINER, None),
+            "n1"
+        ));
+        assert!(!needs_repair(&pod("n1", true, "app-init", Some(95)), "n1"));
+        // Not meshed, another node, no status at all.
+        assert!(!needs_repair(
+            &pod("n1", false, VALIDATOR_CONTAINER, Some(95)),
+            "n1"
+        ));
+        assert!(!needs_repair(
+            &pod("n2", true, VALIDATOR_CONTAINER, Some(95)),
+            "n1"
+        ));
+        let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
+        p.status = None;
+        assert!(!needs_repair(&p, "n1"));
+    }
+
+    #[test]
+    fn a_pod_being_deleted_does_not() {
+        let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
+        p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert!(!needs_repair(&p, "n1"));
+    }
+}

@@ -1,0 +1,498 @@
+//! The repair controller binary against testkit's stateful fake API server
+//! (loopback only): which pods it deletes, when, and how its watch
+//! survives the API server's failures. Every wait is for an effect, with a
+//! generous deadline.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::api_watch::{GoneStyle, WatchApiServer};
+use testkit::objects::{Pod, being_deleted, on_node, with_init_status};
+use testkit::{TempDir, wait_until};
+
+const NODE: &str = "node-a";
+const VALIDATOR: &str = "linkerd-network-validator";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const ENTRY: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"}}"#;
+
+/// A meshed pod of `node` whose validator last exited with `exit`.
+fn pod(ns: &str, name: &str, node: &str, exit: Option<i32>) -> Value {
+    let p = Pod::meshed(ns, name).label("linkerd.io/control-plane-ns", "linkerd");
+    with_init_status(on_node(p.json(), node), VALIDATOR, exit)
+}
+
+fn broken(ns: &str, name: &str) -> Value {
+    pod(ns, name, NODE, Some(95))
+}
+
+/// A node's conf dir: the installer's entry file and a primary conflist,
+/// chained or not.
+struct ConfDir {
+    dir: TempDir,
+}
+
+impl ConfDir {
+    fn new(chained: bool) -> ConfDir {
+        let dir = TempDir::new("repair-confdir").unwrap();
+        std::fs::write(dir.path().join("ZZZ-linkerd-cni-entry"), ENTRY).unwrap();
+        let c = ConfDir { dir };
+        c.set_chained(chained);
+        c
+    }
+
+    fn set_chained(&self, chained: bool) {
+        let mut plugins = vec![r#"{"type":"ptp","ipam":{"type":"host-local"}}"#];
+        if chained {
+            plugins.push(ENTRY);
+        }
+        let text = format!(
+            r#"{{"cniVersion":"0.3.1","name":"k8s","plugins":[{}]}}"#,
+            plugins.join(",")
+        );
+        // Atomically, as CNI plugins write their configs.
+        let tmp = self.dir.path().join(".tmp-10-ptp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, self.dir.path().join("10-ptp.conflist")).unwrap();
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// The controller process; killed on drop.
+struct Controller {
+    child: Child,
+    log: PathBuf,
+    admin: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Controller {
+    fn start(api: &WatchApiServer, conf_dir: &Path, extra: &[&str]) -> Controller {
+        let dir = TempDir::new("repair-ctl").unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
+        let log = dir.path().join("stderr.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"));
+        // Hermetic: only what the test sets.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy()
+                .starts_with("LINKERD_CNI_REPAIR_CONTROLLER_")
+                || k == "KUBECONFIG"
+            {
+                cmd.env_remove(k);
+            }
+        }
+        // Node and pod names from the environment, as the chart sets them.
+        cmd.env("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME", NODE)
+            .env("LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME", "linkerd-cni-test")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--admin-addr", "127.0.0.1:0", "--log-format", "plain"])
+            .args(["--log-level", "linkerd_cni_repair_controller=debug,warn"])
+            .arg("--cni-net-dir")
+            .arg(conf_dir)
+            .args(["--chain-check-interval", "100ms"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("start linkerd-cni-repair-controller");
+        let mut c = Controller {
+            child,
+            log,
+            admin: "0.0.0.0:0".parse().unwrap(),
+            _dir: dir,
+        };
+        let mut admin = None;
+        let found = wait_until(DEADLINE, || {
+            admin = c.log_text().lines().find_map(|l| {
+                let rest = l.split("admin server listening").nth(1)?;
+                let addr = rest.split("addr=").nth(1)?;
+                addr.split_whitespace().next()?.parse().ok()
+            });
+            admin.is_some()
+        });
+        assert!(found, "no admin address logged:\n{}", c.log_text());
+        c.admin = admin.unwrap();
+        c
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// (status, body) of a GET on the admin server.
+    fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(self.admin) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let status = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (status, body.to_string())
+    }
+
+    /// A metric's value (the first sample whose name matches exactly).
+    fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics");
+        body.lines().find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == name).then(|| v.trim().parse().ok())?
+        })
+    }
+
+    fn wait_ready(&self) {
+        let ok = wait_until(DEADLINE, || self.get("/ready").0 == 200);
+        assert!(ok, "never ready:\n{}", self.log_text());
+    }
+
+    /// Ready, and its watch stream open.
+    fn wait_watching(&self, api: &WatchApiServer) {
+        self.wait_ready();
+        self.wait("an open watch", || api.open_watches() == 1);
+    }
+
+    fn wait(&self, what: &str, f: impl FnMut() -> bool) {
+        assert!(
+            wait_until(DEADLINE, f),
+            "timed out waiting for {what}; controller log:\n{}",
+            self.log_text()
+        );
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn deleted_names(api: &WatchApiServer) -> Vec<String> {
+    api.deletions()
+        .into_iter()
+        .map(|d| format!("{}/{}", d.namespace, d.name))
+        .collect()
+}
+
+fn event_for<'a>(events: &'a [Value], ns: &str, name: &str) -> Option<&'a Value> {
+    events.iter().find(|e| {
+        e.pointer("/regarding/name").and_then(Value::as_str) == Some(name)
+            && e.pointer("/regarding/namespace").and_then(Value::as_str) == Some(ns)
+    })
+}
+
+#[test]
+fn deletes_a_broken_pod_once_and_publishes_an_event_leaving_the_others() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let uid = api.put_pod(broken("shop", "web-1"));
+    // Left alone: healthy, validator failed for another reason, being
+    // deleted, on another node, not meshed.
+    api.put_pod(pod("shop", "healthy", NODE, None));
+    api.put_pod(pod("shop", "other-exit", NODE, Some(1)));
+    api.put_pod(being_deleted(broken("shop", "leaving")));
+    api.put_pod(pod("shop", "elsewhere", "node-b", Some(95)));
+    api.put_pod(with_init_status(
+        on_node(Pod::new("shop", "unmeshed").json(), NODE),
+        VALIDATOR,
+        Some(95),
+    ));
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait("the event of web-1", || {
+        event_for(&api.events(), "shop", "web-1").is_some()
+    });
+    assert_eq!(ctl.get("/live").0, 200);
+    assert_eq!(ctl.get("/ready").0, 200);
+
+    // A later broken pod, through the watch this time. Once it is done,
+    // everything before it in the stream has been handled.
+    api.put_pod(broken("shop", "web-2"));
+    ctl.wait("the event of web-2", || {
+        event_for(&api.events(), "shop", "web-2").is_some()
+    });
+
+    assert_eq!(deleted_names(&api), ["shop/web-1", "shop/web-2"]);
+    let d = &api.deletions()[0];
+    assert_eq!(d.uid, uid);
+    assert_eq!(d.grace_period_seconds, Some(0));
+    for name in ["healthy", "other-exit", "leaving", "elsewhere", "unmeshed"] {
+        assert!(api.pod("shop", name).is_some(), "{name} was deleted");
+    }
+
+    let events = api.events();
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let e = event_for(&events, "shop", "web-1").unwrap();
+    let field = |p: &str| e.pointer(p).and_then(Value::as_str).unwrap_or("");
+    assert_eq!(field("/apiVersion"), "events.k8s.io/v1");
+    assert_eq!(field("/kind"), "Event");
+    assert_eq!(field("/reason"), "LinkerdCNINotConfigured");
+    assert_eq!(field("/action"), "Deleting");
+    assert_eq!(field("/type"), "Normal");
+    assert_eq!(
+        field("/reportingController"),
+        "linkerd-cni-repair-controller"
+    );
+    assert_eq!(field("/reportingInstance"), "linkerd-cni-test");
+    assert_eq!(field("/regarding/kind"), "Pod");
+    assert_eq!(field("/regarding/uid"), uid);
+    assert_eq!(field("/metadata/namespace"), "shop");
+    assert!(!field("/eventTime").is_empty());
+
+    // The watch asked for exactly this node's meshed pods.
+    let list = api
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .expect("a list of pods");
+    assert_eq!(list.param("fieldSelector"), Some("spec.nodeName=node-a"));
+    assert_eq!(
+        list.param("labelSelector"),
+        Some("linkerd.io/control-plane-ns")
+    );
+
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_deleted_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_delete_latency_seconds_count"),
+        Some(2.0)
+    );
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_events_publish_errors_total"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn waits_while_the_chain_is_broken_and_repairs_once_it_is_healthy() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(false);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    api.put_pod(broken("shop", "web-1"));
+    // The controller has seen the pod and judged the chain.
+    ctl.wait("the pod held for the chain", || {
+        ctl.metric("linkerd_cni_repair_controller_chain_broken") == Some(1.0)
+            && ctl.metric("linkerd_cni_repair_controller_pods_pending") == Some(1.0)
+    });
+    assert!(
+        api.deletions().is_empty(),
+        "deleted while the chain is broken"
+    );
+    assert!(
+        ctl.log_text().contains("chain broken"),
+        "{}",
+        ctl.log_text()
+    );
+
+    conf.set_chained(true);
+    ctl.wait("the deletion once chained", || {
+        deleted_names(&api) == ["shop/web-1"]
+    });
+    ctl.wait("the event", || api.events().len() == 1);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_chain_broken"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn without_the_host_mount_it_repairs_as_upstream_does() {
+    let api = WatchApiServer::start();
+    let absent = TempDir::new("repair-nomount").unwrap();
+    let ctl = Controller::start(&api, &absent.path().join("etc/cni/net.d"), &[]);
+    api.put_pod(broken("shop", "web-1"));
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    assert!(
+        ctl.log_text().contains("cannot check the chain"),
+        "{}",
+        ctl.log_text()
+    );
+}
+
+#[test]
+fn backs_off_between_deletions_of_the_same_pod() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let backoff = Duration::from_millis(1500);
+    let ctl = Controller::start(&api, conf.path(), &["--pod-backoff", "1500ms"]);
+    ctl.wait_ready();
+    api.put_pod(broken("db", "db-0"));
+    ctl.wait("the first deletion", || api.deletions().len() == 1);
+    // A StatefulSet recreates it under the same name, and it fails again.
+    api.put_pod(broken("db", "db-0"));
+    ctl.wait("the second deletion and its event", || {
+        api.deletions().len() == 2 && api.events().len() == 2
+    });
+    let d = api.deletions();
+    assert_ne!(d[0].uid, d[1].uid);
+    let gap = d[1].at.duration_since(d[0].at);
+    assert!(
+        gap >= backoff,
+        "deleted again after {gap:?}, backoff {backoff:?}"
+    );
+
+    // A refused deletion is retried, after the (doubled) backoff.
+    api.fail_next(1, 500);
+    api.put_pod(broken("db", "db-0"));
+    ctl.wait("the retried deletion", || api.deletions().len() == 3);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_delete_errors_total"),
+        Some(1.0)
+    );
+    let d = api.deletions();
+    assert!(d[2].at.duration_since(d[1].at) >= backoff * 2);
+}
+
+#[test]
+fn resumes_the_watch_after_the_stream_is_cut() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_watching(&api);
+    let lists = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+            .count()
+    };
+    assert_eq!(lists(), 1);
+    // The pod appears while the stream is down: only resuming shows it.
+    api.disconnect(false, |c| c.put_pod(broken("shop", "web-1")));
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    // Resumed from its resource version, without listing again.
+    assert_eq!(lists(), 1);
+    let watches = api.requests().iter().filter(|r| r.is_watch()).count();
+    assert!(watches >= 2, "{watches} watches");
+}
+
+#[test]
+fn watches_again_when_the_server_ends_the_watch() {
+    let api = WatchApiServer::start();
+    api.set_max_watch(Duration::from_millis(300));
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let watches = || api.requests().iter().filter(|r| r.is_watch()).count();
+    ctl.wait("watches ended and started again", || watches() >= 3);
+    api.put_pod(broken("shop", "web-1"));
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .count();
+    assert_eq!(lists, 1, "a timed-out watch resumes without a new list");
+}
+
+#[test]
+fn lists_again_after_410_gone_in_the_stream() {
+    relists_after_gone(GoneStyle::Event);
+}
+
+#[test]
+fn lists_again_after_410_gone_as_the_answer() {
+    relists_after_gone(GoneStyle::Http);
+}
+
+fn relists_after_gone(style: GoneStyle) {
+    let api = WatchApiServer::start();
+    api.set_gone_style(style);
+    let conf = ConfDir::new(false);
+    // Held by the broken chain: still pending when the watch expires.
+    api.put_pod(broken("shop", "gone-meanwhile"));
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait("the pod held", || {
+        ctl.metric("linkerd_cni_repair_controller_pods_pending") == Some(1.0)
+    });
+    ctl.wait_watching(&api);
+    // While the stream is down and the history expires, one pod goes and
+    // another fails: only a new list tells.
+    api.disconnect(true, |c| {
+        c.remove_pod("shop", "gone-meanwhile");
+        c.put_pod(broken("shop", "web-1"));
+    });
+    ctl.wait("the new list", || {
+        api.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+            .count()
+            >= 2
+    });
+    conf.set_chained(true);
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    // The pod that went meanwhile was forgotten, not deleted (it would be
+    // a 404) nor kept pending.
+    ctl.wait("nothing pending", || {
+        ctl.metric("linkerd_cni_repair_controller_pods_pending") == Some(0.0)
+    });
+    assert_eq!(deleted_names(&api), ["shop/web-1"]);
+    if style == GoneStyle::Http {
+        assert!(
+            api.requests()
+                .iter()
+                .any(|r| r.is_watch() && r.status == 410)
+        );
+    }
+}
+
+#[test]
+fn resumes_after_api_errors() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    // The first list fails too.
+    api.fail_next(2, 503);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_watching(&api);
+    api.fail_next(3, 500);
+    api.disconnect(false, |c| c.put_pod(broken("shop", "web-1")));
+    ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
+    let failed = api.requests().iter().filter(|r| r.status >= 500).count();
+    assert_eq!(failed, 5);
+}
+
+#[test]
+fn refuses_a_bad_command_line_with_a_clear_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
+        .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME")
+        .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME")
+        .args(["--controller-pod-name", "p", "--log-format", "yaml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--log-format"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn refuses_an_invalid_log_filter() {
+    let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
+        .args(["--node-name", "n", "--controller-pod-name", "p"])
+        .args(["--log-level", "linkerd=notalevel"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid --log-level"), "{err}");
+}

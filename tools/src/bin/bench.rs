@@ -1,0 +1,1049 @@
+//! `bench`: linkerd-cni's costs, each measured side by side with what it is
+//! compared to, in one run, variants interleaved (ABAB, or rotated for
+//! more than two) so that the machine's slow phases hit all of them.
+//!
+//! ```text
+//! bash scripts/tool.sh bench [--quick]
+//! ```
+//!
+//! Run as root (throwaway network namespaces, as the conformance tests);
+//! how and for how long: the README's "Benchmarks"; the method and the
+//! figures of a run: BENCHMARKS.md, which quotes the Markdown this prints
+//! on stdout (progress goes to stderr). Not run in CI: figures need a quiet
+//! machine and minutes, and the tests never assert on time.
+//!
+//! The sections, in the order printed (`// N ---` below): 1. a meshed ADD
+//! through libcni with and without linkerd-cni; 2. pass-through ADDs vs
+//! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
+//! 5. throughput of concurrent ADDs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Output, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use conformance::chains::{self, Primary};
+use conformance::iptables::{Backend, Family};
+use conformance::{Completed, Node, PodSpec, artifacts};
+use linkerd_cni_tools::mode_bench;
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
+use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
+use linkerd_cni_tools::stop::{self, Stop, checkpoint};
+use serde_json::{Value, json};
+use testkit::child_path;
+use testkit::installer::InstallerProcess;
+use testkit::{FakeApiServer, objects};
+
+const WITH: &str = "with-linkerd";
+const WITHOUT: &str = "without-linkerd";
+const WITH_FILE: &str = "10-with-linkerd.conflist";
+const WITHOUT_FILE: &str = "20-without-linkerd.conflist";
+/// The installers' resync period in benchmark 4 (10 s in the chart): the
+/// resync-only heal time is uniform over one period, so a short one keeps
+/// the run short without changing what is shown.
+const RESYNC: Duration = Duration::from_secs(2);
+/// Heals per installer process: its fight detector rate-limits a file
+/// repaired 10 times within 60 s, which a benchmark would reach but a
+/// primary restarting now and then never does.
+const HEALS_PER_INSTALLER: usize = 8;
+
+struct Plan {
+    libcni_pairs: usize,
+    direct_rounds: usize,
+    repair_pairs: usize,
+    installer_heals: usize,
+    concurrency: Vec<(usize, usize)>,
+    callgrind_runs: usize,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            libcni_pairs: 200,
+            direct_rounds: 400,
+            repair_pairs: 200,
+            installer_heals: 24,
+            concurrency: vec![(1, 24), (2, 16), (8, 8), (32, 5)],
+            callgrind_runs: 3,
+        }
+    }
+
+    /// A smoke run: every benchmark, few iterations.
+    fn quick() -> Plan {
+        Plan {
+            libcni_pairs: 10,
+            direct_rounds: 20,
+            repair_pairs: 10,
+            installer_heals: 3,
+            concurrency: vec![(1, 3), (8, 2)],
+            callgrind_runs: 1,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    linkerd_cni_tools::main("bench", story)
+}
+
+fn story() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let plan = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] | ["--modes"] => Plan::full(),
+        ["--quick"] | ["--modes", "--quick"] => Plan::quick(),
+        _ => {
+            eprintln!("usage: bench [--modes] [--quick]");
+            return ExitCode::from(2);
+        }
+    };
+    // `--modes`: only the chain modes' side-by-side figures.
+    let only_modes = args.first().is_some_and(|a| a == "--modes");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("bench: run me as root: I create network namespaces");
+        return ExitCode::from(2);
+    }
+    let result = if only_modes {
+        stop::run_story(|| run_modes(&plan))
+    } else {
+        stop::run_story(|| run(&plan))
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Stop::Interrupted) => {
+            eprintln!("bench: interrupted");
+            ExitCode::from(130)
+        }
+        Err(Stop::Failed(why)) => {
+            eprintln!("bench: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Round `i`'s order of the two networks: alternated, so that neither
+/// always runs first.
+fn abab(i: usize) -> [&'static str; 2] {
+    if i.is_multiple_of(2) {
+        [WITH, WITHOUT]
+    } else {
+        [WITHOUT, WITH]
+    }
+}
+
+fn progress(s: &str) {
+    eprintln!("bench: {s}");
+}
+
+fn fail(s: impl Into<String>) -> Stop {
+    Stop::failed(s)
+}
+
+fn run(plan: &Plan) -> Result<(), Stop> {
+    let started = Instant::now();
+    let cpus = pin_two_cpus();
+    let bins = Binaries::find().map_err(fail)?;
+    progress("building the libcni driver");
+    let _ = artifacts::cnidriver();
+    let load_before = loadavg();
+    print_machine(&cpus, &bins);
+
+    let bench = BenchNode::new(&bins)?;
+    checkpoint()?;
+
+    progress("1/5 meshed ADD through libcni, with vs without linkerd-cni");
+    libcni_add(&bench, plan)?;
+    progress("2/5 + 3/5 pass-through ADDs and the healthy chain check");
+    pass_through(&bench, plan)?;
+    progress("4/5 heal time: installer watch vs resync; plugin repair");
+    installer_heal(&bins, plan)?;
+    plugin_repair(&bench, plan)?;
+    progress("5/5 concurrent ADDs");
+    throughput(&bench, plan)?;
+    modes(plan)?;
+
+    println!();
+    println!(
+        "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The chain modes side by side (`linkerd_cni_tools::mode_bench`).
+fn modes(plan: &Plan) -> Result<(), Stop> {
+    progress("chain modes: heal latency, inline vs owned, watch vs resync");
+    mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
+    progress("chain modes: the healthy check per ADD, inline vs owned");
+    mode_bench::check_cost(plan.repair_pairs)?;
+    progress("chain modes: a meshed pod right after the primary's rewrite");
+    mode_bench::pod_after_rewrite(plan.installer_heals * 2)
+}
+
+fn run_modes(plan: &Plan) -> Result<(), Stop> {
+    let started = Instant::now();
+    let cpus = pin_two_cpus();
+    let bins = Binaries::find().map_err(fail)?;
+    let _ = artifacts::cnidriver();
+    let load_before = loadavg();
+    print_machine(&cpus, &bins);
+    modes(plan)?;
+    println!();
+    println!(
+        "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The node most benchmarks share: the reference plugins and linkerd-cni
+/// in its bin dir, the fake API server inside, two networks that differ
+/// only by linkerd-cni, a pod netns with an interface for the direct runs.
+struct BenchNode {
+    // Dropped in this order: the pod netns, the server, the node.
+    direct_pod: conformance::Pod,
+    api: FakeApiServer,
+    node: Node,
+    plugin: PathBuf,
+    /// linkerd-cni's entry in the `with` chain.
+    entry: Value,
+    /// The bridge result of `direct_pod`: `prevResult` of the direct runs.
+    prev_result: Value,
+}
+
+impl BenchNode {
+    fn new(bins: &Binaries) -> Result<BenchNode, Stop> {
+        let node = Node::without_linkerd_cni();
+        node.install_bin("linkerd-cni", &bins.plugin);
+        let api = node.start_api_server();
+        api.add_namespace("bench", &[]);
+        api.add_pod(&objects::Pod::meshed("bench", "meshed"));
+        api.add_pod(&objects::Pod::new("bench", "plain"));
+        let mut entry = chains::linkerd_entry(&node);
+        entry["log_level"] = "info".into();
+        node.write_conf(WITH_FILE, &with_chain(&node, &entry));
+        node.write_conf(
+            WITHOUT_FILE,
+            &chains::conflist(
+                WITHOUT,
+                "1.0.0",
+                chains::typical_chain(&node, Primary::Bridge, None)[..2].to_vec(),
+            ),
+        );
+        let direct_pod = node.pod(PodSpec::kubernetes("bench", "direct"));
+        let done = node
+            .add(WITHOUT, &direct_pod)
+            .map_err(|f| fail(format!("set-up ADD failed: {f}")))?;
+        let prev_result = done.json();
+        Ok(BenchNode {
+            direct_pod,
+            api,
+            node,
+            plugin: bins.plugin.clone(),
+            entry,
+            prev_result,
+        })
+    }
+
+    /// One direct ADD of `program` with `conf` (the plugin's entry) as
+    /// libcni would run it for `direct_pod` in pod `ns/name`.
+    fn invocation(&self, program: &Path, conf: &Value, ns: &str, name: &str) -> Invocation {
+        let mut stdin = conf.clone();
+        if let Some(m) = stdin.as_object_mut() {
+            m.insert("cniVersion".into(), "1.0.0".into());
+            m.insert("name".into(), WITH.into());
+            m.insert("prevResult".into(), self.prev_result.clone());
+        }
+        Invocation {
+            program: program.to_path_buf(),
+            env: vec![
+                ("CNI_COMMAND".into(), "ADD".into()),
+                (
+                    "CNI_CONTAINERID".into(),
+                    self.direct_pod.container_id().into(),
+                ),
+                (
+                    "CNI_NETNS".into(),
+                    self.direct_pod.netns_path().display().to_string(),
+                ),
+                ("CNI_IFNAME".into(), "eth0".into()),
+                (
+                    "CNI_ARGS".into(),
+                    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"),
+                ),
+                ("CNI_PATH".into(), self.node.bin_dir().display().to_string()),
+                ("PATH".into(), child_path()),
+            ],
+            stdin: stdin.to_string().into_bytes(),
+        }
+    }
+}
+
+fn with_chain(node: &Node, entry: &Value) -> Value {
+    let mut plugins = chains::typical_chain(node, Primary::Bridge, None)[..2].to_vec();
+    plugins.push(entry.clone());
+    chains::conflist(WITH, "1.0.0", plugins)
+}
+
+/// A plugin execution prepared by hand, byte for byte what libcni runs.
+struct Invocation {
+    program: PathBuf,
+    env: Vec<(String, String)>,
+    stdin: Vec<u8>,
+}
+
+impl Invocation {
+    fn command(&self, wrapper: &[&str]) -> Command {
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(&self.program);
+                c
+            }
+            None => Command::new(&self.program),
+        };
+        cmd.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Runs it (the caller is in the node's netns) and times spawn to exit.
+    fn run(&self) -> Result<(Duration, Output), Stop> {
+        let start = Instant::now();
+        let out = spawn_with_stdin(self.command(&[]), &self.stdin)?;
+        Ok((start.elapsed(), out))
+    }
+
+    /// `run`, requiring success and a JSON result on stdout.
+    fn run_ok(&self, what: &str) -> Result<(Duration, Output), Stop> {
+        let (d, out) = self.run()?;
+        let json_ok = serde_json::from_slice::<Value>(&out.stdout).is_ok();
+        if !out.status.success() || !json_ok {
+            return Err(fail(format!(
+                "{what}: {} {}: {}{}",
+                self.program.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok((d, out))
+    }
+}
+
+fn spawn_with_stdin(mut cmd: Command, stdin: &[u8]) -> Result<Output, Stop> {
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| fail(format!("cannot run {:?}: {e}", cmd.get_program())))?;
+    if let Some(mut pipe) = child.stdin.take() {
+        // A plugin that exits without reading closes the pipe: its output
+        // is what matters.
+        let _ = pipe.write_all(stdin);
+    }
+    child
+        .wait_with_output()
+        .map_err(|e| fail(format!("waiting for {:?}: {e}", cmd.get_program())))
+}
+
+// 1 ----------------------------------------------------------------------
+
+/// Time libcni spent running the chain's plugins for one ADD (its own
+/// timing of each execution): what a pod start costs a runtime that embeds
+/// libcni, without the driver's process start-up.
+fn chain_time(done: &Completed) -> Duration {
+    done.trace
+        .iter()
+        .filter(|e| e.command == "ADD")
+        .map(|e| e.duration)
+        .sum()
+}
+
+fn libcni_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let node = &b.node;
+    meshed_add_works(node)?;
+
+    let mut with = Samples::new();
+    let mut without = Samples::new();
+    let mut linkerd = Samples::new();
+    let mut bridge = Samples::new();
+    let (mut wall_with, mut wall_without) = (Samples::new(), Samples::new());
+    let requests = b.api.total_requests();
+    let warmup = 3;
+    for i in 0..plan.libcni_pairs + warmup {
+        checkpoint()?;
+        let order = abab(i);
+        for net in order {
+            let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
+            let t0 = Instant::now();
+            let done = node
+                .add(net, &pod)
+                .map_err(|f| fail(format!("ADD {net} failed: {f}")))?;
+            let wall = t0.elapsed();
+            node.del(net, &pod)
+                .map_err(|f| fail(format!("DEL {net} failed: {f}")))?;
+            if i < warmup {
+                continue;
+            }
+            if net == WITH {
+                wall_with.push_duration(wall);
+                with.push_duration(chain_time(&done));
+                for e in done.execs("linkerd-cni").filter(|e| e.command == "ADD") {
+                    linkerd.push_duration(e.duration);
+                }
+            } else {
+                wall_without.push_duration(wall);
+                without.push_duration(chain_time(&done));
+                for e in done.execs("bridge").filter(|e| e.command == "ADD") {
+                    bridge.push_duration(e.duration);
+                }
+            }
+        }
+    }
+    let gets = b.api.total_requests() - requests;
+    report_libcni_add(
+        [
+            &with,
+            &without,
+            &linkerd,
+            &bridge,
+            &wall_with,
+            &wall_without,
+        ],
+        gets as f64 / (with.len() + warmup) as f64,
+    );
+    Ok(())
+}
+
+/// Sanity first: the meshed pod gets linkerd's rules through this chain.
+fn meshed_add_works(node: &Node) -> Result<(), Stop> {
+    let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
+    node.add(WITH, &pod)
+        .map_err(|f| fail(format!("ADD failed: {f}")))?;
+    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    if lines.len() != 9 {
+        return Err(fail(format!(
+            "the meshed pod did not get linkerd's 9 nat lines: {lines:?}"
+        )));
+    }
+    let _ = node.del(WITH, &pod);
+    Ok(())
+}
+
+/// Section 1 of the report: `gets_per_add`, API requests per meshed ADD.
+fn report_libcni_add(samples: [&Samples; 6], gets_per_add: f64) {
+    let [with, without, linkerd, bridge, wall_with, wall_without] = samples;
+    println!();
+    println!("## 1. Meshed pod ADD through libcni");
+    println!();
+    println!(
+        "{} pairs, interleaved. Time = libcni's own timing of each plugin execution of the \
+         ADD, summed (what a runtime embedding libcni waits for).",
+        with.len()
+    );
+    println!();
+    println!("| chain | median [p10–p90] |");
+    println!("|---|---|");
+    println!(
+        "| bridge → portmap → linkerd-cni (meshed pod: GET pod + namespace, rules) | {} |",
+        with.summary("ms")
+    );
+    println!("| bridge → portmap | {} |", without.summary("ms"));
+    println!(
+        "| *linkerd-cni's execution alone* | {} |",
+        linkerd.summary("ms")
+    );
+    println!("| *bridge's execution alone* | {} |", bridge.summary("ms"));
+    println!(
+        "| *whole driver run with linkerd-cni (+ `ip netns exec`, Go start-up, result \
+         cache)* | {} |",
+        wall_with.summary("ms")
+    );
+    println!(
+        "| *whole driver run without* | {} |",
+        wall_without.summary("ms")
+    );
+    println!();
+    println!(
+        "Ratio of medians with / without: **{:.2}×**; per-pair difference (linkerd-cni's \
+         added latency): {}. API requests: {:.1} per meshed ADD.",
+        ratio(with, without),
+        paired_differences(with, without).summary("ms"),
+        gets_per_add
+    );
+}
+
+// 2 and 3 ----------------------------------------------------------------
+
+fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let node = &b.node;
+    let active = node.active_conf().ok_or_else(|| fail("no active config"))?;
+    let active_before = std::fs::read(&active).map_err(|e| fail(e.to_string()))?;
+
+    let mut heal_off_entry = b.entry.clone();
+    heal_off_entry["chain_heal"] = false.into();
+    let tuning_conf = json!({"type": "tuning", "dataDir": node.dir().join("tuning")});
+    let tuning = node.bin_dir().join("tuning");
+    let variants = [
+        (
+            "linkerd-cni, exempt pod (kube-system: no API call), chain check on",
+            b.invocation(&b.plugin, &b.entry, "kube-system", "coredns"),
+        ),
+        (
+            "linkerd-cni, exempt pod, chain check off (`chain_heal: false`)",
+            b.invocation(&b.plugin, &heal_off_entry, "kube-system", "coredns"),
+        ),
+        (
+            "linkerd-cni, unmeshed pod (GET pod: no linkerd-proxy)",
+            b.invocation(&b.plugin, &b.entry, "bench", "plain"),
+        ),
+        (
+            "tuning (Go reference plugin), no settings",
+            b.invocation(&tuning, &tuning_conf, "bench", "direct"),
+        ),
+    ];
+    let n = variants.len();
+    let rounds = plan.direct_rounds;
+    let requests = b.api.total_requests();
+    let samples: Vec<Samples> = node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for warm in &variants {
+            warm.1.run_ok(warm.0)?;
+        }
+        for i in 0..rounds {
+            checkpoint()?;
+            // Rotate the order: each variant runs first as often as the others.
+            for k in 0..n {
+                let v = (i + k) % n;
+                let (name, inv) = &variants[v];
+                let (d, out) = inv.run_ok(name)?;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                if stderr.contains("chain") {
+                    return Err(fail(format!("{name}: unexpected chain log: {stderr}")));
+                }
+                s[v].push_duration(d);
+            }
+        }
+        Ok::<_, Stop>(s)
+    })?;
+    let gets = b.api.total_requests() - requests;
+    if gets != rounds + 1 {
+        return Err(fail(format!(
+            "expected one API request per unmeshed run ({}), the server got {gets}",
+            rounds + 1
+        )));
+    }
+    let active_after = std::fs::read(&active).map_err(|e| fail(e.to_string()))?;
+    if active_after != active_before {
+        return Err(fail("a healthy chain check rewrote the active config"));
+    }
+
+    let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
+    report_pass_through(&names, &samples, rounds);
+    callgrind(
+        node,
+        plan,
+        &[
+            ("chain check on", &variants[0].1),
+            ("chain check off", &variants[1].1),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Sections 2 and 3 of the report: `samples[i]` are the runs of
+/// `names[i]`; the first two are the chain check on and off, the fourth
+/// tuning.
+fn report_pass_through(names: &[&str], samples: &[Samples], rounds: usize) {
+    println!();
+    println!("## 2. Pass-through ADD vs a Go reference plugin (process start-up floor)");
+    println!();
+    println!(
+        "{rounds} rounds, order rotated. Each plugin is spawned directly in the node with \
+         the environment and stdin libcni builds (prevResult from a bridge ADD), timed from \
+         spawn to exit."
+    );
+    println!();
+    println!("| plugin execution | median [p10–p90] | vs tuning |");
+    println!("|---|---|---|");
+    let tuning_s = &samples[3];
+    for (name, s) in names.iter().zip(samples) {
+        println!(
+            "| {name} | {} | {:.2}× |",
+            s.summary("ms"),
+            ratio(s, tuning_s)
+        );
+    }
+    println!();
+    println!("## 3. The healthy chain check's cost per ADD");
+    println!();
+    let diff = paired_differences(&samples[0], &samples[1]);
+    println!(
+        "Same runs as above, `chain_heal` on vs off (exempt pod, so nothing else differs): \
+         ratio of medians **{:.3}×**, per-round difference {} (it reads the conf dir, \
+         parses the active file, compares; no lock, no write: the active file was \
+         byte-identical after all {} runs).",
+        ratio(&samples[0], &samples[1]),
+        diff.summary("ms"),
+        rounds
+    );
+}
+
+/// Instruction counts of the plugin under callgrind: repeatable where
+/// wall time is noisy.
+fn callgrind(node: &Node, plan: &Plan, variants: &[(&str, &Invocation)]) -> Result<(), Stop> {
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_file = node.dir().join("callgrind.out");
+    let out_arg = format!("--callgrind-out-file={}", out_file.display());
+    let counts: Vec<Samples> = node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (name, inv) in variants {
+            let mut s = Samples::new();
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let cmd = inv.command(&[&valgrind, "--tool=callgrind", &out_arg]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let collected = stderr
+                    .lines()
+                    .find_map(|l| l.split("Collected :").nth(1))
+                    .and_then(|n| n.trim().parse::<f64>().ok());
+                match (out.status.success(), collected) {
+                    (true, Some(n)) => s.push(n),
+                    _ => return Err(fail(format!("callgrind of {name} failed: {stderr}"))),
+                }
+            }
+            all.push(s);
+        }
+        Ok::<_, Stop>(all)
+    })?;
+    let _ = std::fs::remove_file(&out_file);
+    println!();
+    println!(
+        "Instructions executed by the whole plugin process (`valgrind --tool=callgrind`, \
+         median of {} run(s) each):",
+        plan.callgrind_runs
+    );
+    println!();
+    println!("| variant | instructions |");
+    println!("|---|---|");
+    for ((name, _), s) in variants.iter().zip(&counts) {
+        println!("| {name} | {:.0} |", s.median());
+    }
+    if let [on, off] = counts.as_slice() {
+        println!();
+        println!(
+            "The check costs {:.0} instructions ({:.1}% of the exempt ADD).",
+            on.median() - off.median(),
+            100.0 * (on.median() - off.median()) / on.median()
+        );
+    }
+    Ok(())
+}
+
+// 4 ----------------------------------------------------------------------
+
+/// A node with an installer and a primary config, for heal times.
+struct HealNode {
+    installer: Option<InstallerProcess>,
+    node: Node,
+    opts: InstallerOptions,
+    heals: usize,
+}
+
+impl HealNode {
+    fn new(bins: &Binaries, watch: bool) -> Result<HealNode, Stop> {
+        let node = Node::without_linkerd_cni();
+        node.write_conf("10-primary.conflist", &primary(&node));
+        let opts = InstallerOptions {
+            watch,
+            resync: RESYNC,
+        };
+        let mut h = HealNode {
+            installer: None,
+            node,
+            opts,
+            heals: 0,
+        };
+        h.restart(bins)?;
+        Ok(h)
+    }
+
+    /// A fresh installer (fresh fight history), started and chained.
+    fn restart(&mut self, bins: &Binaries) -> Result<(), Stop> {
+        drop(self.installer.take());
+        let mut inst =
+            scenario::start_installer(&self.node, bins, None, self.opts).map_err(fail)?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while !self.node.linkerd_last() {
+            checkpoint()?;
+            if Instant::now() > end || !inst.running() {
+                return Err(fail(format!(
+                    "the installer did not chain the node: {}",
+                    inst.new_log_lines().join("\n")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.installer = Some(inst);
+        Ok(())
+    }
+
+    /// The primary rewrites its conflist without linkerd-cni; returns the
+    /// time until the active file ends with linkerd-cni again.
+    fn measure(&mut self, bins: &Binaries, phase: Duration) -> Result<Duration, Stop> {
+        if self.heals == HEALS_PER_INSTALLER {
+            self.restart(bins)?;
+            self.heals = 0;
+            // Past its first pass (milliseconds), which would otherwise
+            // catch the rewrite below at start-up.
+            stop::sleep(Duration::from_millis(300))?;
+        }
+        stop::sleep(phase)?;
+        self.node
+            .write_conf("10-primary.conflist", &primary(&self.node));
+        let t0 = Instant::now();
+        let limit = RESYNC * 3 + Duration::from_secs(2);
+        while !self.node.linkerd_last() {
+            checkpoint()?;
+            if t0.elapsed() > limit {
+                let log = self
+                    .installer
+                    .as_mut()
+                    .map(|i| i.new_log_lines().join("\n"))
+                    .unwrap_or_default();
+                return Err(fail(format!("no heal within {limit:?}: {log}")));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.heals += 1;
+        Ok(t0.elapsed())
+    }
+}
+
+fn primary(node: &Node) -> Value {
+    chains::conflist(
+        "k8s-pod-network",
+        "1.0.0",
+        chains::typical_chain(node, Primary::Bridge, None)[..2].to_vec(),
+    )
+}
+
+fn installer_heal(bins: &Binaries, plan: &Plan) -> Result<(), Stop> {
+    let mut watch = HealNode::new(bins, true)?;
+    let mut resync = HealNode::new(bins, false)?;
+    let mut rng = XorShift::seeded();
+    let (mut w, mut r) = (Samples::new(), Samples::new());
+    for i in 0..plan.installer_heals {
+        for k in 0..2 {
+            // A random phase against the installer's timer, as a real
+            // primary's restart has.
+            let phase = RESYNC.mul_f64(rng.unit());
+            if (i + k) % 2 == 0 {
+                w.push_duration(watch.measure(bins, phase)?);
+            } else {
+                r.push_duration(resync.measure(bins, phase)?);
+            }
+        }
+    }
+    println!();
+    println!("## 4. Heal time after the primary rewrites its conflist without linkerd-cni");
+    println!();
+    println!(
+        "Installer: {} rewrites per variant, interleaved, each at a random phase of the \
+         installer's {} s resync timer (the chart's default is 10 s); time from the \
+         primary's rename to the active file ending with linkerd-cni again (polled every \
+         1 ms).",
+        w.len(),
+        RESYNC.as_secs()
+    );
+    println!();
+    println!("| installer | median [p10–p90] | max |");
+    println!("|---|---|---|");
+    println!(
+        "| watch on (inotify, 100 ms debounce) + resync | {} | {} ms |",
+        w.summary("ms"),
+        fmt_num(w.max())
+    );
+    println!(
+        "| resync only (`LINKERD_CNI_WATCH=false`) | {} | {} ms |",
+        r.summary("ms"),
+        fmt_num(r.max())
+    );
+    println!();
+    println!(
+        "Ratio of medians resync-only / watch: {:.1}×. Resync-only heal time is spread over \
+         the whole period, as expected of a timer: its median is about half the period.",
+        ratio(&r, &w)
+    );
+    Ok(())
+}
+
+fn plugin_repair(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let node = &b.node;
+    let active = node.conf_dir().join(WITH_FILE);
+    let healthy = with_chain(node, &b.entry);
+    let mut broken = healthy.clone();
+    if let Some(p) = broken["plugins"].as_array_mut() {
+        p.push(json!({"type": "tuning"}));
+    }
+    let state = node.state_dir().join("chain-repairs.json");
+    let inv = b.invocation(&b.plugin, &b.entry, "kube-system", "coredns");
+    let (mut repaired, mut plain) = (Samples::new(), Samples::new());
+    node.netns().enter(|| {
+        for i in 0..plan.repair_pairs + 2 {
+            checkpoint()?;
+            for k in 0..2 {
+                let repair = (i + k) % 2 == 0;
+                // Untimed: the primary's write, and a clean fight history
+                // (the plugin would rightly back off after 5 repairs).
+                node.write_conf(WITH_FILE, if repair { &broken } else { &healthy });
+                let _ = std::fs::remove_file(&state);
+                let (d, out) = inv.run_ok("repair run")?;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                if repair != stderr.contains("chain repaired") || !node.linkerd_last() {
+                    return Err(fail(format!(
+                        "{} run: unexpected outcome: {stderr}",
+                        if repair { "repair" } else { "healthy" }
+                    )));
+                }
+                if i >= 2 {
+                    if repair {
+                        repaired.push_duration(d);
+                    } else {
+                        plain.push_duration(d);
+                    }
+                }
+            }
+        }
+        Ok::<_, Stop>(())
+    })?;
+    node.write_conf(WITH_FILE, &healthy);
+    if node.active_conf().as_deref() != Some(active.as_path()) {
+        return Err(fail("the with-linkerd conflist is not the active one"));
+    }
+    println!();
+    println!(
+        "Plugin: an exempt-pod ADD (run directly, as in 2) while linkerd-cni is not last in \
+         the active file (a primary appended a plugin after it), vs the same ADD on a healthy \
+         file; {} pairs, interleaved. The repair (lock, re-read, atomic exchange, fsync) is \
+         done before the ADD returns, so the ADD's time bounds the heal time.",
+        repaired.len()
+    );
+    println!();
+    println!("| ADD | median [p10–p90] |");
+    println!("|---|---|");
+    println!("| with a repair | {} |", repaired.summary("ms"));
+    println!("| healthy chain | {} |", plain.summary("ms"));
+    println!();
+    println!(
+        "Repair cost per ADD (per-pair difference): {}; ratio {:.2}×.",
+        paired_differences(&repaired, &plain).summary("ms"),
+        ratio(&repaired, &plain)
+    );
+    Ok(())
+}
+
+// 5 ----------------------------------------------------------------------
+
+fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let node = &b.node;
+    let mut rows = Vec::new();
+    for &(n, rounds) in &plan.concurrency {
+        let (mut with, mut without) = (Samples::new(), Samples::new());
+        for i in 0..rounds {
+            checkpoint()?;
+            let order = abab(i);
+            for net in order {
+                let pods: Vec<_> = (0..n)
+                    .map(|_| node.pod(PodSpec::kubernetes("bench", "meshed")))
+                    .collect();
+                let barrier = Barrier::new(n + 1);
+                let (elapsed, failures) = std::thread::scope(|s| {
+                    let handles: Vec<_> = pods
+                        .iter()
+                        .map(|p| {
+                            let barrier = &barrier;
+                            s.spawn(move || {
+                                barrier.wait();
+                                node.add(net, p).is_ok()
+                            })
+                        })
+                        .collect();
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    let ok = handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or(false))
+                        .filter(|ok| !ok)
+                        .count();
+                    (t0.elapsed(), ok)
+                });
+                std::thread::scope(|s| {
+                    for p in &pods {
+                        s.spawn(move || {
+                            let _ = node.del(net, p);
+                        });
+                    }
+                });
+                drop(pods);
+                if failures > 0 {
+                    return Err(fail(format!("{failures} of {n} concurrent ADDs failed")));
+                }
+                let rate = n as f64 / elapsed.as_secs_f64();
+                if net == WITH {
+                    with.push(rate);
+                } else {
+                    without.push(rate);
+                }
+            }
+        }
+        rows.push((n, rounds, with, without));
+    }
+    println!();
+    println!("## 5. Throughput: N concurrent ADDs of meshed pods through libcni");
+    println!();
+    println!(
+        "Each ADD is one libcni driver process (so its Go start-up is included, unlike in a \
+         runtime that embeds libcni); N started together, pods/s = N / time until the last \
+         one finished. Rounds interleaved with / without linkerd-cni. CPUs: 2."
+    );
+    println!();
+    println!(
+        "| N | rounds | with linkerd-cni, pods/s median [min–max] | without, pods/s | with / without |"
+    );
+    println!("|---|---|---|---|---|");
+    for (n, rounds, with, without) in rows {
+        println!(
+            "| {n} | {rounds} | {} [{}–{}] | {} [{}–{}] | {:.2} |",
+            fmt_num(with.median()),
+            fmt_num(with.min()),
+            fmt_num(with.max()),
+            fmt_num(without.median()),
+            fmt_num(without.min()),
+            fmt_num(without.max()),
+            ratio(&with, &without)
+        );
+    }
+    Ok(())
+}
+
+// machine ----------------------------------------------------------------
+
+/// Restricts this process (and so every child) to two CPUs of those it may
+/// use, as the figures are stated for 2 cores. Returns the CPUs used.
+fn pin_two_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity get a valid
+    // pointer and its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
+        let used: Vec<usize> = allowed.into_iter().take(2).collect();
+        let mut two: libc::cpu_set_t = std::mem::zeroed();
+        for &c in &used {
+            libc::CPU_SET(c, &mut two);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &two);
+        used
+    }
+}
+
+fn text_of(cmd: &mut Command) -> String {
+    cmd.output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn print_machine(cpus: &[usize], bins: &Binaries) {
+    let lscpu = text_of(&mut Command::new("lscpu"));
+    let field = |k: &str| {
+        lscpu
+            .lines()
+            .find_map(|l| l.strip_prefix(k).map(|v| v.trim_start_matches(':').trim()))
+            .unwrap_or("?")
+            .to_string()
+    };
+    let pkg = |p: &str| text_of(Command::new("dpkg-query").args(["-W", "-f=${Version}", p]));
+    let version = |bin: &Path| text_of(Command::new(bin).arg("version"));
+    println!("# linkerd-cni benchmark run");
+    println!();
+    println!("| | |");
+    println!("|---|---|");
+    println!(
+        "| CPU | {} ({} CPUs, {} per core; hypervisor {}) |",
+        field("Model name"),
+        field("CPU(s)"),
+        field("Thread(s) per core"),
+        field("Hypervisor vendor")
+    );
+    println!(
+        "| CPUs used | {} |",
+        cpus.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "| kernel | {} |",
+        text_of(Command::new("uname").args(["-sr"]))
+    );
+    println!("| rustc | {} |", text_of(Command::new("rustc").arg("-V")));
+    println!("| go | {} |", text_of(Command::new("go").arg("version")));
+    println!(
+        "| libcni (golang-github-appc-cni-dev) | {} |",
+        pkg("golang-github-appc-cni-dev")
+    );
+    println!(
+        "| reference plugins (containernetworking-plugins) | {} |",
+        pkg("containernetworking-plugins")
+    );
+    println!("| iptables | {} |", pkg("iptables"));
+    println!("| plugin | {} |", version(&bins.plugin));
+    println!("| installer | {} |", version(&bins.installer));
+    println!("| load average at start | {} |", loadavg());
+}
+
+/// A tiny PRNG for the random phases of benchmark 4 (no crate for this).
+struct XorShift(u64);
+
+impl XorShift {
+    fn seeded() -> XorShift {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        XorShift(nanos | 1)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
