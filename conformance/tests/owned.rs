@@ -195,6 +195,13 @@ fn a_chain_whose_primary_is_gone_is_not_run() {
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     let ours = node.conf_dir().join(ChainMode::owned_name(&file));
     assert!(ours.exists());
+    // The installer's pass is over (it logs what it wrote once its sync has
+    // looked again): from now on it is not looking.
+    assert!(
+        inst.wait_log(&format!("{} from", ChainMode::owned_name(&file)), GRACE),
+        "{}",
+        inst.log()
+    );
     std::fs::remove_file(node.conf_dir().join(&file)).unwrap();
     let pod = node.pod(kube::serve_meshed(&api, "web-0"));
     let t = Instant::now();
