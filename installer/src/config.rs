@@ -25,13 +25,15 @@ pub const DEFAULT_CONTAINER_MOUNT_PREFIX: &str = "/host";
 pub const DEFAULT_CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The startup taint the installer removes from its node once it is ready.
+pub const DEFAULT_STARTUP_TAINT: &str = "linkerd.io/cni-not-ready";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 /// Longest accepted resync period: beyond an hour a missed event would leave
 /// a node unchained for longer than anyone would wait.
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 20] = [
+pub const VARIABLES: [&str; 22] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -44,6 +46,8 @@ pub const VARIABLES: [&str; 20] = [
     "KUBERNETES_SERVICE_PORT",
     "CNI_NETWORK_CONFIG",
     "CNI_NETWORK_CONFIG_FILE",
+    "LINKERD_CNI_NODE_NAME",
+    "LINKERD_CNI_STARTUP_TAINT",
     "LINKERD_CNI_RESYNC_SECONDS",
     "LINKERD_CNI_WATCH",
     "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
@@ -110,6 +114,11 @@ pub struct Config {
     pub k8s_port: u16,
     /// `CNI_NETWORK_CONFIG_FILE` or `CNI_NETWORK_CONFIG`.
     pub template: Template,
+    /// `LINKERD_CNI_NODE_NAME` (the downward API's `spec.nodeName`): the
+    /// node whose startup taint to remove; None: remove none.
+    pub node_name: Option<String>,
+    /// `LINKERD_CNI_STARTUP_TAINT`: the key of that taint.
+    pub startup_taint: String,
     /// `LINKERD_CNI_RESYNC_SECONDS`.
     pub resync: Duration,
     /// `LINKERD_CNI_WATCH`.
@@ -234,6 +243,28 @@ impl Config {
             var("CNI_NETWORK_CONFIG"),
         )?;
 
+        let node_name = var("LINKERD_CNI_NODE_NAME").map(|v| v.trim().to_string());
+        if let Some(n) = &node_name
+            && !is_dns_subdomain(n)
+        {
+            return Err(ConfigError::new(
+                "LINKERD_CNI_NODE_NAME",
+                format!("{n:?} is not a node name (set it from the downward API's spec.nodeName)"),
+            ));
+        }
+        let startup_taint = var("LINKERD_CNI_STARTUP_TAINT")
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| DEFAULT_STARTUP_TAINT.to_string());
+        if !is_qualified_name(&startup_taint) {
+            return Err(ConfigError::new(
+                "LINKERD_CNI_STARTUP_TAINT",
+                format!(
+                    "{startup_taint:?} is not a taint key (an optional DNS-subdomain prefix and \
+                     '/', then 1-63 letters, digits, '-', '_' or '.')"
+                ),
+            ));
+        }
+
         let resync = match var("LINKERD_CNI_RESYNC_SECONDS") {
             None => DEFAULT_RESYNC,
             Some(s) => s
@@ -297,6 +328,8 @@ impl Config {
             k8s_host,
             k8s_port,
             template,
+            node_name,
+            startup_taint,
             resync,
             watch,
             service_account_dir,
@@ -425,6 +458,36 @@ fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<b
             ),
         )),
     }
+}
+
+/// A DNS subdomain (RFC 1123), as node names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// A qualified name, as label and taint keys are: `[prefix/]name`.
+fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    name_ok && prefix.is_none_or(is_dns_subdomain)
 }
 
 fn is_plain_file_name(name: &str) -> bool {
@@ -581,6 +644,45 @@ mod tests {
             let e = env(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var, "{var}={value}: {e}");
             assert!(e.to_string().contains(var), "{e}");
+        }
+    }
+
+    #[test]
+    fn node_name_and_startup_taint() {
+        let c = env(&[]).unwrap();
+        assert_eq!(c.node_name, None);
+        assert_eq!(c.startup_taint, "linkerd.io/cni-not-ready");
+        let c = env(&[
+            (
+                "LINKERD_CNI_NODE_NAME",
+                "ip-10-0-1-2.eu-west-1.compute.internal",
+            ),
+            ("LINKERD_CNI_STARTUP_TAINT", "example.com/net-not-ready"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.node_name.as_deref(),
+            Some("ip-10-0-1-2.eu-west-1.compute.internal")
+        );
+        assert_eq!(c.startup_taint, "example.com/net-not-ready");
+        assert_eq!(
+            env(&[("LINKERD_CNI_STARTUP_TAINT", "cni-not-ready")])
+                .unwrap()
+                .startup_taint,
+            "cni-not-ready"
+        );
+        for (var, value) in [
+            ("LINKERD_CNI_NODE_NAME", "Node_1"),
+            ("LINKERD_CNI_NODE_NAME", "../x"),
+            ("LINKERD_CNI_NODE_NAME", "a/b"),
+            ("LINKERD_CNI_STARTUP_TAINT", "a/b/c"),
+            ("LINKERD_CNI_STARTUP_TAINT", "Example.com/x"),
+            ("LINKERD_CNI_STARTUP_TAINT", "example.com/"),
+            ("LINKERD_CNI_STARTUP_TAINT", "-x"),
+            ("LINKERD_CNI_STARTUP_TAINT", "x y"),
+        ] {
+            let e = env(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var, "{var}={value}: {e}");
         }
     }
 

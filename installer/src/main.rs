@@ -7,12 +7,14 @@ mod config;
 mod entry;
 mod fsutil;
 mod installer;
+mod kubecmd;
 mod kubeconfig;
 mod logging;
 mod notes;
 mod owner;
 mod run;
 mod signals;
+mod taint;
 mod watch;
 
 use std::process::ExitCode;

@@ -2,26 +2,19 @@
 //! deleted) or a rolling update or restart (it is still there)?
 //!
 //! The installer links no HTTP or TLS code: it runs the plugin binary it
-//! ships, `linkerd-cni kube daemonset-gone`, which has the plugin's blocking
-//! HTTPS client, with the kubeconfig the installer wrote (its own service
-//! account's token, still valid while its pod terminates). The child is
-//! bounded in time and killed past its bound. Only exit 0 with `gone:` on
+//! ships, `linkerd-cni kube daemonset-gone` (through [`crate::kubecmd`]),
+//! which has the plugin's blocking HTTPS client, with the kubeconfig the
+//! installer wrote (its own service account's token, still valid while its
+//! pod terminates). The child is bounded in time and killed past its bound. Only exit 0 with `gone:` on
 //! stdout means gone; anything else (present, no answer, a crash, a
 //! missing binary) leaves the node as it is, which the plugin makes safe:
 //! once the token is revoked it passes pods through.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use crate::binaries::PLUGIN_BINARY;
 use crate::config::Config;
-
-/// Every API call of the question ends within this.
-pub const API_TIMEOUT: Duration = Duration::from_secs(5);
-/// On top of [`API_TIMEOUT`], for the child's start and exit.
-const SLACK: Duration = Duration::from_secs(2);
+use crate::kubecmd;
 
 /// The answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,13 +28,13 @@ pub enum Verdict {
 }
 
 /// Asks the API server, through the plugin binary, within
-/// [`API_TIMEOUT`] + a little.
+/// [`kubecmd::BOUND`].
 pub fn ask(cfg: &Config) -> Verdict {
     let (namespace, pod) = match identity(cfg) {
         Ok(id) => id,
         Err(why) => return Verdict::Unknown(why),
     };
-    let bin = cfg.container_cni_bin_dir.join(PLUGIN_BINARY);
+    let bin = kubecmd::plugin(cfg);
     let kubeconfig = cfg.kubeconfig_path();
     if !kubeconfig.exists() {
         return Verdict::Unknown(format!(
@@ -49,7 +42,7 @@ pub fn ask(cfg: &Config) -> Verdict {
             kubeconfig.display()
         ));
     }
-    run(&bin, &kubeconfig, &namespace, &pod, API_TIMEOUT + SLACK)
+    run(&bin, &kubeconfig, &namespace, &pod, kubecmd::BOUND)
 }
 
 /// This pod's namespace and name.
@@ -81,60 +74,29 @@ fn read_word(p: &Path) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-fn run(bin: &PathBuf, kubeconfig: &Path, namespace: &str, pod: &str, bound: Duration) -> Verdict {
-    let mut child = match Command::new(bin)
-        .args(["kube", "daemonset-gone", "--kubeconfig"])
-        .arg(kubeconfig)
-        .args(["--namespace", namespace, "--pod", pod, "--timeout-seconds"])
-        .arg(API_TIMEOUT.as_secs().to_string())
-        .env_remove("CNI_COMMAND")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return Verdict::Unknown(format!("cannot run {}: {e}", bin.display())),
+fn run(bin: &Path, kubeconfig: &Path, namespace: &str, pod: &str, bound: Duration) -> Verdict {
+    let kubeconfig = kubeconfig.to_string_lossy();
+    let args = [
+        "daemonset-gone",
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        namespace,
+        "--pod",
+        pod,
+    ];
+    let answer = match kubecmd::run_bounded(bin, &args, bound) {
+        Ok(a) => a,
+        Err(why) => return Verdict::Unknown(why),
     };
-    // Answers are one line: the pipes cannot fill up before the exit.
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Verdict::Unknown(format!(
-                    "{} kube daemonset-gone did not answer within {bound:?} and was killed",
-                    bin.display()
-                ));
-            }
-            Err(e) => return Verdict::Unknown(format!("cannot wait for {}: {e}", bin.display())),
-        }
-    };
-    let mut out = String::new();
-    let mut err = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_string(&mut out);
-    }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_string(&mut err);
-    }
-    let out = out.trim();
-    match (status.code(), out) {
+    match (answer.code, answer.stdout.trim()) {
         (Some(0), o) if o.starts_with("gone:") => Verdict::Gone(o.to_string()),
         (Some(1), o) if o.starts_with("present:") => Verdict::Present(o.to_string()),
-        _ => Verdict::Unknown(format!(
-            "{} kube daemonset-gone ({status}): {}",
+        (code, _) => Verdict::Unknown(format!(
+            "{} kube daemonset-gone ({}): {}",
             bin.display(),
-            if err.trim().is_empty() {
-                out
-            } else {
-                err.trim()
-            }
+            code.map_or("killed by a signal".to_string(), |c| format!("exit {c}")),
+            answer.says()
         )),
     }
 }
@@ -143,6 +105,8 @@ fn run(bin: &PathBuf, kubeconfig: &Path, namespace: &str, pod: &str, bound: Dura
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
+    use std::time::Instant;
 
     /// Only exit 0 with `gone:` uninstalls; a hung child is killed at the
     /// bound.

@@ -6,7 +6,8 @@
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
 //! resync period. A repair held back by the fight rate limit wakes the
-//! loop at the time the limit allows it.
+//! loop at the time the limit allows it. After a pass, the startup taint's
+//! gate (see [`crate::taint`]) looks at the node once.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
 use crate::owner::{self, Verdict};
 use crate::signals::Signals;
+use crate::taint::StartupTaint;
 use crate::watch::Watcher;
 
 /// The first event after a quiet spell is acted on at once: a pod created
@@ -77,6 +79,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
     );
     inst.clean_stale_temps();
+    let mut taint = StartupTaint::new(&cfg);
 
     let mut last_event: Option<Instant> = None;
     loop {
@@ -91,6 +94,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
         let started = Instant::now();
         inst.reconcile();
+        taint.after_pass(&inst);
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
         let next = match inst.retry_at() {

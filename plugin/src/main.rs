@@ -1,6 +1,8 @@
 //! The `linkerd-cni` binary. Run by a container runtime (`CNI_COMMAND` set) it
 //! is a CNI plugin; run by a person it is a small diagnostic tool.
 
+mod kubecmd_taint;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,7 +37,6 @@ USAGE:
                             config up to date (owned mode), under the
                             conf-dir lock, atomically, and print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
-
     linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
                             [--timeout-seconds N]
                             whether the DaemonSet controlling pod NS/NAME is
@@ -45,6 +46,20 @@ USAGE:
                             exit 2: cannot tell (the reason on stderr).
                             Every API call ends within N seconds (default 5).
                             The installer asks this at SIGTERM.
+
+    linkerd-cni kube remove-taint --kubeconfig FILE --node NAME --key KEY
+                            [--timeout-seconds N]
+                            remove every taint with KEY from node NAME (only
+                            those: the patch tests each one's position);
+                            never adds one. Every API call ends within N
+                            seconds (default 5). Exit 0: removed, or absent
+                            (\"removed: ...\" or \"absent: ...\" on stdout);
+                            1: try again later (API unreachable, slow,
+                            overloaded, node changing); 2: any other error;
+                            3: forbidden (HTTP 403: no get or patch on nodes);
+                            4: credentials refused (HTTP 401). Reasons on
+                            stderr. The installer runs this once its node is
+                            ready.
 
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
     --entry FILE     JSON file holding the desired linkerd-cni entry (default:
@@ -181,20 +196,25 @@ fn status(
 }
 
 /// `linkerd-cni kube daemonset-gone`: exit 0 gone, 1 present, 2 cannot
-/// tell. Only 0 makes the installer uninstall, so a crash, a missing binary
+/// tell (`kube remove-taint` is [`kubecmd_taint`]). Only 0 makes the installer uninstall, so a crash, a missing binary
 /// or any surprise leaves the node as it is.
 fn kube_cli(args: &[&str]) -> ExitCode {
+    if let ["remove-taint", rest @ ..] = args {
+        return kubecmd_taint::main(rest);
+    }
     logging::init("linkerd-cni", log::LevelFilter::Warn);
     let fail = |msg: &str| {
         eprintln!("linkerd-cni kube: {msg}");
         ExitCode::from(2)
     };
     let Some((&cmd, mut rest)) = args.split_first() else {
-        return fail(&format!("expected daemonset-gone\n\n{USAGE}"));
+        return fail(&format!(
+            "expected daemonset-gone or remove-taint\n\n{USAGE}"
+        ));
     };
     if cmd != "daemonset-gone" {
         return fail(&format!(
-            "unknown kube command {cmd:?}: expected daemonset-gone"
+            "unknown kube command {cmd:?}: expected daemonset-gone or remove-taint"
         ));
     }
     let (mut kubeconfig, mut namespace, mut pod) = (None, None, None);

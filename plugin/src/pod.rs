@@ -228,9 +228,7 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
     let pod = match client.pod(namespace, name) {
         Ok(pod) => pod,
         Err(ApiError::Unauthorized {
-            status,
-            path: _,
-            kubeconfig,
+            status, kubeconfig, ..
         }) => {
             return Err(Stop::PassThrough(credentials_rejected(
                 &pod_id,

@@ -1,7 +1,8 @@
 //! deploy/linkerd-cni.yaml grants the token in the node's kubeconfig no
-//! more than the plugin reads: get on pods and namespaces anywhere, and get
-//! on the one Service `default/kubernetes` (the installer reads nothing
-//! from the API).
+//! more than the plugin reads (get on pods and namespaces anywhere, get on
+//! the one Service `default/kubernetes`), what the repair controller needs
+//! (pods list, watch and delete; events create), and, for the installer's
+//! startup taint, get and patch on nodes.
 
 use serde_json::Value;
 
@@ -79,7 +80,10 @@ fn services_are_readable_only_as_default_kubernetes() {
 #[test]
 fn cluster_wide_the_plugin_reads_pods_and_namespaces_the_repair_controller_deletes_pods() {
     let docs = manifest();
-    let roles = of_kind(&docs, "ClusterRole");
+    let roles: Vec<&Value> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .filter(|r| r["metadata"]["name"] == "linkerd-cni")
+        .collect();
     assert_eq!(roles.len(), 1);
     assert_eq!(
         roles[0]["rules"],
@@ -95,4 +99,41 @@ fn cluster_wide_the_plugin_reads_pods_and_namespaces_the_repair_controller_delet
             && b["roleRef"]["name"] == name
             && binds_the_service_account(b)
     }));
+}
+
+#[test]
+fn nodes_only_get_and_patch_for_the_startup_taint() {
+    let docs = manifest();
+    let roles: Vec<&Value> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .filter(|r| !grants(r, "nodes").is_empty())
+        .collect();
+    assert_eq!(roles.len(), 1, "one ClusterRole grants nodes");
+    assert_eq!(
+        roles[0]["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}])
+    );
+    let name = roles[0]["metadata"]["name"].clone();
+    assert!(of_kind(&docs, "ClusterRoleBinding").iter().any(|b| {
+        b["roleRef"]["kind"] == "ClusterRole"
+            && b["roleRef"]["name"] == name
+            && binds_the_service_account(b)
+    }));
+    // Every ClusterRole is one of the two.
+    assert_eq!(of_kind(&docs, "ClusterRole").len(), 2);
+
+    // The installer gets its node's name, and the DaemonSet tolerates the
+    // taint (it tolerates every taint).
+    let ds = of_kind(&docs, "DaemonSet")[0];
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["tolerations"],
+        serde_json::json!([{"operator": "Exists"}])
+    );
+    let env = spec["containers"][0]["env"].as_array().unwrap();
+    let node = env
+        .iter()
+        .find(|e| e["name"] == "LINKERD_CNI_NODE_NAME")
+        .expect("LINKERD_CNI_NODE_NAME in the installer's env");
+    assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
 }

@@ -219,8 +219,8 @@ fn the_upstream_charts_container_runs_what_the_image_holds() {
 fn the_cluster_role_allows_what_the_controller_does() {
     let role = deploy_docs()
         .into_iter()
-        .find(|d| d["kind"] == "ClusterRole")
-        .expect("a ClusterRole");
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "linkerd-cni")
+        .expect("ClusterRole linkerd-cni");
     let allows = |group: &str, resource: &str, verb: &str| {
         role["rules"].as_array().unwrap().iter().any(|r| {
             let has = |k: &str, v: &str| r[k].as_array().is_some_and(|a| a.iter().any(|x| x == v));

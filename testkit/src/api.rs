@@ -13,12 +13,21 @@
 //! get 401 from then on (its pod was deleted); [`FakeApiServer::forbid`]
 //! answers 403 on one path (RBAC that lacks that resource).
 //!
+//! Writes: PATCH with a JSON patch (RFC 6902) applies it to the stored
+//! object, all or nothing (a failed `test` answers 422, as the API server
+//! does); [`FakeApiServer::patches`] lists what was sent,
+//! [`FakeApiServer::forbid_patch`] answers 403 to PATCHes of one path
+//! (RBAC with `get` but not `patch`, as the linkerd2-cni chart grants on
+//! nodes), and [`FakeApiServer::change_before_next_patch`] stands in for
+//! another writer that changes the object between a client's read and its
+//! patch.
+//!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
 //! for tests that run the plugin in a "node" namespace whose loopback is
 //! not the host's.
 //!
-//! A deliberately small HTTP/1.1 server: GET only, keep-alive, one thread per
-//! connection.
+//! A deliberately small HTTP/1.1 server: GET and PATCH only, keep-alive, one
+//! thread per connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -63,6 +72,18 @@ struct State {
     revoked: Mutex<Vec<String>>,
     /// Paths answered with 403.
     forbidden: Mutex<Vec<String>>,
+    writes: Writes,
+}
+
+/// What PATCH requests see and leave.
+#[derive(Debug, Default)]
+struct Writes {
+    /// (path, JSON patch) of every PATCH received, in order.
+    received: Mutex<Vec<(String, Value)>>,
+    /// Paths whose PATCHes get 403.
+    forbidden: Mutex<Vec<String>>,
+    /// Objects stored just before the next PATCH of their path is applied.
+    races: Mutex<HashMap<String, Value>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -118,6 +139,7 @@ impl FakeApiServer {
             extra_tokens: Mutex::new(Vec::new()),
             revoked: Mutex::new(Vec::new()),
             forbidden: Mutex::new(Vec::new()),
+            writes: Writes::default(),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
 
@@ -226,6 +248,37 @@ impl FakeApiServer {
     /// Stops serving `path` (404 from now on), as when the object is deleted.
     pub fn remove(&self, path: &str) {
         lock(&self.state.objects).remove(path);
+    }
+
+    /// The object served at `path` now (after any PATCHes).
+    pub fn object(&self, path: &str) -> Option<Value> {
+        lock(&self.state.objects).get(path).cloned()
+    }
+
+    /// From now on PATCHes of `path` get 403 (GETs are still served).
+    pub fn forbid_patch(&self, path: &str) {
+        lock(&self.state.writes.forbidden).push(path.to_string());
+    }
+
+    /// The JSON patches received for `path`, in order (whatever the answer).
+    pub fn patches(&self, path: &str) -> Vec<Value> {
+        lock(&self.state.writes.received)
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// PATCHes received in all, whatever the path.
+    pub fn total_patches(&self) -> usize {
+        lock(&self.state.writes.received).len()
+    }
+
+    /// Another writer's change: `object` is stored at `path` right before
+    /// the next PATCH of that path is applied, as if it had been written
+    /// between the client's GET and its PATCH.
+    pub fn change_before_next_patch(&self, path: &str, object: Value) {
+        lock(&self.state.writes.races).insert(path.to_string(), object);
     }
 
     /// Requests received for `path` (whatever the answer).
@@ -380,9 +433,14 @@ struct Request {
     method: String,
     path: String,
     authorization: Option<String>,
+    body: Vec<u8>,
 }
 
-/// Reads one request head (and skips any body); None at a clean EOF.
+/// The largest request body read; past it the body is discarded.
+const MAX_REQUEST_BODY: usize = 1 << 20;
+
+/// Reads one request (a body up to [`MAX_REQUEST_BODY`]); None at a clean
+/// EOF.
 fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
@@ -408,11 +466,21 @@ fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
             }
         }
     }
-    std::io::copy(&mut r.take(body_len as u64), &mut std::io::sink())?;
+    let mut body = Vec::new();
+    r.take(body_len.min(MAX_REQUEST_BODY) as u64)
+        .read_to_end(&mut body)?;
+    if body_len > MAX_REQUEST_BODY {
+        body.clear();
+        std::io::copy(
+            &mut r.take((body_len - MAX_REQUEST_BODY) as u64),
+            &mut std::io::sink(),
+        )?;
+    }
     Ok(Some(Request {
         method,
         path,
         authorization,
+        body,
     }))
 }
 
@@ -441,6 +509,9 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     if lock(&state.forbidden).contains(&req.path) {
         return (403, status_json(403, "forbidden: User cannot get resource"));
     }
+    if req.method == "PATCH" {
+        return patch(state, req);
+    }
     if req.method != "GET" {
         return (405, status_json(405, "method not allowed"));
     }
@@ -448,6 +519,41 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         Some(v) => (200, v.clone()),
         None => (404, status_json(404, &format!("{} not found", req.path))),
     }
+}
+
+/// A JSON patch: recorded, then applied all or nothing.
+fn patch(state: &State, req: &Request) -> (u16, Value) {
+    let ops: Value = match serde_json::from_slice(&req.body) {
+        Ok(v) => v,
+        Err(e) => return (400, status_json(400, &format!("invalid JSON patch: {e}"))),
+    };
+    lock(&state.writes.received).push((req.path.clone(), ops.clone()));
+    if lock(&state.writes.forbidden).contains(&req.path) {
+        return (
+            403,
+            status_json(403, "forbidden: User cannot patch resource"),
+        );
+    }
+    let mut objects = lock(&state.objects);
+    if let Some(other) = lock(&state.writes.races).remove(&req.path) {
+        objects.insert(req.path.clone(), other);
+    }
+    let Some(obj) = objects.get_mut(&req.path) else {
+        return (404, status_json(404, &format!("{} not found", req.path)));
+    };
+    if let Err((code, e)) = crate::api_watch::json_patch(obj, &ops) {
+        return (code, status_json(code, &e));
+    }
+    // A write makes a new version, as resourceVersion does.
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        let next = meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(1, |v| v + 1);
+        meta.insert("resourceVersion".into(), next.to_string().into());
+    }
+    (200, obj.clone())
 }
 
 /// A `Status` object, as the API server returns with errors.
@@ -461,10 +567,13 @@ fn status_json(code: u16, message: &str) -> Value {
 fn reason(code: u16) -> &'static str {
     match code {
         200 => "OK",
+        400 => "BadRequest",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "NotFound",
         405 => "MethodNotAllowed",
+        409 => "Conflict",
+        422 => "UnprocessableEntity",
         429 => "TooManyRequests",
         500 => "InternalError",
         503 => "ServiceUnavailable",

@@ -862,7 +862,7 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// RFC 6902, the operations a client removing a taint uses: add, remove,
 /// replace, test. All or nothing.
-fn json_patch(target: &mut Value, patch: &Value) -> Result<(), (u16, String)> {
+pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), (u16, String)> {
     let Some(ops) = patch.as_array() else {
         return Err((400, "a JSON patch is an array".into()));
     };

@@ -12,8 +12,8 @@
 //!   clients: pods listed and watched with selectors, bookmarks and
 //!   `410 Gone`, deleted; Events posted; nodes patched; streams cut on
 //!   purpose. Behind the feature `api` too.
-//! - [`objects`]: JSON builders for the pods, namespaces and services the
-//!   plugin reads.
+//! - [`objects`]: JSON builders for the pods, namespaces, services and nodes
+//!   the plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
 //! - [`netns`]: throwaway network namespaces ([`TestNetns`]), commands and
 //!   code run inside one.

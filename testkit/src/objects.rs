@@ -121,6 +121,44 @@ pub fn namespace_path(name: &str) -> String {
     format!("/api/v1/namespaces/{name}")
 }
 
+/// The API path of a node.
+pub fn node_path(name: &str) -> String {
+    format!("/api/v1/nodes/{name}")
+}
+
+/// A node with `taints` as (key, effect), in that order, and the fields a
+/// real node answer carries around them (a `resourceVersion`, the
+/// kubelet's `timeAdded`-less startup taints, status).
+pub fn node(name: &str, taints: &[(&str, &str)]) -> Value {
+    let taints: Vec<Value> = taints
+        .iter()
+        .map(|(key, effect)| json!({"key": key, "effect": effect}))
+        .collect();
+    json!({
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name, "uid": "3e5f7a9b-0000-4000-8000-00000000n0de",
+            "resourceVersion": "1000",
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
+        },
+        "spec": {"podCIDR": "10.244.1.0/24", "taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    })
+}
+
+/// The keys of a node's taints, in order.
+pub fn taint_keys(node: &Value) -> Vec<String> {
+    node["spec"]["taints"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| t["key"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The path of Service `default/kubernetes`.
 pub const KUBERNETES_SERVICE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
 

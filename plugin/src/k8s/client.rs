@@ -1,4 +1,5 @@
-//! A blocking HTTPS client for the few GETs the plugin makes, with one time
+//! A blocking HTTPS client for the few calls the plugin makes (GETs, and
+//! one JSON-patch PATCH for `linkerd-cni kube remove-taint`), with one time
 //! budget for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
@@ -50,49 +51,77 @@ const MAX_BODY: u64 = 16 << 20;
 /// error, or our words where the stack has no error value.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
+/// The HTTP methods the client uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Patch,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Get => "GET",
+            Method::Patch => "PATCH",
+        })
+    }
+}
+
 /// A failed API call.
 #[derive(Debug, Error)]
 pub enum ApiError {
     #[error(
-        "cannot reach the Kubernetes API at {server} (GET {path}, {attempts} attempt{}): {cause}",
+        "cannot reach the Kubernetes API at {server} ({method} {path}, {attempts} attempt{}): {cause}",
         if *.attempts == 1 { "" } else { "s" }
     )]
     Unreachable {
         server: String,
+        method: Method,
         path: String,
         attempts: u32,
         #[source]
         cause: Cause,
     },
     #[error(
-        "no answer from the Kubernetes API at {server} to GET {path} within linkerd-cni's {} s budget{}",
+        "no answer from the Kubernetes API at {server} to {method} {path} within linkerd-cni's {} s budget{}",
         .budget.as_secs_f32(),
         .last.as_deref().map(|l| format!(" (last attempt: {l})")).unwrap_or_default()
     )]
     TimedOut {
         server: String,
+        method: Method,
         path: String,
         budget: Duration,
         /// What the last attempt ran into, when it failed before the budget
         /// ran out.
         last: Option<String>,
     },
-    #[error("the Kubernetes API at {server} accepted the connection but did not answer GET {path} within {:.1} s", .after.as_secs_f32())]
+    #[error("the Kubernetes API at {server} accepted the connection but did not answer {method} {path} within {:.1} s", .after.as_secs_f32())]
     NoAnswer {
         server: String,
+        method: Method,
         path: String,
         after: Duration,
     },
-    #[error("the Kubernetes API refused linkerd-cni's credentials (HTTP {status} for GET {path})")]
+    #[error(
+        "the Kubernetes API {} (HTTP {status} for {method} {path})",
+        if *.status == 403 {
+            "does not allow linkerd-cni's service account this request"
+        } else {
+            "refused linkerd-cni's credentials"
+        }
+    )]
     Unauthorized {
         status: u16,
+        method: Method,
         path: String,
         kubeconfig: PathBuf,
     },
-    #[error("GET {path}: not found")]
-    NotFound { path: String },
-    #[error("GET {path}: HTTP {status}: {message}")]
+    #[error("{method} {path}: not found")]
+    NotFound { method: Method, path: String },
+    #[error("{method} {path}: HTTP {status}: {message}")]
     Status {
+        method: Method,
         path: String,
         status: u16,
         message: String,
@@ -105,8 +134,9 @@ pub enum ApiError {
         /// The handshake did not finish in time (rather than failing).
         handshake_hung: bool,
     },
-    #[error("GET {path}: cannot read the answer: {cause}")]
+    #[error("{method} {path}: cannot read the answer: {cause}")]
     Decode {
+        method: Method,
         path: String,
         #[source]
         cause: Cause,
@@ -254,15 +284,43 @@ impl Client {
     /// GETs `path` and decodes the JSON answer, retrying transient failures
     /// within the budget.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
+        self.call(Method::Get, path, None)
+    }
+
+    /// PATCHes `path` with a JSON patch (RFC 6902) and decodes the answer,
+    /// retrying transient failures within the budget. Only for patches that
+    /// are safe to send twice (a `test` op guards each change): an attempt
+    /// whose answer was lost may have been applied.
+    pub fn json_patch<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        patch: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
+            method: Method::Patch,
+            path: path.into(),
+            cause: Box::new(e),
+        })?;
+        self.call(Method::Patch, path, Some(&body))
+    }
+
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<T, ApiError> {
         let mut attempt = 1;
         loop {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(self.timed_out(path, None));
+                return Err(self.timed_out(method, path, None));
             }
-            let err = match self.attempt(path, remaining.min(ATTEMPT_TIMEOUT), attempt) {
+            let req = Req { method, path, body };
+            let err = match self.attempt(&req, remaining.min(ATTEMPT_TIMEOUT), attempt) {
                 Ok(body) => {
                     return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
+                        method,
                         path: path.into(),
                         cause: e.into(),
                     });
@@ -275,19 +333,19 @@ impl Client {
                 // A timeout that used up the budget says so, whatever the
                 // attempt's own error was.
                 return Err(if remaining.is_zero() {
-                    self.timed_out(path, Some(&err))
+                    self.timed_out(method, path, Some(&err))
                 } else {
                     err
                 });
             }
-            log::info!("GET {path} failed ({err}); retrying in {backoff:?}");
+            log::info!("{method} {path} failed ({err}); retrying in {backoff:?}");
             std::thread::sleep(backoff);
             attempt += 1;
         }
     }
 
     /// The budget ran out; `last` is what the last attempt ran into.
-    fn timed_out(&self, path: &str, last: Option<&ApiError>) -> ApiError {
+    fn timed_out(&self, method: Method, path: &str, last: Option<&ApiError>) -> ApiError {
         let last = last.map(|e| match e {
             ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.to_string(),
             ApiError::NoAnswer { after, .. } => {
@@ -300,45 +358,66 @@ impl Client {
         });
         ApiError::TimedOut {
             server: self.config.server.clone(),
+            method,
             path: path.into(),
             budget: self.budget,
             last,
         }
     }
 
-    /// One GET; the body of a 200 answer.
-    fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
+    /// One request; the body of a 200 answer.
+    fn attempt(&self, req: &Req<'_>, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
+        let (method, path) = (req.method, req.path);
         let url = format!("{}{path}", self.config.server);
         self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
         let started = Instant::now();
-        let res = self
-            .agent
-            .get(&url)
-            .config()
-            .timeout_global(Some(timeout))
-            .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
-            .build()
-            .header("Authorization", &format!("Bearer {}", self.config.token))
-            .header("Accept", "application/json")
-            .call();
-        let mut res = res.map_err(|e| self.classify(path, e, attempt, started))?;
+        let auth = format!("Bearer {}", self.config.token);
+        let res = match req.body {
+            Some(body) => self
+                .agent
+                .patch(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
+                .build()
+                .header("Authorization", &auth)
+                .header("Accept", "application/json")
+                .content_type("application/json-patch+json")
+                .send(body),
+            None => self
+                .agent
+                .get(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
+                .build()
+                .header("Authorization", &auth)
+                .header("Accept", "application/json")
+                .call(),
+        };
+        let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
-        log::debug!("GET {path}: HTTP {status}");
+        log::debug!("{method} {path}: HTTP {status}");
         let body = res
             .body_mut()
             .with_config()
             .limit(MAX_BODY)
             .read_to_vec()
-            .map_err(|e| self.classify(path, e, attempt, started))?;
+            .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
             200 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
                 status,
+                method,
                 path: path.into(),
                 kubeconfig: self.config.source.clone(),
             }),
-            404 => Err(ApiError::NotFound { path: path.into() }),
+            404 => Err(ApiError::NotFound {
+                method,
+                path: path.into(),
+            }),
             _ => Err(ApiError::Status {
+                method,
                 path: path.into(),
                 status,
                 message: status_message(&body),
@@ -346,10 +425,12 @@ impl Client {
         }
     }
 
-    fn classify(&self, path: &str, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
+    fn classify(&self, req: &Req<'_>, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
+        let (method, path) = (req.method, req.path);
         let server = self.config.server.clone();
         let unreachable = |cause: Cause| ApiError::Unreachable {
             server: server.clone(),
+            method,
             path: path.into(),
             attempts,
             cause,
@@ -379,6 +460,7 @@ impl Client {
                     },
                     Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
                         server,
+                        method,
                         path: path.into(),
                         after,
                     },
@@ -411,15 +493,25 @@ impl Client {
             ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
             ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
             ureq::Error::Protocol(e) => ApiError::Decode {
+                method,
                 path: path.into(),
                 cause: format!("HTTP protocol error: {e}").into(),
             },
             other => ApiError::Decode {
+                method,
                 path: path.into(),
                 cause: other.into(),
             },
         }
     }
+}
+
+/// One request of a call: what [`Client::attempt`] sends.
+struct Req<'a> {
+    method: Method,
+    path: &'a str,
+    /// A JSON patch (sent with PATCH); None for a GET.
+    body: Option<&'a [u8]>,
 }
 
 /// How far an attempt's connection got, recorded by [`Mark`]s between the

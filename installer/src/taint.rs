@@ -1,0 +1,261 @@
+//! The readiness gate at node start: a node registered with the startup
+//! taint (`LINKERD_CNI_STARTUP_TAINT`, default `linkerd.io/cni-not-ready`,
+//! e.g. `kubelet --register-with-taints=linkerd.io/cni-not-ready:NoSchedule`
+//! or a node pool setting) gets no ordinary pods until the installer
+//! removes that taint, which it does once the node is ready: the state the
+//! readiness probe (`check`) accepts, i.e. the plugin installed, the
+//! kubeconfig current and the chain healthy.
+//!
+//! The installer never adds the taint. It asks at most once per pass, only
+//! while the taint may still be there, and not at all once it is gone:
+//! one GET (and one PATCH when the taint is there) per installer start in
+//! the common case. Failures back off (5 s doubling to a minute); a 403
+//! (RBAC without `patch` on nodes, as the linkerd2-cni chart grants) is
+//! said once, then retried every 10 minutes, and the installer keeps
+//! chaining the node whatever the answer.
+//! The API call is `linkerd-cni kube remove-taint` (see [`crate::kubecmd`]).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::installer::Installer;
+use crate::kubecmd;
+
+/// The subcommand's exit codes (see `linkerd-cni --help`).
+const EXIT_TRANSIENT: i32 = 1;
+const EXIT_FORBIDDEN: i32 = 3;
+const EXIT_UNAUTHORIZED: i32 = 4;
+
+/// Backoff after the first failure, doubling per failure in a row...
+const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+/// ...up to this: the node stays unschedulable meanwhile, so not long.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// After a 403: RBAC does not change by itself.
+const FORBIDDEN_BACKOFF: Duration = Duration::from_secs(600);
+
+/// Why an attempt failed, for saying each kind once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Transient,
+    Forbidden,
+    Unauthorized,
+    Other,
+}
+
+#[derive(Debug)]
+enum State {
+    /// No node name: nothing to do.
+    Off,
+    /// The taint may be there.
+    Pending {
+        /// Not before this.
+        next_try: Instant,
+        /// Failures in a row.
+        failures: u32,
+        /// The last failure said (said again only when it changes).
+        said: Option<Failure>,
+        /// "Waiting for the node to be ready" was said.
+        said_waiting: bool,
+    },
+    /// Removed, or found absent: never asked again.
+    Done,
+}
+
+pub struct StartupTaint {
+    node: String,
+    key: String,
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    state: State,
+}
+
+impl StartupTaint {
+    pub fn new(cfg: &Config) -> StartupTaint {
+        let state = match &cfg.node_name {
+            Some(_) => State::Pending {
+                next_try: Instant::now(),
+                failures: 0,
+                said: None,
+                said_waiting: false,
+            },
+            None => {
+                log::info!(
+                    "LINKERD_CNI_NODE_NAME is not set: not removing any startup taint \
+                     {} from this node (set it from the downward API's spec.nodeName, as \
+                     deploy/linkerd-cni.yaml does, to use one)",
+                    cfg.startup_taint
+                );
+                State::Off
+            }
+        };
+        StartupTaint {
+            node: cfg.node_name.clone().unwrap_or_default(),
+            key: cfg.startup_taint.clone(),
+            bin: kubecmd::plugin(cfg),
+            kubeconfig: cfg.kubeconfig_path(),
+            state,
+        }
+    }
+
+    /// After a reconcile pass: when the node is ready and the taint may be
+    /// there, asks (at most once) for its removal.
+    pub fn after_pass(&mut self, inst: &Installer) {
+        let State::Pending {
+            next_try,
+            said_waiting,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        if Instant::now() < *next_try {
+            return;
+        }
+        let problems = inst.check();
+        if let Some(first) = problems.first() {
+            if !*said_waiting {
+                *said_waiting = true;
+                log::info!(
+                    "keeping startup taint {} on node {} (if it has it) until linkerd-cni is \
+                     ready here: {}",
+                    self.key,
+                    self.node,
+                    first.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+                );
+            }
+            return;
+        }
+        let answer = kubecmd::run(
+            &self.bin,
+            &[
+                "remove-taint",
+                "--kubeconfig",
+                &self.kubeconfig.to_string_lossy(),
+                "--node",
+                &self.node,
+                "--key",
+                &self.key,
+            ],
+        );
+        self.record(answer);
+    }
+
+    fn record(&mut self, answer: Result<kubecmd::Answer, String>) {
+        let (failure, why) = match answer {
+            Ok(a) if a.code == Some(0) => {
+                let said = a.stdout.trim();
+                log::info!(
+                    "startup taint: {}",
+                    if said.is_empty() {
+                        "removed or absent"
+                    } else {
+                        said
+                    }
+                );
+                self.state = State::Done;
+                return;
+            }
+            Ok(a) => {
+                let failure = match a.code {
+                    Some(EXIT_TRANSIENT) => Failure::Transient,
+                    Some(EXIT_FORBIDDEN) => Failure::Forbidden,
+                    Some(EXIT_UNAUTHORIZED) => Failure::Unauthorized,
+                    _ => Failure::Other,
+                };
+                (failure, a.says())
+            }
+            Err(why) => (Failure::Transient, why),
+        };
+        let State::Pending {
+            next_try,
+            failures,
+            said,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        *failures += 1;
+        let backoff = match failure {
+            Failure::Forbidden => FORBIDDEN_BACKOFF,
+            _ => FIRST_BACKOFF
+                .saturating_mul(1 << (*failures - 1).min(16))
+                .min(MAX_BACKOFF),
+        };
+        *next_try = Instant::now() + backoff;
+        if *said != Some(failure) {
+            *said = Some(failure);
+            let consequence = match failure {
+                Failure::Forbidden => format!(
+                    "not allowed to (HTTP 403); the node stays tainted, and linkerd-cni keeps \
+                     working; asking again every {} min",
+                    FORBIDDEN_BACKOFF.as_secs() / 60
+                ),
+                _ => "retrying with backoff; linkerd-cni keeps working".to_string(),
+            };
+            log::warn!(
+                "cannot remove startup taint {} from node {}: {consequence}: {why}",
+                self.key,
+                self.node
+            );
+        }
+    }
+
+    /// Whether it may still ask the API (tests).
+    #[cfg(test)]
+    fn pending(&self) -> bool {
+        matches!(self.state, State::Pending { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubecmd::Answer;
+
+    fn gate() -> StartupTaint {
+        let cfg = Config::from_env(|k| {
+            match k {
+                "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1"),
+                "KUBERNETES_SERVICE_PORT" => Some("443"),
+                "CNI_NETWORK_CONFIG" => Some(r#"{"type":"linkerd-cni"}"#),
+                "LINKERD_CNI_NODE_NAME" => Some("node-1"),
+                _ => None,
+            }
+            .map(str::to_string)
+        })
+        .unwrap();
+        StartupTaint::new(&cfg)
+    }
+
+    fn answer(code: i32) -> Result<Answer, String> {
+        Ok(Answer {
+            code: Some(code),
+            stdout: String::new(),
+            stderr: "why".into(),
+        })
+    }
+
+    fn next_try(g: &StartupTaint) -> Instant {
+        match g.state {
+            State::Pending { next_try, .. } => next_try,
+            _ => panic!("not pending"),
+        }
+    }
+
+    #[test]
+    fn done_on_success_backoff_on_failure() {
+        let mut g = gate();
+        g.record(answer(EXIT_TRANSIENT));
+        let first = next_try(&g);
+        assert!(first > Instant::now() + FIRST_BACKOFF / 2);
+        g.record(Err("killed".into()));
+        assert!(next_try(&g) > first, "the backoff grows");
+        g.record(answer(EXIT_FORBIDDEN));
+        assert!(next_try(&g) > Instant::now() + FORBIDDEN_BACKOFF / 2);
+        assert!(g.pending());
+        g.record(answer(0));
+        assert!(!g.pending(), "never asked again once removed or absent");
+    }
+}
