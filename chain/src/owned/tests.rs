@@ -426,3 +426,36 @@ fn an_entry_rebuilt_from_stdin_finds_the_copy_current() {
     let other = from_stdin.with("log_level", "debug").unwrap();
     assert!(!diagnose(d.path(), &other).unwrap().is_current());
 }
+
+#[test]
+fn a_symlinked_primary_is_read_as_the_host_resolves_it() {
+    // The installer sees the host under a mount prefix: the primary is a
+    // symlink with an absolute target, which only means something under
+    // that prefix. Owned mode reads it there and writes only its own file,
+    // in the conf dir; the link and its target stay as they are.
+    let host = TempDir::new("owned-host");
+    let conf = host.path().join("etc/cni/net.d");
+    fs::create_dir_all(&conf).unwrap();
+    let target = host.write("calico.conflist", CALICO);
+    std::os::unix::fs::symlink("/calico.conflist", conf.join("10-calico.conflist")).unwrap();
+    let want = owned_desired();
+    let opts = RepairOptions {
+        host_root: host.path().to_path_buf(),
+        ..opts()
+    };
+    let r = sync(&conf, &want, &opts).unwrap();
+    assert_eq!(r.after, OwnedState::Current, "{r:?}");
+    let ours = fs::read_to_string(conf.join("10-calico-linkerd-cni.conflist")).unwrap();
+    let v = json(&ours);
+    assert_eq!(v["plugins"][0]["type"], "calico", "{ours}");
+    let marker = Marker::of(v["plugins"][2].as_object().unwrap()).expect("marker");
+    assert_eq!(marker.sha256, sha256::hex(CALICO.as_bytes()));
+    assert_eq!(fs::read_to_string(&target).unwrap(), CALICO);
+    assert!(
+        fs::symlink_metadata(conf.join("10-calico.conflist"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(diagnose_with(&conf, &want, &opts).unwrap().is_current());
+}
