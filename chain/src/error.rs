@@ -61,6 +61,8 @@ pub enum EntryProblem {
     NotAnObject,
     #[error("\"type\" must be {:?}, found {found}", crate::PLUGIN_TYPE)]
     WrongType { found: String },
+    #[error("{key:?} must be \"inline\" or \"owned\", found {found}")]
+    UnknownMode { key: &'static str, found: String },
 }
 
 impl ChainError {

@@ -9,6 +9,12 @@
 //! every time; so past a threshold repairs are rate-limited and a warning
 //! names the likely cause.
 //!
+//! A fight is the same content being undone again and again: the history is
+//! kept per file AND per digest of the content a repair started from
+//! ([`content_digest`]). A primary that writes new content each time is no
+//! fight, however often it writes: each new content is repaired at once.
+//! Only the same content coming back repeatedly is rate-limited.
+//!
 //! [`FightDetector`] keeps the history in memory for the long-lived
 //! installer. The plugin is a process per ADD, so it keeps the same history
 //! in a small file in its state dir ([`PersistedFights`]), never in the conf
@@ -124,6 +130,26 @@ impl FightDetector {
             .is_none_or(|h| h.allow(self.secs(now), self.window.as_secs_f64(), self.threshold))
     }
 
+    /// [`Self::record_repair`] of `file` from content with `digest`: only
+    /// repairs of the same content count towards a fight.
+    pub fn record_repair_of(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
+        let (t, w) = (self.secs(now), self.window.as_secs_f64());
+        self.repairs.retain(|_, h| {
+            h.prune(t, w);
+            !h.0.is_empty()
+        });
+        let key = keyed(file, digest);
+        let th = self.threshold;
+        let h = self.repairs.entry(key).or_default();
+        h.record(t, w, th)
+            .then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// [`Self::allow`] for a repair of `file` from content with `digest`.
+    pub fn allow_repair_of(&self, file: &Path, digest: &str, now: Instant) -> bool {
+        self.allow(&keyed(file, digest), now)
+    }
+
     /// When a repair of `file` is allowed again: `now` when it is now, else
     /// up to 2 ms after the exact time (rounded up, so that float rounding
     /// never gives a time at which [`FightDetector::allow`] still says no).
@@ -136,6 +162,28 @@ impl FightDetector {
         }
         now + Duration::from_millis((wait * 1000.0).ceil() as u64 + 1)
     }
+
+    /// [`Self::next_allowed`] for a repair of `file` from content with
+    /// `digest`.
+    pub fn next_allowed_of(&self, file: &Path, digest: &str, now: Instant) -> Instant {
+        self.next_allowed(&keyed(file, digest), now)
+    }
+}
+
+/// The history key of a file's content.
+fn keyed(file: &Path, digest: &str) -> PathBuf {
+    let mut k = file.as_os_str().to_owned();
+    k.push("#");
+    k.push(digest);
+    PathBuf::from(k)
+}
+
+/// The digest of a file's content, for [`FightDetector::record_repair_of`]
+/// (empty when it cannot be read: all unreadable states count as one).
+pub fn content_digest(path: &Path) -> String {
+    super::scan::read_file(path)
+        .map(|b| super::sha256::hex(&b))
+        .unwrap_or_default()
 }
 
 /// The plugin's fight history: [`FightDetector`]'s logic on wall-clock
@@ -196,8 +244,27 @@ impl PersistedFights {
             .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
     }
 
+    /// [`Self::allow`] for a repair from content with `digest`.
+    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
+        self.allow(&keyed(file, digest))
+    }
+
+    /// [`Self::record`] of a repair from content with `digest`: only
+    /// repairs of the same content count towards a fight.
+    pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
+        let fighting = self.record_keyed(&keyed(file, digest));
+        fighting.then(|| warning(file, self.threshold, self.window))
+    }
+
     /// Records a repair and saves; returns the warning when it is a fight.
     pub fn record(&mut self, file: &Path) -> Option<String> {
+        let fighting = self.record_keyed(file);
+        fighting.then(|| warning(file, self.threshold, self.window))
+    }
+
+    /// Records a repair under the history key `file` and saves; returns
+    /// whether it is a fight.
+    fn record_keyed(&mut self, file: &Path) -> bool {
         let now = wall_now();
         let w = self.window.as_secs_f64();
         for h in self.repairs.values_mut() {
@@ -212,7 +279,7 @@ impl PersistedFights {
         if let Err(e) = self.save() {
             log::debug!("cannot save {}: {e}", self.path.display());
         }
-        fighting.then(|| warning(file, self.threshold, self.window))
+        fighting
     }
 
     fn save(&self) -> std::io::Result<()> {
@@ -265,6 +332,48 @@ mod tests {
         // Once the other agent stops, the window empties and limits go.
         assert!(d.allow(f, at(200)));
         assert_eq!(d.record_repair(f, at(200)), None);
+    }
+
+    #[test]
+    fn new_content_each_time_is_no_fight_the_same_content_again_is() {
+        let f = Path::new("/x/10-calico.conflist");
+        let mut d = FightDetector::new(Duration::from_secs(60), 3);
+        let t0 = Instant::now();
+        // A primary writing new content every 200 ms: every repair allowed.
+        for i in 0..100u64 {
+            let now = t0 + Duration::from_millis(200 * i);
+            let digest = format!("content-{i}");
+            assert!(d.allow_repair_of(f, &digest, now), "write {i}");
+            assert_eq!(d.record_repair_of(f, &digest, now), None, "write {i}");
+        }
+        // The same content undone again and again: a fight, rate-limited.
+        let t1 = t0 + Duration::from_secs(30);
+        let at = |ms: u64| t1 + Duration::from_millis(ms);
+        assert_eq!(d.record_repair_of(f, "same", at(0)), None);
+        assert_eq!(d.record_repair_of(f, "same", at(100)), None);
+        assert!(d.record_repair_of(f, "same", at(200)).is_some());
+        assert!(!d.allow_repair_of(f, "same", at(300)));
+        // ...while a new content is still repaired at once.
+        assert!(d.allow_repair_of(f, "newer", at(300)));
+        // Old histories are pruned: the map stays small.
+        d.record_repair_of(f, "late", t1 + Duration::from_secs(120));
+        assert_eq!(d.repairs.len(), 1);
+    }
+
+    #[test]
+    fn persisted_history_is_per_content() {
+        let dir = std::env::temp_dir().join(format!("lcni-fight-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let f = Path::new("/x/a.conflist");
+        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
+        assert_eq!(p.record_of(f, "one"), None);
+        assert_eq!(p.record_of(f, "two"), None);
+        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
+        assert!(p.allow_of(f, "three"));
+        assert!(p.record_of(f, "one").is_some());
+        assert!(!p.allow_of(f, "one"));
+        assert!(p.allow_of(f, "four"));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -18,14 +18,17 @@
 //!   by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`],
 //!   and [`PersistedFights`] for the short-lived plugin).
+//! - owned mode, where linkerd-cni keeps a conflist of its own ([`owned`]).
 
 mod entry;
 mod error;
 mod fight;
 mod lock;
+pub mod owned;
 mod plan;
 mod repair;
 mod scan;
+mod sha256;
 mod text;
 pub mod write;
 
@@ -36,7 +39,7 @@ use serde_json::Value;
 
 pub use entry::{ENTRY_FILE, Entry, PLUGIN_TYPE, load_entry, persist_entry, remove_entry_file};
 pub use error::{ChainError, EntryProblem};
-pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights};
+pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_digest};
 pub use lock::{DirLock, lock_dir};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair, repair_locked};
 pub use scan::{CONFIG_EXTENSIONS, is_config_name};

@@ -302,12 +302,12 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
 
 /// What [`recover`] did.
 #[derive(Debug, Default)]
-struct Recovery {
+pub(crate) struct Recovery {
     /// Temp files removed: our unfinished writes, and displaced content
     /// already superseded.
-    removed: usize,
+    pub removed: usize,
     /// What was put back, one note each.
-    restored: Vec<String>,
+    pub restored: Vec<String>,
 }
 
 /// Deals with the temp files a killed repair left, before anything else is
@@ -317,7 +317,11 @@ struct Recovery {
 /// since, and only removed once something has. The lock guarantees that no
 /// live repair owns any of them. `listing.leftovers` is every place a temp
 /// file can be.
-fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recovery, ChainError> {
+pub(crate) fn recover(
+    conf_dir: &Path,
+    listing: &Listing,
+    host_root: &Path,
+) -> Result<Recovery, ChainError> {
     let mut done = Recovery::default();
     let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {

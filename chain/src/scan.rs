@@ -65,6 +65,12 @@ pub(crate) struct Listing {
     pub leftovers: Vec<PathBuf>,
     /// The symlinks among `configs`, resolved.
     pub links: Vec<Link>,
+    /// Owned mode's files (recognised by the marker inside), in load order:
+    /// never a primary, so not among `configs`.
+    pub owned: Vec<PathBuf>,
+    /// Names that are no config but look like one of our files renamed by
+    /// another agent (confirmed by the marker in [`super::owned`]).
+    pub renamed: Vec<PathBuf>,
 }
 
 /// A config that is a symlink.
@@ -211,6 +217,8 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
     let mut configs = Vec::new();
     let mut leftovers = Vec::new();
     let mut links = Vec::new();
+    let mut owned = Vec::new();
+    let mut renamed = Vec::new();
     for ent in rd {
         let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
         let name = ent.file_name();
@@ -219,6 +227,13 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
             continue;
         }
         if !is_config_name(&name) {
+            if super::owned::is_renamed_owned_name(&name) {
+                renamed.push(ent.path());
+            }
+            continue;
+        }
+        if super::owned::is_owned_name(&name) && super::owned::is_owned_file(&ent.path()) {
+            owned.push(ent.path());
             continue;
         }
         // Like Go's DirEntry.IsDir: the entry itself, not a symlink's target.
@@ -268,10 +283,14 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
     }
     leftovers.sort();
     leftovers.dedup();
+    owned.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+    renamed.sort();
     Ok(Listing {
         configs,
         leftovers,
         links,
+        owned,
+        renamed,
     })
 }
 

@@ -116,7 +116,23 @@ impl ActiveConf {
                 self.path.display()
             ));
         }
-        let last = plugins[plugins.len() - 1];
+        // In owned mode our entry also carries the marker naming the
+        // primary's file it copies: that file must exist.
+        let mut last = plugins[plugins.len() - 1].clone();
+        if let Some(marker) = last
+            .as_object_mut()
+            .and_then(|m| m.remove(crate::modes::MARKER_KEY))
+        {
+            let primary = marker["file"].as_str().unwrap_or_default();
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            if primary.is_empty() || !dir.join(primary).exists() {
+                return Err(format!(
+                    "{} copies {primary:?}, which is not in the conf dir",
+                    self.path.display()
+                ));
+            }
+        }
+        let last = &last;
         if last != desired {
             return Err(format!(
                 "the linkerd-cni entry is not the desired one:\n  found   {last}\n  desired {desired}"

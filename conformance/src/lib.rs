@@ -46,6 +46,7 @@ pub mod driver;
 pub mod expect;
 pub mod installer;
 pub mod kube;
+pub mod modes;
 pub mod node;
 pub mod results;
 pub mod sys;

@@ -5,10 +5,14 @@
 //! none; CHECK passes, and fails with our code 103 once a rule is gone; DEL
 //! passes, also after the netns is gone and when run twice. And the
 //! single-plugin `.conf`: healed into a `.conflist` that libcni then loads.
+//! The chain tests run in both chain modes (inline: our entry in the
+//! primary's file; owned: linkerd-cni's own file in front of it), and a
+//! `.conf` primary in owned mode gets a `.conflist` copy.
 
 use conformance::chains::{self, CHAIN_VERSIONS, Primary};
 use conformance::expect::*;
 use conformance::kube::{self, APP_NAMESPACE};
+use conformance::modes::{self, ChainMode};
 use conformance::results::{exact, masked};
 use conformance::{Backend, Completed, Family, Node, PodSpec};
 use serde_json::{Value, json};
@@ -34,14 +38,26 @@ fn inbound_redirect_rule() -> &'static str {
         .expect("the reference text has the inbound redirect")
 }
 
+/// The chain tests in both chain modes: the runtime must see no
+/// difference.
 fn run_chain(primary: Primary, version: &str) {
+    for mode in ChainMode::ALL {
+        eprintln!("chain mode {}", mode.as_str());
+        run_chain_in(primary, version, mode);
+    }
+}
+
+fn run_chain_in(primary: Primary, version: &str, mode: ChainMode) {
     let node = Node::new();
     let api = node.start_api_server();
     let net = node.network_name(primary.plugin_type());
     let file = format!("10-{net}.conflist");
     let write_conf = |backend: Backend| {
-        let plugins = chains::typical_chain(&node, primary, Some(linkerd_entry(&node, backend)));
-        node.write_conf(&file, &chains::conflist(&net, version, plugins))
+        let entry = mode.entry(linkerd_entry(&node, backend));
+        let plugins = chains::typical_chain(&node, primary, Some(entry));
+        mode.write_chained(&node, &file, &chains::conflist(&net, version, plugins));
+        // The file the runtime loads: the primary's (inline) or ours.
+        node.active_conf().expect("an active config")
     };
     let conf = write_conf(Backend::Legacy);
     let add_order = [primary.plugin_type(), "portmap", "tuning", "linkerd-cni"];
@@ -331,6 +347,52 @@ fn single_plugin_conf_is_healed_into_a_list_that_libcni_loads() {
         expect_steps(&deleted, "DEL", &["linkerd-cni", "ptp"]);
         node.del(&net, pod).unwrap();
     }
+    expect_no_reserved_ips(&node, &net);
+}
+
+/// Owned mode with a single-plugin `.conf` primary: linkerd-cni's own file
+/// is a `.conflist` holding the `.conf`'s plugin (its name and version) and
+/// our entry; libcni loads it for the network; the `.conf` stays untouched.
+#[test]
+fn single_plugin_conf_primary_in_owned_mode() {
+    let node = Node::new();
+    let api = node.start_api_server();
+    let net = node.network_name("single");
+    let version = "0.4.0";
+    let mut ptp = Primary::Ptp.entry(&node);
+    ptp["mtu"] = 1400.into();
+    let single = chains::single_conf(&net, version, ptp);
+    let file = format!("10-{net}.conf");
+    let conf = node.write_conf(&file, &single);
+    let bytes = std::fs::read(&conf).unwrap();
+    let entry = ChainMode::Owned.entry(linkerd_entry(&node, Backend::Legacy));
+    modes::chain_repair(&node, &entry);
+    let ours = node.conf_dir().join(ChainMode::owned_name(&file));
+    assert_eq!(node.active_conf(), Some(ours));
+    let active = node.read_active().unwrap();
+    active.healthy(&entry).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(active.json["name"], net.as_str());
+    assert_eq!(active.json["cniVersion"], version);
+    assert_eq!(exact(active.plugins()[0]), exact(&single));
+
+    let pod = node.pod(kube::serve_meshed(&api, "web-0"));
+    let added = node.add(&net, &pod).unwrap();
+    expect_steps(&added, "ADD", &["ptp", "linkerd-cni"]);
+    let mtu = added.execs("ptp").next().map(|e| e.stdin["mtu"].clone());
+    assert_eq!(mtu, Some(json!(1400)));
+    expect_pass_through(&added, version);
+    expect_reference_rules(&pod, Backend::Legacy);
+    expect_steps(
+        &node.check(&net, &pod).unwrap(),
+        "CHECK",
+        &["ptp", "linkerd-cni"],
+    );
+    node.del(&net, &pod).unwrap();
+    assert_eq!(
+        std::fs::read(&conf).unwrap(),
+        bytes,
+        "the .conf was written"
+    );
     expect_no_reserved_ips(&node, &net);
 }
 

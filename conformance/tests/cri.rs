@@ -263,6 +263,19 @@ fn primary_rewrite_without_linkerd_cni_measured_inline() {
     assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
 }
 
+/// The same rewrites in owned mode: the runtime loads linkerd-cni's own
+/// file, never the primary's rewrite, so no meshed pod comes up unmeshed
+/// (an ADD that ran an outdated copy is retried on the current one).
+#[test]
+fn primary_rewrite_without_linkerd_cni_measured_owned() {
+    let report = measure::primary_rewrites(&measure::Owned, 6);
+    eprintln!("primary rewrites, {report}");
+    assert_eq!(report.pods, 6);
+    assert!(report.broken.is_empty(), "{:#?}", report.broken);
+    assert_eq!(report.unmeshed, 0, "{report}");
+    assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+}
+
 /// linkerd-cni's image, run as the DaemonSet runs it, installs the plugin
 /// and its entry; its readiness probe passes inside the container; then
 /// pods created through CRI are meshed.

@@ -22,12 +22,21 @@
 //! healthy and holds the primary's LAST content, within one installer
 //! resync. Why the installer and not "the next ADD": the plugin heals only
 //! when a pod is created, and while another agent keeps undoing its repairs
-//! it backs off on purpose (fight detection: after 5 repairs of a file in
-//! 10 minutes, one per 2 minutes), so a final ADD may rightly leave the file
-//! alone; the installer's resync is the level-triggered reconcile the
-//! design relies on to converge. The writes stay below the installer's own
-//! fight threshold (10 repairs a minute), so one resync bounds it. Finally,
+//! it backs off on purpose (fight detection: after 5 repairs of the same
+//! content in 10 minutes, one per 2 minutes), so a final ADD may rightly
+//! leave the file alone; the installer's resync is the level-triggered
+//! reconcile the design relies on to converge. The primary writes new
+//! content each time, which is no fight, so one resync bounds it. Finally,
 //! all 50 DELs at once leave no address reserved.
+//!
+//! The storm runs in both chain modes. In owned mode the runtime loads
+//! linkerd-cni's own copy of the primary's chain, so no meshed pod may have
+//! its first ADD run without linkerd-cni, and no pod may end on a primary
+//! config older than the one on disk when its ADD began: an ADD that ran a
+//! stale copy is answered with code 11 ("try again later") and retried
+//! here as a kubelet retries a sandbox (DEL, then ADD). In inline mode
+//! these counts are reported, not asserted: the blind spot is inline
+//! mode's known limit.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,13 +45,14 @@ use std::time::{Duration, Instant};
 use conformance::chains;
 use conformance::expect::*;
 use conformance::installer;
+use conformance::modes::ChainMode;
 use conformance::results::exact;
 use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
 
 const PODS: usize = 50;
-/// Primary rewrites during the storm: below the installer's fight
-/// threshold (10 repairs a minute), so its resync alone bounds the heal.
+/// Primary rewrites during the storm, each with new content (no fight), so
+/// the installer's resync alone bounds the heal.
 const WRITES: u64 = 6;
 const WRITE_EVERY: Duration = Duration::from_millis(250);
 const RESYNC: Duration = Duration::from_secs(1);
@@ -79,7 +89,38 @@ struct Tally {
     load_retries: AtomicU64,
     recreated: AtomicU64,
     plugin_repairs: AtomicU64,
+    /// ADDs answered "try again later" (code 11: a stale owned copy ran).
+    retried_stale: AtomicU64,
+    /// Meshed pods whose first completed ADD ran without linkerd-cni.
+    first_unmeshed: AtomicU64,
+    /// Pods whose last ADD ran a primary config older than the one on disk
+    /// when that ADD began.
+    stale: AtomicU64,
     failures: Mutex<Vec<String>>,
+    /// (generation, when its write completed), generation 0 at the start.
+    written: Mutex<Vec<(u64, Instant)>>,
+}
+
+impl Tally {
+    /// The newest generation whose write completed by `t`.
+    fn on_disk_at(&self, t: Instant) -> u64 {
+        self.written
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, at)| *at <= t)
+            .map(|(g, _)| *g)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The generation of the primary's config an ADD ran (its ptp's MTU).
+fn generation_ran(run: &Completed) -> Option<u64> {
+    run.execs("ptp")
+        .next()
+        .and_then(|e| e.stdin["mtu"].as_u64())
+        .map(|m| m - 1400)
 }
 
 /// Whether libcni failed before running any plugin because it could not
@@ -106,8 +147,22 @@ fn retrying_load(tally: &Tally, op: impl Fn() -> Outcome) -> Outcome {
 
 /// One pod's ADD, retried as a kubelet would (see the module doc).
 fn add_until_done(node: &Node, net: &str, pod: &Pod, meshed: bool, tally: &Tally) {
+    let mut first = true;
     for _ in 0..MAX_ATTEMPTS {
+        let began = Instant::now();
         match retrying_load(tally, || node.add(net, pod)) {
+            Err(f) if f.code == Some(11) => {
+                // The runtime tears the sandbox down and retries it.
+                tally.retried_stale.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = retrying_load(tally, || node.del(net, pod)) {
+                    tally
+                        .failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("{}: DEL after code 11: {e}", pod.container_id()));
+                    return;
+                }
+            }
             Err(f) => {
                 tally
                     .failures
@@ -124,9 +179,16 @@ fn add_until_done(node: &Node, net: &str, pod: &Pod, meshed: bool, tally: &Tally
                 tally
                     .plugin_repairs
                     .fetch_add(repairs as u64, Ordering::Relaxed);
+                if meshed && first && !ran_linkerd(&run) {
+                    tally.first_unmeshed.fetch_add(1, Ordering::Relaxed);
+                }
+                first = false;
                 if !meshed || ran_linkerd(&run) {
                     if ran_linkerd(&run) {
                         expect_pass_through(&run, "1.0.0");
+                    }
+                    if generation_ran(&run).is_none_or(|g| g < tally.on_disk_at(began)) {
+                        tally.stale.fetch_add(1, Ordering::Relaxed);
                     }
                     return;
                 }
@@ -150,14 +212,33 @@ fn add_until_done(node: &Node, net: &str, pod: &Pod, meshed: bool, tally: &Tally
 
 #[test]
 fn fifty_concurrent_adds_while_the_primary_rewrites() {
+    storm(ChainMode::Inline);
+}
+
+#[test]
+fn fifty_concurrent_adds_while_the_primary_rewrites_owned() {
+    storm(ChainMode::Owned);
+}
+
+fn storm(mode: ChainMode) {
     let node = Node::without_linkerd_cni();
     let api = node.start_api_server_only();
     let net = node.network_name("storm");
     let file = format!("10-{net}.conflist");
     let conf_path = node.conf_dir().join(&file);
     let primary = chains::primary_generation(&node, &net, 0);
-    let inst = installer::start_and_chain(&node, &api, &file, &primary, RESYNC, RESYNC + GRACE);
-    let desired = installer::expected_entry(&node);
+    node.write_conf(&file, &primary);
+    let inst = installer::start(
+        &node,
+        &api,
+        &[
+            ("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string()),
+            mode.installer_env(),
+        ],
+    );
+    let desired = mode.entry(installer::expected_entry(&node));
+    node.wait_healthy(&desired, &primary, RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
 
     let pods: Vec<(Pod, bool)> = (0..PODS)
         .map(|i| {
@@ -172,6 +253,7 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
         .collect();
 
     let tally = Tally::default();
+    tally.written.lock().unwrap().push((0, Instant::now()));
     let lost = Mutex::new(Vec::new());
     let adds_done = AtomicBool::new(false);
     let start = Instant::now();
@@ -187,7 +269,19 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
                 // write must still be the base: a repair computed from an
                 // older one must never stick.
                 let previous = chains::primary_generation(&node, &net, generation - 1);
-                if let Err(e) = primary_write_kept(&node, &previous) {
+                let kept = match mode {
+                    ChainMode::Inline => primary_write_kept(&node, &previous),
+                    // Nothing but the primary writes its file.
+                    ChainMode::Owned => conformance::active::ActiveConf::read(&conf_path)
+                        .map(|a| exact(&a.json))
+                        .and_then(|have| {
+                            let want = exact(&previous);
+                            (have == want)
+                                .then_some(())
+                                .ok_or(format!("found {have}\n  want {want}"))
+                        }),
+                };
+                if let Err(e) = kept {
                     lost.lock()
                         .unwrap()
                         .push(format!("generation {}: {e}", generation - 1));
@@ -205,6 +299,11 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
                     std::fs::write(&conf_path, text).unwrap();
                 }
                 times.push((generation, start.elapsed()));
+                tally
+                    .written
+                    .lock()
+                    .unwrap()
+                    .push((generation, Instant::now()));
             }
             times
         });
@@ -258,9 +357,13 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
     let settled = t.elapsed();
     let mut names = vec![
         file.clone(),
+        ChainMode::owned_name(&file),
         "ZZZ-linkerd-cni-entry".to_string(),
         "ZZZ-linkerd-cni-kubeconfig".to_string(),
     ];
+    if mode == ChainMode::Inline {
+        names.retain(|n| *n != ChainMode::owned_name(&file));
+    }
     names.sort();
     assert_eq!(node.conf_dir_names(), names, "something was left behind");
 
@@ -270,6 +373,22 @@ fn fifty_concurrent_adds_while_the_primary_rewrites() {
         } else {
             expect_no_nat_rules(pod);
         }
+    }
+    let first_unmeshed = tally.first_unmeshed.load(Ordering::Relaxed);
+    let stale = tally.stale.load(Ordering::Relaxed);
+    eprintln!(
+        "storm ({} mode): {first_unmeshed} meshed pods whose first ADD ran without linkerd-cni; \
+         {stale} pods on a stale primary config; {} ADDs answered code 11 and retried; \
+         0 failed ADDs; 0 lost primary writes",
+        mode.as_str(),
+        tally.retried_stale.load(Ordering::Relaxed),
+    );
+    if mode == ChainMode::Owned {
+        assert_eq!(
+            first_unmeshed, 0,
+            "meshed pods whose first ADD ran without linkerd-cni"
+        );
+        assert_eq!(stale, 0, "pods that ended on a stale primary config");
     }
     eprintln!(
         "storm: {PODS} ADDs in {storm_time:?}; primary wrote {} times (last at {last_write:?}); \

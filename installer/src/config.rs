@@ -15,6 +15,8 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use linkerd_cni_chain::owned::{self, ChainMode};
+
 use crate::entry::{self, Entry, Template};
 
 pub const DEFAULT_DEST_CNI_NET_DIR: &str = "/etc/cni/net.d";
@@ -31,7 +33,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 21] = [
+pub const VARIABLES: [&str; 22] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -53,6 +55,7 @@ pub const VARIABLES: [&str; 21] = [
     "LINKERD_CNI_POD_NAME",
     "LINKERD_CNI_POD_NAMESPACE",
     "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
+    "LINKERD_CNI_CHAIN_MODE",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -134,6 +137,9 @@ pub struct Config {
     /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
     /// symlinked config to a file outside the conf dir (default false).
     pub chain_write_outside_conf_dir: bool,
+    /// `LINKERD_CNI_CHAIN_MODE`: written into the entry's `chain_mode`; when
+    /// unset the template's own key (if any) decides, else inline mode.
+    pub chain_mode: Option<ChainMode>,
 }
 
 impl Config {
@@ -300,6 +306,16 @@ impl Config {
             false,
         )?;
 
+        let chain_mode = match var("LINKERD_CNI_CHAIN_MODE") {
+            None => None,
+            Some(v) => Some(ChainMode::parse(v.trim()).ok_or_else(|| {
+                ConfigError::new(
+                    "LINKERD_CNI_CHAIN_MODE",
+                    format!("expected inline or owned, got {v:?}"),
+                )
+            })?),
+        };
+
         let config = Config {
             dest_cni_net_dir,
             dest_cni_bin_dir,
@@ -321,6 +337,7 @@ impl Config {
             pod_name,
             pod_namespace,
             chain_write_outside_conf_dir,
+            chain_mode,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;
@@ -363,12 +380,19 @@ impl Config {
     /// change) and renders the entry the active conflist must end with.
     pub fn desired_entry(&self) -> Result<Entry, ConfigError> {
         let text = self.template.read()?;
-        entry::render(
+        let mut e = entry::render(
             &text,
             self.template.var(),
             &self.kubeconfig_host_path(),
             &self.dest_cni_net_dir,
-        )
+        )?;
+        if let Some(m) = self.chain_mode {
+            e = e
+                .with(owned::MODE_KEY, m.as_str())
+                .map_err(|err| ConfigError::new("LINKERD_CNI_CHAIN_MODE", err.to_string()))?;
+        }
+        owned::mode_of(&e).map_err(|err| ConfigError::new(self.template.var(), err.to_string()))?;
+        Ok(e)
     }
 }
 
@@ -572,6 +596,18 @@ mod tests {
         assert!(!c.watch && c.on_exit == OnExit::Uninstall && c.skip_tls_verify);
         assert_eq!(c.kube_ca_file, Path::new("/etc/ca.pem"));
         assert_eq!(c.service_account_dir, Path::new("/sa"));
+        assert_eq!(c.chain_mode, None);
+        assert_eq!(
+            owned::mode_of(&c.desired_entry().unwrap()).unwrap(),
+            ChainMode::Inline
+        );
+        let c = env(&[("LINKERD_CNI_CHAIN_MODE", "owned")]).unwrap();
+        assert_eq!(c.chain_mode, Some(ChainMode::Owned));
+        assert_eq!(
+            owned::mode_of(&c.desired_entry().unwrap()).unwrap(),
+            ChainMode::Owned
+        );
+        assert!(env(&[("LINKERD_CNI_CHAIN_MODE", "own")]).is_err());
         // The CA default follows the service-account dir.
         let c = env(&[("LINKERD_CNI_SERVICE_ACCOUNT_DIR", "/sa")]).unwrap();
         assert_eq!(c.kube_ca_file, Path::new("/sa/ca.crt"));

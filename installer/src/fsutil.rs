@@ -1,5 +1,5 @@
 //! Atomic file replacement for what the installer owns outright (the
-//! binaries and the kubeconfig; conflists go through `linkerd_cni::chain`).
+//! binaries and the kubeconfig; conflists go through `linkerd_cni_chain`).
 //!
 //! A reader (the runtime exec'ing the plugin, the plugin reading its
 //! kubeconfig) must only ever see the old file or the new one: the content is

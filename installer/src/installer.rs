@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
 use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, write};
 use log::Level;
 
@@ -23,9 +24,11 @@ use crate::notes::Notes;
 /// The longest a pass may spend repairing the chain: a pass must stay short
 /// so that SIGTERM is answered promptly.
 const REPAIR_BUDGET: Duration = Duration::from_secs(3);
-/// This many repairs of one file within the window is a fight; repairs of it
-/// are then limited to one per window / threshold (6 s). A primary that
-/// rewrites its file now and then (a restart, an upgrade) stays far below.
+/// This many repairs of the same content of one file within the window is a
+/// fight; repairs of that content are then limited to one per window /
+/// threshold (6 s). A primary writing new content is repaired at once each
+/// time; one that rewrites the same content now and then (a restart, an
+/// upgrade) stays far below.
 const FIGHT_WINDOW: Duration = Duration::from_secs(60);
 const FIGHT_THRESHOLD: u32 = 10;
 
@@ -37,6 +40,9 @@ pub struct Installer {
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
+    /// Whether the previous pass got as far as the chain (binaries
+    /// installed, kubeconfig written).
+    chained_last_pass: bool,
     /// When the last pass held a repair back (another agent keeps undoing
     /// it), the time it is allowed again: the loop wakes then rather than
     /// at the next resync.
@@ -51,6 +57,7 @@ impl Installer {
             notes: Notes::default(),
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
+            chained_last_pass: false,
             retry_at: None,
         }
     }
@@ -104,6 +111,15 @@ impl Installer {
     /// the next pass.
     pub fn reconcile(&mut self) {
         self.retry_at = None;
+        // The chain first when the previous pass got as far as the chain:
+        // a pod created right after the primary's write must find the chain
+        // repaired, and comparing the binaries reads megabytes. The full
+        // order (binaries and kubeconfig before any config names them)
+        // holds whenever it did not.
+        if std::mem::take(&mut self.chained_last_pass) {
+            let last = self.last_entry.clone();
+            self.reconcile_mode(&last);
+        }
         let bins_ok = self.reconcile_binaries();
         if !self.reconcile_kubeconfig() {
             // The plugin could not look any pod up: every ADD outside the
@@ -128,7 +144,148 @@ impl Installer {
             );
             return;
         }
-        self.reconcile_chain(&entry);
+        self.reconcile_mode(&entry);
+        self.chained_last_pass = true;
+    }
+
+    /// The chain in the entry's mode. Owned mode falls back to the inline
+    /// repair where it does not apply; our own files go only once the
+    /// inline chain is healthy, so the runtime never loads a chain without
+    /// linkerd-cni on the way.
+    fn reconcile_mode(&mut self, entry: &Entry) {
+        if owned::mode_of(entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned
+            && self.reconcile_owned(entry)
+        {
+            return;
+        }
+        self.reconcile_chain(entry);
+        let dir = self.cfg.conf_dir();
+        if owned::has_owned(&dir).unwrap_or(false)
+            && chain::diagnose_with(&dir, entry, &self.repair_options())
+                .is_ok_and(|d| d.state == chain::ChainState::Healthy)
+        {
+            let opts = RepairOptions {
+                deadline: Some(Instant::now() + REPAIR_BUDGET),
+                ..self.repair_options()
+            };
+            match owned::retire(&dir, &opts) {
+                Ok(files) => {
+                    for f in files {
+                        log::info!(
+                            "removed {}: inline mode keeps no file of its own, and the primary's file is chained",
+                            f.display()
+                        );
+                    }
+                }
+                Err(e) => self.notes.say(
+                    "owned",
+                    Level::Error,
+                    format!("cannot remove linkerd-cni's own config: {e}"),
+                ),
+            }
+        }
+    }
+
+    /// Owned mode. Returns false when it does not apply (the inline repair
+    /// takes over).
+    fn reconcile_owned(&mut self, entry: &Entry) -> bool {
+        let dir = self.cfg.conf_dir();
+        let diag = match owned::diagnose_with(&dir, entry, &self.repair_options()) {
+            Ok(d) => d,
+            Err(e) => {
+                self.notes.say(
+                    "chain",
+                    Level::Error,
+                    format!("cannot read the CNI configs in {}: {e}", dir.display()),
+                );
+                return true;
+            }
+        };
+        let now = Instant::now();
+        let key = match (&diag.ours, &diag.marker) {
+            (Some(o), Some(m)) => Some((o.clone(), m.sha256.clone())),
+            _ => None,
+        };
+        // Our file removed again and again with the primary's chain the
+        // same: an agent that deletes foreign configs. Fall back to inline
+        // repair rather than fight it.
+        if diag.state == OwnedState::Missing
+            && let Some((ours, digest)) = &key
+            && !self.fights.allow_repair_of(ours, digest, now)
+        {
+            self.notes.say(
+                "owned",
+                Level::Warn,
+                format!(
+                    "{} keeps being removed by another agent (Cilium with cni.exclusive=true \
+                     does this): using inline repair instead; configure that agent to leave \
+                     other configs in place (for Cilium: cni.exclusive=false)",
+                    ours.display()
+                ),
+            );
+            return false;
+        }
+        match &diag.state {
+            OwnedState::Fallback { reason } => {
+                self.notes.say(
+                    "owned",
+                    Level::Warn,
+                    format!("{reason}; using inline repair"),
+                );
+                return false;
+            }
+            OwnedState::PrimaryInvalid { reason } => {
+                self.notes.say(
+                    "chain",
+                    Level::Warn,
+                    format!(
+                        "{}: {reason}; linkerd-cni's own config is left as it is until the primary's is loadable again",
+                        diag.primary.as_ref().map_or(String::new(), |p| p.display().to_string())
+                    ),
+                );
+                return true;
+            }
+            _ => {}
+        }
+        self.notes
+            .clear("owned", || "owned mode applies again".to_string());
+        if diag.is_current() {
+            self.notes.say("chain", Level::Info, owned_note(&diag));
+            return true;
+        }
+        let opts = RepairOptions {
+            deadline: Some(now + REPAIR_BUDGET),
+            ..self.repair_options()
+        };
+        match owned::sync(&dir, entry, &opts) {
+            Ok(r) => {
+                if r.changed {
+                    log::info!("{}", r.summary);
+                }
+                if r.created
+                    && let Some((ours, digest)) = &key
+                    && let Some(w) = self.fights.record_repair_of(ours, digest, now)
+                {
+                    self.notes.say("fight", Level::Warn, w);
+                }
+                match owned::diagnose_with(&dir, entry, &self.repair_options()) {
+                    Ok(d) if d.is_current() => {
+                        self.notes.assume("chain", Level::Info, owned_note(&d))
+                    }
+                    Ok(d) => {
+                        self.notes
+                            .say("chain", Level::Warn, format!("owned mode: {}", d.state))
+                    }
+                    Err(e) => self.notes.say("chain", Level::Error, e.to_string()),
+                }
+            }
+            Err(e) => self.notes.say(
+                "chain",
+                Level::Error,
+                format!("owned mode: cannot bring linkerd-cni's config up to date: {e}"),
+            ),
+        }
+        true
     }
 
     fn reconcile_binaries(&mut self) -> bool {
@@ -270,8 +427,11 @@ impl Installer {
             return;
         }
         let now = Instant::now();
-        if !self.fights.allow(&active, now) {
-            self.retry_at = Some(self.fights.next_allowed(&active, now));
+        // A fight is the same content undone again and again: what this
+        // repair starts from decides, so new content is repaired at once.
+        let digest = chain::content_digest(&active);
+        if !self.fights.allow_repair_of(&active, &digest, now) {
+            self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
             self.notes.say(
                 "chain",
                 Level::Warn,
@@ -289,8 +449,8 @@ impl Installer {
         match chain::repair(&dir, entry, &opts) {
             Ok(report) if report.changed => {
                 log::info!("{}", report.summary);
-                let file = report.file.clone().unwrap_or(active);
-                match self.fights.record_repair(&file, now) {
+                let file = report.file.clone().unwrap_or(active.clone());
+                match self.fights.record_repair_of(&active, &digest, now) {
                     Some(warning) => self.notes.say("fight", Level::Warn, warning),
                     None => self.notes.clear("fight", || {
                         format!("{} no longer needs repeated repairs", file.display())
@@ -350,6 +510,23 @@ impl Installer {
             )),
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
+        if owned::mode_of(&entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned {
+            match owned::diagnose_with(&dir, &entry, &self.repair_options()) {
+                Ok(d) if matches!(d.state, OwnedState::Fallback { .. }) => {}
+                Ok(d) if d.state == OwnedState::Current && d.is_current() => return problems,
+                Ok(d) => {
+                    problems.push(format!(
+                        "owned mode: linkerd-cni's own config is not current:\n    {}",
+                        d.to_string().trim_end().replace('\n', "\n    ")
+                    ));
+                    return problems;
+                }
+                Err(e) => {
+                    problems.push(format!("chain in {}: {e}", dir.display()));
+                    return problems;
+                }
+            }
+        }
         match chain::diagnose_with(&dir, &entry, &self.repair_options()) {
             Ok(d) if d.is_healthy() => {}
             Ok(d) => problems.push(format!(
@@ -371,6 +548,18 @@ impl Installer {
             if !dir.is_dir() {
                 // No conf dir: no config can name the plugin.
                 return Ok(());
+            }
+            // Our own files first: the primary's (without our entry in
+            // owned mode) becomes the active config again.
+            let own = owned::retire(&dir, &opts).map_err(|e| {
+                format!(
+                    "cannot remove linkerd-cni's own configs from {}: {e}; \
+                     leaving the binary in place so no config names a missing plugin",
+                    dir.display()
+                )
+            })?;
+            for f in own {
+                log::info!("removed {} ({pass})", f.display());
             }
             let files = chain::remove_entries(&dir, &opts).map_err(|e| {
                 format!(
@@ -422,6 +611,17 @@ impl Installer {
         } else {
             Err(failed.join("; "))
         }
+    }
+}
+
+fn owned_note(d: &OwnedDiagnosis) -> String {
+    match (&d.ours, &d.primary) {
+        (Some(o), Some(p)) => format!(
+            "linkerd-cni is chained in its own {}, a current copy of {}",
+            o.display(),
+            p.display()
+        ),
+        _ => format!("owned mode: {}", d.state),
     }
 }
 

@@ -23,9 +23,12 @@ use crate::signals::Signals;
 use crate::taint::StartupTaint;
 use crate::watch::Watcher;
 
-/// After a relevant event, wait for this much quiet before reconciling, so a
-/// burst of writes (an agent rewriting its config, the kubelet swapping a
-/// secret) costs one pass rather than one per event.
+/// The first event after a quiet spell is acted on at once: a pod created
+/// right after the primary's write must find the chain repaired. Events
+/// that follow within this much of a pass (the rest of a burst: an agent
+/// rewriting its config in several steps, the kubelet swapping a secret,
+/// our own writes) wait for this much quiet, so a burst costs one more
+/// pass rather than one per event.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// ...but never wait longer than this after the first event of a burst.
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
@@ -78,6 +81,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
 
+    let mut last_event: Option<Instant> = None;
     loop {
         if let Some(w) = watcher.as_mut() {
             for e in w.arm() {
@@ -97,7 +101,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
             Some(t) => t.min(started + cfg.resync),
             None => started + cfg.resync,
         };
-        match wait(&signals, watcher.as_mut(), next) {
+        match wait(&signals, watcher.as_mut(), next, &mut last_event) {
             Wake::Timer | Wake::Event => {}
             Wake::Signal(sig) => return shutdown(&inst, sig),
         }
@@ -150,9 +154,15 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
     }
 }
 
-/// Sleeps until the resync deadline, a signal, or a relevant (debounced)
-/// event, whichever comes first.
-fn wait(signals: &Signals, mut watcher: Option<&mut Watcher>, deadline: Instant) -> Wake {
+/// Sleeps until the resync deadline, a signal, or a relevant event,
+/// whichever comes first: at once for the first event after a quiet spell
+/// (`last_event`: when an event last woke the loop), debounced within a burst.
+fn wait(
+    signals: &Signals,
+    mut watcher: Option<&mut Watcher>,
+    deadline: Instant,
+    last_event: &mut Option<Instant>,
+) -> Wake {
     let mut burst: Option<(Instant, Instant)> = None; // (first event, last event)
     loop {
         if let Some(sig) = signals.pending() {
@@ -165,6 +175,7 @@ fn wait(signals: &Signals, mut watcher: Option<&mut Watcher>, deadline: Instant)
         };
         if now >= until {
             return if burst.is_some() {
+                *last_event = Some(now);
                 Wake::Event
             } else {
                 Wake::Timer
@@ -194,6 +205,10 @@ fn wait(signals: &Signals, mut watcher: Option<&mut Watcher>, deadline: Instant)
             && w.drain()
         {
             let now = Instant::now();
+            if burst.is_none() && last_event.is_none_or(|t| now.duration_since(t) >= DEBOUNCE) {
+                *last_event = Some(now);
+                return Wake::Event;
+            }
             burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
         }
     }

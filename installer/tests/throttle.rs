@@ -1,5 +1,5 @@
-//! A repair held back by the fight rate limit (10 repairs of one file
-//! within 60 s: then one per 6 s) is retried as soon as the limit allows,
+//! A repair held back by the fight rate limit (10 repairs of the same
+//! content of one file within 60 s: then one per 6 s) is retried as soon as the limit allows,
 //! not at the next resync.
 
 mod common;
@@ -21,11 +21,12 @@ fn throttled_repair_is_retried_when_the_limit_allows() {
     let inst = node.start(&[("LINKERD_CNI_RESYNC_SECONDS", RESYNC)]);
     node.wait_healthy(GRACE * 4)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
-    // The primary undoes the entry again and again: the 10th repair within
-    // the window makes it a fight.
+    // The primary undoes the entry again and again, with the same content
+    // (a fight is that, not a primary writing new content): the 10th repair
+    // within the window makes it a fight.
     let mut last_repair = Instant::now();
     for v in 1..=9 {
-        node.write_by_rename("10-calico.conflist", &calico_text(v));
+        node.write_by_rename("10-calico.conflist", &calico_text(0));
         node.wait_healthy(GRACE * 4)
             .unwrap_or_else(|e| panic!("rewrite {v}: {e}\n{}", inst.log()));
         last_repair = Instant::now();
@@ -36,7 +37,7 @@ fn throttled_repair_is_retried_when_the_limit_allows() {
         inst.log()
     );
     // Once more: held back, until INTERVAL after the last repair.
-    node.write_by_rename("10-calico.conflist", &calico_text(100));
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
     let t = Instant::now();
     assert!(
         inst.wait_log("not repairing it again yet", GRACE * 4),

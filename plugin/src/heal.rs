@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use linkerd_cni_chain::{
-    ChainError, Entry, PersistedFights, RepairOptions, diagnose_with, load_entry, repair_locked,
+    ChainError, Entry, PersistedFights, RepairOptions, content_digest, diagnose_with, load_entry,
+    repair_locked,
 };
 
 use crate::cni::NetConf;
@@ -21,8 +22,9 @@ use crate::config::PluginConfig;
 /// the entry in the conflist.
 const INJECTED: [&str; 5] = ["name", "cniVersion", "prevResult", "runtimeConfig", "args"];
 
-/// Fight detection for the plugin: this many repairs of one file in this
-/// window is a fight (then at most one repair per window / threshold).
+/// Fight detection for the plugin: this many repairs of the same content of
+/// one file in this window is a fight (then at most one repair of that
+/// content per window / threshold).
 const FIGHT_WINDOW: Duration = Duration::from_secs(600);
 const FIGHT_THRESHOLD: u32 = 5;
 
@@ -97,7 +99,11 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
     // A look without the lock: at worst one repair more is allowed. The
     // record below is made under the lock.
     let fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
-    if diag.state.is_repairable() && !fights.allow(&active) {
+    // A fight is the same content undone again and again: keyed by what
+    // the repair starts from, so a primary writing new content is repaired
+    // at once each time.
+    let digest = content_digest(&active);
+    if diag.state.is_repairable() && !fights.allow_of(&active, &digest) {
         log::warn!(
             "chain check: {}: {}; repair postponed: this file is being rewritten again and again by another agent (see earlier warnings)",
             active.display(),
@@ -119,7 +125,7 @@ pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
             // leave their record instead of overwriting one another's.
             let mut fights =
                 PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
-            let fight = fights.record(r.file.as_deref().unwrap_or(&active));
+            let fight = fights.record_of(&active, &digest);
             drop(lock);
             log::warn!("chain {}", r.summary);
             if let Some(w) = fight {
@@ -386,15 +392,33 @@ mod tests {
         // window / threshold (two minutes), so none more in this test.
         assert_eq!(repairs, 5);
         let saved: Value = serde_json::from_str(&n.state.read(FIGHT_STATE_FILE)).unwrap();
-        let key = n.conf.path().join("10-calico.conflist");
-        assert_eq!(
-            saved[key.to_string_lossy().as_ref()]
-                .as_array()
-                .unwrap()
-                .len(),
-            5
+        // Kept per content: the digest of what each repair started from.
+        let same = n.state.write("calico-copy", CALICO);
+        let key = format!(
+            "{}#{}",
+            n.conf.path().join("10-calico.conflist").display(),
+            content_digest(&same)
         );
+        assert_eq!(saved[key.as_str()].as_array().unwrap().len(), 5, "{saved}");
     }
+
+    #[test]
+    fn a_primary_writing_new_content_is_repaired_every_time() {
+        let n = node();
+        let conf = stdin(&n, &[]);
+        for i in 0..20 {
+            // New content each time: no fight, however often.
+            let text = CALICO.replace("1440", &format!("{}", 1400 + i));
+            assert_ne!(text, CALICO, "the fixture has an MTU of 1440");
+            let f = n.conf.write("10-calico.conflist", &text);
+            heal(&conf);
+            assert!(
+                fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE),
+                "write {i} not repaired"
+            );
+        }
+    }
+
     #[test]
     fn concurrent_repairs_each_leave_a_record() {
         // Each ADD is invoked with a different entry, so each finds the

@@ -12,7 +12,8 @@
 //!   installer shares.
 //! - [`config`]: linkerd-cni's own keys of that network config, compatible
 //!   with upstream's.
-//! - [`plugin`]: what each CNI command does.
+//! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
+//!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
@@ -25,5 +26,6 @@ pub mod iptables;
 pub mod k8s;
 pub mod logging;
 pub mod netns;
+pub mod owned_add;
 pub mod plugin;
 pub mod pod;

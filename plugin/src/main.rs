@@ -11,6 +11,7 @@ use linkerd_cni::cni::{self, CniError, code};
 use linkerd_cni::config::{DEFAULT_CONF_DIR, PluginConfig};
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
+use linkerd_cni_chain::owned::{self, ChainMode};
 use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
 
 const USAGE: &str = "\
@@ -24,13 +25,17 @@ USAGE:
     linkerd-cni version     print the version and the CNI versions supported
     linkerd-cni --help      print this help
     linkerd-cni chain status [--conf-dir DIR] [--entry FILE]
-                            show the active network config and whether the
-                            linkerd-cni entry is in place (exit 0 healthy,
-                            1 not healthy, 2 error)
+                            show the chain mode (the entry's chain_mode:
+                            inline or owned), the active network config and
+                            whether the linkerd-cni entry is in place; in
+                            owned mode our file, the primary's and whether
+                            the copy is current (exit 0 healthy, 1 not
+                            healthy, 2 error)
     linkerd-cni chain repair [--conf-dir DIR] [--entry FILE]
                             put the linkerd-cni entry last in the active
-                            config (under the conf-dir lock, atomically) and
-                            print what changed (exit 0 healthy afterwards,
+                            config (inline mode) or bring linkerd-cni's own
+                            config up to date (owned mode), under the
+                            conf-dir lock, atomically, and print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
     linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
                             [--timeout-seconds N]
@@ -117,6 +122,10 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         Ok(e) => e,
         Err(msg) => return fail(&msg),
     };
+    let mode = match owned::mode_of(&desired) {
+        Ok(m) => m,
+        Err(e) => return fail(&e.to_string()),
+    };
     // As the plugin itself would repair: the entry's own settings.
     let opts = RepairOptions {
         write_outside_conf_dir: PluginConfig::from_map(&desired)
@@ -124,27 +133,17 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         ..RepairOptions::default()
     };
     match cmd {
-        "status" => match chain::diagnose_with(&conf_dir, &desired, &opts) {
-            Ok(d) => {
-                print!("{d}");
-                print_transport_warnings(&desired);
-                if d.is_healthy() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
+        "status" => match status(&conf_dir, &desired, mode, &opts) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
             Err(e) => fail(&e.to_string()),
         },
-        "repair" => match chain::repair(&conf_dir, &desired, &opts) {
+        "repair" => match owned::converge(&conf_dir, &desired, &opts) {
             Ok(r) => {
                 println!("{}", r.summary);
-                match chain::diagnose_with(&conf_dir, &desired, &opts) {
-                    Ok(d) if d.state == chain::ChainState::Healthy => ExitCode::SUCCESS,
-                    Ok(d) => {
-                        print!("{d}");
-                        ExitCode::from(1)
-                    }
+                match status(&conf_dir, &desired, mode, &opts) {
+                    Ok(true) => ExitCode::SUCCESS,
+                    Ok(false) => ExitCode::from(1),
                     Err(e) => fail(&e.to_string()),
                 }
             }
@@ -170,6 +169,41 @@ fn split_flag<'a, 'b>(
         (Some(v), _) => Ok((name, v, tail)),
         (None, Some((&v, t))) => Ok((name, v, t)),
         (None, None) => Err(format!("{name} needs a value")),
+    }
+}
+
+/// Prints the chain's state in `mode`; returns whether it is healthy.
+fn status(
+    conf_dir: &Path,
+    desired: &Entry,
+    mode: ChainMode,
+    opts: &RepairOptions,
+) -> Result<bool, chain::ChainError> {
+    println!("mode:          {mode}");
+    let inline = chain::diagnose_with(conf_dir, desired, opts)?;
+    print_transport_warnings(desired);
+    match mode {
+        ChainMode::Inline => {
+            print!("{inline}");
+            let ours = owned::has_owned(conf_dir)?;
+            if ours {
+                println!(
+                    "note:          linkerd-cni's own config (owned mode) is still in place; repair removes it once the primary's file is chained"
+                );
+            }
+            Ok(inline.is_healthy() && !ours)
+        }
+        ChainMode::Owned => {
+            let o = owned::diagnose_with(conf_dir, desired, opts)?;
+            print!("{o}");
+            if matches!(o.state, owned::OwnedState::Fallback { .. }) {
+                println!("inline chain (used instead):");
+                print!("{inline}");
+                return Ok(inline.is_healthy() && o.owned.is_empty());
+            }
+            // No primary config is not healthy either: nothing is chained.
+            Ok(o.state == owned::OwnedState::Current && o.is_current())
+        }
     }
 }
 

@@ -38,7 +38,11 @@ impl cni::Plugin for LinkerdCni {
         let deadline = Instant::now() + config.add_deadline;
         let mut heal = config.clone();
         heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
-        crate::heal::heal_on_add(&inv.conf, &heal);
+        // Owned mode first: an ADD that ran a stale owned copy is sent back
+        // (code 11) without the pod's work.
+        if crate::owned_add::before_add(&inv.conf, &heal)? == crate::owned_add::Next::HealInline {
+            crate::heal::heal_on_add(&inv.conf, &heal);
+        }
         pod::add_until(inv, &config, deadline)?;
         Ok(inv.conf.pass_through_result())
     }

@@ -11,6 +11,7 @@
 
 pub mod cri_bench;
 pub mod leftovers;
+pub mod mode_bench;
 pub mod scenario;
 pub mod stats;
 pub mod stop;

@@ -16,6 +16,7 @@ use testkit::FakeApiServer;
 use super::containerd::CriNode;
 use crate::chains::{self, Primary};
 use crate::kube::{self, APP_NAMESPACE};
+use crate::modes::{ChainMode, MARKER_KEY};
 use crate::node::Node;
 
 /// One way of keeping linkerd-cni's entry in the node's active chain.
@@ -61,6 +62,45 @@ impl ChainKeeping for Inline {
     }
 }
 
+/// Owned mode: linkerd-cni keeps its own conflist, a copy of the
+/// primary's chain with its entry last, sorting before the primary's file,
+/// so the runtime never loads the primary's rewrite without linkerd-cni;
+/// an ADD that ran a copy older than the primary's file is answered "try
+/// again later" (CNI code 11) and retried, as the kubelet retries a sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct Owned;
+
+impl ChainKeeping for Owned {
+    fn name(&self) -> String {
+        ChainMode::Owned.as_str().into()
+    }
+
+    fn start(&self, node: &CriNode, api: &FakeApiServer) -> Box<dyn Any> {
+        Box::new(crate::installer::start(
+            node,
+            api,
+            &[
+                ("LINKERD_CNI_WATCH", "true"),
+                ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+                ChainMode::Owned.installer_env(),
+            ],
+        ))
+    }
+
+    /// Our own file: linkerd-cni last, carrying the marker of the
+    /// primary's chain it copies.
+    fn is_meshing(&self, source: &Value) -> bool {
+        source["plugins"]
+            .as_array()
+            .and_then(|p| p.last())
+            .is_some_and(|last| last["type"] == "linkerd-cni" && last[MARKER_KEY].is_object())
+    }
+}
+
+/// RunPodSandbox attempts per pod: a failure whose message asks to try
+/// again (CNI code 11) is retried, as the kubelet retries a sandbox.
+const ATTEMPTS: usize = 5;
+
 /// What [`primary_rewrites`] saw.
 #[derive(Debug, Clone)]
 pub struct RewriteReport {
@@ -69,6 +109,9 @@ pub struct RewriteReport {
     pub pods: usize,
     /// Of those, the ones whose sandbox has no linkerd-cni rules.
     pub unmeshed: usize,
+    /// RunPodSandbox calls that failed asking to try again (CNI code 11)
+    /// and were retried.
+    pub retried: usize,
     /// Pods whose sandbox had some but not exactly the reference rules, or
     /// whose RunPodSandbox failed: never acceptable.
     pub broken: Vec<String>,
@@ -80,8 +123,8 @@ impl std::fmt::Display for RewriteReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} of {} meshed pods created right after the primary's rewrite came up unmeshed",
-            self.keeping, self.unmeshed, self.pods
+            "{}: {} of {} meshed pods created right after the primary's rewrite came up unmeshed; {} RunPodSandbox calls answered \"try again\" and retried",
+            self.keeping, self.unmeshed, self.pods, self.retried
         )
     }
 }
@@ -112,6 +155,7 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
         keeping: keeping.name(),
         pods: 0,
         unmeshed: 0,
+        retried: 0,
         broken: Vec::new(),
         left_behind: Vec::new(),
     };
@@ -129,7 +173,17 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
         let name = format!("web-{round}");
         kube::serve_meshed(&api, &name);
         report.pods += 1;
-        match node.run_pod(APP_NAMESPACE, &name) {
+        let mut run = node.run_pod(APP_NAMESPACE, &name);
+        for _ in 1..ATTEMPTS {
+            match &run {
+                Err(e) if e.to_string().contains("try again") => {
+                    report.retried += 1;
+                    run = node.run_pod(APP_NAMESPACE, &name);
+                }
+                _ => break,
+            }
+        }
+        match run {
             Ok(sbx) => {
                 let ns = sbx.netns();
                 if ns.has_linkerd_rules() {

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
 use conformance::{Completed, Node, PodSpec, artifacts};
+use linkerd_cni_tools::mode_bench;
 use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
@@ -93,19 +94,26 @@ fn story() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] => Plan::full(),
-        ["--quick"] => Plan::quick(),
+        [] | ["--modes"] => Plan::full(),
+        ["--quick"] | ["--modes", "--quick"] => Plan::quick(),
         _ => {
-            eprintln!("usage: bench [--quick]");
+            eprintln!("usage: bench [--modes] [--quick]");
             return ExitCode::from(2);
         }
     };
+    // `--modes`: only the chain modes' side-by-side figures.
+    let only_modes = args.first().is_some_and(|a| a == "--modes");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
-    match stop::run_story(|| run(&plan)) {
+    let result = if only_modes {
+        stop::run_story(|| run_modes(&plan))
+    } else {
+        stop::run_story(|| run(&plan))
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Interrupted) => {
             eprintln!("bench: interrupted");
@@ -157,7 +165,35 @@ fn run(plan: &Plan) -> Result<(), Stop> {
     plugin_repair(&bench, plan)?;
     progress("5/5 concurrent ADDs");
     throughput(&bench, plan)?;
+    modes(plan)?;
 
+    println!();
+    println!(
+        "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The chain modes side by side (`linkerd_cni_tools::mode_bench`).
+fn modes(plan: &Plan) -> Result<(), Stop> {
+    progress("chain modes: heal latency, inline vs owned, watch vs resync");
+    mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
+    progress("chain modes: the healthy check per ADD, inline vs owned");
+    mode_bench::check_cost(plan.repair_pairs)?;
+    progress("chain modes: a meshed pod right after the primary's rewrite");
+    mode_bench::pod_after_rewrite(plan.installer_heals * 2)
+}
+
+fn run_modes(plan: &Plan) -> Result<(), Stop> {
+    let started = Instant::now();
+    let cpus = pin_two_cpus();
+    let bins = Binaries::find().map_err(fail)?;
+    let _ = artifacts::cnidriver();
+    let load_before = loadavg();
+    print_machine(&cpus, &bins);
+    modes(plan)?;
     println!();
     println!(
         "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",

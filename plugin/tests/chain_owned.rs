@@ -1,0 +1,171 @@
+//! Owned chain mode through the real binary: `chain status` and `chain
+//! repair` as an operator runs them, and ADDs as a runtime runs them from
+//! linkerd-cni's own file, current or stale.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use testkit::TempDir;
+use testkit::chain::{desired, fixtures};
+
+const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
+const OURS: &str = "10-calico-linkerd-cni.conflist";
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn chain(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("chain")
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("run linkerd-cni chain")
+}
+
+fn run_add(stdin: &[u8]) -> Output {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs([
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "3f1c2b9a7e"),
+            ("CNI_NETNS", "/var/run/netns/cni-1234"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
+            ),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The owned-mode entry for a conf dir, its kubeconfig present (the
+/// plugin writes only while it exists), as a JSON file for `--entry`.
+struct Setup {
+    conf: TempDir,
+    _aux: TempDir,
+    entry_file: std::path::PathBuf,
+}
+
+fn setup(tag: &str) -> Setup {
+    let conf = TempDir::new(tag).unwrap();
+    fs::copy(
+        fixtures().join("calico/in/10-calico.conflist"),
+        conf.join("10-calico.conflist"),
+    )
+    .unwrap();
+    let aux = TempDir::new(&format!("{tag}-aux")).unwrap();
+    let mut entry = desired();
+    entry.insert("chain_mode".into(), "owned".into());
+    entry.insert("cni_conf_dir".into(), conf.path().to_string_lossy().into());
+    entry.insert("state_dir".into(), aux.path().to_string_lossy().into());
+    let kc = aux.write("kubeconfig", "apiVersion: v1\n");
+    entry.insert("kubernetes".into(), serde_json::json!({ "kubeconfig": kc }));
+    let entry_file = aux.write("entry.json", &Value::Object(entry.clone()).to_string());
+    Setup {
+        conf,
+        _aux: aux,
+        entry_file,
+    }
+}
+
+impl Setup {
+    fn args<'a>(&'a self, cmd: &'a str) -> Vec<&'a str> {
+        vec![
+            cmd,
+            "--conf-dir",
+            self.conf.path().to_str().unwrap(),
+            "--entry",
+            self.entry_file.to_str().unwrap(),
+        ]
+    }
+
+    /// Our entry as the runtime hands it to the plugin, loaded from our file.
+    fn stdin_from_ours(&self) -> Vec<u8> {
+        let ours: Value =
+            serde_json::from_str(&fs::read_to_string(self.conf.join(OURS)).unwrap()).unwrap();
+        let mut e = ours["plugins"].as_array().unwrap().last().unwrap().clone();
+        e["name"] = ours["name"].clone();
+        e["cniVersion"] = ours["cniVersion"].clone();
+        e["prevResult"] = serde_json::json!({"cniVersion": "0.3.1", "interfaces": [], "ips": []});
+        e.to_string().into_bytes()
+    }
+}
+
+#[test]
+fn status_and_repair_in_owned_mode() {
+    let s = setup("owned-cli");
+    let primary = fs::read(s.conf.join("10-calico.conflist")).unwrap();
+    let o = chain(&s.args("status"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("mode:          owned"), "{}", text(&o));
+    assert!(out.contains("our file is missing"), "{}", text(&o));
+
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(s.conf.join(OURS).exists());
+    assert_eq!(
+        fs::read(s.conf.join("10-calico.conflist")).unwrap(),
+        primary
+    );
+
+    let o = chain(&s.args("status"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("10-calico.conflist"), "{}", text(&o));
+    assert!(out.contains(OURS), "{}", text(&o));
+    assert!(out.contains("current"), "{}", text(&o));
+}
+
+#[test]
+fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
+    let s = setup("owned-add");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let current = s.stdin_from_ours();
+    let o = run_add(&current);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The primary rewrites its file after the runtime loaded our copy.
+    let p = s.conf.join("10-calico.conflist");
+    let newer = fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"mtu\": 0", "\"mtu\": 1450");
+    assert!(newer.contains("1450"), "the fixture's MTU changed");
+    fs::write(&p, newer).unwrap();
+    let o = run_add(&current);
+    assert!(!o.status.success(), "{}", text(&o));
+    let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert_eq!(err["code"], 11, "{}", text(&o));
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("changed"),
+        "{}",
+        text(&o)
+    );
+    // The copy follows, and the retry (from the new copy) passes.
+    let ours = fs::read_to_string(s.conf.join(OURS)).unwrap();
+    assert!(ours.contains("1450"), "{ours}");
+    let o = run_add(&s.stdin_from_ours());
+    assert!(o.status.success(), "{}", text(&o));
+}
