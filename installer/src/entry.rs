@@ -52,7 +52,7 @@ impl Template {
     pub fn read(&self) -> Result<String, ConfigError> {
         match self {
             Template::Env(t) => Ok(t.clone()),
-            Template::File(p) => std::fs::read_to_string(p).map_err(|e| {
+            Template::File(p) => crate::fsutil::read_capped_text(p).map_err(|e| {
                 ConfigError::new(
                     "CNI_NETWORK_CONFIG_FILE",
                     format!("cannot read {}: {e}", p.display()),

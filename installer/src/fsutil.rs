@@ -95,9 +95,36 @@ pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
     }
 }
 
-/// Reads `path`; Ok(None) when absent.
+/// The most the installer reads of a token, a CA bundle, the entry template
+/// or a kubeconfig: far above any real one, far below the container's
+/// memory limit, so that a wrong mount (a device, a huge file) is an error
+/// that names the file rather than an out-of-memory kill.
+pub const READ_LIMIT: u64 = 1 << 20;
+
+/// Reads at most [`READ_LIMIT`] bytes of `path`; a longer file is an
+/// `InvalidData` error that says so.
+pub fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    File::open(path)?
+        .take(READ_LIMIT + 1)
+        .read_to_end(&mut buf)?;
+    if buf.len() as u64 > READ_LIMIT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {READ_LIMIT} bytes: not a file the installer reads"),
+        ));
+    }
+    Ok(buf)
+}
+
+/// [`read_capped`], as UTF-8 text.
+pub fn read_capped_text(path: &Path) -> io::Result<String> {
+    String::from_utf8(read_capped(path)?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Reads `path` (at most [`READ_LIMIT`] bytes); Ok(None) when absent.
 pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
-    match fs::read(path) {
+    match read_capped(path) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FsError::new("cannot read", path, e)),
@@ -153,8 +180,26 @@ mod tests {
         fs::remove_dir_all(&t).unwrap();
     }
 
+    #[test]
+    fn reads_are_capped() {
+        let t = fresh_dir();
+        let (ok, big) = (t.join("ok"), t.join("big"));
+        fs::write(&ok, vec![b'a'; READ_LIMIT as usize]).unwrap();
+        fs::write(&big, vec![b'a'; READ_LIMIT as usize + 1]).unwrap();
+        assert_eq!(read_capped(&ok).unwrap().len() as u64, READ_LIMIT);
+        let e = read_capped(&big).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("larger than"), "{e}");
+        assert!(read_optional(&big).is_err());
+        fs::remove_dir_all(&t).unwrap();
+    }
+
     fn fresh_dir() -> PathBuf {
-        let p = std::env::temp_dir().join(format!("lcni-fsutil-{}", std::process::id()));
+        let p = std::env::temp_dir().join(format!(
+            "lcni-fsutil-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = fs::remove_dir_all(&p);
         fs::create_dir_all(&p).unwrap();
         p

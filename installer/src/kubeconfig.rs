@@ -145,7 +145,7 @@ fn quoted(s: &str) -> String {
 /// files as they are now.
 pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
     let token_path = cfg.service_account_dir.join("token");
-    let token = fs::read_to_string(&token_path).map_err(|source| KubeconfigError::Token {
+    let token = fsutil::read_capped_text(&token_path).map_err(|source| KubeconfigError::Token {
         path: token_path.clone(),
         source,
     })?;
@@ -162,7 +162,7 @@ pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
     let tls = if cfg.skip_tls_verify {
         "    insecure-skip-tls-verify: true\n".to_string()
     } else {
-        match fs::read(&cfg.kube_ca_file) {
+        match fsutil::read_capped(&cfg.kube_ca_file) {
             Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => {
                 return Err(KubeconfigError::EmptyCa {
                     path: cfg.kube_ca_file.clone(),

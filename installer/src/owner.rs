@@ -69,7 +69,7 @@ fn identity(cfg: &Config) -> Result<(String, String), String> {
 }
 
 fn read_word(p: &Path) -> Option<String> {
-    let s = std::fs::read_to_string(p).ok()?;
+    let s = crate::fsutil::read_capped_text(p).ok()?;
     let s = s.trim();
     (!s.is_empty()).then(|| s.to_string())
 }
