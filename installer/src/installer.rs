@@ -7,7 +7,7 @@
 //! happened in between (a missed event, a restart, a rotated token), the
 //! pass converges on the right state.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
@@ -254,22 +254,35 @@ impl Installer {
                 .log_change("chain", Level::Info, owned_note(&diag));
             return true;
         }
+        self.sync_owned(&dir, entry, key.as_ref(), now);
+        true
+    }
+
+    /// Brings our owned-mode file up to date, counting its re-creations
+    /// (`key`: our file and the primary's chain digest) as a fight.
+    fn sync_owned(
+        &mut self,
+        dir: &Path,
+        entry: &Entry,
+        key: Option<&(PathBuf, String)>,
+        now: Instant,
+    ) {
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
             ..self.repair_options()
         };
-        match owned::sync(&dir, entry, &opts) {
+        match owned::sync(dir, entry, &opts) {
             Ok(r) => {
                 if r.changed {
                     log::info!("{}", r.summary);
                 }
                 if r.created
-                    && let Some((ours, digest)) = &key
+                    && let Some((ours, digest)) = key
                     && let Some(w) = self.fights.record_repair_of(ours, digest, now)
                 {
                     self.notes.log_change("fight", Level::Warn, w);
                 }
-                match owned::diagnose_with(&dir, entry, &self.repair_options()) {
+                match owned::diagnose_with(dir, entry, &self.repair_options()) {
                     Ok(d) if d.is_current() => {
                         self.notes.mark_logged("chain", Level::Info, owned_note(&d))
                     }
@@ -287,7 +300,6 @@ impl Installer {
                 format!("owned mode: cannot bring linkerd-cni's config up to date: {e}"),
             ),
         }
-        true
     }
 
     fn reconcile_binaries(&mut self) -> bool {
