@@ -194,20 +194,7 @@ fn repair_under(
                 path: active.clone(),
             });
         }
-        let (outcome, file, how) = match Kind::of(active) {
-            Kind::List => {
-                let real = writable(&listing, active)?;
-                let (o, via) = replace(active, &real, &base, opts.deadline, |b| {
-                    plan::repaired(Kind::List, b, desired)
-                })?;
-                (o, active.clone(), via)
-            }
-            Kind::Single => {
-                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts)?;
-                let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
-                (o, dst, how)
-            }
-        };
+        let (outcome, file, how) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
         match outcome {
             Replacement::Superseded => {
                 notes.push(format!(
@@ -238,6 +225,33 @@ fn repair_under(
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
         attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Writes the repair of `active` from `base`: a list in place, a single
+/// config converted to a list. Returns how it ended, the file that holds
+/// the chain, and a note for the summary.
+fn write_repair(
+    conf_dir: &Path,
+    listing: &Listing,
+    active: &Path,
+    base: &[u8],
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(Replacement, PathBuf, String), ChainError> {
+    Ok(match Kind::of(active) {
+        Kind::List => {
+            let real = writable(listing, active)?;
+            let (o, via) = replace(active, &real, base, opts.deadline, |b| {
+                plan::repaired(Kind::List, b, desired)
+            })?;
+            (o, active.to_path_buf(), via)
+        }
+        Kind::Single => {
+            let (o, dst) = convert(conf_dir, listing, active, base, desired, opts)?;
+            let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
+            (o, dst, how)
+        }
     })
 }
 
