@@ -194,20 +194,7 @@ fn repair_under(
                 path: active.clone(),
             });
         }
-        let (outcome, file, how) = match Kind::of(active) {
-            Kind::List => {
-                let real = writable(&listing, active)?;
-                let (o, via) = replace(active, &real, &base, opts.deadline, |b| {
-                    plan::repaired(Kind::List, b, desired)
-                })?;
-                (o, active.clone(), via)
-            }
-            Kind::Single => {
-                let (o, dst) = convert(conf_dir, &listing, active, &base, desired, opts)?;
-                let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
-                (o, dst, how)
-            }
-        };
+        let (outcome, file, how) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
         match outcome {
             Replacement::Superseded => {
                 notes.push(format!(
@@ -238,6 +225,33 @@ fn repair_under(
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
         attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Writes the repair of `active` from `base`: a list in place, a single
+/// config converted to a list. Returns how it ended, the file that holds
+/// the chain, and a note for the summary.
+fn write_repair(
+    conf_dir: &Path,
+    listing: &Listing,
+    active: &Path,
+    base: &[u8],
+    desired: &Entry,
+    opts: &RepairOptions,
+) -> Result<(Replacement, PathBuf, String), ChainError> {
+    Ok(match Kind::of(active) {
+        Kind::List => {
+            let real = writable(listing, active)?;
+            let (o, via) = replace(active, &real, base, opts.deadline, |b| {
+                plan::repaired(Kind::List, b, desired)
+            })?;
+            (o, active.to_path_buf(), via)
+        }
+        Kind::Single => {
+            let (o, dst) = convert(conf_dir, listing, active, base, desired, opts)?;
+            let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
+            (o, dst, how)
+        }
     })
 }
 
@@ -616,19 +630,32 @@ fn swap_loop(
         candidate = Candidate::Restore(held, displaced);
     }
     if let Candidate::Restore(newest, bytes) = candidate {
-        // Put the newest content we hold back in place, once more.
-        let newest = mark_restore(&newest, target, &expected, bytes.as_deref())
-            .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
-        if write::exchange(&newest, real).is_ok()
-            && scan::read_file(&newest).ok().as_deref() == Some(&expected[..])
-        {
-            let _ = fs::remove_file(&newest);
-        }
+        put_back_newest(real, dir, target, &newest, &expected, bytes.as_deref())?;
     }
     Err(ChainError::Contended {
         path: real.to_path_buf(),
         attempts: MAX_SWAPS,
     })
+}
+
+/// Out of swaps while holding someone's displaced content at `newest`: put
+/// it back in place, once more, in place of `expected`.
+fn put_back_newest(
+    real: &Path,
+    dir: &Path,
+    target: u64,
+    newest: &Path,
+    expected: &[u8],
+    bytes: Option<&[u8]>,
+) -> Result<(), ChainError> {
+    let newest = mark_restore(newest, target, expected, bytes)
+        .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
+    if write::exchange(&newest, real).is_ok()
+        && scan::read_file(&newest).ok().as_deref() == Some(expected)
+    {
+        let _ = fs::remove_file(&newest);
+    }
+    Ok(())
 }
 
 /// Renames `held`, which holds someone else's content displaced by our
@@ -721,7 +748,31 @@ fn convert(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<(Replacement, PathBuf), ChainError> {
-    let deadline = opts.deadline;
+    let (dst, old_dst) = conversion_target(listing, active)?;
+    let Some(content) = plan::repaired(Kind::Single, base, desired) else {
+        return Ok((Replacement::Superseded, dst));
+    };
+    if !place_list(
+        conf_dir,
+        listing,
+        active,
+        &dst,
+        old_dst.as_ref(),
+        &content,
+        opts.deadline,
+    )? {
+        return Ok((Replacement::Superseded, dst));
+    }
+    retire_single(conf_dir, active, &dst, base, &content, &opts.host_root).map(|r| (r, dst))
+}
+
+/// The `.conflist` that `active` converts to, and what it holds when it
+/// exists already (a conversion interrupted after writing it), or why the
+/// conversion must not happen.
+fn conversion_target(
+    listing: &Listing,
+    active: &Path,
+) -> Result<(PathBuf, Option<Vec<u8>>), ChainError> {
     let dst = active.with_extension("conflist");
     let dst_name = dst.file_name().unwrap_or_default().to_os_string();
     // The list must become the active config: nothing may sort before it.
@@ -764,9 +815,20 @@ fn convert(
     } else {
         None
     };
-    let Some(content) = plan::repaired(Kind::Single, base, desired) else {
-        return Ok((Replacement::Superseded, dst));
-    };
+    Ok((dst, old_dst))
+}
+
+/// Puts the list `content` at `dst` unless someone else's file took the
+/// name meanwhile. Returns whether it did.
+fn place_list(
+    conf_dir: &Path,
+    listing: &Listing,
+    active: &Path,
+    dst: &Path,
+    old_dst: Option<&Vec<u8>>,
+    content: &[u8],
+    deadline: Option<Instant>,
+) -> Result<bool, ChainError> {
     if past(deadline) {
         return Err(ChainError::Deadline {
             path: active.to_path_buf(),
@@ -777,53 +839,66 @@ fn convert(
         reason,
     })?;
     let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
-    let tmp = write::write_temp(conf_dir, &content, Some(&meta))
+    let tmp = write::write_temp(conf_dir, content, Some(&meta))
         .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
-    let placed = match &old_dst {
-        None => write::rename_noreplace(&tmp, &dst).map(|()| true),
-        Some(old) => match write::exchange(&tmp, &dst) {
+    let placed = match old_dst {
+        None => write::rename_noreplace(&tmp, dst).map(|()| true),
+        Some(old) => match write::exchange(&tmp, dst) {
             Ok(()) => {
                 if scan::read_file(&tmp).ok().as_ref() == Some(old) {
                     Ok(true)
                 } else {
                     // Changed since we looked: not ours to overwrite.
-                    write::exchange(&tmp, &dst).map(|()| false)
+                    write::exchange(&tmp, dst).map(|()| false)
                 }
             }
-            Err(e) if write::unsupported(&e) => fs::rename(&tmp, &dst).map(|()| true),
+            Err(e) if write::unsupported(&e) => fs::rename(&tmp, dst).map(|()| true),
             Err(e) => Err(e),
         },
     };
     let _ = fs::remove_file(&tmp);
     match placed {
         Ok(true) => {}
-        Ok(false) => return Ok((Replacement::Superseded, dst)),
+        Ok(false) => return Ok(false),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            return Ok((Replacement::Superseded, dst));
+            return Ok(false);
         }
-        Err(e) => return Err(ChainError::io("put in place", &dst, e)),
+        Err(e) => return Err(ChainError::io("put in place", dst, e)),
     }
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    Ok(true)
+}
 
+/// Retires the single-plugin `active` now that the list `dst` is in place,
+/// or, when the primary rewrote it meanwhile, puts its content back and
+/// takes back the list.
+fn retire_single(
+    conf_dir: &Path,
+    active: &Path,
+    dst: &Path,
+    base: &[u8],
+    content: &[u8],
+    host_root: &Path,
+) -> Result<Replacement, ChainError> {
     // Retire the single-plugin file, capturing atomically what it holds now.
     let grave = Intent::Grave {
         json: active.extension().is_some_and(|e| e == "json"),
-        list: write::name_digest(&dst),
+        list: write::name_digest(dst),
         base: write::digest(base),
-        content: write::digest(&content),
+        content: write::digest(content),
     }
     .path_in(conf_dir);
     match fs::rename(active, &grave) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Replacement::Written, dst)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Replacement::Written),
         Err(e) => return Err(ChainError::io("remove", active, e)),
     }
     // Through the symlink, if it was one: the link itself was retired.
-    let captured = read_in(&opts.host_root, &grave).ok();
+    let captured = read_in(host_root, &grave).ok();
     if captured.as_deref() == Some(base) {
         let _ = fs::remove_file(&grave);
         write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-        return Ok((Replacement::Written, dst));
+        return Ok(Replacement::Written);
     }
     // The primary rewrote it meanwhile: its content wins. Put it back and
     // take back the list built from the old content.
@@ -835,11 +910,11 @@ fn convert(
         }
         Err(e) => return Err(ChainError::io("restore", active, e)),
     }
-    if scan::read_file(&dst).ok().as_deref() == Some(&content[..]) {
-        let _ = fs::remove_file(&dst);
+    if scan::read_file(dst).ok().as_deref() == Some(content) {
+        let _ = fs::remove_file(dst);
     }
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-    Ok((Replacement::Superseded, dst))
+    Ok(Replacement::Superseded)
 }
 
 /// Test access: act as another writer between our last look and the swap

@@ -150,6 +150,7 @@ impl Config {
         // Upstream's `${VAR:-default}`: empty is the same as unset.
         let var = |name: &str| get(name).filter(|v| !v.is_empty());
 
+        // Where the files go: host paths, and the host as the container sees it.
         let dest_cni_net_dir = host_dir(
             "DEST_CNI_NET_DIR",
             var("DEST_CNI_NET_DIR"),
@@ -170,26 +171,9 @@ impl Config {
             var("CONTAINER_CNI_BIN_DIR"),
             DEFAULT_CONTAINER_CNI_BIN_DIR,
         )?;
+        let kubeconfig_file_name = kubeconfig_file_name(var("KUBECONFIG_FILE_NAME"))?;
 
-        let kubeconfig_file_name =
-            var("KUBECONFIG_FILE_NAME").unwrap_or_else(|| DEFAULT_KUBECONFIG_FILE_NAME.to_string());
-        if !is_plain_file_name(&kubeconfig_file_name) {
-            return Err(ConfigError::new(
-                "KUBECONFIG_FILE_NAME",
-                format!("{kubeconfig_file_name:?} is not a plain file name"),
-            ));
-        }
-        if has_config_extension(&kubeconfig_file_name) {
-            // The runtime would try to load it as the node's network config.
-            return Err(ConfigError::new(
-                "KUBECONFIG_FILE_NAME",
-                format!(
-                    "{kubeconfig_file_name:?} ends in .conf, .conflist or .json, which the \
-                     container runtime would load as a network config; pick another name"
-                ),
-            ));
-        }
-
+        // How the plugin reaches the API server.
         let service_account_dir = absolute(
             "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
             var("LINKERD_CNI_SERVICE_ACCOUNT_DIR"),
@@ -200,121 +184,33 @@ impl Config {
             None => service_account_dir.join("ca.crt"),
         };
         let skip_tls_verify = boolean("SKIP_TLS_VERIFY", var("SKIP_TLS_VERIFY"), false)?;
-
-        let k8s_protocol = var("KUBERNETES_SERVICE_PROTOCOL").unwrap_or_else(|| "https".into());
-        if !matches!(k8s_protocol.as_str(), "https" | "http") {
-            return Err(ConfigError::new(
-                "KUBERNETES_SERVICE_PROTOCOL",
-                format!("expected https or http, got {k8s_protocol:?}"),
-            ));
-        }
-        let k8s_host = var("KUBERNETES_SERVICE_HOST").ok_or_else(|| {
-            ConfigError::new(
-                "KUBERNETES_SERVICE_HOST",
-                "not set; the kubelet sets it in every pod, set it by hand outside one",
-            )
-        })?;
-        if k8s_host.contains(['/', ' ', '@', '?', '#']) {
-            return Err(ConfigError::new(
-                "KUBERNETES_SERVICE_HOST",
-                format!("{k8s_host:?} is not a host name or IP address"),
-            ));
-        }
-        let port = var("KUBERNETES_SERVICE_PORT").ok_or_else(|| {
-            ConfigError::new(
-                "KUBERNETES_SERVICE_PORT",
-                "not set; the kubelet sets it in every pod, set it by hand outside one",
-            )
-        })?;
-        let k8s_port = port
-            .trim()
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "KUBERNETES_SERVICE_PORT",
-                    format!("expected a port number 1-65535, got {port:?}"),
-                )
-            })?;
+        let k8s_protocol = k8s_protocol(var("KUBERNETES_SERVICE_PROTOCOL"))?;
+        let k8s_host = k8s_host(var("KUBERNETES_SERVICE_HOST"))?;
+        let k8s_port = k8s_port(var("KUBERNETES_SERVICE_PORT"))?;
 
         let template = Template::from_env(
             var("CNI_NETWORK_CONFIG_FILE").map(PathBuf::from),
             var("CNI_NETWORK_CONFIG"),
         )?;
 
-        let node_name = var("LINKERD_CNI_NODE_NAME").map(|v| v.trim().to_string());
-        if let Some(n) = &node_name
-            && !is_dns_subdomain(n)
-        {
-            return Err(ConfigError::new(
-                "LINKERD_CNI_NODE_NAME",
-                format!("{n:?} is not a node name (set it from the downward API's spec.nodeName)"),
-            ));
-        }
-        let startup_taint = var("LINKERD_CNI_STARTUP_TAINT")
-            .map(|v| v.trim().to_string())
-            .unwrap_or_else(|| DEFAULT_STARTUP_TAINT.to_string());
-        if !is_qualified_name(&startup_taint) {
-            return Err(ConfigError::new(
-                "LINKERD_CNI_STARTUP_TAINT",
-                format!(
-                    "{startup_taint:?} is not a taint key (an optional DNS-subdomain prefix and \
-                     '/', then 1-63 letters, digits, '-', '_' or '.')"
-                ),
-            ));
-        }
+        // The node, and the taint that keeps pods off it until we are ready.
+        let node_name = node_name(var("LINKERD_CNI_NODE_NAME"))?;
+        let startup_taint = startup_taint(var("LINKERD_CNI_STARTUP_TAINT"))?;
 
-        let resync = match var("LINKERD_CNI_RESYNC_SECONDS") {
-            None => DEFAULT_RESYNC,
-            Some(s) => s
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_RESYNC_SECONDS)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "LINKERD_CNI_RESYNC_SECONDS",
-                        format!("expected a number of seconds in (0, 3600], got {s:?}"),
-                    )
-                })?,
-        };
+        // Timing and lifecycle.
+        let resync = resync(var("LINKERD_CNI_RESYNC_SECONDS"))?;
         let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
-        let on_exit = match var("LINKERD_CNI_UNINSTALL_ON_EXIT")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("auto") => OnExit::Auto,
-            Some("true") => OnExit::Uninstall,
-            Some("false") => OnExit::Leave,
-            Some(_) => {
-                return Err(ConfigError::new(
-                    "LINKERD_CNI_UNINSTALL_ON_EXIT",
-                    format!(
-                        "expected auto, true or false, got {:?}",
-                        get("LINKERD_CNI_UNINSTALL_ON_EXIT").unwrap_or_default()
-                    ),
-                ));
-            }
-        };
+        let on_exit = on_exit(var("LINKERD_CNI_UNINSTALL_ON_EXIT"))?;
         let pod_name = var("LINKERD_CNI_POD_NAME").map(|v| v.trim().to_string());
         let pod_namespace = var("LINKERD_CNI_POD_NAMESPACE").map(|v| v.trim().to_string());
+
+        // How the chain is kept.
         let chain_write_outside_conf_dir = boolean(
             "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
             var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
             false,
         )?;
-
-        let chain_mode = match var("LINKERD_CNI_CHAIN_MODE") {
-            None => None,
-            Some(v) => Some(ChainMode::parse(v.trim()).ok_or_else(|| {
-                ConfigError::new(
-                    "LINKERD_CNI_CHAIN_MODE",
-                    format!("expected inline or owned, got {v:?}"),
-                )
-            })?),
-        };
+        let chain_mode = chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?;
 
         let config = Config {
             dest_cni_net_dir,
@@ -457,6 +353,153 @@ fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<b
                 value.unwrap_or_default()
             ),
         )),
+    }
+}
+
+/// `KUBECONFIG_FILE_NAME`: a plain name the runtime will not load.
+fn kubeconfig_file_name(value: Option<String>) -> Result<String, ConfigError> {
+    let kubeconfig_file_name = value.unwrap_or_else(|| DEFAULT_KUBECONFIG_FILE_NAME.to_string());
+    if !is_plain_file_name(&kubeconfig_file_name) {
+        return Err(ConfigError::new(
+            "KUBECONFIG_FILE_NAME",
+            format!("{kubeconfig_file_name:?} is not a plain file name"),
+        ));
+    }
+    if has_config_extension(&kubeconfig_file_name) {
+        // The runtime would try to load it as the node's network config.
+        return Err(ConfigError::new(
+            "KUBECONFIG_FILE_NAME",
+            format!(
+                "{kubeconfig_file_name:?} ends in .conf, .conflist or .json, which the \
+                 container runtime would load as a network config; pick another name"
+            ),
+        ));
+    }
+    Ok(kubeconfig_file_name)
+}
+
+fn k8s_protocol(value: Option<String>) -> Result<String, ConfigError> {
+    let k8s_protocol = value.unwrap_or_else(|| "https".into());
+    if !matches!(k8s_protocol.as_str(), "https" | "http") {
+        return Err(ConfigError::new(
+            "KUBERNETES_SERVICE_PROTOCOL",
+            format!("expected https or http, got {k8s_protocol:?}"),
+        ));
+    }
+    Ok(k8s_protocol)
+}
+
+fn k8s_host(value: Option<String>) -> Result<String, ConfigError> {
+    let k8s_host = value.ok_or_else(|| {
+        ConfigError::new(
+            "KUBERNETES_SERVICE_HOST",
+            "not set; the kubelet sets it in every pod, set it by hand outside one",
+        )
+    })?;
+    if k8s_host.contains(['/', ' ', '@', '?', '#']) {
+        return Err(ConfigError::new(
+            "KUBERNETES_SERVICE_HOST",
+            format!("{k8s_host:?} is not a host name or IP address"),
+        ));
+    }
+    Ok(k8s_host)
+}
+
+fn k8s_port(value: Option<String>) -> Result<u16, ConfigError> {
+    let port = value.ok_or_else(|| {
+        ConfigError::new(
+            "KUBERNETES_SERVICE_PORT",
+            "not set; the kubelet sets it in every pod, set it by hand outside one",
+        )
+    })?;
+    port.trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            ConfigError::new(
+                "KUBERNETES_SERVICE_PORT",
+                format!("expected a port number 1-65535, got {port:?}"),
+            )
+        })
+}
+
+fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
+    let node_name = value.map(|v| v.trim().to_string());
+    if let Some(n) = &node_name
+        && !is_dns_subdomain(n)
+    {
+        return Err(ConfigError::new(
+            "LINKERD_CNI_NODE_NAME",
+            format!("{n:?} is not a node name (set it from the downward API's spec.nodeName)"),
+        ));
+    }
+    Ok(node_name)
+}
+
+fn startup_taint(value: Option<String>) -> Result<String, ConfigError> {
+    let startup_taint = value
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| DEFAULT_STARTUP_TAINT.to_string());
+    if !is_qualified_name(&startup_taint) {
+        return Err(ConfigError::new(
+            "LINKERD_CNI_STARTUP_TAINT",
+            format!(
+                "{startup_taint:?} is not a taint key (an optional DNS-subdomain prefix and \
+                 '/', then 1-63 letters, digits, '-', '_' or '.')"
+            ),
+        ));
+    }
+    Ok(startup_taint)
+}
+
+fn resync(value: Option<String>) -> Result<Duration, ConfigError> {
+    Ok(match value {
+        None => DEFAULT_RESYNC,
+        Some(s) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_RESYNC_SECONDS)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "LINKERD_CNI_RESYNC_SECONDS",
+                    format!("expected a number of seconds in (0, 3600], got {s:?}"),
+                )
+            })?,
+    })
+}
+
+fn on_exit(value: Option<String>) -> Result<OnExit, ConfigError> {
+    match value
+        .as_deref()
+        .map(str::trim)
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("auto") => Ok(OnExit::Auto),
+        Some("true") => Ok(OnExit::Uninstall),
+        Some("false") => Ok(OnExit::Leave),
+        Some(_) => Err(ConfigError::new(
+            "LINKERD_CNI_UNINSTALL_ON_EXIT",
+            format!(
+                "expected auto, true or false, got {:?}",
+                value.unwrap_or_default()
+            ),
+        )),
+    }
+}
+
+fn chain_mode(value: Option<String>) -> Result<Option<ChainMode>, ConfigError> {
+    match value {
+        None => Ok(None),
+        Some(v) => Ok(Some(ChainMode::parse(v.trim()).ok_or_else(|| {
+            ConfigError::new(
+                "LINKERD_CNI_CHAIN_MODE",
+                format!("expected inline or owned, got {v:?}"),
+            )
+        })?)),
     }
 }
 

@@ -7,7 +7,7 @@
 //! happened in between (a missed event, a restart, a rotated token), the
 //! pass converges on the right state.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
@@ -126,7 +126,7 @@ impl Installer {
             // exempt namespaces would fail. Chain nothing (what is already
             // there stays: the plugin passes pods through when its
             // credentials are rejected).
-            self.notes.say(
+            self.notes.log_change(
                 "chain",
                 Level::Warn,
                 "writing no entry and leaving the chain alone until the kubeconfig can be written"
@@ -137,7 +137,7 @@ impl Installer {
         let entry = self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
-            self.notes.say(
+            self.notes.log_change(
                 "chain",
                 Level::Warn,
                 format!("leaving the chain alone until {PLUGIN_BINARY} is installed"),
@@ -177,7 +177,7 @@ impl Installer {
                         );
                     }
                 }
-                Err(e) => self.notes.say(
+                Err(e) => self.notes.log_change(
                     "owned",
                     Level::Error,
                     format!("cannot remove linkerd-cni's own config: {e}"),
@@ -193,7 +193,7 @@ impl Installer {
         let diag = match owned::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
-                self.notes.say(
+                self.notes.log_change(
                     "chain",
                     Level::Error,
                     format!("cannot read the CNI configs in {}: {e}", dir.display()),
@@ -213,7 +213,7 @@ impl Installer {
             && let Some((ours, digest)) = &key
             && !self.fights.allow_repair_of(ours, digest, now)
         {
-            self.notes.say(
+            self.notes.log_change(
                 "owned",
                 Level::Warn,
                 format!(
@@ -227,7 +227,7 @@ impl Installer {
         }
         match &diag.state {
             OwnedState::Fallback { reason } => {
-                self.notes.say(
+                self.notes.log_change(
                     "owned",
                     Level::Warn,
                     format!("{reason}; using inline repair"),
@@ -235,7 +235,7 @@ impl Installer {
                 return false;
             }
             OwnedState::PrimaryInvalid { reason } => {
-                self.notes.say(
+                self.notes.log_change(
                     "chain",
                     Level::Warn,
                     format!(
@@ -250,42 +250,56 @@ impl Installer {
         self.notes
             .clear("owned", || "owned mode applies again".to_string());
         if diag.is_current() {
-            self.notes.say("chain", Level::Info, owned_note(&diag));
+            self.notes
+                .log_change("chain", Level::Info, owned_note(&diag));
             return true;
         }
+        self.sync_owned(&dir, entry, key.as_ref(), now);
+        true
+    }
+
+    /// Brings our owned-mode file up to date, counting its re-creations
+    /// (`key`: our file and the primary's chain digest) as a fight.
+    fn sync_owned(
+        &mut self,
+        dir: &Path,
+        entry: &Entry,
+        key: Option<&(PathBuf, String)>,
+        now: Instant,
+    ) {
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
             ..self.repair_options()
         };
-        match owned::sync(&dir, entry, &opts) {
+        match owned::sync(dir, entry, &opts) {
             Ok(r) => {
                 if r.changed {
                     log::info!("{}", r.summary);
                 }
                 if r.created
-                    && let Some((ours, digest)) = &key
+                    && let Some((ours, digest)) = key
                     && let Some(w) = self.fights.record_repair_of(ours, digest, now)
                 {
-                    self.notes.say("fight", Level::Warn, w);
+                    self.notes.log_change("fight", Level::Warn, w);
                 }
-                match owned::diagnose_with(&dir, entry, &self.repair_options()) {
+                match owned::diagnose_with(dir, entry, &self.repair_options()) {
                     Ok(d) if d.is_current() => {
-                        self.notes.assume("chain", Level::Info, owned_note(&d))
+                        self.notes.mark_logged("chain", Level::Info, owned_note(&d))
                     }
-                    Ok(d) => {
-                        self.notes
-                            .say("chain", Level::Warn, format!("owned mode: {}", d.state))
-                    }
-                    Err(e) => self.notes.say("chain", Level::Error, e.to_string()),
+                    Ok(d) => self.notes.log_change(
+                        "chain",
+                        Level::Warn,
+                        format!("owned mode: {}", d.state),
+                    ),
+                    Err(e) => self.notes.log_change("chain", Level::Error, e.to_string()),
                 }
             }
-            Err(e) => self.notes.say(
+            Err(e) => self.notes.log_change(
                 "chain",
                 Level::Error,
                 format!("owned mode: cannot bring linkerd-cni's config up to date: {e}"),
             ),
         }
-        true
     }
 
     fn reconcile_binaries(&mut self) -> bool {
@@ -302,11 +316,11 @@ impl Installer {
                         b.dest.display(),
                         b.source.display()
                     );
-                    self.notes.forget(&topic);
+                    self.notes.clear_silently(&topic);
                 }
                 Err(e) => {
                     ok = false;
-                    self.notes.say(
+                    self.notes.log_change(
                         &topic,
                         Level::Error,
                         format!("cannot install {}: {e}", b.dest.display()),
@@ -328,11 +342,11 @@ impl Installer {
             }
             Ok(Some(before)) => {
                 log::info!("wrote {}: it was {before}", path.display());
-                self.notes.forget("kubeconfig");
+                self.notes.clear_silently("kubeconfig");
                 true
             }
             Err(e) => {
-                self.notes.say(
+                self.notes.log_change(
                     "kubeconfig",
                     Level::Error,
                     format!("cannot write the kubeconfig {}: {e}", path.display()),
@@ -350,7 +364,7 @@ impl Installer {
                 });
                 self.last_entry = e;
             }
-            Err(e) => self.notes.say(
+            Err(e) => self.notes.log_change(
                 "template",
                 Level::Error,
                 format!("{e}; keeping the last entry that rendered"),
@@ -373,9 +387,9 @@ impl Installer {
                     "wrote the desired entry to {}: {why}",
                     dir.join(chain::ENTRY_FILE).display()
                 );
-                self.notes.forget("entry");
+                self.notes.clear_silently("entry");
             }
-            Err(e) => self.notes.say(
+            Err(e) => self.notes.log_change(
                 "entry",
                 Level::Error,
                 format!("cannot persist the desired entry in {}: {e}", dir.display()),
@@ -389,7 +403,7 @@ impl Installer {
         let diagnosis = match chain::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
-                self.notes.say(
+                self.notes.log_change(
                     "chain",
                     Level::Error,
                     format!("cannot read the CNI configs in {}: {e}", dir.display()),
@@ -399,13 +413,13 @@ impl Installer {
         };
         if diagnosis.is_healthy() {
             self.notes
-                .say("chain", Level::Info, healthy_note(&diagnosis.active));
+                .log_change("chain", Level::Info, healthy_note(&diagnosis.active));
             return;
         }
         let Some(active) = diagnosis.active.clone() else {
             // Never write a linkerd-only config: the node would get a
             // "network" that gives pods no connectivity.
-            self.notes.say(
+            self.notes.log_change(
                 "chain",
                 Level::Info,
                 format!(
@@ -419,7 +433,7 @@ impl Installer {
         let found = format!("{}: {}", active.display(), diagnosis.state);
         if !diagnosis.needs_repair() {
             // Not ours to fix (an unreadable or linkerd-only active file).
-            self.notes.say(
+            self.notes.log_change(
                 "chain",
                 Level::Warn,
                 format!("{found}; repair would do {}", diagnosis.remedy()),
@@ -432,7 +446,7 @@ impl Installer {
         let digest = chain::content_digest(&active);
         if !self.fights.allow_repair_of(&active, &digest, now) {
             self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
-            self.notes.say(
+            self.notes.log_change(
                 "chain",
                 Level::Warn,
                 format!(
@@ -451,19 +465,19 @@ impl Installer {
                 log::info!("{}", report.summary);
                 let file = report.file.clone().unwrap_or(active.clone());
                 match self.fights.record_repair_of(&active, &digest, now) {
-                    Some(warning) => self.notes.say("fight", Level::Warn, warning),
+                    Some(warning) => self.notes.log_change("fight", Level::Warn, warning),
                     None => self.notes.clear("fight", || {
                         format!("{} no longer needs repeated repairs", file.display())
                     }),
                 }
                 // The next pass will find it healthy: nothing more to say.
                 self.notes
-                    .assume("chain", Level::Info, healthy_note(&Some(file)));
+                    .mark_logged("chain", Level::Info, healthy_note(&Some(file)));
             }
             // Nothing rewritten: only leftovers cleaned, or another writer
             // fixed it meanwhile. The next pass looks again.
-            Ok(report) => self.notes.say("chain", Level::Info, report.summary),
-            Err(e) => self.notes.say(
+            Ok(report) => self.notes.log_change("chain", Level::Info, report.summary),
+            Err(e) => self.notes.log_change(
                 "chain",
                 Level::Error,
                 format!("{found}; cannot repair it: {e}"),

@@ -1,4 +1,4 @@
-//! Say a state once: the reconcile runs every few seconds, and a line per
+//! Log a state once: the reconcile runs every few seconds, and a line per
 //! pass about an unchanged condition ("no primary config yet") would drown
 //! the lines about actions taken. A condition is logged when it starts or
 //! changes, and its end is logged once when it was a problem.
@@ -14,13 +14,13 @@ pub struct Notes {
 }
 
 impl Notes {
-    /// Logs `msg` unless it is what was last said about `topic`.
-    pub fn say(&mut self, topic: &str, level: Level, msg: String) {
-        self.say_if_new(topic, level, msg);
+    /// Logs `msg` unless it is what was last logged about `topic`.
+    pub fn log_change(&mut self, topic: &str, level: Level, msg: String) {
+        self.log_if_changed(topic, level, msg);
     }
 
-    /// [`Notes::say`], returning whether it logged.
-    fn say_if_new(&mut self, topic: &str, level: Level, msg: String) -> bool {
+    /// [`Notes::log_change`], returning whether it logged.
+    fn log_if_changed(&mut self, topic: &str, level: Level, msg: String) -> bool {
         if self.last.get(topic).is_some_and(|(_, m)| *m == msg) {
             return false;
         }
@@ -29,14 +29,14 @@ impl Notes {
         true
     }
 
-    /// Records `msg` as said without logging it (an action's own log line
+    /// Records `msg` as logged without logging it (an action's own log line
     /// already told the story).
-    pub fn assume(&mut self, topic: &str, level: Level, msg: String) {
+    pub fn mark_logged(&mut self, topic: &str, level: Level, msg: String) {
         self.last.insert(topic.to_string(), (level, msg));
     }
 
     /// Forgets `topic` silently: an action's own log line said it is over.
-    pub fn forget(&mut self, topic: &str) {
+    pub fn clear_silently(&mut self, topic: &str) {
         self.last.remove(topic);
     }
 
@@ -65,21 +65,21 @@ mod tests {
     #[test]
     fn once_per_change_and_resolution_only_for_problems() {
         let mut n = Notes::default();
-        assert!(n.say_if_new("chain", Level::Info, "waiting".into()));
-        assert!(!n.say_if_new("chain", Level::Info, "waiting".into()));
-        assert!(n.say_if_new("chain", Level::Info, "chained".into()));
+        assert!(n.log_if_changed("chain", Level::Info, "waiting".into()));
+        assert!(!n.log_if_changed("chain", Level::Info, "waiting".into()));
+        assert!(n.log_if_changed("chain", Level::Info, "chained".into()));
         // An info state ending is not news.
         assert!(!n.clear_logged("chain", || "over".into()));
-        assert!(n.say_if_new("kc", Level::Error, "no token".into()));
-        assert!(!n.say_if_new("kc", Level::Error, "no token".into()));
+        assert!(n.log_if_changed("kc", Level::Error, "no token".into()));
+        assert!(!n.log_if_changed("kc", Level::Error, "no token".into()));
         assert!(n.clear_logged("kc", || "token back".into()));
         assert!(!n.clear_logged("kc", || "token back".into()));
         // After an action line, the problem is forgotten without a word.
-        n.say("bin", Level::Error, "cannot copy".into());
-        n.forget("bin");
+        n.log_change("bin", Level::Error, "cannot copy".into());
+        n.clear_silently("bin");
         assert!(!n.clear_logged("bin", || "ok".into()));
-        // assume(): the next identical state is not logged again.
-        n.assume("chain", Level::Info, "chained in x".into());
-        assert!(!n.say_if_new("chain", Level::Info, "chained in x".into()));
+        // mark_logged(): the next identical state is not logged again.
+        n.mark_logged("chain", Level::Info, "chained in x".into());
+        assert!(!n.log_if_changed("chain", Level::Info, "chained in x".into()));
     }
 }
