@@ -6,32 +6,14 @@ mod common;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
 use testkit::TempDir;
 use testkit::chain::{desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 
-const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
-
-fn chain(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("chain")
-        .args(args)
-        .env_clear()
-        .output()
-        .expect("run linkerd-cni chain")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{chain, text};
 
 fn calico(dir: &TempDir) -> PathBuf {
     let src = fixtures().join("calico/in/10-calico.conflist");

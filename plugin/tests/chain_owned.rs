@@ -5,56 +5,13 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use testkit::TempDir;
 use testkit::chain::{desired, fixtures};
 
-const BIN: &str = env!("CARGO_BIN_EXE_linkerd-cni");
+use common::{chain, text};
 const OURS: &str = "10-calico-linkerd-cni.conflist";
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn chain(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("chain")
-        .args(args)
-        .env_clear()
-        .output()
-        .expect("run linkerd-cni chain")
-}
-
-fn run_add(stdin: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs([
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "3f1c2b9a7e"),
-            ("CNI_NETNS", "/var/run/netns/cni-1234"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            (
-                "CNI_ARGS",
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1",
-            ),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
-}
 
 /// The owned-mode entry for a conf dir, its kubeconfig present (the
 /// plugin writes only while it exists), as a JSON file for `--entry`.
@@ -141,7 +98,7 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
     let o = chain(&s.args("repair"));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let current = s.stdin_from_ours();
-    let o = run_add(&current);
+    let o = common::run(&common::exempt_env("ADD"), &current);
     assert!(o.status.success(), "{}", text(&o));
 
     // The primary rewrites its file after the runtime loaded our copy.
@@ -151,7 +108,7 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
         .replace("\"mtu\": 0", "\"mtu\": 1450");
     assert!(newer.contains("1450"), "the fixture's MTU changed");
     fs::write(&p, newer).unwrap();
-    let o = run_add(&current);
+    let o = common::run(&common::exempt_env("ADD"), &current);
     assert!(!o.status.success(), "{}", text(&o));
     let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     assert_eq!(err["code"], 11, "{}", text(&o));
@@ -166,6 +123,6 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
     // The copy follows, and the retry (from the new copy) passes.
     let ours = fs::read_to_string(s.conf.join(OURS)).unwrap();
     assert!(ours.contains("1450"), "{ours}");
-    let o = run_add(&s.stdin_from_ours());
+    let o = common::run(&common::exempt_env("ADD"), &s.stdin_from_ours());
     assert!(o.status.success(), "{}", text(&o));
 }

@@ -149,3 +149,23 @@ pub fn stdout_json(o: &Output) -> Value {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// `linkerd-cni chain ARGS`, as an operator runs it (no environment).
+pub fn chain(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("chain")
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("run linkerd-cni chain")
+}
+
+/// Exit code, stdout and stderr of `o`, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
