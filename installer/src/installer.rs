@@ -193,11 +193,7 @@ impl Installer {
         let diag = match owned::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
-                self.notes.log_change(
-                    "chain",
-                    Level::Error,
-                    format!("cannot read the CNI configs in {}: {e}", dir.display()),
-                );
+                self.configs_unreadable(&dir, &e);
                 return true;
             }
         };
@@ -398,16 +394,21 @@ impl Installer {
         entry
     }
 
+    /// The conf dir could not be listed or read: said once per change.
+    fn configs_unreadable(&mut self, dir: &Path, e: &dyn std::fmt::Display) {
+        self.notes.log_change(
+            "chain",
+            Level::Error,
+            format!("cannot read the CNI configs in {}: {e}", dir.display()),
+        );
+    }
+
     fn reconcile_chain(&mut self, entry: &Entry) {
         let dir = self.cfg.conf_dir();
         let diagnosis = match chain::diagnose_with(&dir, entry, &self.repair_options()) {
             Ok(d) => d,
             Err(e) => {
-                self.notes.log_change(
-                    "chain",
-                    Level::Error,
-                    format!("cannot read the CNI configs in {}: {e}", dir.display()),
-                );
+                self.configs_unreadable(&dir, &e);
                 return;
             }
         };

@@ -372,28 +372,24 @@ impl Client {
         self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
         let started = Instant::now();
         let auth = format!("Bearer {}", self.config.token);
-        let res = match req.body {
-            Some(body) => self
-                .agent
-                .patch(&url)
-                .config()
+        // What every call carries, whatever its method and body.
+        fn common<B>(
+            rb: ureq::RequestBuilder<B>,
+            timeout: Duration,
+            auth: &str,
+        ) -> ureq::RequestBuilder<B> {
+            rb.config()
                 .timeout_global(Some(timeout))
                 .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
                 .build()
-                .header("Authorization", &auth)
+                .header("Authorization", auth)
                 .header("Accept", "application/json")
+        }
+        let res = match req.body {
+            Some(body) => common(self.agent.patch(&url), timeout, &auth)
                 .content_type("application/json-patch+json")
                 .send(body),
-            None => self
-                .agent
-                .get(&url)
-                .config()
-                .timeout_global(Some(timeout))
-                .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
-                .build()
-                .header("Authorization", &auth)
-                .header("Accept", "application/json")
-                .call(),
+            None => common(self.agent.get(&url), timeout, &auth).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();

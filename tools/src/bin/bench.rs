@@ -167,13 +167,18 @@ fn run(plan: &Plan) -> Result<(), Stop> {
     throughput(&bench, plan)?;
     modes(plan)?;
 
+    footer(&load_before, started);
+    Ok(())
+}
+
+/// The run's last line: the load around it and its length.
+fn footer(load_before: &str, started: Instant) {
     println!();
     println!(
         "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",
         loadavg(),
         started.elapsed().as_secs_f64()
     );
-    Ok(())
 }
 
 /// The chain modes side by side (`linkerd_cni_tools::mode_bench`).
@@ -194,12 +199,7 @@ fn run_modes(plan: &Plan) -> Result<(), Stop> {
     let load_before = loadavg();
     print_machine(&cpus, &bins);
     modes(plan)?;
-    println!();
-    println!(
-        "Load average before: {load_before}; after: {}. Whole run: {:.0} s.",
-        loadavg(),
-        started.elapsed().as_secs_f64()
-    );
+    footer(&load_before, started);
     Ok(())
 }
 
