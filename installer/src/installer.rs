@@ -148,6 +148,18 @@ impl Installer {
         self.chained_last_pass = true;
     }
 
+    /// The chain alone, with the last entry rendered: what a network
+    /// config's change calls for. The whole pass instead while the last one
+    /// did not get as far as the chain (binaries and kubeconfig come first).
+    pub fn reconcile_chain_now(&mut self) {
+        if !self.chained_last_pass {
+            return self.reconcile();
+        }
+        self.retry_at = None;
+        let last = self.last_entry.clone();
+        self.reconcile_mode(&last);
+    }
+
     /// The chain in the entry's mode. Owned mode falls back to the inline
     /// repair where it does not apply; our own files go only once the
     /// inline chain is healthy, so the runtime never loads a chain without

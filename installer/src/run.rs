@@ -6,8 +6,17 @@
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
 //! resync period. A repair held back by the fight rate limit wakes the
-//! loop at the time the limit allows it. After a pass, the startup taint's
-//! gate (see [`crate::taint`]) looks at the node once.
+//! loop at the time the limit allows it. After a full pass, the startup
+//! taint's gate (see [`crate::taint`]) looks at the node once.
+//!
+//! A network config written in the conf dir is acted on at once, every
+//! time, with the chain alone: a pod created right after the primary's
+//! write must find the chain repaired, however soon the primary writes
+//! again. Our own repair writes wake the loop too; that pass finds the
+//! chain healthy and writes nothing, so it costs a read of the conf dir and
+//! never delays the next repair. Events are read in batches, so a writer
+//! faster than a pass costs one pass at a time, not one per event. Other
+//! events (kubeconfig, binaries, credentials, template) are debounced.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,22 +30,63 @@ use crate::installer::{Installer, watch_targets};
 use crate::owner::{self, Verdict};
 use crate::signals::Signals;
 use crate::taint::StartupTaint;
-use crate::watch::Watcher;
+use crate::watch::{Wanted, Watcher};
 
-/// The first event after a quiet spell is acted on at once: a pod created
-/// right after the primary's write must find the chain repaired. Events
-/// that follow within this much of a pass (the rest of a burst: an agent
-/// rewriting its config in several steps, the kubelet swapping a secret,
-/// our own writes) wait for this much quiet, so a burst costs one more
-/// pass rather than one per event.
+/// For the events that call for a whole pass (see [`crate::watch::Wanted`]):
+/// the first after a quiet spell is acted on at once; those that follow
+/// within this much of it (the rest of a burst: the kubelet swapping a
+/// secret, a binary copied in several steps) wait for this much quiet, so
+/// a burst costs one more pass rather than one per event.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// ...but never wait longer than this after the first event of a burst.
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 
 enum Wake {
+    /// The resync period is over, or a held-back repair is due.
     Timer,
-    Event,
+    /// A network config changed: the chain, now.
+    Chain,
+    /// Something else changed: a whole pass.
+    Full,
     Signal(Signal),
+}
+
+/// The debounce of whole-pass events, kept across chain passes.
+#[derive(Default)]
+struct Debounce {
+    /// When such an event last woke the loop.
+    last_woke: Option<Instant>,
+    /// A burst waiting for quiet: (its first event, its last event).
+    burst: Option<(Instant, Instant)>,
+}
+
+impl Debounce {
+    /// An event calling for a whole pass, at `now`: whether to act at once.
+    fn event(&mut self, now: Instant) -> bool {
+        if self.burst.is_none()
+            && self
+                .last_woke
+                .is_none_or(|t| now.duration_since(t) >= DEBOUNCE)
+        {
+            self.last_woke = Some(now);
+            return true;
+        }
+        self.burst = Some(self.burst.map_or((now, now), |(first, _)| (first, now)));
+        false
+    }
+
+    /// When the burst waiting for quiet is due, if one is.
+    fn due(&self) -> Option<Instant> {
+        self.burst
+            .map(|(first, last)| (last + DEBOUNCE).min(first + DEBOUNCE_MAX))
+    }
+
+    /// A whole pass is starting: it covers the burst.
+    fn covered(&mut self, now: Instant) {
+        if self.burst.take().is_some() {
+            self.last_woke = Some(now);
+        }
+    }
 }
 
 pub fn run(mut inst: Installer) -> ExitCode {
@@ -81,7 +131,9 @@ pub fn run(mut inst: Installer) -> ExitCode {
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
 
-    let mut last_event: Option<Instant> = None;
+    let mut debounce = Debounce::default();
+    let mut full = true;
+    let mut last_full = Instant::now();
     loop {
         if let Some(w) = watcher.as_mut() {
             for e in w.arm() {
@@ -92,19 +144,23 @@ pub fn run(mut inst: Installer) -> ExitCode {
                 );
             }
         }
-        let started = Instant::now();
-        inst.reconcile();
-        taint.after_pass(&inst);
+        if full {
+            last_full = Instant::now();
+            debounce.covered(last_full);
+            inst.reconcile();
+            taint.after_pass(&inst);
+        } else {
+            inst.reconcile_chain_now();
+        }
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
-        let next = match inst.retry_at() {
-            Some(t) => t.min(started + cfg.resync),
-            None => started + cfg.resync,
-        };
-        match wait(&signals, watcher.as_mut(), next, &mut last_event) {
-            Wake::Timer | Wake::Event => {}
+        let resync = last_full + cfg.resync;
+        let next = inst.retry_at().map_or(resync, |t| t.min(resync));
+        full = match wait(&signals, watcher.as_mut(), next, &mut debounce) {
+            Wake::Timer | Wake::Full => true,
+            Wake::Chain => false,
             Wake::Signal(sig) => return shutdown(&inst, sig),
-        }
+        };
     }
 }
 
@@ -155,32 +211,27 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
 }
 
 /// Sleeps until the resync deadline, a signal, or a relevant event,
-/// whichever comes first: at once for the first event after a quiet spell
-/// (`last_event`: when an event last woke the loop), debounced within a burst.
+/// whichever comes first: at once for a network config's change; for the
+/// other events, at once for the first after a quiet spell, debounced
+/// within a burst.
 fn wait(
     signals: &Signals,
     mut watcher: Option<&mut Watcher>,
     deadline: Instant,
-    last_event: &mut Option<Instant>,
+    debounce: &mut Debounce,
 ) -> Wake {
-    let mut burst: Option<(Instant, Instant)> = None; // (first event, last event)
     loop {
         if let Some(sig) = signals.pending() {
             return Wake::Signal(sig);
         }
         let now = Instant::now();
-        let until = match burst {
-            Some((first, last)) => (last + DEBOUNCE).min(first + DEBOUNCE_MAX),
-            None => deadline,
-        };
-        if now >= until {
-            return if burst.is_some() {
-                *last_event = Some(now);
-                Wake::Event
-            } else {
-                Wake::Timer
-            };
+        if debounce.due().is_some_and(|t| now >= t) {
+            return Wake::Full;
         }
+        if now >= deadline {
+            return Wake::Timer;
+        }
+        let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let timeout = PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX);
         let mut fds = vec![PollFd::new(signals.fd(), PollFlags::POLLIN)];
         if let Some(w) = watcher.as_deref() {
@@ -200,16 +251,15 @@ fn wait(
             .and_then(PollFd::revents)
             .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
-        if inotify_ready
-            && let Some(w) = watcher.as_deref_mut()
-            && w.drain()
-        {
-            let now = Instant::now();
-            if burst.is_none() && last_event.is_none_or(|t| now.duration_since(t) >= DEBOUNCE) {
-                *last_event = Some(now);
-                return Wake::Event;
-            }
-            burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
+        let wanted = match watcher.as_deref_mut() {
+            Some(w) if inotify_ready => w.drain(),
+            _ => Wanted::default(),
+        };
+        if wanted.full && debounce.event(Instant::now()) {
+            return Wake::Full;
+        }
+        if wanted.chain {
+            return Wake::Chain;
         }
     }
 }

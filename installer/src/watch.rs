@@ -3,6 +3,12 @@
 //! level-triggered reconcile, so a watch that fails to arm, overflows or
 //! misses an event costs at most one resync period.
 //!
+//! Events are sorted by what they call for ([`Wanted`]): a network config
+//! written, renamed or removed in the conf dir calls for the chain alone,
+//! at once (a pod created right after the primary's write must find the
+//! chain repaired); anything else (the kubeconfig, the persisted entry,
+//! binaries, credentials, the template) for a whole pass.
+//!
 //! Raw inotify through `nix` (already our syscall crate for the signalfd
 //! and poll the main loop needs) rather than a watcher crate: the loop polls
 //! the inotify fd together with the signalfd, with no thread and no runtime.
@@ -20,7 +26,8 @@ use crate::config::has_config_extension;
 /// Which names in a watched directory matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Filter {
-    /// Network configs (any name the runtime would load) and these names.
+    /// Network configs (any name the runtime would load: chain events) and
+    /// these names.
     ConfigsAnd(Vec<String>),
     /// Only these names.
     Names(Vec<String>),
@@ -28,17 +35,58 @@ pub enum Filter {
     Any,
 }
 
+/// What the events read so far call for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    /// A network config in the conf dir changed: reconcile the chain now.
+    pub chain: bool,
+    /// Something else changed (or events were lost): a whole pass.
+    pub full: bool,
+}
+
+impl Wanted {
+    fn add(&mut self, other: Wanted) {
+        self.chain |= other.chain;
+        self.full |= other.full;
+    }
+}
+
+/// The events on a network config that call for the chain: a write
+/// completed, a rename, a removal, a permission change. A file being
+/// created or written (IN_CREATE, IN_MODIFY) is not finished yet: reading
+/// it then would find it empty or half-written; its IN_CLOSE_WRITE or the
+/// rename that publishes it follows.
+fn chain_event(mask: AddWatchFlags) -> bool {
+    mask.intersects(
+        AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_ATTRIB,
+    )
+}
+
 impl Filter {
-    fn matches(&self, name: &str) -> bool {
+    /// What an event (`mask`) on `name` calls for.
+    fn wants(&self, name: &str, mask: AddWatchFlags) -> Wanted {
+        let none = Wanted::default();
+        let full = Wanted {
+            chain: false,
+            full: true,
+        };
         if is_temp_name(std::ffi::OsStr::new(name)) {
-            return false;
+            return none;
         }
         match self {
-            Filter::ConfigsAnd(names) => {
-                has_config_extension(name) || names.iter().any(|n| n == name)
+            Filter::ConfigsAnd(_) if has_config_extension(name) => Wanted {
+                chain: chain_event(mask),
+                full: false,
+            },
+            Filter::ConfigsAnd(names) | Filter::Names(names) if names.iter().any(|n| n == name) => {
+                full
             }
-            Filter::Names(names) => names.iter().any(|n| n == name),
-            Filter::Any => true,
+            Filter::ConfigsAnd(_) | Filter::Names(_) => none,
+            Filter::Any => full,
         }
     }
 }
@@ -124,19 +172,23 @@ impl Watcher {
         self.inotify.as_fd()
     }
 
-    /// Reads every pending event; true when one of them matters.
-    pub fn drain(&mut self) -> bool {
-        let mut relevant = false;
+    /// Reads every pending event; what they call for together.
+    pub fn drain(&mut self) -> Wanted {
+        let mut wanted = Wanted::default();
         loop {
             let events = match self.inotify.read_events() {
                 Ok(ev) if !ev.is_empty() => ev,
                 // EAGAIN: nothing more to read. Other errors are not expected
                 // on an inotify fd; the periodic reconcile covers for them.
-                _ => return relevant,
+                _ => return wanted,
             };
             for ev in events {
                 if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                    relevant = true;
+                    // Events were lost, a config's among them perhaps.
+                    wanted.add(Wanted {
+                        chain: true,
+                        full: true,
+                    });
                     continue;
                 }
                 let gone = ev.mask.intersects(
@@ -146,14 +198,15 @@ impl Watcher {
                 );
                 for t in self.targets.iter_mut().filter(|t| t.wd == Some(ev.wd)) {
                     if gone {
-                        // Re-armed before the next reconcile, on whatever
+                        // Re-armed before the next pass, on whatever
                         // directory then has this path.
                         t.wd = None;
-                        relevant = true;
-                    } else if let Some(name) = &ev.name
-                        && t.filter.matches(&name.to_string_lossy())
-                    {
-                        relevant = true;
+                        wanted.add(Wanted {
+                            chain: false,
+                            full: true,
+                        });
+                    } else if let Some(name) = &ev.name {
+                        wanted.add(t.filter.wants(&name.to_string_lossy(), ev.mask));
                     }
                 }
             }
@@ -170,19 +223,56 @@ impl Watcher {
 mod tests {
     use super::*;
 
+    const CHAIN: Wanted = Wanted {
+        chain: true,
+        full: false,
+    };
+    const FULL: Wanted = Wanted {
+        chain: false,
+        full: true,
+    };
+    const NONE: Wanted = Wanted {
+        chain: false,
+        full: false,
+    };
+
     #[test]
     fn filters() {
+        let done = AddWatchFlags::IN_MOVED_TO;
         let f = Filter::ConfigsAnd(vec!["ZZZ-linkerd-cni-kubeconfig".into()]);
-        assert!(f.matches("10-calico.conflist"));
-        assert!(f.matches("ZZZ-linkerd-cni-kubeconfig"));
-        assert!(!f.matches("README"));
+        assert_eq!(f.wants("10-calico.conflist", done), CHAIN);
+        assert_eq!(
+            f.wants("10-calico.conflist", AddWatchFlags::IN_CLOSE_WRITE),
+            CHAIN
+        );
+        assert_eq!(
+            f.wants("10-calico.conflist", AddWatchFlags::IN_DELETE),
+            CHAIN
+        );
+        // Still being written: its close or its rename follows.
+        assert_eq!(
+            f.wants("10-calico.conflist", AddWatchFlags::IN_MODIFY),
+            NONE
+        );
+        assert_eq!(
+            f.wants("10-calico.conflist", AddWatchFlags::IN_CREATE),
+            NONE
+        );
+        assert_eq!(f.wants("ZZZ-linkerd-cni-kubeconfig", done), FULL);
+        assert_eq!(
+            f.wants("ZZZ-linkerd-cni-kubeconfig", AddWatchFlags::IN_MODIFY),
+            FULL
+        );
+        assert_eq!(f.wants("README", done), NONE);
         // Our own temp files never wake a pass, whatever the filter.
-        assert!(!f.matches(".linkerd-cni-tmp-1-2-3"));
-        assert!(!Filter::Any.matches(".linkerd-cni-tmp-1-2-3"));
+        assert_eq!(f.wants(".linkerd-cni-tmp-1-2-3", done), NONE);
+        assert_eq!(Filter::Any.wants(".linkerd-cni-tmp-1-2-3", done), NONE);
         let n = Filter::Names(vec!["linkerd-cni".into()]);
-        assert!(n.matches("linkerd-cni"));
-        assert!(!n.matches("calico"));
-        assert!(Filter::Any.matches("..data"));
+        assert_eq!(n.wants("linkerd-cni", done), FULL);
+        assert_eq!(n.wants("calico", done), NONE);
+        // Only the conf dir's filter knows network configs.
+        assert_eq!(n.wants("10-calico.conflist", done), NONE);
+        assert_eq!(Filter::Any.wants("..data", done), FULL);
     }
 
     #[test]
@@ -198,20 +288,29 @@ mod tests {
         assert!(w.arm().is_empty());
 
         std::fs::write(dir.join("README"), "x").unwrap();
-        assert!(!w.drain());
+        assert_eq!(w.drain(), NONE);
         std::fs::write(dir.join("10-calico.conflist"), "{}").unwrap();
-        assert!(w.drain());
+        assert_eq!(w.drain(), CHAIN);
         std::fs::write(dir.join("kc"), "x").unwrap();
-        assert!(w.drain());
-        assert!(!w.drain());
+        assert_eq!(w.drain(), FULL);
+        assert_eq!(w.drain(), NONE);
+        std::fs::write(dir.join("kc"), "y").unwrap();
+        std::fs::rename(dir.join("README"), dir.join("05-x.conf")).unwrap();
+        assert_eq!(
+            w.drain(),
+            Wanted {
+                chain: true,
+                full: true
+            }
+        );
 
         // The directory goes away and comes back: the watch follows.
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(w.drain());
+        assert!(w.drain().full);
         std::fs::create_dir(&dir).unwrap();
         assert!(w.arm().is_empty());
         std::fs::write(dir.join("05-cilium.conflist"), "{}").unwrap();
-        assert!(w.drain());
+        assert_eq!(w.drain(), CHAIN);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
