@@ -168,6 +168,140 @@ pub fn heal_latency(rounds: usize, resync: Duration) -> Result<(), Stop> {
     Ok(())
 }
 
+/// One node and installer per mode for [`heal_at_spacing`].
+struct SpacingNode {
+    _installer: Installer,
+    _api: testkit::FakeApiServer,
+    mode: ChainMode,
+    node: Node,
+    net: String,
+    file: String,
+    desired: Value,
+    generation: u64,
+}
+
+/// Heal time per write when the primary writes again and again, `spacing`
+/// apart: bursts of `burst` renames of new content, `bursts` per mode and
+/// spacing, the modes alternating burst by burst. Each write's heal time is
+/// from its rename to the first moment the config a runtime would load is
+/// healthy and holds that write; a write not healed when the next is due
+/// counts as unhealed (its time, then, is more than the spacing).
+pub fn heal_at_spacing(spacings: &[Duration], bursts: usize, burst: usize) -> Result<(), Stop> {
+    let mut nodes = Vec::new();
+    for mode in ChainMode::ALL {
+        let node = Node::without_linkerd_cni();
+        let api = node.start_api_server_only();
+        let net = node.network_name("spacing");
+        let file = format!("10-{net}.conflist");
+        node.write_conf(&file, &primary_conf(&node, &net, 0));
+        // A long resync: the watch alone heals.
+        let inst = installer::start(
+            &node,
+            &api,
+            &[("LINKERD_CNI_RESYNC_SECONDS", "60"), mode.installer_env()],
+        );
+        let desired = mode.entry(installer::expected_entry(&node));
+        node.wait_healthy(
+            &desired,
+            &primary_conf(&node, &net, 0),
+            Duration::from_secs(5),
+        )
+        .map_err(|e| {
+            fail(format!(
+                "{} mode set-up: {e}\n{}",
+                mode.as_str(),
+                inst.log()
+            ))
+        })?;
+        nodes.push(SpacingNode {
+            _installer: inst,
+            _api: api,
+            mode,
+            node,
+            net,
+            file,
+            desired,
+            generation: 0,
+        });
+    }
+    // (spacing, mode) -> (heal times of healed writes, unhealed writes)
+    let mut results: Vec<(Duration, ChainMode, Samples, usize)> = Vec::new();
+    for &spacing in spacings {
+        let mut per_mode: Vec<(Samples, usize)> =
+            nodes.iter().map(|_| (Samples::new(), 0)).collect();
+        for b in 0..bursts {
+            for k in 0..nodes.len() {
+                let i = (b + k) % nodes.len();
+                let (Some(v), Some((samples, unhealed))) = (nodes.get_mut(i), per_mode.get_mut(i))
+                else {
+                    continue;
+                };
+                // Quiet before the burst: the previous one's last heal.
+                crate::stop::sleep(Duration::from_millis(300))?;
+                let start = Instant::now();
+                for w in 0..burst {
+                    checkpoint()?;
+                    v.generation += 1;
+                    let want = primary_conf(&v.node, &v.net, v.generation);
+                    let due = start + spacing * u32::try_from(w).unwrap_or(u32::MAX);
+                    crate::stop::sleep(due.saturating_duration_since(Instant::now()))?;
+                    let t = Instant::now();
+                    v.node.write_conf(&v.file, &want);
+                    // The last write of a burst gets one spacing too.
+                    let next = t + spacing;
+                    loop {
+                        if v.node
+                            .read_active()
+                            .is_ok_and(|a| a.healthy_with(&v.desired, &want).is_ok())
+                        {
+                            samples.push_duration(t.elapsed());
+                            break;
+                        }
+                        if Instant::now() >= next {
+                            // Its heal time is at least this: counted so
+                            // in the quantiles, a lower bound.
+                            samples.push_duration(spacing);
+                            *unhealed += 1;
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+        for (v, (samples, unhealed)) in nodes.iter().zip(per_mode) {
+            results.push((spacing, v.mode, samples, unhealed));
+        }
+    }
+    println!();
+    println!("### Chain modes: heal time per write, writes close together");
+    println!();
+    println!(
+        "The primary renames new content (without linkerd-cni) into place again and again, at \
+         a fixed spacing: bursts of {burst} writes, {bursts} bursts per mode and spacing, the \
+         modes alternating burst by burst; the installer watches (resync 60 s). Heal time: from \
+         a write to the first moment the config a runtime would load ends with linkerd-cni and \
+         holds that write, polled without pause. A write not healed when the next one is due \
+         is counted as unhealed, and in the quantiles as healed after one spacing (a lower \
+         bound)."
+    );
+    println!();
+    println!("| spacing | mode | writes | unhealed | median [p10–p90] | p99 | max |");
+    println!("|---|---|---|---|---|---|---|");
+    for (spacing, mode, samples, unhealed) in &results {
+        println!(
+            "| {} ms | {} | {} | {unhealed} | {} | {} ms | {} ms |",
+            spacing.as_millis(),
+            mode.as_str(),
+            samples.len(),
+            samples.summary("ms"),
+            fmt_num(samples.quantile(0.99)),
+            fmt_num(samples.max()),
+        );
+    }
+    Ok(())
+}
+
 /// One prepared plugin ADD for an exempt-namespace pod: no API call, no
 /// iptables, so what differs between the modes is the chain check.
 struct DirectAdd {

@@ -47,12 +47,21 @@ const RESYNC: Duration = Duration::from_secs(2);
 /// repaired 10 times within 60 s, which a benchmark would reach but a
 /// primary restarting now and then never does.
 const HEALS_PER_INSTALLER: usize = 8;
+/// The primary's write spacings of the close-writes heal benchmark.
+const SPACINGS: [Duration; 4] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(500),
+];
 
 struct Plan {
     libcni_pairs: usize,
     direct_rounds: usize,
     repair_pairs: usize,
     installer_heals: usize,
+    /// Bursts of writes per mode and spacing.
+    spacing_bursts: usize,
     concurrency: Vec<(usize, usize)>,
     callgrind_runs: usize,
 }
@@ -64,6 +73,7 @@ impl Plan {
             direct_rounds: 400,
             repair_pairs: 200,
             installer_heals: 24,
+            spacing_bursts: 6,
             concurrency: vec![(1, 24), (2, 16), (8, 8), (32, 5)],
             callgrind_runs: 3,
         }
@@ -76,6 +86,7 @@ impl Plan {
             direct_rounds: 20,
             repair_pairs: 10,
             installer_heals: 3,
+            spacing_bursts: 1,
             concurrency: vec![(1, 3), (8, 2)],
             callgrind_runs: 1,
         }
@@ -185,6 +196,8 @@ fn footer(load_before: &str, started: Instant) {
 fn modes(plan: &Plan) -> Result<(), Stop> {
     progress("chain modes: heal latency, inline vs owned, watch vs resync");
     mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
+    progress("chain modes: heal time per write at 50, 100, 200 and 500 ms spacing");
+    mode_bench::heal_at_spacing(&SPACINGS, plan.spacing_bursts, 10)?;
     progress("chain modes: the healthy check per ADD, inline vs owned");
     mode_bench::check_cost(plan.repair_pairs)?;
     progress("chain modes: a meshed pod right after the primary's rewrite");
