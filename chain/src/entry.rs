@@ -25,6 +25,11 @@ pub const PLUGIN_TYPE: &str = "linkerd-cni";
 /// loads (no `.conf`/`.conflist`/`.json` extension). JSON object text.
 pub const ENTRY_FILE: &str = "ZZZ-linkerd-cni-entry";
 
+/// The entry key where the installer says why `chain_mode` is what it is,
+/// when its `auto` setting chose it from the runtime's settings; shown by
+/// `linkerd-cni chain status`.
+pub const MODE_REASON_KEY: &str = "chain_mode_reason";
+
 /// A linkerd-cni plugin object of a conflist: a JSON object whose `"type"`
 /// is [`PLUGIN_TYPE`]. Read-only once made (through [`Deref`] to its map);
 /// [`Entry::with`] makes a changed copy, checked again.

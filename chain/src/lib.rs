@@ -37,7 +37,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use entry::{ENTRY_FILE, Entry, PLUGIN_TYPE, load_entry, persist_entry, remove_entry_file};
+pub use entry::{
+    ENTRY_FILE, Entry, MODE_REASON_KEY, PLUGIN_TYPE, load_entry, persist_entry, remove_entry_file,
+};
 pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_digest};
 pub use lock::{DirLock, lock_dir};

@@ -18,6 +18,7 @@ use std::time::Duration;
 use linkerd_cni_chain::owned::{self, ChainMode};
 
 use crate::entry::{self, Entry, Template};
+use crate::runtime::{self, Host};
 
 pub const DEFAULT_DEST_CNI_NET_DIR: &str = "/etc/cni/net.d";
 pub const DEFAULT_DEST_CNI_BIN_DIR: &str = "/opt/cni/bin";
@@ -137,9 +138,34 @@ pub struct Config {
     /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
     /// symlinked config to a file outside the conf dir (default false).
     pub chain_write_outside_conf_dir: bool,
-    /// `LINKERD_CNI_CHAIN_MODE`: written into the entry's `chain_mode`; when
+    /// `LINKERD_CNI_CHAIN_MODE`: decides the entry's `chain_mode`; when
     /// unset the template's own key (if any) decides, else inline mode.
-    pub chain_mode: Option<ChainMode>,
+    pub chain_mode: Option<ModeChoice>,
+}
+
+/// How the chain mode is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeChoice {
+    /// This mode, whatever the runtime's settings say.
+    Fixed(ChainMode),
+    /// Owned where the runtime's settings prove it safe, else inline (see
+    /// [`crate::runtime`]).
+    Auto,
+}
+
+/// The value of `chain_mode` (the variable or the template's key) that
+/// selects [`ModeChoice::Auto`]. The entry the plugin gets always holds
+/// the mode it resolved to.
+pub const AUTO: &str = "auto";
+
+/// The chain mode of the desired entry, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeNote {
+    pub mode: ChainMode,
+    pub why: String,
+    /// Owned mode forced against runtime settings that do not allow it:
+    /// what they say.
+    pub conflict: Option<String>,
 }
 
 impl Config {
@@ -275,20 +301,84 @@ impl Config {
     /// Reads the template (again, when it is a file: a mounted ConfigMap may
     /// change) and renders the entry the active conflist must end with.
     pub fn desired_entry(&self) -> Result<Entry, ConfigError> {
+        self.desired().map(|(e, _)| e)
+    }
+
+    /// [`Config::desired_entry`], and why its chain mode is what it is.
+    /// `auto` reads the runtime's settings each time: they change when the
+    /// runtime is reconfigured, and the mode follows.
+    pub fn desired(&self) -> Result<(Entry, ModeNote), ConfigError> {
         let text = self.template.read()?;
-        let mut e = entry::render(
+        let e = entry::render(
             &text,
             self.template.var(),
             &self.kubeconfig_host_path(),
             &self.dest_cni_net_dir,
         )?;
-        if let Some(m) = self.chain_mode {
-            e = e
-                .with(owned::MODE_KEY, m.as_str())
-                .map_err(|err| ConfigError::new("LINKERD_CNI_CHAIN_MODE", err.to_string()))?;
+        let template_auto = e
+            .get(owned::MODE_KEY)
+            .is_some_and(|v| v.as_str() == Some(AUTO));
+        let (choice, source) = match self.chain_mode {
+            Some(c) => (Some(c), "LINKERD_CNI_CHAIN_MODE"),
+            None if template_auto => (Some(ModeChoice::Auto), self.template.var()),
+            None => (None, self.template.var()),
+        };
+        let with = |e: Entry, key: &str, value: &str| {
+            e.with(key, value)
+                .map_err(|err| ConfigError::new(source, err.to_string()))
+        };
+        let (e, note) = match choice {
+            Some(ModeChoice::Auto) => {
+                let sel = runtime::select(&Host {
+                    prefix: &self.mount_prefix,
+                });
+                let e = with(e, owned::MODE_KEY, sel.mode.as_str())?;
+                let e = with(e, linkerd_cni_chain::MODE_REASON_KEY, &sel.reason)?;
+                let note = ModeNote {
+                    mode: sel.mode,
+                    why: format!("{source}=auto: {}", sel.reason),
+                    conflict: None,
+                };
+                (e, note)
+            }
+            Some(ModeChoice::Fixed(m)) => {
+                let e = with(e, owned::MODE_KEY, m.as_str())?;
+                (e, self.fixed_note(m, format!("set by {source}")))
+            }
+            None => {
+                let m =
+                    owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
+                let why = if e.get(owned::MODE_KEY).is_some() {
+                    format!("set by chain_mode in {source}")
+                } else {
+                    format!(
+                        "the default: no chain_mode in {source}, LINKERD_CNI_CHAIN_MODE unset \
+                         (auto selects owned where the runtime's settings allow it)"
+                    )
+                };
+                (e, self.fixed_note(m, why))
+            }
+        };
+        owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
+        Ok((e, note))
+    }
+
+    /// A mode not chosen by `auto`: owned mode is checked against the
+    /// runtime's settings all the same.
+    fn fixed_note(&self, mode: ChainMode, why: String) -> ModeNote {
+        let conflict = (mode == ChainMode::Owned)
+            .then(|| {
+                runtime::select(&Host {
+                    prefix: &self.mount_prefix,
+                })
+            })
+            .filter(|sel| sel.mode != ChainMode::Owned)
+            .map(|sel| sel.reason);
+        ModeNote {
+            mode,
+            why,
+            conflict,
         }
-        owned::mode_of(&e).map_err(|err| ConfigError::new(self.template.var(), err.to_string()))?;
-        Ok(e)
     }
 }
 
@@ -491,15 +581,18 @@ fn on_exit(value: Option<String>) -> Result<OnExit, ConfigError> {
     }
 }
 
-fn chain_mode(value: Option<String>) -> Result<Option<ChainMode>, ConfigError> {
+fn chain_mode(value: Option<String>) -> Result<Option<ModeChoice>, ConfigError> {
     match value {
         None => Ok(None),
-        Some(v) => Ok(Some(ChainMode::parse(v.trim()).ok_or_else(|| {
-            ConfigError::new(
-                "LINKERD_CNI_CHAIN_MODE",
-                format!("expected inline or owned, got {v:?}"),
-            )
-        })?)),
+        Some(v) if v.trim() == AUTO => Ok(Some(ModeChoice::Auto)),
+        Some(v) => Ok(Some(ModeChoice::Fixed(
+            ChainMode::parse(v.trim()).ok_or_else(|| {
+                ConfigError::new(
+                    "LINKERD_CNI_CHAIN_MODE",
+                    format!("expected auto, inline or owned, got {v:?}"),
+                )
+            })?,
+        ))),
     }
 }
 
@@ -645,7 +738,7 @@ mod tests {
             ChainMode::Inline
         );
         let c = env(&[("LINKERD_CNI_CHAIN_MODE", "owned")]).unwrap();
-        assert_eq!(c.chain_mode, Some(ChainMode::Owned));
+        assert_eq!(c.chain_mode, Some(ModeChoice::Fixed(ChainMode::Owned)));
         assert_eq!(
             owned::mode_of(&c.desired_entry().unwrap()).unwrap(),
             ChainMode::Owned

@@ -365,11 +365,12 @@ impl Installer {
     }
 
     fn reconcile_entry(&mut self) -> Entry {
-        match self.cfg.desired_entry() {
-            Ok(e) => {
+        match self.cfg.desired() {
+            Ok((e, mode)) => {
                 self.notes.clear("template", || {
                     format!("{} renders again", self.cfg.template.var())
                 });
+                crate::runtime::log_mode(&mut self.notes, &mode, &self.cfg.mount_prefix);
                 self.last_entry = e;
             }
             Err(e) => self.notes.log_change(

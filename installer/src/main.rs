@@ -13,6 +13,7 @@ mod logging;
 mod notes;
 mod owner;
 mod run;
+mod runtime;
 mod signals;
 mod taint;
 mod watch;
@@ -32,7 +33,8 @@ variables (those of the linkerd2-cni Helm chart, plus LINKERD_CNI_*).
 USAGE:
     linkerd-cni-installer            install, then reconcile until SIGTERM
     linkerd-cni-installer check      exit 0 when the node is ready (readiness
-                                     probe); otherwise print why and exit 1
+                                     probe); otherwise print why and exit 1;
+                                     either way, the chain mode and why
     linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
                                      config, then the kubeconfig and the
                                      persisted entry, then the binaries
@@ -81,8 +83,10 @@ fn main() -> ExitCode {
     match command {
         Command::Run => run::run(installer),
         Command::Check => {
-            let problems = installer.check();
-            if problems.is_empty() {
+            let mut problems = installer.check();
+            let (lines, more) = runtime::check_report(installer.config());
+            problems.extend(more);
+            let code = if problems.is_empty() {
                 println!("ready: linkerd-cni is installed and chained");
                 ExitCode::SUCCESS
             } else {
@@ -91,7 +95,11 @@ fn main() -> ExitCode {
                     println!("- {p}");
                 }
                 ExitCode::FAILURE
+            };
+            for l in lines {
+                println!("{l}");
             }
+            code
         }
         Command::Uninstall => match installer.uninstall() {
             Ok(()) => {

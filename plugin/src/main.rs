@@ -26,7 +26,9 @@ USAGE:
     linkerd-cni --help      print this help
     linkerd-cni chain status [--conf-dir DIR] [--entry FILE]
                             show the chain mode (the entry's chain_mode:
-                            inline or owned), the active network config and
+                            inline or owned) and why (the installer's auto
+                            setting records what the runtime's settings
+                            said), the active network config and
                             whether the linkerd-cni entry is in place; in
                             owned mode our file, the primary's and whether
                             the copy is current (exit 0 healthy, 1 not
@@ -172,6 +174,20 @@ fn split_flag<'a, 'b>(
     }
 }
 
+/// Why the entry's chain mode is what it is.
+fn mode_reason(desired: &Entry) -> String {
+    match (
+        desired
+            .get(chain::MODE_REASON_KEY)
+            .and_then(serde_json::Value::as_str),
+        desired.get(owned::MODE_KEY),
+    ) {
+        (Some(why), _) => format!("auto, from the runtime's settings: {why}"),
+        (None, Some(_)) => "set in the entry (chain_mode)".to_string(),
+        (None, None) => "inline, the default (no chain_mode in the entry)".to_string(),
+    }
+}
+
 /// Prints the chain's state in `mode`; returns whether it is healthy.
 fn status(
     conf_dir: &Path,
@@ -180,6 +196,7 @@ fn status(
     opts: &RepairOptions,
 ) -> Result<bool, chain::ChainError> {
     println!("mode:          {mode}");
+    println!("mode chosen:   {}", mode_reason(desired));
     let inline = chain::diagnose_with(conf_dir, desired, opts)?;
     print_transport_warnings(desired);
     match mode {
