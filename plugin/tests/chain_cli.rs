@@ -346,3 +346,39 @@ fn status_and_repair_refuse_a_symlink_leading_outside() {
     assert_eq!(fs::read(&target).unwrap(), before);
     assert_eq!(elsewhere.names(), ["10-calico.conflist"]);
 }
+
+/// `chain status` says why the mode is what it is: the installer's `auto`
+/// records the runtime settings' verdict in the entry.
+#[test]
+fn status_says_why_the_mode_is_what_it_is() {
+    let d = TempDir::new("cli-why").unwrap();
+    calico(&d);
+    let entry = TempDir::new("cli-why-entry").unwrap();
+    let mut e: Value =
+        serde_json::from_str(&fs::read_to_string(fixtures().join("entry.json")).unwrap()).unwrap();
+    let cases = [
+        (
+            None,
+            None,
+            "inline, the default (no chain_mode in the entry)",
+        ),
+        (Some("inline"), None, "set in the entry (chain_mode)"),
+        (
+            Some("inline"),
+            Some("containerd's max_conf_num is 0"),
+            "auto, from the runtime's settings: containerd's max_conf_num is 0",
+        ),
+    ];
+    for (mode, reason, want) in cases {
+        if let Some(m) = mode {
+            e["chain_mode"] = m.into();
+        }
+        if let Some(r) = reason {
+            e["chain_mode_reason"] = r.into();
+        }
+        let file = entry.write("entry.json", &e.to_string());
+        let o = chain(&[&["status"][..], &dir_args(&d, &file)].concat());
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains(&format!("mode chosen:   {want}")), "{out}");
+    }
+}
