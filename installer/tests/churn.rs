@@ -15,13 +15,19 @@ use common::*;
 
 /// A rename of new content every 100 ms for 10 s, the installer watching
 /// (resync 60 s, so the watch does all the work): the file a runtime would
-/// load, sampled every 2 ms, is healthy in at least 90% of the samples.
+/// load, sampled every 5 ms (often enough to see a heal taking a few ms,
+/// seldom enough not to take the installer's CPU on a small machine), is
+/// healthy in at least 90% of the samples.
 /// When the installer's own write restarted a 100 ms debounce, every write
 /// after the first of a burst waited that long: about half the samples
 /// were unhealthy.
 #[test]
 fn rename_storm_every_100ms_stays_chained() {
-    let node = Arc::new(Node::new("churn-storm"));
+    // What is measured is the installer's reaction, so the node lives in
+    // memory: on this shared machine's disk an fsync under other builds'
+    // load took up to tens of milliseconds, which is the disk's time, not
+    // the installer's (BENCHMARKS.md has the heal times on disk).
+    let node = Arc::new(Node::in_memory("churn-storm"));
     node.write_by_rename("10-calico.conflist", &calico_text(0));
     let inst = node.start(&[("LINKERD_CNI_RESYNC_SECONDS", "60")]);
     assert!(
@@ -40,7 +46,7 @@ fn rename_storm_every_100ms_stays_chained() {
                 if node.healthy().is_ok() {
                     healthy += 1;
                 }
-                thread::sleep(Duration::from_millis(2));
+                thread::sleep(Duration::from_millis(5));
             }
             (healthy, samples)
         })
@@ -72,7 +78,7 @@ fn rename_storm_every_100ms_stays_chained() {
         share * 100.0
     );
     assert!(
-        samples >= 500,
+        samples >= 1000,
         "too few samples to judge ({samples}): the sampler was starved"
     );
     assert!(

@@ -58,8 +58,9 @@ pub fn remove_named(owner: impl Fn(u32) -> bool) -> Vec<String> {
             removed.push(format!("netns {name}"));
         }
     }
-    for e in std::fs::read_dir(std::env::temp_dir())
-        .into_iter()
+    for e in [std::env::temp_dir(), PathBuf::from(MEMORY_DIR)]
+        .iter()
+        .flat_map(std::fs::read_dir)
         .flatten()
         .flatten()
     {
@@ -88,11 +89,29 @@ pub struct TempDir {
     path: PathBuf,
 }
 
+/// A memory file system (tmpfs) most Linux systems have.
+const MEMORY_DIR: &str = "/dev/shm";
+
 impl TempDir {
     /// Creates it.
     pub fn new(kind: &str) -> std::io::Result<TempDir> {
+        Self::new_under(&std::env::temp_dir(), kind)
+    }
+
+    /// Creates it in memory (tmpfs) where the system has one, else as
+    /// [`TempDir::new`]: for a test about how soon a process reacts, in
+    /// which a shared disk's flush latency (an fsync under other builds'
+    /// load takes tens of milliseconds) would only be noise.
+    pub fn in_memory(kind: &str) -> std::io::Result<TempDir> {
+        match Path::new(MEMORY_DIR).is_dir() {
+            true => Self::new_under(Path::new(MEMORY_DIR), kind),
+            false => Self::new(kind),
+        }
+    }
+
+    fn new_under(base: &Path, kind: &str) -> std::io::Result<TempDir> {
         sweep_stale();
-        let path = std::env::temp_dir().join(unique_name(kind));
+        let path = base.join(unique_name(kind));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)

@@ -75,7 +75,16 @@ pub struct Node {
 
 impl Node {
     pub fn new(tag: &str) -> Node {
-        let dir = testkit::TempDir::new(&format!("inst-{tag}")).expect("temp dir");
+        Node::in_dir(testkit::TempDir::new(&format!("inst-{tag}")).expect("temp dir"))
+    }
+
+    /// A node on a memory file system where there is one (see
+    /// [`testkit::TempDir::in_memory`]).
+    pub fn in_memory(tag: &str) -> Node {
+        Node::in_dir(testkit::TempDir::in_memory(&format!("inst-{tag}")).expect("temp dir"))
+    }
+
+    fn in_dir(dir: testkit::TempDir) -> Node {
         let root = dir.path().to_path_buf();
         let prefix = root.join("host");
         let conf_dir = prefix.join("etc/cni/net.d");
