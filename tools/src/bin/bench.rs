@@ -105,22 +105,26 @@ fn story() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] | ["--modes"] => Plan::full(),
-        ["--quick"] | ["--modes", "--quick"] => Plan::quick(),
+        [] | ["--modes" | "--spacing"] => Plan::full(),
+        ["--quick"] | ["--modes" | "--spacing", "--quick"] => Plan::quick(),
         _ => {
-            eprintln!("usage: bench [--modes] [--quick]");
+            eprintln!("usage: bench [--modes | --spacing] [--quick]");
             return ExitCode::from(2);
         }
     };
-    // `--modes`: only the chain modes' side-by-side figures.
+    // `--modes`: only the chain modes' side-by-side figures; `--spacing`:
+    // only their heal times per write at each spacing.
     let only_modes = args.first().is_some_and(|a| a == "--modes");
+    let only_spacing = args.first().is_some_and(|a| a == "--spacing");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
     let result = if only_modes {
-        stop::run_story(|| run_modes(&plan))
+        stop::run_story(|| run_modes(&plan, modes))
+    } else if only_spacing {
+        stop::run_story(|| run_modes(&plan, spacing))
     } else {
         stop::run_story(|| run(&plan))
     };
@@ -196,22 +200,26 @@ fn footer(load_before: &str, started: Instant) {
 fn modes(plan: &Plan) -> Result<(), Stop> {
     progress("chain modes: heal latency, inline vs owned, watch vs resync");
     mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
-    progress("chain modes: heal time per write at 50, 100, 200 and 500 ms spacing");
-    mode_bench::heal_at_spacing(&SPACINGS, plan.spacing_bursts, 10)?;
+    spacing(plan)?;
     progress("chain modes: the healthy check per ADD, inline vs owned");
     mode_bench::check_cost(plan.repair_pairs)?;
     progress("chain modes: a meshed pod right after the primary's rewrite");
     mode_bench::pod_after_rewrite(plan.installer_heals * 2)
 }
 
-fn run_modes(plan: &Plan) -> Result<(), Stop> {
+fn spacing(plan: &Plan) -> Result<(), Stop> {
+    progress("chain modes: heal time per write at 50, 100, 200 and 500 ms spacing");
+    mode_bench::heal_at_spacing(&SPACINGS, plan.spacing_bursts, 10)
+}
+
+fn run_modes(plan: &Plan, sections: fn(&Plan) -> Result<(), Stop>) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
     let bins = Binaries::find().map_err(fail)?;
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
     print_machine(&cpus, &bins);
-    modes(plan)?;
+    sections(plan)?;
     footer(&load_before, started);
     Ok(())
 }
