@@ -750,6 +750,68 @@ mod tests {
     }
 
     #[test]
+    fn auto_resolves_to_a_mode_and_says_why() {
+        let empty = std::env::temp_dir().join(format!("lcni-auto-{}", std::process::id()));
+        let prefix = empty.to_str().unwrap();
+        // By the variable: no runtime settings under the prefix, inline.
+        let c = env(&[
+            ("LINKERD_CNI_CHAIN_MODE", "auto"),
+            ("CONTAINER_MOUNT_PREFIX", prefix),
+        ])
+        .unwrap();
+        assert_eq!(c.chain_mode, Some(ModeChoice::Auto));
+        let (e, note) = c.desired().unwrap();
+        assert_eq!(e.get(owned::MODE_KEY).unwrap(), "inline");
+        let why = e.get(linkerd_cni_chain::MODE_REASON_KEY).unwrap();
+        assert!(
+            why.as_str()
+                .unwrap()
+                .contains("no containerd or CRI-O settings"),
+            "{why}"
+        );
+        assert!(
+            note.why.starts_with("LINKERD_CNI_CHAIN_MODE=auto: "),
+            "{note:?}"
+        );
+        // By the template's key, which the variable overrides.
+        let t = TEMPLATE.replacen('{', r#"{"chain_mode":"auto","#, 1);
+        let c = env(&[
+            ("CNI_NETWORK_CONFIG", &t),
+            ("CONTAINER_MOUNT_PREFIX", prefix),
+        ])
+        .unwrap();
+        let (e, note) = c.desired().unwrap();
+        assert_eq!(e.get(owned::MODE_KEY).unwrap(), "inline");
+        assert!(
+            note.why.starts_with("CNI_NETWORK_CONFIG=auto: "),
+            "{note:?}"
+        );
+        let c = env(&[
+            ("CNI_NETWORK_CONFIG", &t),
+            ("LINKERD_CNI_CHAIN_MODE", "owned"),
+            ("CONTAINER_MOUNT_PREFIX", prefix),
+        ])
+        .unwrap();
+        let (e, note) = c.desired().unwrap();
+        assert_eq!(e.get(owned::MODE_KEY).unwrap(), "owned");
+        assert!(e.get(linkerd_cni_chain::MODE_REASON_KEY).is_none());
+        // Owned forced where nothing proves it safe: said.
+        assert!(
+            note.conflict
+                .as_deref()
+                .is_some_and(|c| c.contains("no containerd or CRI-O settings")),
+            "{note:?}"
+        );
+        // Unset: inline, the upstream default, and no conflict to report.
+        let (_, note) = env(&[]).unwrap().desired().unwrap();
+        assert_eq!(note.mode, ChainMode::Inline);
+        assert!(note.why.starts_with("the default"), "{note:?}");
+        assert_eq!(note.conflict, None);
+        let t = TEMPLATE.replacen('{', r#"{"chain_mode":"automatic","#, 1);
+        assert!(env(&[("CNI_NETWORK_CONFIG", &t)]).is_err());
+    }
+
+    #[test]
     fn every_bad_value_names_its_variable() {
         for (var, value) in [
             ("LINKERD_CNI_RESYNC_SECONDS", "0"),
@@ -776,6 +838,7 @@ mod tests {
             ("CNI_NETWORK_CONFIG", "[1,2]"),
             ("CNI_NETWORK_CONFIG", "{not json"),
             ("CNI_NETWORK_CONFIG", r#"{"type":"calico"}"#),
+            ("LINKERD_CNI_CHAIN_MODE", "automatic"),
         ] {
             let e = env(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var, "{var}={value}: {e}");
