@@ -238,41 +238,32 @@ mod tests {
 
     #[test]
     fn filters() {
-        let done = AddWatchFlags::IN_MOVED_TO;
+        use AddWatchFlags as F;
         let f = Filter::ConfigsAnd(vec!["ZZZ-linkerd-cni-kubeconfig".into()]);
-        assert_eq!(f.wants("10-calico.conflist", done), CHAIN);
-        assert_eq!(
-            f.wants("10-calico.conflist", AddWatchFlags::IN_CLOSE_WRITE),
-            CHAIN
-        );
-        assert_eq!(
-            f.wants("10-calico.conflist", AddWatchFlags::IN_DELETE),
-            CHAIN
-        );
-        // Still being written: its close or its rename follows.
-        assert_eq!(
-            f.wants("10-calico.conflist", AddWatchFlags::IN_MODIFY),
-            NONE
-        );
-        assert_eq!(
-            f.wants("10-calico.conflist", AddWatchFlags::IN_CREATE),
-            NONE
-        );
-        assert_eq!(f.wants("ZZZ-linkerd-cni-kubeconfig", done), FULL);
-        assert_eq!(
-            f.wants("ZZZ-linkerd-cni-kubeconfig", AddWatchFlags::IN_MODIFY),
-            FULL
-        );
-        assert_eq!(f.wants("README", done), NONE);
-        // Our own temp files never wake a pass, whatever the filter.
-        assert_eq!(f.wants(".linkerd-cni-tmp-1-2-3", done), NONE);
-        assert_eq!(Filter::Any.wants(".linkerd-cni-tmp-1-2-3", done), NONE);
         let n = Filter::Names(vec!["linkerd-cni".into()]);
-        assert_eq!(n.wants("linkerd-cni", done), FULL);
-        assert_eq!(n.wants("calico", done), NONE);
-        // Only the conf dir's filter knows network configs.
-        assert_eq!(n.wants("10-calico.conflist", done), NONE);
-        assert_eq!(Filter::Any.wants("..data", done), FULL);
+        let conf = "10-calico.conflist";
+        let kc = "ZZZ-linkerd-cni-kubeconfig";
+        for (filter, name, mask, want) in [
+            (&f, conf, F::IN_MOVED_TO, CHAIN),
+            (&f, conf, F::IN_CLOSE_WRITE, CHAIN),
+            (&f, conf, F::IN_DELETE, CHAIN),
+            // Still being written: its close or its rename follows.
+            (&f, conf, F::IN_MODIFY, NONE),
+            (&f, conf, F::IN_CREATE, NONE),
+            (&f, kc, F::IN_MOVED_TO, FULL),
+            (&f, kc, F::IN_MODIFY, FULL),
+            (&f, "README", F::IN_MOVED_TO, NONE),
+            // Our own temp files never wake a pass, whatever the filter.
+            (&f, ".linkerd-cni-tmp-1-2-3", F::IN_MOVED_TO, NONE),
+            (&Filter::Any, ".linkerd-cni-tmp-1-2-3", F::IN_MOVED_TO, NONE),
+            (&n, "linkerd-cni", F::IN_MOVED_TO, FULL),
+            (&n, "calico", F::IN_MOVED_TO, NONE),
+            // Only the conf dir's filter knows network configs.
+            (&n, conf, F::IN_MOVED_TO, NONE),
+            (&Filter::Any, "..data", F::IN_MOVED_TO, FULL),
+        ] {
+            assert_eq!(filter.wants(name, mask), want, "{filter:?} {name} {mask:?}");
+        }
     }
 
     #[test]

@@ -33,6 +33,46 @@ fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
     chains::conflist(net, "1.0.0", plugins)
 }
 
+/// What [`start_node`] sets up: the installer, the API server, the node
+/// (drop them in that order), the network's name, the primary's file name,
+/// the desired entry.
+type Started = (
+    Installer,
+    testkit::FakeApiServer,
+    Node,
+    String,
+    String,
+    Value,
+);
+
+/// A node whose primary (`tag` network, generation 0) is chained by the
+/// real installer in `mode`, run with `env`, within `within`.
+fn start_node(
+    mode: ChainMode,
+    tag: &str,
+    env: &[(&str, &str)],
+    within: Duration,
+) -> Result<Started, Stop> {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name(tag);
+    let file = format!("10-{net}.conflist");
+    node.write_conf(&file, &primary_conf(&node, &net, 0));
+    let mut env = env.to_vec();
+    env.push(mode.installer_env());
+    let inst = installer::start(&node, &api, &env);
+    let desired = mode.entry(installer::expected_entry(&node));
+    node.wait_healthy(&desired, &primary_conf(&node, &net, 0), within)
+        .map_err(|e| {
+            fail(format!(
+                "{} mode set-up: {e}\n{}",
+                mode.as_str(),
+                inst.log()
+            ))
+        })?;
+    Ok((inst, api, node, net, file, desired))
+}
+
 /// Dropped in field order: the installer before the node it writes into.
 struct HealVariant {
     _installer: Installer,
@@ -54,34 +94,16 @@ pub fn heal_latency(rounds: usize, resync: Duration) -> Result<(), Stop> {
     let mut variants = Vec::new();
     for mode in ChainMode::ALL {
         for watch in [true, false] {
-            let node = Node::without_linkerd_cni();
-            let api = node.start_api_server_only();
-            let net = node.network_name("heal");
-            let file = format!("10-{net}.conflist");
-            node.write_conf(&file, &primary_conf(&node, &net, 0));
             let secs = format!("{}", resync.as_secs_f64());
-            let inst = installer::start(
-                &node,
-                &api,
+            let (inst, api, node, net, file, desired) = start_node(
+                mode,
+                "heal",
                 &[
                     ("LINKERD_CNI_RESYNC_SECONDS", &secs),
                     ("LINKERD_CNI_WATCH", if watch { "true" } else { "false" }),
-                    mode.installer_env(),
                 ],
-            );
-            let desired = mode.entry(installer::expected_entry(&node));
-            node.wait_healthy(
-                &desired,
-                &primary_conf(&node, &net, 0),
                 resync + Duration::from_secs(5),
-            )
-            .map_err(|e| {
-                fail(format!(
-                    "{} mode set-up: {e}\n{}",
-                    mode.as_str(),
-                    inst.log()
-                ))
-            })?;
+            )?;
             variants.push(HealVariant {
                 _installer: inst,
                 _api: api,
@@ -189,30 +211,13 @@ struct SpacingNode {
 pub fn heal_at_spacing(spacings: &[Duration], bursts: usize, burst: usize) -> Result<(), Stop> {
     let mut nodes = Vec::new();
     for mode in ChainMode::ALL {
-        let node = Node::without_linkerd_cni();
-        let api = node.start_api_server_only();
-        let net = node.network_name("spacing");
-        let file = format!("10-{net}.conflist");
-        node.write_conf(&file, &primary_conf(&node, &net, 0));
         // A long resync: the watch alone heals.
-        let inst = installer::start(
-            &node,
-            &api,
-            &[("LINKERD_CNI_RESYNC_SECONDS", "60"), mode.installer_env()],
-        );
-        let desired = mode.entry(installer::expected_entry(&node));
-        node.wait_healthy(
-            &desired,
-            &primary_conf(&node, &net, 0),
+        let (inst, api, node, net, file, desired) = start_node(
+            mode,
+            "spacing",
+            &[("LINKERD_CNI_RESYNC_SECONDS", "60")],
             Duration::from_secs(5),
-        )
-        .map_err(|e| {
-            fail(format!(
-                "{} mode set-up: {e}\n{}",
-                mode.as_str(),
-                inst.log()
-            ))
-        })?;
+        )?;
         nodes.push(SpacingNode {
             _installer: inst,
             _api: api,
@@ -473,29 +478,12 @@ struct PodVariant {
 pub fn pod_after_rewrite(rounds: usize) -> Result<(), Stop> {
     let mut variants = Vec::new();
     for mode in ChainMode::ALL {
-        let node = Node::without_linkerd_cni();
-        let api = node.start_api_server_only();
-        let net = node.network_name("pods");
-        let file = format!("10-{net}.conflist");
-        node.write_conf(&file, &primary_conf(&node, &net, 0));
-        let inst = installer::start(
-            &node,
-            &api,
-            &[("LINKERD_CNI_RESYNC_SECONDS", "2"), mode.installer_env()],
-        );
-        let desired = mode.entry(installer::expected_entry(&node));
-        node.wait_healthy(
-            &desired,
-            &primary_conf(&node, &net, 0),
+        let (inst, api, node, net, file, _) = start_node(
+            mode,
+            "pods",
+            &[("LINKERD_CNI_RESYNC_SECONDS", "2")],
             Duration::from_secs(7),
-        )
-        .map_err(|e| {
-            fail(format!(
-                "{} mode set-up: {e}\n{}",
-                mode.as_str(),
-                inst.log()
-            ))
-        })?;
+        )?;
         variants.push(PodVariant {
             _installer: inst,
             api,
