@@ -206,3 +206,170 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
     report.left_behind = node.shutdown();
     report
 }
+
+/// What [`primary_burst`] saw.
+#[derive(Debug, Clone)]
+pub struct BurstReport {
+    pub keeping: String,
+    /// Meshed pods created, all at once with as many unmeshed ones, while
+    /// the primary rewrote.
+    pub pods: usize,
+    /// Of those, the ones whose sandbox has no linkerd-cni rules.
+    pub unmeshed: usize,
+    /// RunPodSandbox calls that failed asking to try again (CNI code 11)
+    /// and were retried.
+    pub retried: usize,
+    /// Pods whose sandbox had some but not exactly the reference rules, or
+    /// whose RunPodSandbox failed: never acceptable.
+    pub broken: Vec<String>,
+    /// What the node's teardown found left behind.
+    pub left_behind: Vec<String>,
+}
+
+impl std::fmt::Display for BurstReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} of {} meshed pods created in bursts while the primary rewrote came up unmeshed; {} RunPodSandbox calls answered \"try again\" and retried ({:.2} per pod)",
+            self.keeping,
+            self.unmeshed,
+            self.pods,
+            self.retried,
+            self.retried as f64 / self.pods.max(1) as f64
+        )
+    }
+}
+
+/// The primary's rewrites in a burst: `repetitions` times, once the chain
+/// is meshing, `pods` pods (every other one meshed: the meshed ones are
+/// counted) are created through CRI at once while
+/// the primary rewrites its config without linkerd-cni `rewrites` times,
+/// `spacing` apart (rename within the conf dir, new content each time);
+/// each pod's rules are read, then all are removed. A RunPodSandbox that
+/// asks to try again is retried, as the kubelet would. New content each
+/// time is no fight, so neither keeper rate-limits its repairs.
+pub fn primary_burst(
+    keeping: &dyn ChainKeeping,
+    repetitions: usize,
+    pods: usize,
+    rewrites: usize,
+    spacing: std::time::Duration,
+) -> BurstReport {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("burst");
+    let file = format!("10-{net}.conflist");
+    node.write_conf(&file, &primary_conf(&node, &net, 0));
+    let node = CriNode::start(node);
+    let keeper = keeping.start(&node, &api);
+    let mut report = BurstReport {
+        keeping: keeping.name(),
+        pods: 0,
+        unmeshed: 0,
+        retried: 0,
+        broken: Vec::new(),
+        left_behind: Vec::new(),
+    };
+    let meshing = |node: &CriNode| {
+        node.wait_cni_loaded("a meshing chain", |sources| {
+            sources
+                .iter()
+                .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+                .any(|v| v["name"] == net && keeping.is_meshing(&v))
+        });
+    };
+    let mut generation = 0;
+    for rep in 0..repetitions {
+        meshing(&node);
+        let names: Vec<(String, bool)> = (0..pods)
+            .map(|i| (format!("web-{rep}-{i}"), i % 2 == 0))
+            .collect();
+        for (n, meshed) in &names {
+            if *meshed {
+                kube::serve_meshed(&api, n);
+            } else {
+                kube::serve_unmeshed(&api, n);
+            }
+        }
+        let first = generation + 1;
+        generation += rewrites as u64;
+        let outcomes = std::thread::scope(|s| {
+            let node = &node;
+            let (net, file) = (&net, &file);
+            s.spawn(move || {
+                for g in first..first + rewrites as u64 {
+                    node.replace_conf(file, &primary_conf(node, net, g));
+                    std::thread::sleep(spacing);
+                }
+            });
+            let handles: Vec<_> = names
+                .iter()
+                .map(|(name, meshed)| {
+                    s.spawn(move || {
+                        let mut retried = 0;
+                        let mut run = node.run_pod(APP_NAMESPACE, name);
+                        for _ in 1..ATTEMPTS {
+                            match &run {
+                                Err(e) if e.to_string().contains("try again") => {
+                                    retried += 1;
+                                    run = node.run_pod(APP_NAMESPACE, name);
+                                }
+                                _ => break,
+                            }
+                        }
+                        (name.clone(), *meshed, run, retried)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .collect::<Vec<_>>()
+        });
+        let mut sandboxes = Vec::new();
+        for (name, meshed, run, retried) in outcomes {
+            report.retried += retried;
+            report.pods += usize::from(meshed);
+            match run {
+                Ok(sbx) => {
+                    let ns = sbx.netns();
+                    if !meshed {
+                        if ns.has_linkerd_rules() {
+                            report.broken.push(format!("{name}: unmeshed, with rules"));
+                        }
+                    } else if ns.has_linkerd_rules() {
+                        if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
+                            report.broken.push(format!("{name}: partial rules: {e:?}"));
+                        }
+                    } else {
+                        report.unmeshed += 1;
+                    }
+                    drop(ns);
+                    sandboxes.push((name, sbx));
+                }
+                Err(e) => report.broken.push(format!("{name}: RunPodSandbox: {e}")),
+            }
+        }
+        let removed: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = sandboxes
+                .into_iter()
+                .map(|(name, sbx)| {
+                    s.spawn(move || {
+                        sbx.stop_and_remove()
+                            .err()
+                            .map(|e| format!("{name}: stop/remove: {e}"))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok().flatten())
+                .collect()
+        });
+        report.broken.extend(removed);
+    }
+    meshing(&node);
+    drop(keeper);
+    report.left_behind = node.shutdown();
+    report
+}
