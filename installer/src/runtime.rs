@@ -43,6 +43,7 @@ use serde_json::Value;
 use toml_edit::{Document, Item};
 
 use crate::config::{Config, ModeNote, under_prefix};
+use crate::fsutil::read_capped_text;
 use crate::notes::Notes;
 
 /// containerd's main config file, at the standard, k3s and RKE2 paths.
@@ -66,6 +67,9 @@ const CRI_PLUGINS: [&[&str]; 3] = [
 ];
 /// More files than this pulled in by imports is not a real config.
 const MAX_IMPORTED: usize = 256;
+/// The most result-cache entries read per look (a node runs a few hundred
+/// sandboxes at most; each has one entry per network attachment).
+const MAX_CACHE_ENTRIES: usize = 4096;
 
 /// Host files, by host path.
 pub trait HostFiles {
@@ -91,7 +95,9 @@ fn absent_is_none<T>(r: io::Result<T>) -> Result<Option<T>, String> {
 
 impl HostFiles for Host<'_> {
     fn read(&self, path: &Path) -> Result<Option<String>, String> {
-        absent_is_none(std::fs::read_to_string(under_prefix(self.prefix, path)))
+        // Capped: a wrong mount (a device, a huge file) is an error naming
+        // the file, not an out-of-memory kill.
+        absent_is_none(read_capped_text(&under_prefix(self.prefix, path)))
     }
 
     fn list(&self, dir: &Path) -> Result<Option<Vec<String>>, String> {
@@ -506,6 +512,7 @@ pub fn cached_double_attachments(files: &dyn HostFiles) -> Option<Vec<String>> {
     let names = files.list(dir).ok()??;
     let entries: Vec<(String, String)> = names
         .into_iter()
+        .take(MAX_CACHE_ENTRIES)
         .filter_map(|n| {
             let text = files.read(&dir.join(&n)).ok()??;
             Some((n, text))
