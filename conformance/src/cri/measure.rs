@@ -14,6 +14,7 @@ use serde_json::Value;
 use testkit::FakeApiServer;
 
 use super::containerd::CriNode;
+use super::pods::SandboxNetns;
 use crate::chains::{self, Primary};
 use crate::kube::{self, APP_NAMESPACE};
 use crate::modes::{ChainMode, MARKER_KEY};
@@ -101,11 +102,13 @@ impl ChainKeeping for Owned {
 /// again (CNI code 11) is retried, as the kubelet retries a sandbox.
 const ATTEMPTS: usize = 5;
 
-/// What [`primary_rewrites`] saw.
+/// What [`primary_rewrites`] or [`primary_burst`] saw.
 #[derive(Debug, Clone)]
 pub struct RewriteReport {
     pub keeping: String,
-    /// Meshed pods created, each right after a rewrite.
+    /// How the pods were created, for the report.
+    pub scenario: &'static str,
+    /// Meshed pods created.
     pub pods: usize,
     /// Of those, the ones whose sandbox has no linkerd-cni rules.
     pub unmeshed: usize,
@@ -123,10 +126,68 @@ impl std::fmt::Display for RewriteReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} of {} meshed pods created right after the primary's rewrite came up unmeshed; {} RunPodSandbox calls answered \"try again\" and retried",
-            self.keeping, self.unmeshed, self.pods, self.retried
+            "{}: {} of {} meshed pods {} came up unmeshed; {} RunPodSandbox calls answered \"try again\" and retried ({:.2} per pod)",
+            self.keeping,
+            self.unmeshed,
+            self.pods,
+            self.scenario,
+            self.retried,
+            self.retried as f64 / self.pods.max(1) as f64
         )
     }
+}
+
+impl RewriteReport {
+    fn new(keeping: &dyn ChainKeeping, scenario: &'static str) -> RewriteReport {
+        RewriteReport {
+            keeping: keeping.name(),
+            scenario,
+            pods: 0,
+            unmeshed: 0,
+            retried: 0,
+            broken: Vec::new(),
+            left_behind: Vec::new(),
+        }
+    }
+
+    /// A meshed pod's sandbox: unmeshed without rules, broken with some
+    /// but not exactly the reference rules.
+    fn judge_meshed(&mut self, name: &str, ns: &SandboxNetns) {
+        if !ns.has_linkerd_rules() {
+            self.unmeshed += 1;
+        } else if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
+            self.broken.push(format!("{name}: partial rules: {e:?}"));
+        }
+    }
+}
+
+/// A containerd node whose primary (`tag` network, generation 0) is kept
+/// by `keeping`: the node, the API server, the network's name, the
+/// primary's file name, and the keeper's guard (drop it before the node's
+/// shutdown).
+fn start_kept(
+    keeping: &dyn ChainKeeping,
+    tag: &str,
+) -> (CriNode, FakeApiServer, String, String, Box<dyn Any>) {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name(tag);
+    let file = format!("10-{net}.conflist");
+    node.write_conf(&file, &primary_conf(&node, &net, 0));
+    let node = CriNode::start(node);
+    let keeper = keeping.start(&node, &api);
+    (node, api, net, file, keeper)
+}
+
+/// Until containerd has loaded a chain of `net` that `keeping` calls
+/// meshing.
+fn wait_meshing(node: &CriNode, keeping: &dyn ChainKeeping, net: &str) {
+    node.wait_cni_loaded("a meshing chain", |sources| {
+        sources
+            .iter()
+            .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+            .any(|v| v["name"] == net && keeping.is_meshing(&v))
+    });
 }
 
 /// The primary's own list (no linkerd-cni), different at each
@@ -144,29 +205,9 @@ fn primary_conf(node: &Node, net: &str, generation: u64) -> Value {
 /// waits for the chain to be meshing again. Rounds stay below the
 /// installer's and the plugin's fight thresholds.
 pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteReport {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    let net = node.network_name("rewrite");
-    let file = format!("10-{net}.conflist");
-    node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let node = CriNode::start(node);
-    let keeper = keeping.start(&node, &api);
-    let mut report = RewriteReport {
-        keeping: keeping.name(),
-        pods: 0,
-        unmeshed: 0,
-        retried: 0,
-        broken: Vec::new(),
-        left_behind: Vec::new(),
-    };
-    let meshing = |node: &CriNode| {
-        node.wait_cni_loaded("a meshing chain", |sources| {
-            sources
-                .iter()
-                .filter_map(|s| serde_json::from_str::<Value>(s).ok())
-                .any(|v| v["name"] == net && keeping.is_meshing(&v))
-        });
-    };
+    let (node, api, net, file, keeper) = start_kept(keeping, "rewrite");
+    let mut report = RewriteReport::new(keeping, "created right after the primary's rewrite");
+    let meshing = |node: &CriNode| wait_meshing(node, keeping, &net);
     for round in 0..rounds {
         meshing(&node);
         node.replace_conf(&file, &primary_conf(&node, &net, round as u64 + 1));
@@ -185,15 +226,7 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
         }
         match run {
             Ok(sbx) => {
-                let ns = sbx.netns();
-                if ns.has_linkerd_rules() {
-                    if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
-                        report.broken.push(format!("{name}: partial rules: {e:?}"));
-                    }
-                } else {
-                    report.unmeshed += 1;
-                }
-                drop(ns);
+                report.judge_meshed(&name, &sbx.netns());
                 if let Err(e) = sbx.stop_and_remove() {
                     report.broken.push(format!("{name}: stop/remove: {e}"));
                 }
@@ -205,39 +238,6 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
     drop(keeper);
     report.left_behind = node.shutdown();
     report
-}
-
-/// What [`primary_burst`] saw.
-#[derive(Debug, Clone)]
-pub struct BurstReport {
-    pub keeping: String,
-    /// Meshed pods created, all at once with as many unmeshed ones, while
-    /// the primary rewrote.
-    pub pods: usize,
-    /// Of those, the ones whose sandbox has no linkerd-cni rules.
-    pub unmeshed: usize,
-    /// RunPodSandbox calls that failed asking to try again (CNI code 11)
-    /// and were retried.
-    pub retried: usize,
-    /// Pods whose sandbox had some but not exactly the reference rules, or
-    /// whose RunPodSandbox failed: never acceptable.
-    pub broken: Vec<String>,
-    /// What the node's teardown found left behind.
-    pub left_behind: Vec<String>,
-}
-
-impl std::fmt::Display for BurstReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {} of {} meshed pods created in bursts while the primary rewrote came up unmeshed; {} RunPodSandbox calls answered \"try again\" and retried ({:.2} per pod)",
-            self.keeping,
-            self.unmeshed,
-            self.pods,
-            self.retried,
-            self.retried as f64 / self.pods.max(1) as f64
-        )
-    }
 }
 
 /// The primary's rewrites in a burst: `repetitions` times, once the chain
@@ -254,30 +254,10 @@ pub fn primary_burst(
     pods: usize,
     rewrites: usize,
     spacing: std::time::Duration,
-) -> BurstReport {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    let net = node.network_name("burst");
-    let file = format!("10-{net}.conflist");
-    node.write_conf(&file, &primary_conf(&node, &net, 0));
-    let node = CriNode::start(node);
-    let keeper = keeping.start(&node, &api);
-    let mut report = BurstReport {
-        keeping: keeping.name(),
-        pods: 0,
-        unmeshed: 0,
-        retried: 0,
-        broken: Vec::new(),
-        left_behind: Vec::new(),
-    };
-    let meshing = |node: &CriNode| {
-        node.wait_cni_loaded("a meshing chain", |sources| {
-            sources
-                .iter()
-                .filter_map(|s| serde_json::from_str::<Value>(s).ok())
-                .any(|v| v["name"] == net && keeping.is_meshing(&v))
-        });
-    };
+) -> RewriteReport {
+    let (node, api, net, file, keeper) = start_kept(keeping, "burst");
+    let mut report = RewriteReport::new(keeping, "created in bursts while the primary rewrote");
+    let meshing = |node: &CriNode| wait_meshing(node, keeping, &net);
     let mut generation = 0;
     for rep in 0..repetitions {
         meshing(&node);
@@ -333,16 +313,10 @@ pub fn primary_burst(
             match run {
                 Ok(sbx) => {
                     let ns = sbx.netns();
-                    if !meshed {
-                        if ns.has_linkerd_rules() {
-                            report.broken.push(format!("{name}: unmeshed, with rules"));
-                        }
+                    if meshed {
+                        report.judge_meshed(&name, &ns);
                     } else if ns.has_linkerd_rules() {
-                        if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
-                            report.broken.push(format!("{name}: partial rules: {e:?}"));
-                        }
-                    } else {
-                        report.unmeshed += 1;
+                        report.broken.push(format!("{name}: unmeshed, with rules"));
                     }
                     drop(ns);
                     sandboxes.push((name, sbx));
