@@ -16,6 +16,7 @@ use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
 use crate::config::Config;
+use crate::credential::{self, Credential};
 use crate::entry::Entry;
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigState};
@@ -47,6 +48,8 @@ pub struct Installer {
     /// it), the time it is allowed again: the loop wakes then rather than
     /// at the next resync.
     retry_at: Option<Instant>,
+    /// The plugin's token for the kubeconfig.
+    credential: Credential,
 }
 
 impl Installer {
@@ -59,6 +62,7 @@ impl Installer {
             last_entry: entry,
             chained_last_pass: false,
             retry_at: None,
+            credential: Credential::default(),
         }
     }
 
@@ -330,7 +334,11 @@ impl Installer {
     /// Whether the kubeconfig is current.
     fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
-        match kubeconfig::ensure(&self.cfg) {
+        let written = self
+            .credential
+            .token(&self.cfg)
+            .and_then(|token| kubeconfig::ensure(&self.cfg, &token));
+        match written {
             Ok(None) => {
                 self.notes
                     .clear("kubeconfig", || format!("{} is current", path.display()));
@@ -497,12 +505,25 @@ impl Installer {
             }
         }
         let path = self.cfg.kubeconfig_path();
-        match kubeconfig::render(&self.cfg)
+        // Rendered with the token it holds: the server, the CA and the mode
+        // must be current, and the token one this installer would keep.
+        // Without one, this pod's own token says what is missing.
+        let token =
+            kubeconfig::file_token(&self.cfg).map_or_else(|| kubeconfig::own_token(&self.cfg), Ok);
+        match token
+            .and_then(|t| kubeconfig::render(&self.cfg, &t).map(|want| (t, want)))
             .map_err(|e| e.to_string())
-            .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
-        {
-            Ok(KubeconfigState::Current) => {}
-            Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
+            .and_then(|(t, want)| {
+                kubeconfig::state(&self.cfg, &want)
+                    .map(|s| (t, s))
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok((t, KubeconfigState::Current)) => {
+                if let Some(why) = credential::problem(&self.cfg, &t) {
+                    problems.push(format!("kubeconfig {}: {why}", path.display()));
+                }
+            }
+            Ok((_, s)) => problems.push(format!("kubeconfig {} is {s}", path.display())),
             Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
         }
         let entry = match self.cfg.desired_entry() {
