@@ -523,3 +523,64 @@ impl HealthyNow for Node {
         assert!(self.bin_dir().join("linkerd-cni").exists());
     }
 }
+
+/// A server that grants 10 s tokens: the installer replaces the plugin's
+/// token before it expires (past half its lifetime, at its next pass),
+/// every time; the kubeconfig never holds an expired one, and each
+/// replacement is one write.
+#[test]
+fn the_plugins_token_is_refreshed_before_expiry() {
+    let lifetime = Duration::from_secs(10);
+    let (node, api, _net, _conf, pod) = chained_node_with(
+        TokenPolicy {
+            max_lifetime: Some(lifetime),
+            ..TokenPolicy::default()
+        },
+        &[],
+    );
+    let token_now = || {
+        let text = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("    token: "))
+            .unwrap()
+            .to_string();
+        serde_json::from_str::<String>(&line).unwrap()
+    };
+    let mut seen = vec![token_now()];
+    let until = Instant::now() + lifetime * 2;
+    while Instant::now() < until {
+        let t = token_now();
+        let minted = api.minted();
+        let m = minted
+            .iter()
+            .find(|m| m.token == t)
+            .expect("the kubeconfig holds a minted token");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(m.expires > now, "the kubeconfig holds an expired token");
+        if seen.last() != Some(&t) {
+            seen.push(t);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let writes = pod
+        .inst
+        .log()
+        .lines()
+        .filter(|l| l.contains(" wrote ") && l.contains("ZZZ-linkerd-cni-kubeconfig: it was"))
+        .count();
+    eprintln!(
+        "10 s tokens over 20 s: {} tokens in the kubeconfig, {writes} writes, {} minted",
+        seen.len(),
+        api.minted().len()
+    );
+    assert!(
+        seen.len() >= 3,
+        "replaced before expiry: {}",
+        pod.inst.log()
+    );
+    assert_eq!(writes, seen.len(), "one write per token");
+}

@@ -302,3 +302,64 @@ impl Credential {
         Ok(minted.token)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn cfg(node: Option<&str>) -> Config {
+        Config::from_env(|k| {
+            match k {
+                "KUBERNETES_SERVICE_HOST" => Some("127.0.0.1"),
+                "KUBERNETES_SERVICE_PORT" => Some("6443"),
+                "CNI_NETWORK_CONFIG" => Some(r#"{"type":"linkerd-cni"}"#),
+                "LINKERD_CNI_POD_NAMESPACE" => Some("linkerd-cni"),
+                "LINKERD_CNI_NODE_NAME" => node,
+                _ => None,
+            }
+            .map(str::to_string)
+        })
+        .unwrap()
+    }
+
+    fn claims(subject: &str, node: Option<&str>, iat: u64, exp: u64) -> Claims {
+        Claims {
+            subject: subject.into(),
+            issued_at: UNIX_EPOCH + Duration::from_secs(iat),
+            expires_at: UNIX_EPOCH + Duration::from_secs(exp),
+            node: node.map(str::to_string),
+        }
+    }
+
+    /// Kept while more than half its lifetime is left, for the plugin's
+    /// account and this node only.
+    #[test]
+    fn keeps_a_plugin_token_until_half_its_lifetime() {
+        let c = cfg(Some("node-1"));
+        let subject = plugin_subject(&c).unwrap();
+        assert_eq!(
+            subject,
+            "system:serviceaccount:linkerd-cni:linkerd-cni-plugin"
+        );
+        let at = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let ours = claims(&subject, Some("node-1"), 1000, 2000);
+        assert!(keepable(&c, &subject, &ours, at(1400)));
+        assert!(
+            !keepable(&c, &subject, &ours, at(1600)),
+            "past half: replaced"
+        );
+        assert!(!keepable(&c, &subject, &ours, at(2500)), "expired");
+        let unbound = claims(&subject, None, 1000, 2000);
+        assert!(keepable(&c, &subject, &unbound, at(1400)));
+        let other_node = claims(&subject, Some("node-2"), 1000, 2000);
+        assert!(!keepable(&c, &subject, &other_node, at(1400)));
+        let installer = claims(
+            "system:serviceaccount:linkerd-cni:linkerd-cni",
+            None,
+            1000,
+            2000,
+        );
+        assert!(!keepable(&c, &subject, &installer, at(1400)));
+    }
+}
