@@ -36,8 +36,9 @@ use testkit::{FakeApiServer, TokenPolicy};
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(5);
-/// The installer's bound at SIGTERM: the API question (5 s per call, the
-/// child killed at 7 s), then the uninstall (a few file operations).
+/// The installer's bound at SIGTERM: the API question (5 s for its calls,
+/// 2 s for the check of the plugin's token), then the uninstall (a few file
+/// operations).
 const SIGTERM_BOUND: Duration = Duration::from_secs(7);
 const NS: &str = "linkerd-cni";
 const DS: &str = "linkerd-cni";
