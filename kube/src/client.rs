@@ -309,12 +309,7 @@ impl Client {
         path: &str,
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
-            method: Method::Patch,
-            path: path.into(),
-            cause: Box::new(e),
-        })?;
-        self.call(Method::Patch, path, Some(&body))
+        self.send_json(Method::Patch, path, patch)
     }
 
     /// POSTs the JSON `body` to `path` (a create: a TokenRequest, a review)
@@ -326,12 +321,22 @@ impl Client {
         path: &str,
         body: &serde_json::Value,
     ) -> Result<T, ApiError> {
+        self.send_json(Method::Post, path, body)
+    }
+
+    /// A call with a JSON body.
+    fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
         let body = serde_json::to_vec(body).map_err(|e| ApiError::Decode {
-            method: Method::Post,
+            method,
             path: path.into(),
             cause: Box::new(e),
         })?;
-        self.call(Method::Post, path, Some(&body))
+        self.call(method, path, Some(&body))
     }
 
     fn call<T: DeserializeOwned>(

@@ -177,17 +177,7 @@ fn step2_installer_before_primary(
         "LINKERD_CNI_WATCH=false LINKERD_CNI_RESYNC_SECONDS={} linkerd-cni-installer",
         RESYNC.as_secs()
     ));
-    let mut installer = scenario::start_installer_as(
-        node,
-        bins,
-        Some(api),
-        InstallerOptions {
-            watch: false,
-            resync: RESYNC,
-        },
-        Some(pod),
-    )
-    .map_err(Stop::failed)?;
+    let mut installer = start_as(node, bins, api, pod)?;
     wait_for(Duration::from_secs(10), || {
         node.conf_dir().join("ZZZ-linkerd-cni-entry").exists()
     })
@@ -358,6 +348,26 @@ fn installer_pod(api: &FakeApiServer, name: &str) -> InstallerPod {
     }
 }
 
+/// Starts the installer as `pod`, with no file watcher (see step 2).
+fn start_as(
+    node: &Node,
+    bins: &Binaries,
+    api: &FakeApiServer,
+    pod: &InstallerPod,
+) -> Result<InstallerProcess, Stop> {
+    scenario::start_installer_as(
+        node,
+        bins,
+        Some(api),
+        InstallerOptions {
+            watch: false,
+            resync: RESYNC,
+        },
+        Some(pod),
+    )
+    .map_err(Stop::failed)
+}
+
 /// The subject of the token in the node's kubeconfig, and whether it is
 /// the installer pod's own.
 fn kubeconfig_subject(node: &Node, own: &str) -> String {
@@ -418,17 +428,7 @@ fn step5_rolling_update(
     stop::sleep(GAP.saturating_sub(gap_started.elapsed()))?;
     o.say("The new installer pod starts:");
     let pod = installer_pod(api, "linkerd-cni-q4m9z");
-    let mut new = scenario::start_installer_as(
-        node,
-        bins,
-        Some(api),
-        InstallerOptions {
-            watch: false,
-            resync: RESYNC,
-        },
-        Some(&pod),
-    )
-    .map_err(Stop::failed)?;
+    let mut new = start_as(node, bins, api, &pod)?;
     wait_for(Duration::from_secs(10), || {
         new.log().contains("starting:") && node.linkerd_last()
     })
