@@ -82,7 +82,7 @@ fn start_pod_with(
     extra: &[(&str, &str)],
 ) -> InstallerPod {
     api.set(&pod_path(NS, name), daemonset_pod(NS, name, DS, DS_UID));
-    let token = api.issue_token();
+    let token = api.issue_pod_token(NS, "linkerd-cni", name);
     let resync = RESYNC.as_secs().to_string();
     let mut vars = vec![
         ("LINKERD_CNI_RESYNC_SECONDS", resync.as_str()),
@@ -459,6 +459,58 @@ fn forced_answers_at_sigterm() {
     }
 }
 
+/// Kubeconfig writes an installer logged.
+fn writes_in(inst: &Installer) -> usize {
+    inst.log()
+        .lines()
+        .filter(|l| l.contains(" wrote ") && l.contains("ZZZ-linkerd-cni-kubeconfig: it was"))
+        .count()
+}
+
+/// Two installers on one node under the upstream chart's RBAC (no
+/// TokenRequest: each has only its own pod's token): the second keeps the
+/// first one's token while it is accepted, so no write for 10 s and the
+/// node stays chained; once the first is force-deleted (its token
+/// revoked), the second writes its own within a pass.
+#[test]
+fn two_installers_converge_under_the_chart_rbac() {
+    let (node, api, _net, conf, first) = chained_node_with(
+        TokenPolicy {
+            allowed: false,
+            ..TokenPolicy::default()
+        },
+        &[],
+    );
+    let before = writes_in(&first.inst);
+    let second = start_pod(&node, &api, "linkerd-cni-surge");
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        node.wait_healthy(&installer::expected_entry(&node), &conf, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("unchained with two installers: {e}"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let n = writes_in(&first.inst) + writes_in(&second.inst) - before;
+    eprintln!("two installers under the chart's RBAC, 10 s: {n} kubeconfig writes");
+    assert!(
+        n <= 3,
+        "{n} writes:\n{}\n{}",
+        first.inst.log(),
+        second.inst.log()
+    );
+    api.remove(&pod_path(NS, &first.name));
+    api.revoke_token(&first.token);
+    assert!(
+        testkit::wait_until(RESYNC + GRACE, || std::fs::read_to_string(
+            node.kubeconfig_path()
+        )
+        .is_ok_and(|k| k.contains(&second.token))),
+        "the second installer did not take over:\n{}",
+        second.inst.log()
+    );
+    drop(first);
+    node.healthy_now(&conf);
+}
+
 /// Two installers on one node for 10 s (a force-delete overlap, a
 /// `maxSurge` rollout): at most 3 kubeconfig writes, and the node stays
 /// chained throughout; the force-deleted one (pod gone, token revoked)
@@ -466,12 +518,6 @@ fn forced_answers_at_sigterm() {
 #[test]
 fn two_installers_converge() {
     let (node, api, net, conf, first) = chained_node();
-    let writes_in = |inst: &Installer| {
-        inst.log()
-            .lines()
-            .filter(|l| l.contains(" wrote ") && l.contains("ZZZ-linkerd-cni-kubeconfig: it was"))
-            .count()
-    };
     let before = writes_in(&first.inst);
     assert_eq!(
         before,

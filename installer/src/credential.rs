@@ -21,7 +21,8 @@
 //! Under RBAC without `create` on `serviceaccounts/token` (the linkerd2-cni
 //! chart's) or without the plugin's ServiceAccount, the installer falls
 //! back to its own projected token, as upstream does, says so once, and
-//! asks again every [`REFUSED_RETRY`]. Any other failure keeps the token in
+//! asks again every [`REFUSED_RETRY`]; a second installer on the node then
+//! keeps the first one's token while the API server accepts it. Any other failure keeps the token in
 //! the file while it is still valid (else uses the installer's own token
 //! until a TokenRequest succeeds: a node is never left unchained for want
 //! of an API server), and is retried with a backoff, so an API server that
@@ -110,12 +111,30 @@ fn unexpired(subject: &str, t: &str, now: SystemTime) -> bool {
     token::claims(t).is_some_and(|c| c.subject == subject && c.remaining(now) > Duration::ZERO)
 }
 
+/// Whether the API server refuses `t`: only a 401 says so (a 403 is a
+/// valid token without that right; no answer tells nothing).
+fn refused(cfg: &Config, t: &str) -> bool {
+    let answer = kubeconfig::api_with(cfg, t)
+        .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
+    matches!(answer, Ok(Err(ApiError::Unauthorized { status: 401, .. })))
+}
+
 /// How the kubeconfig's token compares with what this installer would
 /// accept, for the readiness check (which runs as a process of its own and
 /// asks no API): None when fine, else why not.
 pub fn problem(cfg: &Config, file_token: &str) -> Option<String> {
-    if kubeconfig::own_token(cfg).is_ok_and(|own| own == file_token) {
+    let own = kubeconfig::own_token(cfg).ok();
+    if own.as_deref() == Some(file_token) {
         // The fallback (the linkerd2-cni chart's RBAC).
+        return None;
+    }
+    if let (Some(o), Some(f)) = (
+        own.as_deref().and_then(token::claims),
+        token::claims(file_token),
+    ) && o.subject == f.subject
+        && f.pod.is_some()
+    {
+        // The fallback, with another installer's token (see `projected`).
         return None;
     }
     let subject = match plugin_subject(cfg) {
@@ -147,7 +166,7 @@ impl Credential {
         if let Some((until, _)) = &self.fallback
             && Instant::now() < *until
         {
-            return kubeconfig::own_token(cfg);
+            return self.projected(cfg);
         }
         let subject = match plugin_subject(cfg) {
             Ok(s) => s,
@@ -204,7 +223,31 @@ impl Credential {
         }
         self.fallback = Some((Instant::now() + retry, why));
         self.trusted = None;
-        kubeconfig::own_token(cfg)
+        self.projected(cfg)
+    }
+
+    /// In the fallback: this pod's own token, unless the file holds another
+    /// pod's token of the same ServiceAccount that the API server still
+    /// accepts (a second installer on the node: taking turns would rewrite
+    /// the file on every pass). That one is asked about on every pass while
+    /// it is there, so that one revoked with its pod is replaced within a
+    /// pass.
+    fn projected(&mut self, cfg: &Config) -> Result<String, KubeconfigError> {
+        let own = kubeconfig::own_token(cfg)?;
+        let Some(file) = kubeconfig::file_token(cfg).filter(|f| *f != own) else {
+            return Ok(own);
+        };
+        let (Some(o), Some(f)) = (token::claims(&own), token::claims(&file)) else {
+            return Ok(own);
+        };
+        let another_pods = f.subject == o.subject
+            && f.pod.is_some()
+            && f.pod != o.pod
+            && f.remaining(SystemTime::now()) > Duration::ZERO;
+        if another_pods && !refused(cfg, &file) {
+            return Ok(file);
+        }
+        Ok(own)
     }
 
     /// After a failure: the plugin token still in the file while it is
@@ -232,26 +275,20 @@ impl Credential {
     }
 
     /// Whether `t` (a plugin token found in the file) is accepted: asked
-    /// once per token and process; only a 401 says no.
+    /// once per token and process.
     fn still_accepted(&mut self, cfg: &Config, t: &str) -> bool {
         if self.trusted.as_deref() == Some(t) {
             return true;
         }
-        let answer = kubeconfig::api_with(cfg, t)
-            .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
-        match answer {
-            Ok(Err(ApiError::Unauthorized { status: 401, .. })) => {
-                log::info!(
-                    "the plugin's token in {} is refused (HTTP 401): minting another",
-                    cfg.kubeconfig_path().display()
-                );
-                false
-            }
-            _ => {
-                self.trusted = Some(t.to_string());
-                true
-            }
+        if refused(cfg, t) {
+            log::info!(
+                "the plugin's token in {} is refused (HTTP 401): minting another",
+                cfg.kubeconfig_path().display()
+            );
+            return false;
         }
+        self.trusted = Some(t.to_string());
+        true
     }
 
     fn mint(&mut self, cfg: &Config) -> Result<String, Failed> {
@@ -329,6 +366,7 @@ mod tests {
             issued_at: UNIX_EPOCH + Duration::from_secs(iat),
             expires_at: UNIX_EPOCH + Duration::from_secs(exp),
             node: node.map(str::to_string),
+            pod: None,
         }
     }
 

@@ -25,6 +25,8 @@ pub struct Claims {
     pub expires_at: SystemTime,
     /// The Node it is bound to, if any.
     pub node: Option<String>,
+    /// The Pod it is bound to, if any (a projected token).
+    pub pod: Option<String>,
 }
 
 impl Claims {
@@ -59,6 +61,8 @@ struct RawClaims {
 struct KubernetesClaims {
     #[serde(default)]
     node: Option<Named>,
+    #[serde(default)]
+    pod: Option<Named>,
 }
 
 #[derive(Deserialize)]
@@ -83,7 +87,12 @@ pub fn claims(token: &str) -> Option<Claims> {
         subject: raw.sub,
         issued_at: UNIX_EPOCH + Duration::from_secs(raw.iat),
         expires_at: UNIX_EPOCH + Duration::from_secs(raw.exp),
-        node: raw.kubernetes.and_then(|k| k.node).map(|n| n.name),
+        node: raw
+            .kubernetes
+            .as_ref()
+            .and_then(|k| k.node.as_ref())
+            .map(|n| n.name.clone()),
+        pod: raw.kubernetes.and_then(|k| k.pod).map(|n| n.name),
     })
 }
 

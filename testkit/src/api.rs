@@ -334,6 +334,21 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// A new valid projected token of pod `namespace/pod` for ServiceAccount
+    /// `account` (JWT-shaped, with the pod's claim, valid an hour), revocable
+    /// as [`Self::issue_token`]'s.
+    pub fn issue_pod_token(&self, namespace: &str, account: &str, pod: &str) -> String {
+        let iat = now_secs();
+        let t = jwt(&json!({
+            "sub": format!("system:serviceaccount:{namespace}:{account}"),
+            "iat": iat, "exp": iat + 3600,
+            "kubernetes.io": {"namespace": namespace, "pod": {"name": pod},
+                              "serviceaccount": {"name": account}},
+        }));
+        lock(&self.state.extra_tokens).push(t.clone());
+        t
+    }
+
     /// A new valid bearer token, as a second pod of the service account gets.
     pub fn issue_token(&self) -> String {
         let t = format!("testkit-token-{}", crate::unique_name("t"));
@@ -668,13 +683,7 @@ fn token_request(state: &State, req: &Request, account: &str) -> (u16, Value) {
     if let Some(n) = &node {
         claims["kubernetes.io"]["node"] = json!({"name": n});
     }
-    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-    let token = format!(
-        "{}.{}.{}",
-        b64(br#"{"alg":"RS256","kid":"testkit"}"#),
-        b64(claims.to_string().as_bytes()),
-        b64(b"testkit-signature")
-    );
+    let token = jwt(&claims);
     tokens.minted.push(MintedToken {
         token: token.clone(),
         account: account.to_string(),
@@ -685,6 +694,17 @@ fn token_request(state: &State, req: &Request, account: &str) -> (u16, Value) {
         201,
         json!({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                "status": {"token": token, "expirationTimestamp": ""}}),
+    )
+}
+
+/// A JWT-shaped token holding `claims` (signed by nobody).
+fn jwt(claims: &Value) -> String {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    format!(
+        "{}.{}.{}",
+        b64(br#"{"alg":"RS256","kid":"testkit"}"#),
+        b64(claims.to_string().as_bytes()),
+        b64(b"testkit-signature")
     )
 }
 
