@@ -467,6 +467,34 @@ fn writes_in(inst: &Installer) -> usize {
         .count()
 }
 
+/// Two installers on the node for 10 s: the node must stay chained at
+/// every check; at most 3 kubeconfig writes between them (`before`: the
+/// first one's writes before the second started). The writes.
+fn overlap_for_10_s(
+    node: &Node,
+    conf: &Value,
+    (first, second): (&InstallerPod, &InstallerPod),
+    before: usize,
+) -> usize {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut checks = 0;
+    while Instant::now() < until {
+        node.wait_healthy(&installer::expected_entry(node), conf, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("unchained with two installers: {e}"));
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let n = writes_in(&first.inst) + writes_in(&second.inst) - before;
+    eprintln!("two installers, 10 s: {n} kubeconfig writes; chained at each of {checks} checks");
+    assert!(
+        n <= 3,
+        "{n} kubeconfig writes:\n{}\n{}",
+        first.inst.log(),
+        second.inst.log()
+    );
+    n
+}
+
 /// Two installers on one node under the upstream chart's RBAC (no
 /// TokenRequest: each has only its own pod's token): the second keeps the
 /// first one's token while it is accepted, so no write for 10 s and the
@@ -483,20 +511,7 @@ fn two_installers_converge_under_the_chart_rbac() {
     );
     let before = writes_in(&first.inst);
     let second = start_pod(&node, &api, "linkerd-cni-surge");
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        node.wait_healthy(&installer::expected_entry(&node), &conf, Duration::ZERO)
-            .unwrap_or_else(|e| panic!("unchained with two installers: {e}"));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let n = writes_in(&first.inst) + writes_in(&second.inst) - before;
-    eprintln!("two installers under the chart's RBAC, 10 s: {n} kubeconfig writes");
-    assert!(
-        n <= 3,
-        "{n} writes:\n{}\n{}",
-        first.inst.log(),
-        second.inst.log()
-    );
+    overlap_for_10_s(&node, &conf, (&first, &second), before);
     api.remove(&pod_path(NS, &first.name));
     api.revoke_token(&first.token);
     assert!(
@@ -526,24 +541,7 @@ fn two_installers_converge() {
         first.inst.log()
     );
     let second = start_pod(&node, &api, "linkerd-cni-surge");
-    let writes =
-        |a: &InstallerPod, b: &InstallerPod| writes_in(&a.inst) + writes_in(&b.inst) - before;
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut checks = 0;
-    while Instant::now() < until {
-        node.wait_healthy(&installer::expected_entry(&node), &conf, Duration::ZERO)
-            .unwrap_or_else(|e| panic!("unchained with two installers: {e}"));
-        checks += 1;
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let n = writes(&first, &second);
-    eprintln!("two installers, 10 s: {n} kubeconfig writes; chained at each of {checks} checks");
-    assert!(
-        n <= 3,
-        "{n} kubeconfig writes:\n{}\n{}",
-        first.inst.log(),
-        second.inst.log()
-    );
+    overlap_for_10_s(&node, &conf, (&first, &second), before);
 
     // The first is force-deleted: its pod object goes and its token with
     // it, then it gets SIGTERM while the second runs.
