@@ -30,3 +30,9 @@ for k8s in 1.25.0 1.37.0; do
   "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
   echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
 done
+# ValidatingAdmissionPolicy is GA (v1) from Kubernetes 1.30: its file is
+# checked against the first version that has it and the newest.
+for k8s in 1.30.0 1.37.0; do
+  "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni-admission.yaml
+  echo "kubernetes-validate: deploy/linkerd-cni-admission.yaml ok for Kubernetes $k8s"
+done
