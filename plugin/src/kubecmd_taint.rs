@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use linkerd_cni::k8s::taint::{self, FailureKind};
 use linkerd_cni::logging;
+use linkerd_cni_kube::taint::{self, FailureKind};
 
 /// Exit codes.
 pub const EXIT_TRANSIENT: u8 = 1;
@@ -75,11 +75,11 @@ pub fn main(args: &[&str]) -> ExitCode {
     if key.is_empty() {
         return fail(EXIT_ERROR, "--key is empty");
     }
-    let api = match linkerd_cni::k8s::kubeconfig::load(&kubeconfig) {
+    let api = match linkerd_cni_kube::kubeconfig::load(&kubeconfig) {
         Ok(api) => api,
         Err(e) => return fail(EXIT_ERROR, &e.to_string()),
     };
-    let client = linkerd_cni::k8s::Client::new(api, timeout);
+    let client = linkerd_cni_kube::Client::new(api, timeout);
     match taint::remove_taint(&client, &node, &key) {
         // The outcome word leads stdout, for people and logs; the installer
         // goes by the exit code.

@@ -257,12 +257,12 @@ fn kube_cli(args: &[&str]) -> ExitCode {
     let (Some(kubeconfig), Some(namespace), Some(pod)) = (kubeconfig, namespace, pod) else {
         return fail("--kubeconfig, --namespace and --pod are required");
     };
-    let api = match linkerd_cni::k8s::kubeconfig::load(&kubeconfig) {
+    let api = match linkerd_cni_kube::kubeconfig::load(&kubeconfig) {
         Ok(api) => api,
         Err(e) => return fail(&format!("cannot tell: {e}")),
     };
-    let client = linkerd_cni::k8s::Client::new(api, timeout);
-    match linkerd_cni::k8s::owner::daemonset_of(&client, &namespace, &pod) {
+    let client = linkerd_cni_kube::Client::new(api, timeout);
+    match linkerd_cni_kube::owner::daemonset_of(&client, &namespace, &pod) {
         // The verdict word leads stdout: the installer uninstalls only on
         // exit 0 AND "gone:", so no other program can make it uninstall.
         Ok(state) if state.is_gone() => {
@@ -287,7 +287,7 @@ fn print_transport_warnings(desired: &Entry) {
     let Some(path) = config.kubeconfig else {
         return;
     };
-    match linkerd_cni::k8s::kubeconfig::load(&path) {
+    match linkerd_cni_kube::kubeconfig::load(&path) {
         Ok(api) => {
             for w in api.transport_warnings() {
                 println!("warning: {w}");

@@ -17,7 +17,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, Client};
+use crate::{ApiError, Client};
 
 /// Reads of the node (and patches) before giving up on a node whose taint
 /// list keeps changing under us.

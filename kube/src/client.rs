@@ -32,8 +32,8 @@ use ureq::unversioned::transport::{
     ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
 };
 
-use super::kubeconfig::{ApiConfig, Trust};
-use super::objects::{DaemonSet, Namespace, Pod, Service};
+use crate::kubeconfig::{ApiConfig, Trust};
+use crate::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -24,7 +24,7 @@
 
 use std::fmt;
 
-use super::{ApiError, Client};
+use crate::{ApiError, Client};
 
 /// The DaemonSet owning a pod, as far as the API can tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
