@@ -12,7 +12,8 @@
 //!   the plugin passes every pod through.
 //! - A rolling update: the old installer stops (DaemonSet present: the
 //!   node stays chained), its token is revoked, the new one starts 5 s
-//!   later; the ADDs in the gap are counted.
+//!   later; pods added throughout, retried on "try again later" as the
+//!   kubelet does, all start, every meshed one with its rules.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
 use serde_json::Value;
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
-use testkit::{FakeApiServer, wait_until};
+use testkit::FakeApiServer;
 
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
@@ -56,18 +57,26 @@ struct InstallerPod {
 }
 
 fn start_pod(node: &Node, api: &FakeApiServer, name: &str) -> InstallerPod {
+    start_pod_with(node, api, name, &[])
+}
+
+/// [`start_pod`], with more variables (or the chart's overridden).
+fn start_pod_with(
+    node: &Node,
+    api: &FakeApiServer,
+    name: &str,
+    extra: &[(&str, &str)],
+) -> InstallerPod {
     api.set(&pod_path(NS, name), daemonset_pod(NS, name, DS, DS_UID));
     let token = api.issue_token();
-    let inst = installer::start_with_token(
-        node,
-        api,
-        &token,
-        &[
-            ("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string()),
-            ("LINKERD_CNI_POD_NAME", name),
-            ("LINKERD_CNI_POD_NAMESPACE", NS),
-        ],
-    );
+    let resync = RESYNC.as_secs().to_string();
+    let mut vars = vec![
+        ("LINKERD_CNI_RESYNC_SECONDS", resync.as_str()),
+        ("LINKERD_CNI_POD_NAME", name),
+        ("LINKERD_CNI_POD_NAMESPACE", NS),
+    ];
+    vars.extend_from_slice(extra);
+    let inst = installer::start_with_token(node, api, &token, &vars);
     InstallerPod {
         inst,
         token,
@@ -237,19 +246,106 @@ fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
     expect_no_reserved_ips(&node, &net);
 }
 
+/// The ADD deadline of the rolling update's template: short, so that a
+/// rejected token is answered with code 11 (and retried as the kubelet
+/// does) rather than waited out within one ADD.
+const ROLLOUT_ADD_DEADLINE: u64 = 4;
+/// The kubelet's retry of a failed sandbox, shortened.
+const RUNTIME_BACKOFF: Duration = Duration::from_secs(1);
+/// A pod still failing this long after its first ADD failed for good.
+const FOR_GOOD: Duration = Duration::from_secs(60);
+
+/// What a rolling update's pods got.
+#[derive(Debug, Default)]
+struct Rollout {
+    meshed: u32,
+    unmeshed: u32,
+    /// Code 11 answers, each retried.
+    retries: u32,
+    meshed_without_rules: Vec<String>,
+    failed_for_good: Vec<String>,
+}
+
+/// A pod the "kubelet" keeps starting until it runs.
+struct Pending {
+    name: String,
+    meshed: bool,
+    spec: conformance::PodSpec,
+    first: Instant,
+    next: Instant,
+}
+
+impl Rollout {
+    /// One sandbox for `p` (a new netns each time, as a new sandbox gets);
+    /// whether `p` is done.
+    fn try_start(&mut self, node: &Node, net: &str, p: &mut Pending) -> bool {
+        let pod = node.pod(p.spec.clone());
+        match node.add(net, &pod) {
+            Ok(_) => {
+                let rules = pod
+                    .nat_tables()
+                    .iter()
+                    .any(|t| !t.linkerd_lines().is_empty());
+                if p.meshed != rules {
+                    eprintln!(
+                        "rollout: {} (meshed: {}) has rules: {rules}",
+                        p.name, p.meshed
+                    );
+                    if p.meshed {
+                        self.meshed_without_rules.push(p.name.clone());
+                    } else {
+                        self.failed_for_good.push(format!("{}: rules", p.name));
+                    }
+                }
+                node.del(net, &pod).unwrap();
+                true
+            }
+            Err(f) => {
+                // The runtime tears the sandbox down, then retries.
+                node.del(net, &pod).unwrap();
+                if f.code == Some(11) && p.first.elapsed() < FOR_GOOD {
+                    self.retries += 1;
+                    p.next = Instant::now() + RUNTIME_BACKOFF;
+                    false
+                } else {
+                    eprintln!("rollout: {}: {f:?}", p.name);
+                    self.failed_for_good.push(format!("{}: {f:?}", p.name));
+                    true
+                }
+            }
+        }
+    }
+}
+
 /// A rolling update: the old installer stops (the DaemonSet is present:
 /// everything stays), its token is revoked, the new installer starts 5 s
-/// later. ADDs keep coming through the gap, meshed and unmeshed.
+/// later. Pods, meshed and unmeshed, are added before, through and after
+/// the gap, each retried as the kubelet does while the plugin answers
+/// "try again later" (code 11; the old installer's heartbeat is fresh).
+/// None fails for good and every meshed pod gets its rules; the retries
+/// are counted.
 #[test]
 fn rolling_update_gap() {
-    let (node, api, net, conf, old) = chained_node();
-    let log = old.stop(&api);
-    assert!(log.contains("a rolling update or a restart"), "{log}");
-    node.healthy_now(&conf);
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, false));
+    let net = node.network_name("roll");
+    let conf = primary(&node, &net);
+    node.write_conf(&format!("10-{net}.conflist"), &conf);
+    let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
+    template["add_deadline_seconds"] = ROLLOUT_ADD_DEADLINE.into();
+    let template = template.to_string();
+    let mut entry = installer::expected_entry(&node);
+    entry["add_deadline_seconds"] = ROLLOUT_ADD_DEADLINE.into();
+    let extra = [("CNI_NETWORK_CONFIG", template.as_str())];
+    let old = start_pod_with(&node, &api, "linkerd-cni-old", &extra);
+    node.wait_healthy(&entry, &conf, RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", old.inst.log()));
 
-    let gap_end = Instant::now() + GAP;
-    let (mut n, mut failed_meshed, mut failed_plain, mut unredirected) = (0, 0, 0, 0);
-    while Instant::now() < gap_end {
+    let mut r = Rollout::default();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut n = 0;
+    let mut add_pods = |pending: &mut Vec<Pending>| {
         for meshed in [true, false] {
             let name = format!("{}-{n}", if meshed { "web" } else { "plain" });
             let spec = if meshed {
@@ -257,41 +353,82 @@ fn rolling_update_gap() {
             } else {
                 kube::serve_unmeshed(&api, &name)
             };
-            match add(&node, &net, spec) {
-                Err(e) => {
-                    eprintln!("gap: {name}: {e}");
-                    if meshed {
-                        failed_meshed += 1;
-                    } else {
-                        failed_plain += 1;
-                    }
-                }
-                Ok(steps) => {
-                    if meshed && steps.last().map(String::as_str) != Some("(rules)") {
-                        unredirected += 1;
-                    }
-                }
-            }
+            let now = Instant::now();
+            pending.push(Pending {
+                name,
+                meshed,
+                spec,
+                first: now,
+                next: now,
+            });
         }
         n += 1;
-    }
-    eprintln!(
-        "rolling update, {GAP:?} gap: {n} meshed and {n} unmeshed ADDs; failed: {failed_meshed} meshed, {failed_plain} unmeshed; meshed started unredirected (refused by linkerd's network-validator): {unredirected}"
-    );
-    assert_eq!(failed_plain, 0, "unmeshed pods failed in the gap");
-    assert!(n > 0);
+    };
+    // Runs every pending pod due; the pods still pending.
+    let run_due = |r: &mut Rollout, pending: &mut Vec<Pending>| {
+        let now = Instant::now();
+        let mut still = Vec::new();
+        for mut p in pending.drain(..) {
+            if p.next > now || !r.try_start(&node, &net, &mut p) {
+                still.push(p);
+            }
+        }
+        *pending = still;
+    };
 
-    let new = start_pod(&node, &api, "linkerd-cni-new");
+    add_pods(&mut pending);
+    run_due(&mut r, &mut pending);
+    let log = old.stop(&api);
+    assert!(log.contains("a rolling update or a restart"), "{log}");
+    let gap_end = Instant::now() + GAP;
+    while Instant::now() < gap_end {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
+    let new = start_pod_with(&node, &api, "linkerd-cni-new", &extra);
+    let rewritten =
+        || std::fs::read_to_string(node.kubeconfig_path()).is_ok_and(|k| k.contains(&new.token));
+    let started = Instant::now();
+    while !rewritten() && started.elapsed() < RESYNC + GRACE {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
     assert!(
-        wait_until(RESYNC + GRACE, || std::fs::read_to_string(
-            node.kubeconfig_path()
-        )
-        .is_ok_and(|k| k.contains(&new.token))),
+        rewritten(),
         "the new installer did not rewrite the kubeconfig:\n{}",
         new.inst.log()
     );
-    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-after")).unwrap();
-    assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+    // A few more after, then until every pod ran or failed for good.
+    for _ in 0..2 {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
+    while !pending.is_empty() {
+        std::thread::sleep(Duration::from_millis(50));
+        run_due(&mut r, &mut pending);
+    }
+    r.meshed = n;
+    r.unmeshed = n;
+    eprintln!(
+        "rolling update, {GAP:?} gap: {} meshed and {} unmeshed pods; code-11 retries: {}; \
+         meshed without rules: {}; failed for good: {}",
+        r.meshed,
+        r.unmeshed,
+        r.retries,
+        r.meshed_without_rules.len(),
+        r.failed_for_good.len()
+    );
+    assert!(
+        r.meshed_without_rules.is_empty(),
+        "{:?}",
+        r.meshed_without_rules
+    );
+    assert!(r.failed_for_good.is_empty(), "{:?}", r.failed_for_good);
+    assert!(
+        r.retries > 0,
+        "no pod was started in the gap with the old token revoked"
+    );
+    node.wait_healthy(&entry, &conf, Duration::ZERO).unwrap();
     expect_no_reserved_ips(&node, &net);
 }
 
