@@ -128,7 +128,8 @@ fn lasting_rejection_with_the_installer_alive_is_try_again_later() {
         beat(&c, Duration::from_secs(2));
         c.api.set_mode(mode);
         let t = Instant::now();
-        let e = decide(&c, json!({"add_deadline_seconds": 2})).unwrap_err();
+        // Retries for half of it: the rest is the ADD's API budget's.
+        let e = decide(&c, json!({"add_deadline_seconds": 6})).unwrap_err();
         assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
         assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
         assert!(e.msg.contains(&format!("HTTP {status}")), "{e}");
@@ -136,8 +137,9 @@ fn lasting_rejection_with_the_installer_alive_is_try_again_later() {
         assert!(e.msg.contains("try again later"), "{e}");
         assert!(e.details.contains(c.kubeconfig.to_str().unwrap()), "{e}");
         assert!(e.details.contains("the runtime retries the pod"), "{e}");
+        // Retried (how often depends on the machine's speed).
         assert!(
-            c.api.requests(&pod_path()) > CONFIRM_ATTEMPTS as usize,
+            c.api.requests(&pod_path()) >= 2,
             "{} attempts",
             c.api.requests(&pod_path())
         );
