@@ -22,8 +22,8 @@ use conformance::expect::*;
 use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
 use serde_json::Value;
-use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
 use testkit::FakeApiServer;
+use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
 
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
@@ -56,17 +56,9 @@ struct InstallerPod {
     name: String,
 }
 
-fn start_pod(node: &Node, api: &FakeApiServer, name: &str) -> InstallerPod {
-    start_pod_with(node, api, name, &[])
-}
-
-/// [`start_pod`], with more variables (or the chart's overridden).
-fn start_pod_with(
-    node: &Node,
-    api: &FakeApiServer,
-    name: &str,
-    extra: &[(&str, &str)],
-) -> InstallerPod {
+/// Starts installer pod `name` with its own token, with `extra` added to
+/// the chart's variables (or overriding them).
+fn start_pod(node: &Node, api: &FakeApiServer, name: &str, extra: &[(&str, &str)]) -> InstallerPod {
     api.set(&pod_path(NS, name), daemonset_pod(NS, name, DS, DS_UID));
     let token = api.issue_token();
     let resync = RESYNC.as_secs().to_string();
@@ -110,16 +102,59 @@ impl InstallerPod {
 }
 
 fn chained_node() -> (Node, FakeApiServer, String, Value, InstallerPod) {
+    let c = chained_node_with(&serde_json::json!({}));
+    (c.node, c.api, c.net, c.conf, c.pod)
+}
+
+/// A node chained by its first installer pod.
+struct Chained {
+    node: Node,
+    api: FakeApiServer,
+    net: String,
+    /// The primary's conflist.
+    conf: Value,
+    pod: InstallerPod,
+    /// The entry the installers render.
+    entry: Value,
+    /// What the installers' environment adds to the chart's.
+    extra: Vec<(&'static str, String)>,
+}
+
+/// [`chained_node`], with `keys` added to the entry template.
+fn chained_node_with(keys: &Value) -> Chained {
     let node = Node::without_linkerd_cni();
     let api = node.start_api_server_only();
     api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, false));
     let net = node.network_name("life");
     let conf = primary(&node, &net);
     node.write_conf(&format!("10-{net}.conflist"), &conf);
-    let pod = start_pod(&node, &api, "linkerd-cni-old");
-    node.wait_healthy(&installer::expected_entry(&node), &conf, RESYNC + GRACE)
+    let mut entry = installer::expected_entry(&node);
+    let mut extra = Vec::new();
+    if let Some(keys) = keys.as_object().filter(|k| !k.is_empty()) {
+        let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
+        for (k, v) in keys {
+            template[k] = v.clone();
+            entry[k] = v.clone();
+        }
+        extra.push(("CNI_NETWORK_CONFIG", template.to_string()));
+    }
+    let pod = start_pod(&node, &api, "linkerd-cni-old", &vars(&extra));
+    node.wait_healthy(&entry, &conf, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
-    (node, api, net, conf, pod)
+    Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod,
+        entry,
+        extra,
+    }
+}
+
+/// `extra` as `installer::start_with_token` takes it.
+fn vars<'a>(extra: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    extra.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
 /// Adds a pod through libcni; the run's plugins, or the failure.
@@ -222,12 +257,14 @@ fn deleting_the_daemonset_unchains_the_node() {
 /// The upstream chart's RBAC has no `get daemonsets`: after
 /// `kubectl delete daemonset` alone (the ServiceAccount and its RBAC stay)
 /// the installer cannot tell, leaves the node chained and says why. Once
-/// its token is revoked, every pod still starts: the plugin passes them
-/// through (a meshed one unredirected, which linkerd's network-validator
-/// then refuses).
+/// its token is revoked and no installer has beaten for
+/// `installer_gone_after_seconds` (short here), every pod still starts:
+/// the plugin passes them through (a meshed one unredirected, which
+/// linkerd's network-validator then refuses).
 #[test]
 fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
-    let (node, api, net, conf, pod) = chained_node();
+    let c = chained_node_with(&serde_json::json!({"installer_gone_after_seconds": 2}));
+    let (node, api, net, conf, pod, entry) = (c.node, c.api, c.net, c.conf, c.pod, c.entry);
     api.forbid(&daemonset_path(NS, DS));
     api.remove(&daemonset_path(NS, DS));
     api.add_namespace(NS, &[]);
@@ -237,7 +274,7 @@ fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
         "{log}"
     );
     assert!(log.contains("HTTP 403"), "{log}");
-    node.healthy_now(&conf);
+    node.healthy_now(&entry, &conf);
 
     let plain = add(&node, &net, kube::serve_unmeshed(&api, "plain-0")).unwrap();
     assert_eq!(plain, ORDER_WITH);
@@ -326,21 +363,15 @@ impl Rollout {
 /// are counted.
 #[test]
 fn rolling_update_gap() {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, false));
-    let net = node.network_name("roll");
-    let conf = primary(&node, &net);
-    node.write_conf(&format!("10-{net}.conflist"), &conf);
-    let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
-    template["add_deadline_seconds"] = ROLLOUT_ADD_DEADLINE.into();
-    let template = template.to_string();
-    let mut entry = installer::expected_entry(&node);
-    entry["add_deadline_seconds"] = ROLLOUT_ADD_DEADLINE.into();
-    let extra = [("CNI_NETWORK_CONFIG", template.as_str())];
-    let old = start_pod_with(&node, &api, "linkerd-cni-old", &extra);
-    node.wait_healthy(&entry, &conf, RESYNC + GRACE)
-        .unwrap_or_else(|e| panic!("{e}\n{}", old.inst.log()));
+    let Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod: old,
+        entry,
+        extra,
+    } = chained_node_with(&serde_json::json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}));
 
     let mut r = Rollout::default();
     let mut pending: Vec<Pending> = Vec::new();
@@ -380,12 +411,13 @@ fn rolling_update_gap() {
     run_due(&mut r, &mut pending);
     let log = old.stop(&api);
     assert!(log.contains("a rolling update or a restart"), "{log}");
+    node.healthy_now(&entry, &conf);
     let gap_end = Instant::now() + GAP;
     while Instant::now() < gap_end {
         add_pods(&mut pending);
         run_due(&mut r, &mut pending);
     }
-    let new = start_pod_with(&node, &api, "linkerd-cni-new", &extra);
+    let new = start_pod(&node, &api, "linkerd-cni-new", &vars(&extra));
     let rewritten =
         || std::fs::read_to_string(node.kubeconfig_path()).is_ok_and(|k| k.contains(&new.token));
     let started = Instant::now();
@@ -428,19 +460,19 @@ fn rolling_update_gap() {
         r.retries > 0,
         "no pod was started in the gap with the old token revoked"
     );
-    node.wait_healthy(&entry, &conf, Duration::ZERO).unwrap();
+    node.healthy_now(&entry, &conf);
     expect_no_reserved_ips(&node, &net);
 }
 
 trait HealthyNow {
-    fn healthy_now(&self, primary: &Value);
+    fn healthy_now(&self, entry: &Value, primary: &Value);
 }
 
 impl HealthyNow for Node {
-    /// Still chained, with the kubeconfig and the binary in place.
-    fn healthy_now(&self, primary: &Value) {
-        self.wait_healthy(&installer::expected_entry(self), primary, Duration::ZERO)
-            .unwrap();
+    /// Still chained with `entry`, with the kubeconfig and the binary in
+    /// place.
+    fn healthy_now(&self, entry: &Value, primary: &Value) {
+        self.wait_healthy(entry, primary, Duration::ZERO).unwrap();
         assert!(self.kubeconfig_path().exists());
         assert!(self.bin_dir().join("linkerd-cni").exists());
     }
