@@ -1,6 +1,6 @@
-//! A blocking HTTPS client for the few calls the plugin makes (GETs, and
-//! one JSON-patch PATCH for `linkerd-cni kube remove-taint`), with one time
-//! budget for all calls of an invocation.
+//! A blocking HTTPS client for the few calls the plugin and the installer
+//! make (GETs, and one JSON-patch PATCH to remove the startup taint), with
+//! one time budget for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
