@@ -129,8 +129,9 @@ impl Installer {
         if !self.kubeconfig_current {
             // The plugin could not look any pod up: every ADD outside the
             // exempt namespaces would fail. Chain nothing (what is already
-            // there stays: the plugin passes pods through when its
-            // credentials are rejected).
+            // there stays: with no heartbeat after this pass, the plugin
+            // passes pods through once their credentials are rejected and
+            // the last beat is stale).
             self.notes.log_change(
                 "chain",
                 Level::Warn,
