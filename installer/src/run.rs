@@ -6,8 +6,9 @@
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
 //! resync period. A repair held back by the fight rate limit wakes the
-//! loop at the time the limit allows it. After a full pass, the startup
-//! taint's gate (see [`crate::taint`]) looks at the node once.
+//! loop at the time the limit allows it. After a full pass, the
+//! installer's heartbeat is written (see [`Installer::beat`]) and the
+//! startup taint's gate (see [`crate::taint`]) looks at the node once.
 //!
 //! A network config written in the conf dir is acted on at once, every
 //! time, with the chain alone: a pod created right after the primary's
@@ -148,6 +149,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
             last_full = Instant::now();
             debounce.covered(last_full);
             inst.reconcile();
+            inst.beat();
             taint.after_pass(&inst);
         } else {
             inst.reconcile_chain_now();
