@@ -224,6 +224,11 @@ impl FakeApiServer {
         t
     }
 
+    /// Accepts `token` too (e.g. one of an unusual length).
+    pub fn accept_token(&self, token: &str) {
+        lock(&self.state.extra_tokens).push(token.to_string());
+    }
+
     /// From now on `token` gets 401, as a pod-bound token once its pod is
     /// deleted.
     pub fn revoke_token(&self, token: &str) {

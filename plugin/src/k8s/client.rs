@@ -26,10 +26,12 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use thiserror::Error;
+use ureq::config::Config as UreqConfig;
+use ureq::http::Uri;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
-use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
-    ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
+    ConnectionDetails, Connector, NextTimeout, RustlsConnector, TcpConnector, Transport,
 };
 
 use super::kubeconfig::{ApiConfig, Trust};
@@ -46,6 +48,14 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Pods with many containers and managed fields are large; this bounds
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
+/// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
+/// connection, for both the TCP and the TLS layer): room for one TLS
+/// record's plaintext and any answer's header block; bodies stream through
+/// it.
+const INPUT_BUFFER: usize = 16 << 10;
+/// Each transport's write buffer must hold a request's head: the token plus
+/// the other headers, which take well under 1 KiB.
+const OUTPUT_BUFFER_SPARE: usize = 4 << 10;
 
 /// What an [`ApiError`] ran into underneath: the HTTP, TLS or JSON stack's
 /// error, or our words where the stack has no error value.
@@ -235,6 +245,8 @@ impl Client {
             // token elsewhere.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            .input_buffer_size(INPUT_BUFFER)
+            .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
         let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
@@ -248,7 +260,7 @@ impl Client {
                 .chain(mark(Phase::TcpConnected))
                 .chain(RustlsConnector::default())
                 .chain(mark(Phase::Secured));
-        let agent = ureq::Agent::with_parts(agent_config, connector, DefaultResolver::default());
+        let agent = ureq::Agent::with_parts(agent_config, connector, LiteralResolver::default());
         Client {
             agent,
             phase,
@@ -556,6 +568,49 @@ impl<In: Transport> Connector<In> for Mark {
     }
 }
 
+/// Resolves a server given as an IP address without a lookup: ureq's
+/// resolver runs every lookup on a thread of its own (to bound it in time),
+/// even for a literal, which the installer's kubeconfig always has (the
+/// service's cluster IP). Host names go to ureq's resolver.
+#[derive(Debug, Default)]
+struct LiteralResolver {
+    names: DefaultResolver,
+}
+
+impl Resolver for LiteralResolver {
+    fn resolve(
+        &self,
+        uri: &Uri,
+        config: &UreqConfig,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        if let Some(addr) = literal_addr(uri) {
+            let mut addrs = self.empty();
+            addrs.push(addr);
+            return Ok(addrs);
+        }
+        self.names.resolve(uri, config, timeout)
+    }
+}
+
+/// The socket address of an `https` URI whose host is an IP address.
+fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
+    if uri.scheme_str() != Some("https") {
+        return None;
+    }
+    let authority = uri.authority()?;
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    Some(std::net::SocketAddr::new(
+        ip,
+        authority.port_u16().unwrap_or(443),
+    ))
+}
+
 /// The `message` of a Kubernetes `Status` body, else the start of the body.
 fn status_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
@@ -569,5 +624,29 @@ fn status_message(body: &[u8]) -> String {
         Some((i, _)) => format!("{}...", &s[..i]),
         None if s.is_empty() => "empty answer".into(),
         None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_addresses_skip_the_lookup_and_names_do_not() {
+        let addr = |u: &str| literal_addr(&u.parse().unwrap()).map(|a| a.to_string());
+        assert_eq!(addr("https://127.0.0.2/api"), Some("127.0.0.2:443".into()));
+        assert_eq!(
+            addr("https://127.0.0.1:6443"),
+            Some("127.0.0.1:6443".into())
+        );
+        assert_eq!(
+            addr("https://[fd00::1]:6443/x"),
+            Some("[fd00::1]:6443".into())
+        );
+        assert_eq!(addr("https://[::1]"), Some("[::1]:443".into()));
+        assert_eq!(addr("https://kubernetes.default.svc:443"), None);
+        assert_eq!(addr("https://127.0.0.1.nip.io"), None);
+        // Plain HTTP (a test or a local proxy) keeps ureq's default port rules.
+        assert_eq!(addr("http://127.0.0.1"), None);
     }
 }
