@@ -1191,6 +1191,7 @@ fn add_instructions(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Resu
             }
             meshed_lines(&pod, name)?;
             runs.push(process_counts(&dir)?);
+            keep_callgrind_files(&dir, name)?;
         }
         tables.push(median_parts(&runs));
     }
@@ -1244,6 +1245,26 @@ fn add_instructions(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Resu
         println!("This build / baseline: {:.2}×.", now / base);
     }
     Ok(())
+}
+
+/// With `BENCH_CALLGRIND_DIR` set, the run's callgrind files are copied
+/// there (prefixed with the variant), for `callgrind_annotate` (of a build
+/// with symbols: the release profile strips them).
+fn keep_callgrind_files(dir: &Path, variant: &str) -> Result<(), Stop> {
+    let Some(keep) = std::env::var_os("BENCH_CALLGRIND_DIR") else {
+        return Ok(());
+    };
+    let keep = PathBuf::from(keep);
+    let copy = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&keep)?;
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = format!("{}.{}", variant.replace(' ', "-"), e.file_name().to_string_lossy());
+            std::fs::copy(e.path(), keep.join(name))?;
+        }
+        Ok(())
+    };
+    copy().map_err(|e| fail(format!("cannot keep the callgrind files in {}: {e}", keep.display())))
 }
 
 /// (program, instructions) of each callgrind output file in `dir`, one per
