@@ -308,18 +308,28 @@ impl<R: Read + AsFd> Capture<R> {
         let Some(pipe) = &mut self.pipe else {
             return Ok(());
         };
-        let mut chunk = [0u8; 16 << 10];
         loop {
-            match pipe.read(&mut chunk) {
-                Ok(0) => {
+            let room = self.limit - self.buf.len();
+            // Straight into the buffer's spare capacity, which std's
+            // read_to_end does not zero (a zeroed scratch buffer per wake-up
+            // cost more than the reads).
+            let read = if room > 0 {
+                let before = self.buf.len();
+                pipe.by_ref()
+                    .take(room as u64)
+                    .read_to_end(&mut self.buf)
+                    .map(|_| self.buf.len() - before)
+            } else {
+                let mut drain = [0u8; 512];
+                pipe.read(&mut drain).inspect(|&n| self.overflow |= n > 0)
+            };
+            match read {
+                // EOF (when the take's limit was not what stopped it).
+                Ok(n) if n < room || (room == 0 && n == 0) => {
                     self.pipe = None;
                     return Ok(());
                 }
-                Ok(n) => {
-                    let keep = n.min(self.limit - self.buf.len());
-                    self.buf.extend_from_slice(&chunk[..keep]);
-                    self.overflow |= keep < n;
-                }
+                Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),

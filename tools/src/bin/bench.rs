@@ -1259,12 +1259,21 @@ fn keep_callgrind_files(dir: &Path, variant: &str) -> Result<(), Stop> {
         std::fs::create_dir_all(&keep)?;
         for e in std::fs::read_dir(dir)? {
             let e = e?;
-            let name = format!("{}.{}", variant.replace(' ', "-"), e.file_name().to_string_lossy());
+            let name = format!(
+                "{}.{}",
+                variant.replace(' ', "-"),
+                e.file_name().to_string_lossy()
+            );
             std::fs::copy(e.path(), keep.join(name))?;
         }
         Ok(())
     };
-    copy().map_err(|e| fail(format!("cannot keep the callgrind files in {}: {e}", keep.display())))
+    copy().map_err(|e| {
+        fail(format!(
+            "cannot keep the callgrind files in {}: {e}",
+            keep.display()
+        ))
+    })
 }
 
 /// (program, instructions) of each callgrind output file in `dir`, one per
