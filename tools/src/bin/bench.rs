@@ -1219,6 +1219,8 @@ fn add_instructions(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Resu
             }
         }
     }
+    // The plugin first, then its children (pid order can wrap).
+    names.sort_by_key(|p| p != "linkerd-cni");
     let cell = |t: &Vec<(String, f64)>, p: &str| {
         t.iter()
             .find(|(q, _)| q == p)
