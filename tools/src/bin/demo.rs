@@ -373,10 +373,10 @@ fn start_as(
 fn kubeconfig_subject(node: &Node, own: &str) -> String {
     let text = std::fs::read_to_string(node.conf_dir().join("ZZZ-linkerd-cni-kubeconfig"))
         .unwrap_or_default();
-    let token = text
-        .lines()
-        .find_map(|l| l.strip_prefix("    token: "))
-        .and_then(|t| serde_json::from_str::<String>(t).ok())
+    // The installer writes the kubeconfig as JSON.
+    let token = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|d| d["users"][0]["user"]["token"].as_str().map(str::to_string))
         .unwrap_or_default();
     if token == own {
         return "the installer pod's own token".into();
