@@ -2,12 +2,19 @@
 //!
 //! - [`rules`]: the typed model (what the rules are, upstream's exact text).
 //! - [`table`]: the live nat table, the restore batch, the differences.
+//! - [`nft`]: `iptables-mode: nft` in-process, over netlink.
 //! - [`exec`]: the node's iptables binaries, run with a time bound.
+//! - [`legacy`]: whether a legacy nat table is empty, read in-process.
 //!
-//! Each address family is programmed with ONE `*-restore --noflush` call, in
-//! the pod's netns, after reading the table with `*-save` there.
+//! Each address family is programmed with ONE transaction in the pod's
+//! netns: in nft mode an nf_tables batch over netlink, the same rules
+//! `iptables-nft-restore` would install (its binary is the fallback when
+//! netlink is refused); otherwise ONE `*-restore --noflush` call, after
+//! reading the table with `*-save` (skipped when the table is known empty).
 
 pub mod exec;
+pub mod legacy;
+pub mod nft;
 pub mod rules;
 pub mod table;
 
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 pub use exec::{ExecError, Tools};
+pub use nft::NftError;
 pub use rules::{Family, RedirectSpec, RuleSet};
 pub use table::NatTable;
 
@@ -67,26 +75,22 @@ impl Driver {
         }
     }
 
-    fn tools(&self, sets: &[RuleSet]) -> Result<Vec<Tools>, IptablesError> {
-        sets.iter()
-            .map(|s| Tools::find(self.mode, s.family, &self.dirs).map_err(IptablesError::Exec))
-            .collect()
-    }
-
     /// Makes the netns at `netns` hold exactly each set's chains and jumps.
     pub fn apply(&self, netns: &Path, sets: &[RuleSet]) -> Result<(), IptablesError> {
-        let tools = self.tools(sets)?;
         netns::run_in(netns, || -> Result<(), IptablesError> {
-            for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.step_timeout())?);
-                let batch = table::restore_batch(set, &current);
-                log::debug!(
-                    "{} --noflush{} in {}:\n{batch}",
-                    t.restore.display(),
-                    if self.wait { " -w" } else { "" },
-                    netns.display()
-                );
-                t.restore(&batch, self.wait, self.step_timeout())?;
+            for set in sets {
+                if self.mode == IptablesMode::Nft {
+                    match nft::apply(set, self.timeout, self.deadline) {
+                        Ok(()) => continue,
+                        Err(e) => {
+                            let t = self.fallback(set.family, e)?;
+                            self.restore(netns, set, &t)?;
+                        }
+                    }
+                } else {
+                    let t = Tools::find(self.mode, set.family, &self.dirs)?;
+                    self.restore(netns, set, &t)?;
+                }
             }
             Ok(())
         })?
@@ -94,15 +98,77 @@ impl Driver {
 
     /// How the netns at `netns` differs from the sets; empty when it matches.
     pub fn verify(&self, netns: &Path, sets: &[RuleSet]) -> Result<Vec<String>, IptablesError> {
-        let tools = self.tools(sets)?;
         netns::run_in(netns, || -> Result<Vec<String>, IptablesError> {
             let mut diffs = Vec::new();
-            for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.step_timeout())?);
-                diffs.extend(table::differences(set, &current));
+            for set in sets {
+                if self.mode == IptablesMode::Nft {
+                    match nft::verify(set, self.timeout, self.deadline) {
+                        Ok(d) => {
+                            diffs.extend(d);
+                            continue;
+                        }
+                        Err(e) => {
+                            let t = self.fallback(set.family, e)?;
+                            diffs.extend(table::differences(set, &self.current(&t)?));
+                        }
+                    }
+                } else {
+                    let t = Tools::find(self.mode, set.family, &self.dirs)?;
+                    diffs.extend(table::differences(set, &self.current(&t)?));
+                }
             }
             Ok(diffs)
         })?
+    }
+
+    /// The binaries to use when nf_tables cannot be programmed over
+    /// netlink (e.g. a kernel or a sandbox refusing NETLINK_NETFILTER).
+    fn fallback(&self, family: Family, netlink: NftError) -> Result<Tools, IptablesError> {
+        match Tools::find(self.mode, family, &self.dirs) {
+            Ok(t) => {
+                log::warn!(
+                    "{family} rules over netlink failed ({netlink}); using {} instead",
+                    t.restore.display()
+                );
+                Ok(t)
+            }
+            Err(exec) => Err(IptablesError::Netlink {
+                family,
+                netlink,
+                exec,
+            }),
+        }
+    }
+
+    /// One `*-restore --noflush` batch bringing the table to `set`.
+    fn restore(&self, netns: &Path, set: &RuleSet, t: &Tools) -> Result<(), IptablesError> {
+        let batch = table::restore_batch(set, &self.current(t)?);
+        log::debug!(
+            "{} --noflush{} in {}:\n{batch}",
+            t.restore.display(),
+            if self.wait { " -w" } else { "" },
+            netns.display()
+        );
+        t.restore(&batch, self.wait, self.step_timeout())?;
+        Ok(())
+    }
+
+    /// The nat table as `*-save` prints it. When the table is known, read
+    /// in-process, to hold no rule and no chain of its own (a new pod's),
+    /// `*-save` is not run: it would print nothing more.
+    fn current(&self, t: &Tools) -> Result<NatTable, IptablesError> {
+        let empty = match t.mode {
+            IptablesMode::Legacy => legacy::nat_is_empty(t.family).ok(),
+            IptablesMode::Nft => {
+                nft::nat_is_empty(t.family, self.step_timeout(), self.deadline).ok()
+            }
+            // `iptables` may be either backend.
+            IptablesMode::Plain => None,
+        };
+        if empty == Some(true) {
+            return Ok(NatTable::default());
+        }
+        Ok(NatTable::parse(&t.save(self.step_timeout())?))
     }
 }
 
@@ -112,4 +178,12 @@ pub enum IptablesError {
     Netns(#[from] NetnsError),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error(
+        "cannot program the {family} rules over netlink ({netlink}), and cannot fall back on the node's binaries: {exec}"
+    )]
+    Netlink {
+        family: Family,
+        netlink: NftError,
+        exec: ExecError,
+    },
 }
