@@ -94,10 +94,10 @@ fn story() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        [] | ["--modes"] => Plan::full(),
-        ["--quick"] | ["--modes", "--quick"] => Plan::quick(),
+        [] | ["--modes"] | ["--nft"] => Plan::full(),
+        ["--quick"] | ["--modes", "--quick"] | ["--nft", "--quick"] => Plan::quick(),
         _ => {
-            eprintln!("usage: bench [--modes] [--quick]");
+            eprintln!("usage: bench [--modes | --nft] [--quick]");
             return ExitCode::from(2);
         }
     };
@@ -108,8 +108,12 @@ fn story() -> ExitCode {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
+    // `--nft`: only nft mode in-process vs the restore path.
+    let only_nft = args.first().is_some_and(|a| a == "--nft");
     let result = if only_modes {
         stop::run_story(|| run_modes(&plan))
+    } else if only_nft {
+        stop::run_story(|| run_nft(&plan))
     } else {
         stop::run_story(|| run(&plan))
     };
@@ -165,6 +169,8 @@ fn run(plan: &Plan) -> Result<(), Stop> {
     plugin_repair(&bench, plan)?;
     progress("5/5 concurrent ADDs");
     throughput(&bench, plan)?;
+    progress("nft mode: in-process vs the restore path");
+    nft_mode(&bench, plan)?;
     modes(plan)?;
 
     footer(&load_before, started);
@@ -199,6 +205,19 @@ fn run_modes(plan: &Plan) -> Result<(), Stop> {
     let load_before = loadavg();
     print_machine(&cpus, &bins);
     modes(plan)?;
+    footer(&load_before, started);
+    Ok(())
+}
+
+fn run_nft(plan: &Plan) -> Result<(), Stop> {
+    let started = Instant::now();
+    let cpus = pin_two_cpus();
+    let bins = Binaries::find().map_err(fail)?;
+    let _ = artifacts::cnidriver();
+    let load_before = loadavg();
+    print_machine(&cpus, &bins);
+    let bench = BenchNode::new(&bins)?;
+    nft_mode(&bench, plan)?;
     footer(&load_before, started);
     Ok(())
 }
@@ -940,6 +959,200 @@ fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         );
     }
     Ok(())
+}
+
+// nft --------------------------------------------------------------------
+
+/// A meshed ADD per iptables mode, each on a fresh pod netns: nft mode
+/// programming nf_tables in-process, against the restore path for the
+/// same nf_tables rules (mode `plain`, where Debian's `iptables` is
+/// iptables-nft: `iptables-nft-save` then `iptables-nft-restore`, what nft
+/// mode ran before), and legacy for reference. Wall time spawn to exit,
+/// rounds rotated; instructions across the process tree (the plugin and
+/// every iptables it runs) under callgrind.
+fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let iptables = std::fs::canonicalize("/usr/sbin/iptables").unwrap_or_default();
+    if !iptables.ends_with("xtables-nft-multi") {
+        return Err(fail(format!(
+            "/usr/sbin/iptables is {}, not iptables-nft: mode plain would not be nft's restore path",
+            iptables.display()
+        )));
+    }
+    let variants = [
+        ("nft, in-process (netlink)", "nft"),
+        (
+            "restore path: `iptables-nft-save` + `iptables-nft-restore` (mode plain)",
+            "plain",
+        ),
+        ("legacy: `iptables-legacy-restore`", "legacy"),
+    ];
+    let entries: Vec<Value> = variants
+        .iter()
+        .map(|(_, mode)| {
+            let mut e = b.entry.clone();
+            e["linkerd"]["iptables-mode"] = (*mode).into();
+            e
+        })
+        .collect();
+    let invocation = |k: usize, ns: &testkit::TestNetns| {
+        let mut inv = b.invocation(&b.plugin, &entries[k], "bench", "meshed");
+        for (key, v) in &mut inv.env {
+            if key == "CNI_NETNS" {
+                *v = ns.path().display().to_string();
+            }
+        }
+        inv
+    };
+    let backend = |k: usize| {
+        if variants[k].1 == "legacy" {
+            Backend::Legacy
+        } else {
+            Backend::Nft
+        }
+    };
+    let n = variants.len();
+    let rounds = plan.direct_rounds / 4;
+    let samples: Vec<Samples> = b.node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for i in 0..rounds + 2 {
+            checkpoint()?;
+            for k in 0..n {
+                let v = (i + k) % n;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
+                if i == 0 {
+                    let lines =
+                        conformance::NatTable::read(&ns, backend(v), Family::V4).linkerd_lines();
+                    if lines.len() != 9 {
+                        return Err(fail(format!(
+                            "{}: not linkerd's 9 nat lines: {lines:?}",
+                            variants[v].0
+                        )));
+                    }
+                }
+                // Two warm-up rounds.
+                if i >= 2 {
+                    s[v].push_duration(d);
+                }
+            }
+        }
+        Ok::<_, Stop>(s)
+    })?;
+    println!();
+    println!("## 6. Meshed ADD: nft mode in-process vs the restore path");
+    println!();
+    println!(
+        "{rounds} rounds, order rotated, a fresh pod netns per ADD. The plugin spawned \
+         directly in the node (GET pod + namespace from the fake API server, then the rules), \
+         timed from spawn to exit."
+    );
+    println!();
+    println!("| iptables-mode | median [p10–p90] | vs nft in-process |");
+    println!("|---|---|---|");
+    for ((name, _), smp) in variants.iter().zip(&samples) {
+        println!(
+            "| {name} | {} | {:.2}× |",
+            smp.summary("ms"),
+            ratio(smp, &samples[0])
+        );
+    }
+    println!();
+    println!(
+        "Per-round difference restore path − in-process: {}.",
+        paired_differences(&samples[1], &samples[0]).summary("ms")
+    );
+
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_arg = format!(
+        "--callgrind-out-file={}",
+        b.node.dir().join("nft.%p.callgrind").display()
+    );
+    let counts: Vec<(Samples, Samples, usize)> = b.node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (k, (name, _)) in variants.iter().enumerate() {
+            let (mut tree, mut plugin) = (Samples::new(), Samples::new());
+            let mut processes = 0;
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let inv = invocation(k, &ns);
+                let cmd = inv.command(&[
+                    &valgrind,
+                    "--tool=callgrind",
+                    "--trace-children=yes",
+                    &out_arg,
+                ]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
+                }
+                // One output file per process (children's valgrind
+                // output goes to the pipes the plugin reads): its command
+                // and its total.
+                let (mut sum, mut own) = (0.0, 0.0);
+                let outputs = callgrind_outputs(b.node.dir());
+                processes = outputs.len();
+                for (cmd, total) in outputs {
+                    sum += total;
+                    if cmd.contains("linkerd-cni") {
+                        own += total;
+                    }
+                }
+                tree.push(sum);
+                plugin.push(own);
+            }
+            all.push((tree, plugin, processes));
+        }
+        Ok::<_, Stop>(all)
+    })?;
+    println!();
+    println!(
+        "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
+        plan.callgrind_runs
+    );
+    println!();
+    println!(
+        "| iptables-mode | processes | whole process tree | the plugin process | vs nft in-process (tree) |"
+    );
+    println!("|---|---|---|---|---|");
+    for ((name, _), (tree, plugin, processes)) in variants.iter().zip(&counts) {
+        println!(
+            "| {name} | {processes} | {:.0} | {:.0} | {:.2}× |",
+            tree.median(),
+            plugin.median(),
+            tree.median() / counts[0].0.median()
+        );
+    }
+    Ok(())
+}
+
+/// The `(cmd, total instructions)` of every `*.callgrind` file in `dir`,
+/// each removed once read.
+fn callgrind_outputs(dir: &Path) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().ends_with(".callgrind") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let _ = std::fs::remove_file(e.path());
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let total = field("totals:")
+            .or_else(|| field("summary:"))
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        out.push((field("cmd:").unwrap_or_default().to_string(), total));
+    }
+    out
 }
 
 // machine ----------------------------------------------------------------
