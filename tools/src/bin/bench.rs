@@ -15,7 +15,8 @@
 //! The sections, in the order printed (`// N ---` below): 1. a meshed ADD
 //! through libcni with and without linkerd-cni; 2. pass-through ADDs vs
 //! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
-//! 5. throughput of concurrent ADDs.
+//! 5. throughput of concurrent ADDs; 7. a meshed ADD in nft mode in-process
+//! vs the restore path (6 is `cri_bench`'s).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -1039,7 +1040,7 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         Ok::<_, Stop>(s)
     })?;
     println!();
-    println!("## 6. Meshed ADD: nft mode in-process vs the restore path");
+    println!("## 7. Meshed ADD: nft mode in-process vs the restore path");
     println!();
     println!(
         "{rounds} rounds, order rotated, a fresh pod netns per ADD. The plugin spawned \
