@@ -202,6 +202,15 @@ fn restore(ns: &TestNetns, bin: &str, input: &str) {
     );
 }
 
+/// `v`'s rules in `ns` with iptables-nft-restore (and ip6tables-nft-restore
+/// when it has IPv6 rules), as linkerd-cni's restore path would write them.
+fn restore_variant(ns: &TestNetns, v: &Variant, jumps: bool) {
+    restore(ns, "iptables-nft-restore", &restore_input(v.v4, jumps));
+    if let Some(v6) = v.v6 {
+        restore(ns, "ip6tables-nft-restore", &restore_input(v6, jumps));
+    }
+}
+
 /// The kernel's objects in `ns` as nft lists them, counter values zeroed
 /// (a pod's interface may see packets).
 fn kernel_objects(ns: &TestNetns) -> String {
@@ -288,10 +297,7 @@ fn every_variant_holds_what_iptables_nft_restore_installs() {
             .unwrap_or_else(|e| panic!("{}: ADD: {e}", v.label));
 
         let theirs = TestNetns::new("nftref").unwrap();
-        restore(&theirs, "iptables-nft-restore", &restore_input(v.v4, true));
-        if let Some(v6) = v.v6 {
-            restore(&theirs, "ip6tables-nft-restore", &restore_input(v6, true));
-        }
+        restore_variant(&theirs, v, true);
         assert_same(v, &pod, &theirs, "first ADD");
 
         // A runtime retry (DEL, then ADD again) on a namespace that holds
@@ -301,10 +307,7 @@ fn every_variant_holds_what_iptables_nft_restore_installs() {
             .unwrap_or_else(|e| panic!("{}: DEL: {e}", v.label));
         node.add(&net, &pod)
             .unwrap_or_else(|e| panic!("{}: second ADD: {e}", v.label));
-        restore(&theirs, "iptables-nft-restore", &restore_input(v.v4, false));
-        if let Some(v6) = v.v6 {
-            restore(&theirs, "ip6tables-nft-restore", &restore_input(v6, false));
-        }
+        restore_variant(&theirs, v, false);
         assert_same(v, &pod, &theirs, "re-ADD");
 
         node.check(&net, &pod)

@@ -243,33 +243,7 @@ fn malformed_annotation_fails_the_add_with_code_102() {
 /// `/usr/sbin` (where Debian keeps every iptables binary; `/sbin` links
 /// there): a node without the host's iptables.
 fn run_plugin_without_iptables(env: &[(String, String)], conf: &Value) -> std::process::Output {
-    testkit::require_root("runs the plugin in a private mount namespace");
-    let mut child = std::process::Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-        .arg(r#"mount -t tmpfs none /usr/sbin && exec "$1""#)
-        .arg("sh")
-        .arg(common::BIN)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("cannot run unshare (util-linux): this test needs it, and root");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(
-        !stderr(&o).contains("unshare failed") && !stderr(&o).contains("mount:"),
-        "cannot set up the private mount namespace (needs root): {}",
-        stderr(&o)
-    );
-    o
+    common::run_in_mount_ns("mount -t tmpfs none /usr/sbin", &[], env, conf)
 }
 
 #[test]

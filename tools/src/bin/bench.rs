@@ -199,26 +199,22 @@ fn modes(plan: &Plan) -> Result<(), Stop> {
 }
 
 fn run_modes(plan: &Plan) -> Result<(), Stop> {
-    let started = Instant::now();
-    let cpus = pin_two_cpus();
-    let bins = Binaries::find().map_err(fail)?;
-    let _ = artifacts::cnidriver();
-    let load_before = loadavg();
-    print_machine(&cpus, &bins);
-    modes(plan)?;
-    footer(&load_before, started);
-    Ok(())
+    standalone(|_| modes(plan))
 }
 
 fn run_nft(plan: &Plan) -> Result<(), Stop> {
+    standalone(|bins| nft_mode(&BenchNode::new(bins)?, plan))
+}
+
+/// One section alone, between the machine's description and the footer.
+fn standalone(section: impl FnOnce(&Binaries) -> Result<(), Stop>) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
     let bins = Binaries::find().map_err(fail)?;
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
     print_machine(&cpus, &bins);
-    let bench = BenchNode::new(&bins)?;
-    nft_mode(&bench, plan)?;
+    section(&bins)?;
     footer(&load_before, started);
     Ok(())
 }

@@ -257,6 +257,8 @@ pub struct Socket {
     timeout: Duration,
     deadline: Option<Instant>,
     buf: Vec<u8>,
+    /// Messages received but not yet asked for.
+    queued: Vec<Raw>,
 }
 
 impl Socket {
@@ -279,6 +281,7 @@ impl Socket {
             timeout,
             deadline,
             buf: vec![0; RECV_BUF],
+            queued: Vec::new(),
         })
     }
 
@@ -365,31 +368,43 @@ impl Socket {
         Ok(out)
     }
 
+    /// Sends one request; returns its sequence number.
+    fn request(
+        &mut self,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut Writer),
+        what: &'static str,
+    ) -> Result<u32, NftError> {
+        let mut w = self.writer();
+        let seq = w.begin(msg, flags, family);
+        attrs(&mut w);
+        w.end();
+        self.send(&w, what)?;
+        Ok(seq)
+    }
+
+    /// The next answer to request `seq` (others are dropped: a fresh
+    /// socket has no other request outstanding).
+    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Raw, NftError> {
+        loop {
+            if let Some(at) = self.queued.iter().position(|r| r.seq == seq) {
+                let r = self.queued.remove(at);
+                self.queued.retain(|q| q.seq == seq);
+                return Ok(r);
+            }
+            self.queued = self.recv(what)?;
+        }
+    }
+
     /// The ruleset's generation: a batch sent with it is refused if
     /// anything changed since.
     pub fn generation(&mut self) -> Result<u32, NftError> {
         let what = "generation query";
-        let mut w = self.writer();
-        let seq = w.begin(NFT_MSG_GETGEN, NLM_F_REQUEST, 0);
-        w.end();
-        self.send(&w, what)?;
-        loop {
-            for Raw {
-                ty, seq: s, body, ..
-            } in self.recv(what)?
-            {
-                if s != seq {
-                    continue;
-                }
-                if ty == NLMSG_ERROR {
-                    return Err(error_of(&body, what)?.unwrap_or(NftError::Malformed { what }));
-                }
-                return Attrs(body.get(4..).unwrap_or_default())
-                    .find(NFTA_GEN_ID)
-                    .and_then(|a| a.u32())
-                    .ok_or(NftError::Malformed { what });
-            }
-        }
+        self.get(NFT_MSG_GETGEN, 0, |_| {}, what)?
+            .and_then(|m| m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32()))
+            .ok_or(NftError::Malformed { what })
     }
 
     /// A non-dump GET: the object, or None when the kernel says ENOENT.
@@ -400,34 +415,20 @@ impl Socket {
         attrs: impl FnOnce(&mut Writer),
         what: &'static str,
     ) -> Result<Option<Message>, NftError> {
-        let mut w = self.writer();
-        let seq = w.begin(msg, NLM_F_REQUEST, family);
-        attrs(&mut w);
-        w.end();
-        self.send(&w, what)?;
-        loop {
-            for Raw {
-                ty,
-                flags,
-                seq: s,
-                body,
-            } in self.recv(what)?
-            {
-                if s != seq {
-                    continue;
-                }
-                if ty == NLMSG_ERROR {
-                    return match error_of(&body, what)? {
-                        Some(NftError::Refused {
-                            errno: Errno::ENOENT,
-                            ..
-                        }) => Ok(None),
-                        Some(e) => Err(e),
-                        None => Err(NftError::Malformed { what }),
-                    };
-                }
-                return Ok(Some(message(ty, flags, body)));
-            }
+        let seq = self.request(msg, NLM_F_REQUEST, family, attrs, what)?;
+        let Raw {
+            ty, flags, body, ..
+        } = self.answer(seq, what)?;
+        if ty != NLMSG_ERROR {
+            return Ok(Some(message(ty, flags, body)));
+        }
+        match error_of(&body, what)? {
+            Some(NftError::Refused {
+                errno: Errno::ENOENT,
+                ..
+            }) => Ok(None),
+            Some(e) => Err(e),
+            None => Err(NftError::Malformed { what }),
         }
     }
 
@@ -441,36 +442,24 @@ impl Socket {
         attrs: impl FnOnce(&mut Writer),
         what: &'static str,
     ) -> Result<Vec<Message>, NftError> {
-        let mut w = self.writer();
-        let seq = w.begin(msg, NLM_F_REQUEST | NLM_F_DUMP, family);
-        attrs(&mut w);
-        w.end();
-        self.send(&w, what)?;
+        let seq = self.request(msg, NLM_F_REQUEST | NLM_F_DUMP, family, attrs, what)?;
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            for Raw {
-                ty,
-                flags,
-                seq: s,
-                body,
-            } in self.recv(what)?
-            {
-                if s != seq {
-                    continue;
+            let Raw {
+                ty, flags, body, ..
+            } = self.answer(seq, what)?;
+            interrupted |= flags & NLM_F_DUMP_INTR != 0;
+            match ty {
+                NLMSG_DONE if interrupted => return Err(NftError::Changed),
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    return match error_of(&body, what)? {
+                        Some(e) => Err(e),
+                        None => Ok(out),
+                    };
                 }
-                interrupted |= flags & NLM_F_DUMP_INTR != 0;
-                match ty {
-                    NLMSG_DONE if interrupted => return Err(NftError::Changed),
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        return match error_of(&body, what)? {
-                            Some(e) => Err(e),
-                            None => Ok(out),
-                        };
-                    }
-                    _ => out.push(message(ty, flags, body)),
-                }
+                _ => out.push(message(ty, flags, body)),
             }
         }
     }
