@@ -79,16 +79,8 @@ impl Driver {
     pub fn apply(&self, netns: &Path, sets: &[RuleSet]) -> Result<(), IptablesError> {
         netns::run_in(netns, || -> Result<(), IptablesError> {
             for set in sets {
-                if self.mode == IptablesMode::Nft {
-                    match nft::apply(set, self.timeout, self.deadline) {
-                        Ok(()) => continue,
-                        Err(e) => {
-                            let t = self.fallback(set.family, e)?;
-                            self.restore(netns, set, &t)?;
-                        }
-                    }
-                } else {
-                    let t = Tools::find(self.mode, set.family, &self.dirs)?;
+                let in_process = || nft::apply(set, self.timeout, self.deadline);
+                if let Err(t) = self.in_process_or_binaries(set.family, in_process)? {
                     self.restore(netns, set, &t)?;
                 }
             }
@@ -101,24 +93,30 @@ impl Driver {
         netns::run_in(netns, || -> Result<Vec<String>, IptablesError> {
             let mut diffs = Vec::new();
             for set in sets {
-                if self.mode == IptablesMode::Nft {
-                    match nft::verify(set, self.timeout, self.deadline) {
-                        Ok(d) => {
-                            diffs.extend(d);
-                            continue;
-                        }
-                        Err(e) => {
-                            let t = self.fallback(set.family, e)?;
-                            diffs.extend(table::differences(set, &self.current(&t)?));
-                        }
-                    }
-                } else {
-                    let t = Tools::find(self.mode, set.family, &self.dirs)?;
-                    diffs.extend(table::differences(set, &self.current(&t)?));
+                let in_process = || nft::verify(set, self.timeout, self.deadline);
+                match self.in_process_or_binaries(set.family, in_process)? {
+                    Ok(d) => diffs.extend(d),
+                    Err(t) => diffs.extend(table::differences(set, &self.current(&t)?)),
                 }
             }
             Ok(diffs)
         })?
+    }
+
+    /// In nft mode, what `in_process` gives; otherwise, or when it fails,
+    /// the binaries to do it with instead.
+    fn in_process_or_binaries<T>(
+        &self,
+        family: Family,
+        in_process: impl FnOnce() -> Result<T, NftError>,
+    ) -> Result<Result<T, Tools>, IptablesError> {
+        if self.mode != IptablesMode::Nft {
+            return Ok(Err(Tools::find(self.mode, family, &self.dirs)?));
+        }
+        match in_process() {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) => self.fallback(family, e).map(Err),
+        }
     }
 
     /// The binaries to use when nf_tables cannot be programmed over

@@ -272,8 +272,8 @@ impl Socket {
             SockProtocol::NetlinkNetFilter,
         )
         .map_err(NftError::Socket)?;
-        // Distinct sequence numbers per run, as a stale answer on a fresh
-        // socket is impossible anyway.
+        // Any start will do on a fresh socket; the pid makes a trace
+        // readable.
         let seq = std::process::id().wrapping_mul(1 << 12);
         Ok(Socket {
             fd,
