@@ -185,3 +185,62 @@ pub enum IptablesError {
         exec: ExecError,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn driver(mode: IptablesMode, dirs: Vec<PathBuf>) -> Driver {
+        Driver {
+            dirs,
+            ..Driver::new(mode, false)
+        }
+    }
+
+    fn refused() -> Result<(), NftError> {
+        Err(NftError::Socket(nix::errno::Errno::EPROTONOSUPPORT))
+    }
+
+    #[test]
+    fn a_refused_netlink_falls_back_on_the_nft_binaries() {
+        let d = testkit::TempDir::new("fallback").unwrap();
+        for n in ["iptables-nft-save", "iptables-nft-restore"] {
+            let p = d.path().join(n);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let nft = driver(IptablesMode::Nft, vec![d.path().to_path_buf()]);
+        // In-process when it works: no binary is looked up.
+        assert!(matches!(
+            nft.in_process_or_binaries(Family::V4, || Ok(7)),
+            Ok(Ok(7))
+        ));
+        let t = nft
+            .in_process_or_binaries(Family::V4, refused)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(t.restore, d.path().join("iptables-nft-restore"));
+        // Legacy never tries netlink.
+        let legacy = driver(IptablesMode::Legacy, vec![d.path().to_path_buf()]);
+        let ran = std::cell::Cell::new(false);
+        let r = legacy.in_process_or_binaries(Family::V4, || {
+            ran.set(true);
+            Ok(())
+        });
+        assert!(!ran.get());
+        // Only nft binaries here: the fallback order finds them.
+        assert_eq!(r.unwrap().unwrap_err().mode, IptablesMode::Nft);
+
+        // Neither netlink nor binaries (IPv6 has none here): both causes.
+        let e = nft.in_process_or_binaries(Family::V6, refused).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, IptablesError::Netlink { .. }), "{msg}");
+        assert!(
+            msg.contains("over netlink")
+                && msg.contains("netfilter netlink socket")
+                && msg.contains("install iptables on the node"),
+            "{msg}"
+        );
+    }
+}
