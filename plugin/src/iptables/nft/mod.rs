@@ -129,8 +129,20 @@ impl Listing {
     }
 }
 
-/// Reads the nat table of `family`.
+/// Reads the nat table of `family`, again when a dump was interrupted by
+/// a concurrent change.
 fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match list_once(sock, family) {
+            Err(NftError::Changed) if attempt < MAX_ATTEMPTS => {}
+            r => return r,
+        }
+    }
+}
+
+fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
     let fam = nfproto(family);
     let genid = sock.generation()?;
     let table = sock
