@@ -564,6 +564,34 @@ mod tests {
         assert!(comment(&"x".repeat(250)).is_err());
     }
 
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever a kernel (or anything posing as one) answers, reading
+            /// it never panics; a valid list read back after a bit flip
+            /// still does not.
+            #[test]
+            fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                let _ = decode(Attrs(&bytes));
+                let _ = crate::iptables::nft::zero_counters(&bytes);
+            }
+
+            #[test]
+            fn a_damaged_rule_never_panics(at in 0usize..600, bit in 0u8..8) {
+                let n = rule(&Rule::RedirectPort { port: 8080, to: 4143 }, Family::V4).unwrap();
+                let mut w = Writer::new(0);
+                encode(&mut w, &n.exprs);
+                let mut b = w.bytes().to_vec();
+                let i = at % b.len();
+                b[i] ^= 1 << bit;
+                let _ = decode(Attrs(&b));
+                let _ = crate::iptables::nft::zero_counters(&b);
+            }
+        }
+    }
+
     #[test]
     fn prefixes_match_as_iptables_nft_does() {
         let s = |t: &str| source(&Subnet::parse(t).unwrap());

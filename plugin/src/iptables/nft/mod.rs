@@ -224,7 +224,7 @@ fn table_of(m: &Message, ty: u16) -> Option<&str> {
 }
 
 /// A copy of an expression list with every counter's values set to 0.
-fn zero_counters(list: &[u8]) -> Vec<u8> {
+pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
     let mut out = list.to_vec();
     let base = list.as_ptr() as usize;
     for elem in Attrs(list) {
