@@ -17,7 +17,7 @@ use conformance::kube::APP_NAMESPACE;
 use conformance::{Node, Pod, PodSpec};
 use serde_json::{Value, json};
 use testkit::TestNetns;
-use testkit::iptables::normalize_save;
+use testkit::iptables::{has_rule, normalize_save};
 use testkit::objects::{KUBERNETES_SERVICE_PATH, Pod as ApiPod, kubernetes_service};
 
 /// One rule variant: what the config and the pod say, and the rule text
@@ -246,6 +246,17 @@ fn assert_same(v: &Variant, ours: &Pod, theirs: &TestNetns, when: &str) {
     };
     assert_eq!(v6, want_v6, "{label}: ip6tables-nft-save");
     assert_eq!([v4, v6], nft_saves(theirs), "{label}: *-save vs restore");
+    // iptables-nft -C decodes each of the kernel's rules and finds ours.
+    for (bin, rules) in [("iptables-nft", Some(v.v4)), ("ip6tables-nft", v.v6)] {
+        let Some(rules) = rules else { continue };
+        for line in rules.lines().chain(JUMPS.lines()) {
+            let (chain, spec) = line[3..].split_once(' ').unwrap();
+            assert!(
+                has_rule(ours.netns(), bin, chain, spec),
+                "{label}: {bin} -C {line}"
+            );
+        }
+    }
     let (a, b) = (kernel_objects(ours.netns()), kernel_objects(theirs));
     assert!(a.contains("[ match name comment rev 0 ]"), "{label}: {a}");
     assert_eq!(a, b, "{label}: kernel objects vs iptables-nft-restore's");

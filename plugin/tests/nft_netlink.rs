@@ -16,7 +16,7 @@ use linkerd_cni::iptables::rules::{self, RedirectSpec, RuleSet};
 use linkerd_cni::iptables::{Family, NatTable, table};
 use linkerd_cni::netns;
 use testkit::TestNetns;
-use testkit::iptables::{default_save, delete_rule, nat_table};
+use testkit::iptables::{default_save, delete_rule, has_rule, nat_table};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -234,6 +234,28 @@ fn iptables_nft_deletes_and_flushes_our_rules() {
             .unwrap()
             .unwrap()
     };
+    // iptables-nft -C finds every rule of ours, the jumps included; and not
+    // one that differs in a port.
+    for (chain, specs) in sets[0].chains() {
+        for spec in specs {
+            assert!(
+                has_rule(&ns, "iptables-nft", chain, &spec),
+                "-C {chain} {spec}"
+            );
+        }
+    }
+    for j in sets[0].jumps() {
+        assert!(
+            has_rule(&ns, "iptables-nft", j.from, &j.spec()),
+            "-C {}",
+            j.from
+        );
+    }
+    let other = sets[0].chains()[1].1[2].replace("4140", "4141");
+    assert!(
+        !has_rule(&ns, "iptables-nft", "PROXY_INIT_OUTPUT", &other),
+        "{other}"
+    );
     delete_rule(
         &ns,
         "iptables-nft",
