@@ -354,3 +354,19 @@ fn an_empty_nat_table_is_known_without_save() {
     ]);
     assert!(!legacy(Family::V6).unwrap());
 }
+
+#[test]
+fn nothing_runs_past_the_deadline() {
+    // A deadline already gone: the netlink step refuses to wait, the
+    // fallback's binaries get no time either, and nothing is installed.
+    let ns = TestNetns::new("nftT").unwrap();
+    let sets = [RuleSet::build(&RedirectSpec::default(), Family::V4)];
+    let start = std::time::Instant::now();
+    let e = linkerd_cni::iptables::Driver::new(IptablesMode::Nft, false)
+        .until(start)
+        .apply(ns.path(), &sets)
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10), "{e}");
+    assert!(e.to_string().contains("did not finish within"), "{e}");
+    assert!(!nat_table(&ns, "iptables-nft-save").contains("PROXY_INIT"));
+}
