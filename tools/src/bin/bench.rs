@@ -17,7 +17,8 @@
 //! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
 //! 5. throughput of concurrent ADDs; 7. a meshed ADD's instructions per
 //! process; 8. its wall time run directly; 9. upstream's per-pod command
-//! sequence vs ours (then the chain modes, `mode_bench`). `--add` prints
+//! sequence vs ours; 10. a meshed ADD in nft mode in-process vs the restore
+//! path (then the chain modes, `mode_bench`; 6 is `cri_bench`'s). `--nft` prints 10 only; `--add` prints
 //! 2, 3, 7, 8 and 9 only; `--baseline` adds another build's plugin (e.g.
 //! main's) to 7 and 8, interleaved with this one.
 
@@ -101,9 +102,11 @@ enum Sections {
     Modes,
     /// `--add`: only what one ADD costs (sections 2, 3, 7, 8, 9).
     Add,
+    /// `--nft`: only nft mode in-process vs the restore path (section 10).
+    Nft,
 }
 
-const USAGE: &str = "usage: bench [--modes | --add] [--quick] [--baseline PLUGIN_DIR]";
+const USAGE: &str = "usage: bench [--modes | --add | --nft] [--quick] [--baseline PLUGIN_DIR]";
 
 fn story() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -113,6 +116,7 @@ fn story() -> ExitCode {
         match a.as_str() {
             "--modes" => sections = Sections::Modes,
             "--add" => sections = Sections::Add,
+            "--nft" => sections = Sections::Nft,
             "--quick" => quick = true,
             // The directory of another build's plugin (e.g. the main
             // branch's), measured interleaved with this one in 7 and 8.
@@ -145,6 +149,7 @@ fn story() -> ExitCode {
     let result = match sections {
         Sections::Modes => stop::run_story(|| run_modes(&plan)),
         Sections::Add => stop::run_story(|| run_add(&plan, baseline)),
+        Sections::Nft => stop::run_story(|| run_nft(&plan)),
         Sections::All => stop::run_story(|| run(&plan, baseline)),
     };
     match result {
@@ -200,6 +205,8 @@ fn run(plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
     progress("5/5 concurrent ADDs");
     throughput(&bench, plan)?;
     add_cost(&bench, plan, baseline)?;
+    progress("nft mode: in-process vs the restore path");
+    nft_mode(&bench, plan)?;
     modes(plan)?;
 
     footer(&load_before, started);
@@ -258,13 +265,22 @@ fn modes(plan: &Plan) -> Result<(), Stop> {
 }
 
 fn run_modes(plan: &Plan) -> Result<(), Stop> {
+    standalone(|_| modes(plan))
+}
+
+fn run_nft(plan: &Plan) -> Result<(), Stop> {
+    standalone(|bins| nft_mode(&BenchNode::new(bins)?, plan))
+}
+
+/// One section alone, between the machine's description and the footer.
+fn standalone(section: impl FnOnce(&Binaries) -> Result<(), Stop>) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
     let bins = Binaries::find().map_err(fail)?;
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
     print_machine(&cpus, &bins);
-    modes(plan)?;
+    section(&bins)?;
     footer(&load_before, started);
     Ok(())
 }
@@ -1018,6 +1034,200 @@ fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         );
     }
     Ok(())
+}
+
+// nft --------------------------------------------------------------------
+
+/// A meshed ADD per iptables mode, each on a fresh pod netns: nft mode
+/// programming nf_tables in-process, against the restore path for the
+/// same nf_tables rules (mode `plain`, where Debian's `iptables` is
+/// iptables-nft: `iptables-nft-save` then `iptables-nft-restore`, what nft
+/// mode ran before), and legacy for reference. Wall time spawn to exit,
+/// rounds rotated; instructions across the process tree (the plugin and
+/// every iptables it runs) under callgrind.
+fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let iptables = std::fs::canonicalize("/usr/sbin/iptables").unwrap_or_default();
+    if !iptables.ends_with("xtables-nft-multi") {
+        return Err(fail(format!(
+            "/usr/sbin/iptables is {}, not iptables-nft: mode plain would not be nft's restore path",
+            iptables.display()
+        )));
+    }
+    let variants = [
+        ("nft, in-process (netlink)", "nft"),
+        (
+            "restore path: `iptables-nft-save` + `iptables-nft-restore` (mode plain)",
+            "plain",
+        ),
+        ("legacy: `iptables-legacy-restore`", "legacy"),
+    ];
+    let entries: Vec<Value> = variants
+        .iter()
+        .map(|(_, mode)| {
+            let mut e = b.entry.clone();
+            e["linkerd"]["iptables-mode"] = (*mode).into();
+            e
+        })
+        .collect();
+    let invocation = |k: usize, ns: &testkit::TestNetns| {
+        let mut inv = b.invocation(&b.plugin, &entries[k], "bench", "meshed");
+        for (key, v) in &mut inv.env {
+            if key == "CNI_NETNS" {
+                *v = ns.path().display().to_string();
+            }
+        }
+        inv
+    };
+    let backend = |k: usize| {
+        if variants[k].1 == "legacy" {
+            Backend::Legacy
+        } else {
+            Backend::Nft
+        }
+    };
+    let n = variants.len();
+    let rounds = plan.direct_rounds / 4;
+    let samples: Vec<Samples> = b.node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for i in 0..rounds + 2 {
+            checkpoint()?;
+            for k in 0..n {
+                let v = (i + k) % n;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
+                if i == 0 {
+                    let lines =
+                        conformance::NatTable::read(&ns, backend(v), Family::V4).linkerd_lines();
+                    if lines.len() != 9 {
+                        return Err(fail(format!(
+                            "{}: not linkerd's 9 nat lines: {lines:?}",
+                            variants[v].0
+                        )));
+                    }
+                }
+                // Two warm-up rounds.
+                if i >= 2 {
+                    s[v].push_duration(d);
+                }
+            }
+        }
+        Ok::<_, Stop>(s)
+    })?;
+    println!();
+    println!("## 10. Meshed ADD: nft mode in-process vs the restore path");
+    println!();
+    println!(
+        "{rounds} rounds, order rotated, a fresh pod netns per ADD. The plugin spawned \
+         directly in the node (GET pod + namespace from the fake API server, then the rules), \
+         timed from spawn to exit."
+    );
+    println!();
+    println!("| iptables-mode | median [p10–p90] | vs nft in-process |");
+    println!("|---|---|---|");
+    for ((name, _), smp) in variants.iter().zip(&samples) {
+        println!(
+            "| {name} | {} | {:.2}× |",
+            smp.summary("ms"),
+            ratio(smp, &samples[0])
+        );
+    }
+    println!();
+    println!(
+        "Per-round difference restore path − in-process: {}.",
+        paired_differences(&samples[1], &samples[0]).summary("ms")
+    );
+
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_arg = format!(
+        "--callgrind-out-file={}",
+        b.node.dir().join("nft.%p.callgrind").display()
+    );
+    let counts: Vec<(Samples, Samples, usize)> = b.node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (k, (name, _)) in variants.iter().enumerate() {
+            let (mut tree, mut plugin) = (Samples::new(), Samples::new());
+            let mut processes = 0;
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let inv = invocation(k, &ns);
+                let cmd = inv.command(&[
+                    &valgrind,
+                    "--tool=callgrind",
+                    "--trace-children=yes",
+                    &out_arg,
+                ]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
+                }
+                // One output file per process (children's valgrind
+                // output goes to the pipes the plugin reads): its command
+                // and its total.
+                let (mut sum, mut own) = (0.0, 0.0);
+                let outputs = callgrind_outputs(b.node.dir());
+                processes = outputs.len();
+                for (cmd, total) in outputs {
+                    sum += total;
+                    if cmd.contains("linkerd-cni") {
+                        own += total;
+                    }
+                }
+                tree.push(sum);
+                plugin.push(own);
+            }
+            all.push((tree, plugin, processes));
+        }
+        Ok::<_, Stop>(all)
+    })?;
+    println!();
+    println!(
+        "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
+        plan.callgrind_runs
+    );
+    println!();
+    println!(
+        "| iptables-mode | processes | whole process tree | the plugin process | vs nft in-process (tree) |"
+    );
+    println!("|---|---|---|---|---|");
+    for ((name, _), (tree, plugin, processes)) in variants.iter().zip(&counts) {
+        println!(
+            "| {name} | {processes} | {:.0} | {:.0} | {:.2}× |",
+            tree.median(),
+            plugin.median(),
+            tree.median() / counts[0].0.median()
+        );
+    }
+    Ok(())
+}
+
+/// The `(cmd, total instructions)` of every `*.callgrind` file in `dir`,
+/// each removed once read.
+fn callgrind_outputs(dir: &Path) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().ends_with(".callgrind") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let _ = std::fs::remove_file(e.path());
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let total = field("totals:")
+            .or_else(|| field("summary:"))
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        out.push((field("cmd:").unwrap_or_default().to_string(), total));
+    }
+    out
 }
 
 // machine ----------------------------------------------------------------
