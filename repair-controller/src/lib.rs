@@ -6,7 +6,9 @@
 //! meshed pods in CNI mode; it exits 95 when outbound traffic is not
 //! redirected, i.e. when the pod's network was set up without linkerd-cni
 //! (the node was not chained yet, or the chain was broken). Such a pod
-//! crash-loops forever; deleting it is the repair.
+//! crash-loops forever; deleting it is the repair when a controller (its
+//! ReplicaSet, StatefulSet, DaemonSet, Job...) creates it again. A pod
+//! without one is left in place and reported: deleting it would lose it.
 //!
 //! The crate owns:
 //!

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use testkit::api_watch::{GoneStyle, WatchApiServer};
-use testkit::objects::{Pod, being_deleted, on_node, with_init_status};
+use testkit::objects::{Pod, being_deleted, on_node, owned_by, with_init_status};
 use testkit::{TempDir, wait_until};
 
 const NODE: &str = "node-a";
@@ -20,8 +20,14 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 const ENTRY: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"}}"#;
 
-/// A meshed pod of `node` whose validator last exited with `exit`.
+/// A meshed pod of `node` whose validator last exited with `exit`, made
+/// by a ReplicaSet (which creates it again once deleted).
 fn pod(ns: &str, name: &str, node: &str, exit: Option<i32>) -> Value {
+    owned_by(bare(ns, name, node, exit), "ReplicaSet", "web-5d8f", true)
+}
+
+/// The same without any owner: nothing creates it again.
+fn bare(ns: &str, name: &str, node: &str, exit: Option<i32>) -> Value {
     let p = Pod::meshed(ns, name).label("linkerd.io/control-plane-ns", "linkerd");
     with_init_status(on_node(p.json(), node), VALIDATOR, exit)
 }
@@ -280,6 +286,80 @@ fn deletes_a_broken_pod_once_and_publishes_an_event_leaving_the_others() {
     assert_eq!(
         ctl.metric("linkerd_cni_repair_controller_events_publish_errors_total"),
         Some(0.0)
+    );
+}
+
+#[test]
+fn deletes_only_pods_that_a_controller_creates_again() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let owned = [
+        ("ReplicaSet", "web-5d8f", "web-5d8f-x2x7q"),
+        ("StatefulSet", "db", "db-0"),
+        ("DaemonSet", "agent", "agent-k8v2p"),
+        ("Job", "migrate", "migrate-9xk2w"),
+    ];
+    for (kind, owner, name) in owned {
+        api.put_pod(owned_by(
+            bare("shop", name, NODE, Some(95)),
+            kind,
+            owner,
+            true,
+        ));
+    }
+    // `kubectl run`, and a pod whose only owner is not its controller.
+    api.put_pod(bare("shop", "debug", NODE, Some(95)));
+    api.put_pod(owned_by(
+        bare("shop", "adopted", NODE, Some(95)),
+        "ReplicaSet",
+        "web-5d8f",
+        false,
+    ));
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait("four deletions and six events", || {
+        api.deletions().len() == 4 && api.events().len() == 6
+    });
+    let mut deleted = deleted_names(&api);
+    deleted.sort();
+    let mut expected: Vec<String> = owned.iter().map(|(_, _, n)| format!("shop/{n}")).collect();
+    expected.sort();
+    assert_eq!(deleted, expected);
+    let events = api.events();
+    for name in ["debug", "adopted"] {
+        assert!(api.pod("shop", name).is_some(), "{name} was deleted");
+        let e = event_for(&events, "shop", name).expect("an Event");
+        let field = |p: &str| e.pointer(p).and_then(Value::as_str).unwrap_or("");
+        assert_eq!(field("/type"), "Warning");
+        assert_eq!(field("/reason"), "LinkerdCNINotConfigured");
+        assert_eq!(field("/action"), "NotDeleting");
+        assert!(
+            field("/note").contains("delete it and create it again"),
+            "{e:#}"
+        );
+    }
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_pending"),
+        Some(0.0)
+    );
+    let log = ctl.log_text();
+    assert!(
+        log.contains("pod=debug") && log.contains("delete it and create it again"),
+        "{log}"
+    );
+
+    // Its validator fails again: reported once, not on every restart. The
+    // deletion of a later pod shows the update was handled.
+    api.put_pod(bare("shop", "debug", NODE, Some(95)));
+    api.put_pod(broken("shop", "web-2"));
+    ctl.wait("the deletion of web-2", || api.events().len() == 7);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(2.0)
     );
 }
 
