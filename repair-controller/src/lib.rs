@@ -20,7 +20,8 @@
 //!   that uses linkerd-cni's chain library);
 //! - [`backoff`]: per-pod backoff between deletions;
 //! - [`controller`]: the watch of this node's pods and the repair loop;
-//! - [`metrics`] and [`admin`]: Prometheus metrics, `/live` and `/ready`;
+//! - [`metrics`], [`process`] and [`admin`]: Prometheus metrics (the
+//!   controller's and the standard `process_*` ones), `/live` and `/ready`;
 //! - [`logging`]: plain or JSON logs on stderr.
 
 pub mod admin;
@@ -31,3 +32,4 @@ pub mod controller;
 pub mod logging;
 pub mod metrics;
 pub mod pod;
+pub mod process;

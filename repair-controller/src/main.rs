@@ -12,6 +12,7 @@ use linkerd_cni_repair_controller::backoff::Policy;
 use linkerd_cni_repair_controller::controller::{Controller, Settings};
 use linkerd_cni_repair_controller::logging;
 use linkerd_cni_repair_controller::metrics::Metrics;
+use linkerd_cni_repair_controller::process;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -47,6 +48,7 @@ async fn run(args: Args) -> Result<(), String> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    process::register(&mut registry);
     let ready = Arc::new(AtomicBool::new(false));
     let listener = admin::bind(args.admin_addr)
         .await

@@ -552,6 +552,40 @@ fn resumes_after_api_errors() {
 }
 
 #[test]
+fn exposes_the_standard_process_metrics() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let value = |name: &str| {
+        ctl.metric(name)
+            .unwrap_or_else(|| panic!("no {name} in:\n{}", ctl.get("/metrics").1))
+    };
+    for name in [
+        "process_cpu_seconds_total",
+        "process_virtual_memory_max_bytes",
+        "process_heap_bytes",
+        "process_uptime_seconds_total",
+    ] {
+        assert!(value(name) >= 0.0, "{name}");
+    }
+    let open = value("process_open_fds");
+    assert!(open >= 3.0 && value("process_max_fds") >= open);
+    let rss = value("process_resident_memory_bytes");
+    assert!(rss > 0.0 && value("process_virtual_memory_bytes") >= rss);
+    assert!(value("process_threads") >= 1.0);
+    // Started after the test asked for it (the boot time /proc counts
+    // from has whole seconds), before the clock it reports.
+    let start = value("process_start_time_seconds");
+    assert!(start + 1.0 >= before, "{start} < {before}");
+    assert!(start <= value("process_clock_time_seconds") + 1.0);
+}
+
+#[test]
 fn refuses_a_bad_command_line_with_a_clear_message() {
     let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
         .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME")
