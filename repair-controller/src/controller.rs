@@ -18,6 +18,10 @@
 //! case it does not recover from by itself, a watch request answered with
 //! an HTTP 410 status (rather than a 410 event in the stream), is handled
 //! here by starting a new watcher, which lists again.
+//!
+//! The waits between attempts are this module's ([`Retry`]), not the
+//! watcher's own backoff: that one is reset by the `Init` event the
+//! watcher sends before each list, so during an outage it never grew.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -32,11 +36,11 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
-use crate::backoff::{self, Backoff};
+use crate::backoff::{self, Backoff, Retry};
 use crate::chain_gate::{self, Verdict};
 use crate::metrics::Metrics;
 use crate::pod::{DATA_PLANE_LABEL, controller_of, needs_repair};
@@ -141,13 +145,16 @@ impl Controller {
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
             .fields(&format!("spec.nodeName={}", self.settings.node_name));
-        watcher(api, config).default_backoff().boxed()
+        watcher(api, config).boxed()
     }
 
     /// Runs until `shutdown` completes.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut events = self.watch();
+        let mut retry = Retry::new(Retry::WATCH);
+        // While set, the watch is not polled: the next attempt waits.
+        let mut resume_at: Option<Instant> = None;
         tracing::info!(
             node = %self.settings.node_name,
             conf_dir = %self.settings.cni_net_dir.display(),
@@ -155,26 +162,37 @@ impl Controller {
         );
         loop {
             let now = Instant::now();
-            let wake = self
-                .next_wake(now)
-                .unwrap_or(now + Duration::from_secs(3600));
+            let far = now + Duration::from_secs(3600);
+            let wake = self.next_wake(now).unwrap_or(far);
             tokio::select! {
                 () = &mut shutdown => return,
-                ev = events.next() => match ev {
-                    Some(Ok(ev)) => self.on_event(ev),
+                ev = events.next(), if resume_at.is_none() => match ev {
+                    Some(Ok(ev)) => {
+                        if !matches!(ev, watcher::Event::Init) {
+                            retry.reset();
+                        }
+                        self.on_event(ev);
+                    }
                     Some(Err(e)) => {
+                        let wait = retry.failed();
+                        resume_at = Some(Instant::now() + wait);
                         if gone_at_watch_start(&e) {
-                            tracing::info!("watch resource version expired: listing again");
+                            tracing::info!(retry_in = ?wait, "watch resource version expired: listing again");
                             events = self.watch();
                         } else {
-                            tracing::warn!(error = %e, "watch of this node's pods failed; resuming");
+                            tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch this node's pods; trying again");
                         }
                     }
                     None => {
-                        tracing::warn!("watch of this node's pods ended; starting again");
+                        let wait = retry.failed();
+                        resume_at = Some(Instant::now() + wait);
+                        tracing::warn!(retry_in = ?wait, "watch of this node's pods ended; starting again");
                         events = self.watch();
                     }
                 },
+                () = tokio::time::sleep_until(resume_at.unwrap_or(far)), if resume_at.is_some() => {
+                    resume_at = None;
+                }
                 () = tokio::time::sleep_until(wake) => self.repair_due().await,
             }
         }

@@ -102,7 +102,7 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
         cluster: args.cluster.clone(),
         user: args.user.clone(),
     };
-    let config = match &args.kubeconfig {
+    let mut config = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
@@ -122,5 +122,9 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
             format!("cannot configure the Kubernetes client (no kubeconfig and not in a pod?): {e}")
         })?,
     };
+    // One retry policy per call, the controller's: the watch's backoff
+    // and the per-pod one for deletions. kube's own layer would retry a
+    // 503 fifteen times, from 5 ms, below them.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| format!("cannot create the Kubernetes client: {e}"))
 }

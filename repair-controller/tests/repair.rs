@@ -586,6 +586,40 @@ fn exposes_the_standard_process_metrics() {
 }
 
 #[test]
+fn backs_off_while_the_api_server_fails() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    // An outage: the first four lists fail.
+    api.fail_next(4, 503);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let lists: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .collect();
+    assert_eq!(lists.len(), 5, "{lists:#?}");
+    // The waits double from a second, each between half and all of its
+    // nominal length (jitter): at least 0.5, 1, 2 and 4 s. A constant
+    // retry would list again after the same short wait every time.
+    let gaps: Vec<Duration> = lists.windows(2).map(|w| w[1].at - w[0].at).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let least = Duration::from_millis(500 << i);
+        assert!(
+            *gap >= least,
+            "retry {i} after {gap:?}, at least {least:?}: {gaps:?}"
+        );
+    }
+    // One line per failure, saying when the next attempt comes.
+    let log = ctl.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("cannot list or watch this node's pods") && l.contains("retry_in="))
+        .count();
+    assert_eq!(lines, 4, "{log}");
+}
+
+#[test]
 fn refuses_a_bad_command_line_with_a_clear_message() {
     let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
         .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME")
