@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use linkerd_cni_repair_controller::admin::{self, AdminState};
+use linkerd_cni_repair_controller::admin::{self, AdminState, Limits};
 use linkerd_cni_repair_controller::args::Args;
 use linkerd_cni_repair_controller::backoff::Policy;
 use linkerd_cni_repair_controller::controller::{Controller, Settings};
@@ -50,19 +50,22 @@ async fn run(args: Args) -> Result<(), String> {
     let metrics = Metrics::register(&mut registry);
     process::register(&mut registry);
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = admin::bind(args.admin_addr)
+    let admin_addr = args.admin_listen();
+    let listener = admin::bind(admin_addr)
         .await
-        .map_err(|e| format!("cannot listen on --admin-addr {}: {e}", args.admin_addr))?;
+        .map_err(|e| format!("cannot listen on {admin_addr} (--admin-addr, --admin-ip): {e}"))?;
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the admin address: {e}"))?;
     tracing::info!(addr = %local, "admin server listening");
+    let limits = Limits::default().for_fd_limit(process::max_fds());
     tokio::spawn(admin::serve(
         listener,
         AdminState {
             ready: ready.clone(),
             registry: Arc::new(registry),
         },
+        limits,
     ));
 
     let mut term =

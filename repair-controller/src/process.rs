@@ -24,6 +24,12 @@ use prometheus_client::registry::{Registry, Unit};
 /// The kernel's clock ticks per second in `/proc/*/stat` (`USER_HZ`).
 const USER_HZ: f64 = 100.0;
 
+/// The soft `RLIMIT_NOFILE` of this process (`u64::MAX` when unlimited).
+pub fn max_fds() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    soft_limit(&limits, "Max open files")
+}
+
 /// Registers the collector under `process_` in `registry`.
 pub fn register(registry: &mut Registry) {
     registry
@@ -70,6 +76,8 @@ impl Sample {
             s.resident_memory_bytes = status_kb(&status, "VmRSS").map(|kb| kb * 1024);
         }
         if let Some(limits) = read("/proc/self/limits") {
+            // (One read for both rows; `max_fds` is for callers outside a
+            // scrape.)
             s.max_fds = soft_limit(&limits, "Max open files");
             s.virtual_memory_max_bytes = soft_limit(&limits, "Max address space");
         }

@@ -619,6 +619,95 @@ fn backs_off_while_the_api_server_fails() {
     assert_eq!(lines, 4, "{log}");
 }
 
+/// Whether the server closed `s` (EOF or reset) by `deadline`.
+fn closed_by_server(s: &mut TcpStream, deadline: std::time::Instant) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .is_err()
+        {
+            return false;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // An answer (408 and the like) before the close.
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_admin_server_closes_slow_and_idle_connections() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    // Slowloris: a head that never ends, from several peers (the per-peer
+    // cap is not what closes them).
+    let mut slow: Vec<TcpStream> = (2..12)
+        .map(|i| {
+            let mut s = testkit::connect_from([127, 0, 0, i].into(), ctl.admin).unwrap();
+            s.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\nX-Slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Kept alive after one answered request, then idle.
+    let mut idle = TcpStream::connect(ctl.admin).unwrap();
+    idle.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    idle.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let deadline = std::time::Instant::now() + DEADLINE;
+    for (i, s) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(s, deadline),
+            "slow connection {i} still open"
+        );
+    }
+    assert!(
+        closed_by_server(&mut idle, deadline),
+        "idle connection still open"
+    );
+}
+
+#[test]
+fn the_admin_server_caps_connections_and_keeps_answering_probes() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    // One peer opens 100 connections and sends nothing.
+    let flood = [127, 0, 0, 2].into();
+    let mut held: Vec<TcpStream> = (0..100)
+        .map(|_| testkit::connect_from(flood, ctl.admin).unwrap())
+        .collect();
+    // The kubelet, from another address, is still answered.
+    assert_eq!(ctl.get("/live").0, 200, "{}", ctl.log_text());
+    // All but the peer's few were closed at once, and the log says why,
+    // once.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let closed = held
+        .iter_mut()
+        .map(|s| closed_by_server(s, deadline))
+        .filter(|c| *c)
+        .count();
+    assert_eq!(closed, 100, "the held ones close at the header timeout");
+    ctl.wait("the warning", || {
+        ctl.log_text().contains("connection limit")
+    });
+    let warnings = ctl.log_text().matches("connection limit").count();
+    assert_eq!(warnings, 1, "{}", ctl.log_text());
+}
+
 #[test]
 fn refuses_a_bad_command_line_with_a_clear_message() {
     let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))

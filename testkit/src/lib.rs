@@ -102,3 +102,30 @@ pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A TCP connection to `to` from the local address `source` (any of
+/// 127.0.0.0/8 works on loopback): for servers that tell peers apart by
+/// address.
+pub fn connect_from(
+    source: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, socket,
+    };
+    let family = if source.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(std::net::SocketAddr::new(source, 0)),
+    )?;
+    connect(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(to),
+    )?;
+    Ok(std::net::TcpStream::from(fd))
+}
