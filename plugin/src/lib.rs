@@ -15,7 +15,7 @@
 //! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
 //!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
-//! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
+//! - [`pod`]: the per-pod work of ADD and CHECK, built on `linkerd_cni_kube` (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
 
@@ -23,7 +23,6 @@ pub mod cni;
 pub mod config;
 pub mod heal;
 pub mod iptables;
-pub mod k8s;
 pub mod logging;
 pub mod netns;
 pub mod owned_add;
