@@ -183,11 +183,25 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
     Ok(config)
 }
 
+/// Every file this crate reads (the kubeconfig, its tokenFile and CA file,
+/// the system bundle): a regular file, opened without blocking (a FIFO
+/// would block the open until a writer comes, past the ADD deadline) and
+/// without making it the controlling terminal; at most [`MAX_FILE`] bytes.
 fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
     let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_FILE + 1)
-        .read_to_end(&mut buf)?;
+    f.take(MAX_FILE + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > MAX_FILE {
         return Err(std::io::Error::other(format!(
             "larger than {MAX_FILE} bytes"
@@ -753,6 +767,51 @@ current-context: other
             "{seen_errors} of {}",
             corpus.len()
         );
+    }
+
+    /// Runs `f` on a thread; its result, or a panic when it has not
+    /// returned within a generous bound (it would block forever).
+    fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{what}: still blocked"))
+    }
+
+    #[test]
+    fn files_that_are_not_regular_are_refused_without_blocking() {
+        let tmp = testkit::TempDir::new("lcni-kubeconfig-kinds").unwrap();
+        let dir = tmp.path().to_path_buf();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
+        std::fs::write(dir.join("token"), "tok").unwrap();
+        let kubeconfig = |ca: &str, token: &str| {
+            format!(
+                "clusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:6443', certificate-authority: '{ca}'}}\n\
+                 users:\n- name: u\n  user: {{tokenFile: '{token}'}}\n\
+                 contexts:\n- {{name: linkerd-cni-context, context: {{cluster: c, user: u}}}}\n"
+            )
+        };
+        // The kubeconfig itself.
+        let f = fifo.clone();
+        let e = bounded("a FIFO kubeconfig", move || load(&f)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Its tokenFile and certificate-authority: a FIFO, a device, a
+        // directory.
+        for (what, ca, token) in [
+            ("a FIFO tokenFile", "ca.crt", "fifo"),
+            ("a FIFO certificate-authority", "fifo", "token"),
+            ("a device tokenFile", "ca.crt", "/dev/zero"),
+            ("a directory certificate-authority", ".", "token"),
+        ] {
+            let text = kubeconfig(ca, token);
+            let base = dir.clone();
+            let e = bounded(what, move || parse(&text, &base)).unwrap_err();
+            assert!(e.contains("not a regular file"), "{what}: {e}");
+        }
     }
 
     #[test]
