@@ -12,6 +12,7 @@
 //! into files the plugin reads. The installer itself reaches them under
 //! `CONTAINER_MOUNT_PREFIX`.
 
+use linkerd_cni_kube::names::{is_dns_label, is_dns_subdomain};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -553,25 +554,6 @@ fn chain_mode(value: Option<String>) -> Result<Option<ChainMode>, ConfigError> {
             )
         })?)),
     }
-}
-
-/// A DNS subdomain (RFC 1123), as node names are.
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label_chars)
-}
-
-/// A DNS-1123 label (namespaces): at most 63 characters, no dot.
-fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63 && is_label_chars(s)
-}
-
-fn is_label_chars(label: &str) -> bool {
-    !label.is_empty()
-        && label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !label.starts_with('-')
-        && !label.ends_with('-')
 }
 
 /// A qualified name, as label and taint keys are: `[prefix/]name`.
