@@ -30,7 +30,9 @@ use crate::{ApiError, Client};
 pub enum OwnerState {
     /// It exists and is not being deleted.
     Present { daemonset: String },
-    /// NotFound, or recreated under another uid: the pod's owner is gone.
+    /// NotFound: the pod's owner is gone. (One recreated under the same
+    /// name, whatever its uid, is [`OwnerState::Present`]: a rolling
+    /// re-apply must not uninstall the node.)
     Gone { daemonset: String, why: String },
     /// It exists with a `deletionTimestamp`.
     Deleting { daemonset: String },
@@ -97,6 +99,33 @@ pub enum OwnerError {
         #[source]
         source: ApiError,
     },
+}
+
+impl OwnerError {
+    /// What an operator can do about the open question, for this cause:
+    /// RBAC advice only when RBAC was the cause.
+    pub fn advice(&self) -> String {
+        match self {
+            OwnerError::DaemonSet {
+                source: ApiError::Unauthorized { status: 403, .. },
+                ..
+            } => "Granting the service account `get` on daemonsets in its namespace (as \
+                  deploy/linkerd-cni.yaml's Role linkerd-cni-installer does) lets the installer \
+                  tell, and uninstall by itself."
+                .into(),
+            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. }
+                if source.transient() =>
+            {
+                "The API server did not answer in time: no permission is missing.".into()
+            }
+            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. } => {
+                format!("To fix the cause: {}.", source.hint())
+            }
+            OwnerError::NotOwned { .. } => {
+                "Only a pod of the linkerd-cni DaemonSet can tell; this one is not.".into()
+            }
+        }
+    }
 }
 
 /// Looks up pod `namespace/pod`, its controlling DaemonSet, and that
