@@ -300,7 +300,7 @@ pub(crate) fn diagnose_listing(
             }
             Err(e) => {
                 d.state = ChainState::Invalid {
-                    reason: format!("cannot read it: {e}"),
+                    reason: format!("cannot read it: {e}{}", error::permission_hint(&e)),
                 }
             }
         }
