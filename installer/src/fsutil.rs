@@ -170,16 +170,10 @@ mod tests {
 
     const READ_LIMIT: u64 = linkerd_cni_chain::MAX_CONFIG_SIZE;
 
-    /// `f` on a thread: its result, or a panic when it is still blocked
-    /// after a generous bound.
-    fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(f());
-        });
-        rx.recv_timeout(std::time::Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("{what}: still blocked"))
-    }
+    use testkit::bounded;
+
+    /// Far longer than a refusal takes.
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
     #[test]
     fn inputs_that_are_not_regular_files_are_refused_without_blocking() {
@@ -194,16 +188,16 @@ mod tests {
         fs::write(&plain, "x").unwrap();
         for p in [fifo.clone(), PathBuf::from("/dev/zero"), t.clone()] {
             let q = p.clone();
-            let e = bounded("read_capped", move || read_capped(&q)).unwrap_err();
+            let e = bounded("read_capped", WITHIN, move || read_capped(&q)).unwrap_err();
             assert!(e.to_string().contains("not a regular file"), "{p:?}: {e}");
             let q = p.clone();
-            assert!(bounded("read_optional", move || read_optional(&q)).is_err());
+            assert!(bounded("read_optional", WITHIN, move || read_optional(&q)).is_err());
         }
         // A FIFO where a binary goes is an error, not a hang.
         let (a, b) = (plain.clone(), fifo.clone());
-        assert!(bounded("same_content", move || same_content(&a, &b)).is_err());
+        assert!(bounded("same_content", WITHIN, move || same_content(&a, &b)).is_err());
         let (a, b) = (fifo.clone(), plain.clone());
-        assert!(bounded("same_content", move || same_content(&a, &b)).is_err());
+        assert!(bounded("same_content", WITHIN, move || same_content(&a, &b)).is_err());
         fs::remove_dir_all(&t).unwrap();
     }
 

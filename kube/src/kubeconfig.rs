@@ -769,16 +769,10 @@ current-context: other
         );
     }
 
-    /// Runs `f` on a thread; its result, or a panic when it has not
-    /// returned within a generous bound (it would block forever).
-    fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(f());
-        });
-        rx.recv_timeout(std::time::Duration::from_secs(20))
-            .unwrap_or_else(|_| panic!("{what}: still blocked"))
-    }
+    use testkit::bounded;
+
+    /// Far longer than a refusal takes.
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
     #[test]
     fn files_that_are_not_regular_are_refused_without_blocking() {
@@ -797,7 +791,7 @@ current-context: other
         };
         // The kubeconfig itself.
         let f = fifo.clone();
-        let e = bounded("a FIFO kubeconfig", move || load(&f)).unwrap_err();
+        let e = bounded("a FIFO kubeconfig", WITHIN, move || load(&f)).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
         // Its tokenFile and certificate-authority: a FIFO, a device, a
         // directory.
@@ -809,7 +803,7 @@ current-context: other
         ] {
             let text = kubeconfig(ca, token);
             let base = dir.clone();
-            let e = bounded(what, move || parse(&text, &base)).unwrap_err();
+            let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
             assert!(e.contains("not a regular file"), "{what}: {e}");
         }
     }

@@ -129,3 +129,19 @@ pub fn connect_from(
     )?;
     Ok(std::net::TcpStream::from(fd))
 }
+
+/// Runs `f` on a thread of its own: its result, or a panic naming `what`
+/// when it has not returned within `within` (for calls that must not block
+/// forever, such as opening a FIFO; the blocked thread is left behind).
+pub fn bounded<T: Send + 'static>(
+    what: &str,
+    within: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("{what}: still blocked after {within:?}"))
+}
