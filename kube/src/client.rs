@@ -1,6 +1,7 @@
 //! A blocking HTTPS client for the few calls the plugin and the installer
-//! make (GETs, and one JSON-patch PATCH to remove the startup taint), with
-//! one time budget for all calls of an invocation.
+//! make (GETs, one JSON-patch PATCH to remove the startup taint, and the
+//! POSTs of a TokenRequest and of the self reviews), with one time budget
+//! for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
@@ -57,6 +58,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 pub enum Method {
     Get,
     Patch,
+    Post,
 }
 
 impl std::fmt::Display for Method {
@@ -64,6 +66,7 @@ impl std::fmt::Display for Method {
         f.write_str(match self {
             Method::Get => "GET",
             Method::Patch => "PATCH",
+            Method::Post => "POST",
         })
     }
 }
@@ -117,6 +120,11 @@ pub enum ApiError {
         method: Method,
         path: String,
         kubeconfig: PathBuf,
+        /// The `reason` of the answer's Kubernetes `Status` body
+        /// (`Unauthorized`, `Forbidden`); None when the body was not one
+        /// (a proxy's page, say), so that a caller can tell the API
+        /// server's own refusal from something in the way.
+        reason: Option<String>,
     },
     #[error("{method} {path}: not found")]
     NotFound { method: Method, path: String },
@@ -299,6 +307,11 @@ impl Client {
         &self.config
     }
 
+    /// What is left of the budget.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
         let (ns, name) = (valid_namespace(namespace)?, valid_name("pod", name)?);
         self.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
@@ -335,12 +348,34 @@ impl Client {
         path: &str,
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
-            method: Method::Patch,
+        self.send_json(Method::Patch, path, patch)
+    }
+
+    /// POSTs the JSON `body` to `path` (a create: a TokenRequest, a review)
+    /// and decodes the answer, retrying transient failures within the
+    /// budget. Only for creates that may happen twice: an attempt whose
+    /// answer was lost may have been applied.
+    pub fn create<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        self.send_json(Method::Post, path, body)
+    }
+
+    /// A call with a JSON body.
+    fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).map_err(|e| ApiError::Decode {
+            method,
             path: path.into(),
             cause: Box::new(e),
         })?;
-        self.call(Method::Patch, path, Some(&body))
+        self.call(method, path, Some(&body))
     }
 
     fn call<T: DeserializeOwned>(
@@ -424,11 +459,14 @@ impl Client {
                 .header("Authorization", auth)
                 .header("Accept", "application/json")
         }
-        let res = match req.body {
-            Some(body) => common(self.agent.patch(&url), timeout, &auth)
+        let res = match (req.method, req.body) {
+            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
                 .content_type("application/json-patch+json")
                 .send(body),
-            None => common(self.agent.get(&url), timeout, &auth).call(),
+            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, &auth)
+                .content_type("application/json")
+                .send(body),
+            _ => common(self.agent.get(&url), timeout, &auth).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
@@ -440,12 +478,13 @@ impl Client {
             .read_to_vec()
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
-            200 => Ok(body),
+            200 | 201 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
                 status,
                 method,
                 path: path.into(),
                 kubeconfig: self.config.source.clone(),
+                reason: status_reason(&body),
             }),
             404 => Err(ApiError::NotFound {
                 method,
@@ -545,7 +584,7 @@ impl Client {
 struct Req<'a> {
     method: Method,
     path: &'a str,
-    /// A JSON patch (sent with PATCH); None for a GET.
+    /// A JSON patch (PATCH) or object (POST); None for a GET.
     body: Option<&'a [u8]>,
 }
 
@@ -593,6 +632,15 @@ impl<In: Transport> Connector<In> for Mark {
         self.phase.store(self.to as u8, Ordering::SeqCst);
         Ok(chained)
     }
+}
+
+/// The `reason` of a Kubernetes `Status` body; None for any other body.
+fn status_reason(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if v.get("kind")?.as_str()? != "Status" {
+        return None;
+    }
+    Some(v.get("reason")?.as_str()?.to_string())
 }
 
 /// The `message` of a Kubernetes `Status` body, else the start of the body.
