@@ -46,7 +46,7 @@ pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_digest};
 pub use lock::{DirLock, lock_dir};
 pub use repair::{RepairOptions, RepairReport, remove_entries, repair, repair_locked};
-pub use scan::{CONFIG_EXTENSIONS, is_config_name};
+pub use scan::{CONFIG_EXTENSIONS, MAX_CONFIG_SIZE, is_config_name, open_regular, read_file};
 pub use write::TEMP_PREFIX;
 
 use scan::Kind;
@@ -304,7 +304,7 @@ pub(crate) fn diagnose_listing(
             }
             Err(e) => {
                 d.state = ChainState::Invalid {
-                    reason: format!("cannot read it: {e}"),
+                    reason: format!("cannot read it: {e}{}", error::permission_hint(&e)),
                 }
             }
         }

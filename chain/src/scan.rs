@@ -294,20 +294,28 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
     })
 }
 
-/// Reads a config (or entry) file through symlinks: regular files only (a
-/// FIFO must not hang the plugin), at most [`MAX_CONFIG_SIZE`] bytes.
-pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut f: File = OpenOptions::new()
+/// Opens a file linkerd-cni reads on input, through symlinks, without
+/// blocking (a FIFO would block the open until a writer comes) and without
+/// making it the controlling terminal: regular files only.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let f: File = OpenOptions::new()
         .read(true)
         .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
+    if !f.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a regular file",
         ));
     }
+    Ok(f)
+}
+
+/// Reads a config, entry or other input file ([`open_regular`]): at most
+/// [`MAX_CONFIG_SIZE`] bytes.
+pub fn read_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = open_regular(path)?;
+    let meta = f.metadata()?;
     if meta.len() > MAX_CONFIG_SIZE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

@@ -197,15 +197,21 @@ fn create_temp(
     let res = (|| {
         fill(&mut file)?;
         file.flush()?;
+        // Exact (the create mode went through the umask), and before the
+        // chown: once the file is another uid's, changing its mode takes
+        // CAP_FOWNER, which the installer does not have.
+        file.set_permissions(Permissions::from_mode(mode))?;
         if let Some((uid, gid)) = owner {
             let meta = file.metadata()?;
             if meta.uid() != uid || meta.gid() != gid {
                 std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+                // A chown clears set-id bits; only then is the mode set
+                // again.
+                if file.metadata()?.mode() & 0o7777 != mode {
+                    file.set_permissions(Permissions::from_mode(mode))?;
+                }
             }
         }
-        // After the chown (which may clear set-id bits), and exact: the
-        // create mode went through the umask.
-        file.set_permissions(Permissions::from_mode(mode))?;
         file.sync_all()
     })();
     if let Err(e) = res {

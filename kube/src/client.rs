@@ -36,6 +36,7 @@ use ureq::unversioned::transport::{
 };
 
 use crate::kubeconfig::{ApiConfig, Trust};
+use crate::names;
 use crate::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
@@ -159,6 +160,37 @@ pub enum ApiError {
         #[source]
         cause: Cause,
     },
+    /// Refused before any request: the API server would refuse it too.
+    #[error("refusing {what} name {name:?}: not a valid Kubernetes name ({rule})")]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        rule: &'static str,
+    },
+}
+
+/// A namespace, checked and encoded for a path.
+fn valid_namespace(name: &str) -> Result<String, ApiError> {
+    if !names::is_dns_label(name) {
+        return Err(ApiError::InvalidName {
+            what: "namespace",
+            name: name.to_string(),
+            rule: "a DNS-1123 label: at most 63 lowercase letters, digits and '-'",
+        });
+    }
+    Ok(names::segment(name))
+}
+
+/// A pod's or DaemonSet's name, checked and encoded for a path.
+fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
+    if !names::is_dns_subdomain(name) {
+        return Err(ApiError::InvalidName {
+            what,
+            name: name.to_string(),
+            rule: "a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and '.'",
+        });
+    }
+    Ok(names::segment(name))
 }
 
 impl ApiError {
@@ -198,6 +230,11 @@ impl ApiError {
             }
             ApiError::Status { .. } | ApiError::Decode { .. } => {
                 "the API server's answer was unexpected; see the message".into()
+            }
+            ApiError::InvalidName { .. } => {
+                "the name comes from the container runtime's CNI_ARGS (K8S_POD_NAMESPACE, \
+                 K8S_POD_NAME) or the installer's environment: check what set it"
+                    .into()
             }
         }
     }
@@ -300,20 +337,22 @@ impl Client {
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
-        self.get(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+        let (ns, name) = (valid_namespace(namespace)?, valid_name("pod", name)?);
+        self.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
     }
 
     pub fn namespace(&self, name: &str) -> Result<Namespace, ApiError> {
-        self.get(&format!("/api/v1/namespaces/{name}"))
+        let ns = valid_namespace(name)?;
+        self.get(&format!("/api/v1/namespaces/{ns}"))
     }
 
     pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
-        self.get(&format!(
-            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
-        ))
+        let (ns, name) = (valid_namespace(namespace)?, valid_name("DaemonSet", name)?);
+        self.get(&format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"))
     }
 
     /// Service `default/kubernetes`: the API server's ports.
+    /// (A fixed path: no name to check.)
     pub fn kubernetes_service(&self) -> Result<Service, ApiError> {
         self.get("/api/v1/namespaces/default/services/kubernetes")
     }

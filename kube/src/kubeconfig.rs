@@ -197,11 +197,25 @@ pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError
     Ok(config)
 }
 
+/// Every file this crate reads (the kubeconfig, its tokenFile and CA file,
+/// the system bundle): a regular file, opened without blocking (a FIFO
+/// would block the open until a writer comes, past the ADD deadline) and
+/// without making it the controlling terminal; at most [`MAX_FILE`] bytes.
 fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
     let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_FILE + 1)
-        .read_to_end(&mut buf)?;
+    f.take(MAX_FILE + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > MAX_FILE {
         return Err(std::io::Error::other(format!(
             "larger than {MAX_FILE} bytes"
@@ -869,6 +883,45 @@ current-context: other
             }
         }
         assert!(errors >= corpus.len() - 1, "{errors} of {}", corpus.len());
+    }
+
+    use testkit::bounded;
+
+    /// Far longer than a refusal takes.
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+    #[test]
+    fn files_that_are_not_regular_are_refused_without_blocking() {
+        let tmp = testkit::TempDir::new("lcni-kubeconfig-kinds").unwrap();
+        let dir = tmp.path().to_path_buf();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
+        std::fs::write(dir.join("token"), "tok").unwrap();
+        let kubeconfig = |ca: &str, token: &str| {
+            format!(
+                "clusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:6443', certificate-authority: '{ca}'}}\n\
+                 users:\n- name: u\n  user: {{tokenFile: '{token}'}}\n\
+                 contexts:\n- {{name: linkerd-cni-context, context: {{cluster: c, user: u}}}}\n"
+            )
+        };
+        // The kubeconfig itself.
+        let f = fifo.clone();
+        let e = bounded("a FIFO kubeconfig", WITHIN, move || load(&f)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Its tokenFile and certificate-authority: a FIFO, a device, a
+        // directory.
+        for (what, ca, token) in [
+            ("a FIFO tokenFile", "ca.crt", "fifo"),
+            ("a FIFO certificate-authority", "fifo", "token"),
+            ("a device tokenFile", "ca.crt", "/dev/zero"),
+            ("a directory certificate-authority", ".", "token"),
+        ] {
+            let text = kubeconfig(ca, token);
+            let base = dir.clone();
+            let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
+            assert!(e.contains("not a regular file"), "{what}: {e}");
+        }
     }
 
     #[test]

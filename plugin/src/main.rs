@@ -211,7 +211,7 @@ fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> 
     match file {
         Some(f) => {
             let bytes =
-                std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+                chain::read_file(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
             Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {

@@ -122,7 +122,12 @@ fn held_xtables_lock_ends_at_the_deadline() {
     held.lock().expect("flock on the test's own lock file");
     let ns = TestNetns::new("lcni-deadline-lock").unwrap();
     let before = nat_table(&ns, "iptables-legacy-save");
-    let mut conf = netconf(&kubeconfig, json!({"use-wait-flag": true}));
+    // The xtables lock is legacy iptables' (nft has none): that backend,
+    // whatever the manifest's default.
+    let mut conf = netconf(
+        &kubeconfig,
+        json!({"use-wait-flag": true, "iptables-mode": "legacy"}),
+    );
     conf["add_deadline_seconds"] = json!(DEADLINE_SECONDS);
     let e = add_past_deadline(&lock, ns.path(), &conf);
     let msg = e["msg"].as_str().unwrap_or_default();

@@ -29,7 +29,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
-use conformance::iptables::{Backend, Family};
+use conformance::iptables::Family;
 use conformance::{Completed, Node, PodSpec, artifacts};
 use linkerd_cni::config::IptablesMode;
 use linkerd_cni::iptables::Driver;
@@ -517,7 +517,9 @@ fn meshed_add_works(node: &Node) -> Result<(), Stop> {
     let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
     node.add(WITH, &pod)
         .map_err(|f| fail(format!("ADD failed: {f}")))?;
-    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    let lines = pod
+        .nat(testkit::chart::backend(), Family::V4)
+        .linkerd_lines();
     if lines.len() != 9 {
         return Err(fail(format!(
             "the meshed pod did not get linkerd's 9 nat lines: {lines:?}"
