@@ -1,4 +1,5 @@
-//! Logging for the plugin and the installer: one line per record on stderr,
+//! Logging for the plugin binary (the CNI plugin and its `chain` and `kube`
+//! commands; the installer has a logger of its own): one line per record on stderr,
 //! and a copy to syslog when `/dev/log` exists (it does not in containers or
 //! CI; then stderr alone is used, silently).
 //!
