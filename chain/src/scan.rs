@@ -60,11 +60,15 @@ pub(crate) struct Listing {
     pub renamed: Vec<PathBuf>,
 }
 
-/// One of owned mode's files, as read when it was recognised.
+/// One of owned mode's files, as recognised (its marker verified).
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedFile {
     pub path: PathBuf,
-    pub bytes: Vec<u8>,
+    /// Our entry in it, marker included.
+    pub entry: serde_json::Map<String, serde_json::Value>,
+    /// The chain it holds, as its marker's digest was checked against
+    /// (`None` for a copy of a single-plugin file).
+    pub chain: Option<Vec<u8>>,
 }
 
 /// A config that is a symlink.

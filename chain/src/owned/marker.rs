@@ -47,18 +47,12 @@ impl Marker {
     }
 }
 
-/// Our entry in one of our files, as read.
-#[derive(Debug, Clone)]
-pub(crate) struct Ours {
-    pub marker: Marker,
-    /// The entry without the marker.
-    pub entry: Map<String, Value>,
-}
-
-/// Our entry and its marker, when `bytes` are those of one of our files
-/// and the marker verifies. Cheap on anything else: a file that does not
-/// mention the marker key is not parsed.
-pub(crate) fn ours_in(bytes: &[u8]) -> Option<Ours> {
+/// Our entry (marker included) and the chain the file holds (the bytes
+/// the marker's digest was checked against; `None` for a copy of a
+/// single-plugin file), when `bytes` are those of one of our files and the
+/// marker verifies. Cheap on anything else: a file that does not mention
+/// the marker key is not parsed.
+pub(crate) fn ours_in(bytes: &[u8]) -> Option<(Map<String, Value>, Option<Vec<u8>>)> {
     if !bytes
         .windows(MARKER_KEY.len())
         .any(|w| w == MARKER_KEY.as_bytes())
@@ -69,31 +63,24 @@ pub(crate) fn ours_in(bytes: &[u8]) -> Option<Ours> {
     let plugins = top.get("plugins")?.as_array()?;
     let last = plugins.last().filter(|p| plan::is_ours(p))?.as_object()?;
     let marker = Marker::of(last)?;
-    if !verifies(bytes, &marker, plugins.len()) {
-        return None;
-    }
-    let mut entry = last.clone();
-    entry.shift_remove(MARKER_KEY);
-    Some(Ours { marker, entry })
+    let chain = verified_chain(bytes, &marker, plugins.len())?;
+    Some((last.clone(), chain))
 }
 
 /// Whether the file's chain (its text minus our entry, the last plugin) is
 /// the one the marker's digest names. A copy of a single-plugin file wraps
 /// it in a new list, so there the marker's structure is all there is to
 /// check.
-fn verifies(bytes: &[u8], marker: &Marker, plugins: usize) -> bool {
+/// `Some(chain)` when it verifies (`Some(None)` for a single-plugin copy).
+fn verified_chain(bytes: &[u8], marker: &Marker, plugins: usize) -> Option<Option<Vec<u8>>> {
     if Kind::of(Path::new(&marker.file)) == Kind::Single {
-        return plugins == 2;
+        return (plugins == 2).then_some(None);
     }
-    let Some(t) = std::str::from_utf8(bytes).ok() else {
-        return false;
-    };
-    let Some(arr) = text::find_plugins(t) else {
-        return false;
-    };
+    let t = std::str::from_utf8(bytes).ok()?;
+    let arr = text::find_plugins(t)?;
     let keep: Vec<usize> = (0..arr.elems.len().saturating_sub(1)).collect();
-    text::splice_plugins(t, &arr, &keep, None)
-        .is_some_and(|chain| sha256::hex(chain.as_bytes()) == marker.sha256)
+    let chain = text::splice_plugins(t, &arr, &keep, None)?;
+    (sha256::hex(chain.as_bytes()) == marker.sha256).then(|| Some(chain.into_bytes()))
 }
 
 /// Sorts out the listing's candidates (configs named like ours): ours when
@@ -104,11 +91,13 @@ fn verifies(bytes: &[u8], marker: &Marker, plugins: usize) -> bool {
 pub(crate) fn classify(listing: &mut Listing) {
     let mut others = false;
     for c in std::mem::take(&mut listing.candidates) {
-        match listing.read(&c) {
-            Ok(bytes) if ours_in(&bytes).is_some() => {
-                listing.owned.push(OwnedFile { path: c, bytes });
-            }
-            Ok(_) => {
+        match listing.read(&c).map(|b| ours_in(&b)) {
+            Ok(Some((entry, chain))) => listing.owned.push(OwnedFile {
+                path: c,
+                entry,
+                chain,
+            }),
+            Ok(None) => {
                 listing.configs.push(c);
                 others = true;
             }

@@ -405,15 +405,19 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         };
         return d;
     }
+    let have = listing.owned.iter().find(|o| o.path == ours);
+    let chain = primary_chain(kind, &bytes);
+    // Our copy holding these very bytes: its verified digest is theirs.
+    let known = have
+        .filter(|o| o.chain.as_deref() == Some(&chain[..]))
+        .and_then(|o| Marker::of(&o.entry));
     let marker = Marker {
         file: file_name(&primary),
-        sha256: chain_digest(&primary, &bytes),
+        sha256: known.map_or_else(|| sha256::hex(&chain), |m| m.sha256),
     };
-    let have = listing.owned.iter().find(|o| o.path == ours);
     if let Some(o) = have
-        && let Some(have) = marker::ours_in(&o.bytes)
-        && have.marker == marker
-        && same_entry(&have.entry, desired)
+        && Marker::of(&o.entry).is_some_and(|m| m == marker)
+        && same_entry(&o.entry, desired)
     {
         // The primary's content is the one copied (and checked) then.
         d.marker = Some(marker);
@@ -468,12 +472,13 @@ fn copy_state(
 /// plugin's stdin cannot know their value in the file.
 const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
 
-/// Whether our entry as read (marker removed) is the desired one; its
+/// Whether our entry as read (its marker aside) is the desired one; its
 /// runtime-set keys compared only when the desired entry has them. A copy
 /// that means the same is never rewritten.
 fn same_entry(have: &Map<String, Value>, desired: &Entry) -> bool {
     let strip = |m: &Map<String, Value>| -> Map<String, Value> {
         m.iter()
+            .filter(|(k, _)| k.as_str() != MARKER_KEY)
             .filter(|(k, _)| !RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
