@@ -14,7 +14,7 @@
 //!   with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
-//! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
+//! - [`pod`]: the per-pod work of ADD and CHECK, built on `linkerd_cni_kube` (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
 
@@ -22,7 +22,6 @@ pub mod cni;
 pub mod config;
 pub mod heal;
 pub mod iptables;
-pub mod k8s;
 pub mod logging;
 pub mod netns;
 pub mod plugin;

@@ -47,12 +47,10 @@ impl Marker {
     }
 }
 
-/// Our entry (marker included) and the chain the file holds (the bytes
-/// the marker's digest was checked against; `None` for a copy of a
-/// single-plugin file), when `bytes` are those of one of our files and the
-/// marker verifies. Cheap on anything else: a file that does not mention
+/// One of our files (its entry, marker included, and the chain it holds),
+/// when `bytes` are those of one of our files and the marker verifies. Cheap on anything else: a file that does not mention
 /// the marker key is not parsed.
-pub(crate) fn ours_in(bytes: &[u8]) -> Option<(Map<String, Value>, Option<Vec<u8>>)> {
+pub(crate) fn ours_in(path: &Path, bytes: &[u8]) -> Option<OwnedFile> {
     if !bytes
         .windows(MARKER_KEY.len())
         .any(|w| w == MARKER_KEY.as_bytes())
@@ -64,7 +62,11 @@ pub(crate) fn ours_in(bytes: &[u8]) -> Option<(Map<String, Value>, Option<Vec<u8
     let last = plugins.last().filter(|p| plan::is_ours(p))?.as_object()?;
     let marker = Marker::of(last)?;
     let chain = verified_chain(bytes, &marker, plugins.len())?;
-    Some((last.clone(), chain))
+    Some(OwnedFile {
+        path: path.to_path_buf(),
+        entry: last.clone(),
+        chain,
+    })
 }
 
 /// Whether the file's chain (its text minus our entry, the last plugin) is
@@ -91,12 +93,8 @@ fn verified_chain(bytes: &[u8], marker: &Marker, plugins: usize) -> Option<Optio
 pub(crate) fn classify(listing: &mut Listing) {
     let mut others = false;
     for c in std::mem::take(&mut listing.candidates) {
-        match listing.read(&c).map(|b| ours_in(&b)) {
-            Ok(Some((entry, chain))) => listing.owned.push(OwnedFile {
-                path: c,
-                entry,
-                chain,
-            }),
+        match listing.read(&c).map(|b| ours_in(&c, &b)) {
+            Ok(Some(ours)) => listing.owned.push(ours),
             Ok(None) => {
                 listing.configs.push(c);
                 others = true;
@@ -116,7 +114,7 @@ pub(crate) fn classify(listing: &mut Listing) {
     listing.renamed.retain(|p| {
         scan::read_file(p)
             .ok()
-            .is_some_and(|b| ours_in(&b).is_some())
+            .is_some_and(|b| ours_in(p, &b).is_some())
     });
 }
 
