@@ -127,28 +127,12 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
-/// The file the runtime loads (the first config by bytewise name) and
-/// whether its last plugin is linkerd-cni; judged here without the chain
-/// library.
+/// The file the runtime loads and whether its chain ends with linkerd-cni.
 fn runtime_active_holds_us(dir: &std::path::Path) -> (String, bool) {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| {
-            [".conf", ".conflist", ".json"]
-                .iter()
-                .any(|x| n.ends_with(x))
-        })
-        .collect();
-    names.sort();
-    let Some(first) = names.first().cloned() else {
-        return ("none".into(), false);
-    };
-    let v: Value = serde_json::from_str(&fs::read_to_string(dir.join(&first)).unwrap()).unwrap();
-    let last = v["plugins"].as_array().and_then(|p| p.last()).cloned();
-    let ours = last.is_some_and(|p| p["type"] == "linkerd-cni");
-    (first, ours)
+    match testkit::chain::runtime_active(dir) {
+        Some((file, last)) => (file, last == "linkerd-cni"),
+        None => ("none".into(), false),
+    }
 }
 
 /// The primary turns into a meta-plugin's config while our copy is what

@@ -7,11 +7,10 @@ use std::fs::{self, File};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use testkit::chain::runtime_active;
 
 use super::super::testutil::{TempDir, desired};
 use super::*;
-use crate::names::is_config_name;
 
 const CALICO: &str = r#"{
   "name": "k8s-pod-network",
@@ -133,28 +132,6 @@ impl RepairLimit for Wrap<'_> {
     fn record(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
         RepairLimit::record(self.0, file, digest, now)
     }
-}
-
-/// The file the runtime loads, and its last plugin's type.
-fn runtime_active(dir: &Path) -> Option<(String, String)> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        // Directories are skipped, as containerd does.
-        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| is_config_name(std::ffi::OsStr::new(n)))
-        .collect();
-    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    let first = names.first()?.clone();
-    let v: Value = serde_json::from_str(&fs::read_to_string(dir.join(&first)).unwrap()).unwrap();
-    let last = v["plugins"]
-        .as_array()
-        .and_then(|p| p.last())
-        .and_then(|p| p["type"].as_str())
-        .unwrap_or("?")
-        .to_string();
-    Some((first, last))
 }
 
 /// After a step: the runtime loads a chain ending with linkerd-cni (or no
