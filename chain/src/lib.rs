@@ -23,11 +23,15 @@
 //!   writers that do not take our lock, and recovery from a killed write;
 //! - the desired entry ([`Entry`], which is always one of ours), persisted
 //!   by the installer in [`ENTRY_FILE`];
-//! - the way out on uninstall ([`unchain`]).
+//! - the way out on uninstall ([`unchain`]);
+//! - the installer's heartbeat in the plugin's state dir, which tells the
+//!   plugin whether an installer is alive to rewrite rejected credentials
+//!   ([`heartbeat`]).
 
 mod entry;
 mod error;
 mod fight;
+pub mod heartbeat;
 pub mod inline;
 mod keeper;
 mod lock;

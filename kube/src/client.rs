@@ -1,6 +1,7 @@
 //! A blocking HTTPS client for the few calls the plugin and the installer
-//! make (GETs, and one JSON-patch PATCH to remove the startup taint), with
-//! one time budget for all calls of an invocation.
+//! make (GETs, one JSON-patch PATCH to remove the startup taint, and the
+//! POSTs of a TokenRequest and of the self reviews), with one time budget
+//! for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
@@ -26,10 +27,12 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use thiserror::Error;
+use ureq::config::Config as UreqConfig;
+use ureq::http::Uri;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
-use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
-    ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
+    ConnectionDetails, Connector, NextTimeout, RustlsConnector, TcpConnector, Transport,
 };
 
 use crate::kubeconfig::{ApiConfig, Trust};
@@ -46,6 +49,14 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Pods with many containers and managed fields are large; this bounds
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
+/// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
+/// connection, for both the TCP and the TLS layer): room for one TLS
+/// record's plaintext and any answer's header block; bodies stream through
+/// it.
+const INPUT_BUFFER: usize = 16 << 10;
+/// Each transport's write buffer must hold a request's head: the token plus
+/// the other headers, which take well under 1 KiB.
+const OUTPUT_BUFFER_SPARE: usize = 4 << 10;
 
 /// What an [`ApiError`] ran into underneath: the HTTP, TLS or JSON stack's
 /// error, or our words where the stack has no error value.
@@ -56,6 +67,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 pub enum Method {
     Get,
     Patch,
+    Post,
 }
 
 impl std::fmt::Display for Method {
@@ -63,6 +75,7 @@ impl std::fmt::Display for Method {
         f.write_str(match self {
             Method::Get => "GET",
             Method::Patch => "PATCH",
+            Method::Post => "POST",
         })
     }
 }
@@ -116,6 +129,11 @@ pub enum ApiError {
         method: Method,
         path: String,
         kubeconfig: PathBuf,
+        /// The `reason` of the answer's Kubernetes `Status` body
+        /// (`Unauthorized`, `Forbidden`); None when the body was not one
+        /// (a proxy's page, say), so that a caller can tell the API
+        /// server's own refusal from something in the way.
+        reason: Option<String>,
     },
     #[error("{method} {path}: not found")]
     NotFound { method: Method, path: String },
@@ -200,6 +218,18 @@ impl ApiError {
     }
 }
 
+/// ring's provider, offering AES-128-GCM with SHA-256 first: the TLS 1.3
+/// key schedule's HMACs over SHA-256 cost a short-lived client 2% of an
+/// unmeshed ADD less than SHA-384's (callgrind). It is what Go's TLS stack,
+/// the API server's, prefers too; the other suites stay offered.
+fn provider() -> rustls::crypto::CryptoProvider {
+    use rustls::CipherSuite::TLS13_AES_128_GCM_SHA256;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites
+        .sort_by_key(|s| s.suite() != TLS13_AES_128_GCM_SHA256);
+    p
+}
+
 /// A client for one API server, with the budget of one invocation.
 pub struct Client {
     agent: ureq::Agent,
@@ -214,7 +244,7 @@ impl Client {
     /// A client whose calls, retries included, all end within `budget` from
     /// now.
     pub fn new(config: ApiConfig, budget: Duration) -> Client {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(provider());
         let tls = TlsConfig::builder()
             .provider(TlsProvider::Rustls)
             .unversioned_rustls_crypto_provider(provider);
@@ -235,6 +265,8 @@ impl Client {
             // token elsewhere.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            .input_buffer_size(INPUT_BUFFER)
+            .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
         let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
@@ -248,7 +280,7 @@ impl Client {
                 .chain(mark(Phase::TcpConnected))
                 .chain(RustlsConnector::default())
                 .chain(mark(Phase::Secured));
-        let agent = ureq::Agent::with_parts(agent_config, connector, DefaultResolver::default());
+        let agent = ureq::Agent::with_parts(agent_config, connector, LiteralResolver::default());
         Client {
             agent,
             phase,
@@ -260,6 +292,11 @@ impl Client {
 
     pub fn config(&self) -> &ApiConfig {
         &self.config
+    }
+
+    /// What is left of the budget.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
@@ -296,12 +333,34 @@ impl Client {
         path: &str,
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
-            method: Method::Patch,
+        self.send_json(Method::Patch, path, patch)
+    }
+
+    /// POSTs the JSON `body` to `path` (a create: a TokenRequest, a review)
+    /// and decodes the answer, retrying transient failures within the
+    /// budget. Only for creates that may happen twice: an attempt whose
+    /// answer was lost may have been applied.
+    pub fn create<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        self.send_json(Method::Post, path, body)
+    }
+
+    /// A call with a JSON body.
+    fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).map_err(|e| ApiError::Decode {
+            method,
             path: path.into(),
             cause: Box::new(e),
         })?;
-        self.call(Method::Patch, path, Some(&body))
+        self.call(method, path, Some(&body))
     }
 
     fn call<T: DeserializeOwned>(
@@ -385,11 +444,14 @@ impl Client {
                 .header("Authorization", auth)
                 .header("Accept", "application/json")
         }
-        let res = match req.body {
-            Some(body) => common(self.agent.patch(&url), timeout, &auth)
+        let res = match (req.method, req.body) {
+            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
                 .content_type("application/json-patch+json")
                 .send(body),
-            None => common(self.agent.get(&url), timeout, &auth).call(),
+            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, &auth)
+                .content_type("application/json")
+                .send(body),
+            _ => common(self.agent.get(&url), timeout, &auth).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
@@ -401,12 +463,13 @@ impl Client {
             .read_to_vec()
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
-            200 => Ok(body),
+            200 | 201 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
                 status,
                 method,
                 path: path.into(),
                 kubeconfig: self.config.source.clone(),
+                reason: status_reason(&body),
             }),
             404 => Err(ApiError::NotFound {
                 method,
@@ -506,7 +569,7 @@ impl Client {
 struct Req<'a> {
     method: Method,
     path: &'a str,
-    /// A JSON patch (sent with PATCH); None for a GET.
+    /// A JSON patch (PATCH) or object (POST); None for a GET.
     body: Option<&'a [u8]>,
 }
 
@@ -556,6 +619,58 @@ impl<In: Transport> Connector<In> for Mark {
     }
 }
 
+/// The `reason` of a Kubernetes `Status` body; None for any other body.
+fn status_reason(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if v.get("kind")?.as_str()? != "Status" {
+        return None;
+    }
+    Some(v.get("reason")?.as_str()?.to_string())
+}
+
+/// Resolves a server given as an IP address without a lookup: ureq's
+/// resolver runs every lookup on a thread of its own (to bound it in time),
+/// even for a literal, which the installer's kubeconfig always has (the
+/// service's cluster IP). Host names go to ureq's resolver.
+#[derive(Debug, Default)]
+struct LiteralResolver {
+    names: DefaultResolver,
+}
+
+impl Resolver for LiteralResolver {
+    fn resolve(
+        &self,
+        uri: &Uri,
+        config: &UreqConfig,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        if let Some(addr) = literal_addr(uri) {
+            let mut addrs = self.empty();
+            addrs.push(addr);
+            return Ok(addrs);
+        }
+        self.names.resolve(uri, config, timeout)
+    }
+}
+
+/// The socket address of an `https` URI whose host is an IP address.
+fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
+    if uri.scheme_str() != Some("https") {
+        return None;
+    }
+    let authority = uri.authority()?;
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    Some(std::net::SocketAddr::new(
+        ip,
+        authority.port_u16().unwrap_or(443),
+    ))
+}
+
 /// The `message` of a Kubernetes `Status` body, else the start of the body.
 fn status_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
@@ -569,5 +684,42 @@ fn status_message(body: &[u8]) -> String {
         Some((i, _)) => format!("{}...", &s[..i]),
         None if s.is_empty() => "empty answer".into(),
         None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aes_128_is_offered_first_and_nothing_is_dropped() {
+        let ours: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        let ring: Vec<_> = rustls::crypto::ring::default_provider()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(ours[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(ours.len(), ring.len());
+        assert!(ring.iter().all(|s| ours.contains(s)));
+    }
+
+    #[test]
+    fn literal_addresses_skip_the_lookup_and_names_do_not() {
+        let addr = |u: &str| literal_addr(&u.parse().unwrap()).map(|a| a.to_string());
+        assert_eq!(addr("https://127.0.0.2/api"), Some("127.0.0.2:443".into()));
+        assert_eq!(
+            addr("https://127.0.0.1:6443"),
+            Some("127.0.0.1:6443".into())
+        );
+        assert_eq!(
+            addr("https://[fd00::1]:6443/x"),
+            Some("[fd00::1]:6443".into())
+        );
+        assert_eq!(addr("https://[::1]"), Some("[::1]:443".into()));
+        assert_eq!(addr("https://kubernetes.default.svc:443"), None);
+        assert_eq!(addr("https://127.0.0.1.nip.io"), None);
+        // Plain HTTP (a test or a local proxy) keeps ureq's default port rules.
+        assert_eq!(addr("http://127.0.0.1"), None);
     }
 }

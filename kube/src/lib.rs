@@ -2,14 +2,18 @@
 //! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
 //! server within a time budget, synchronously and without an async runtime
 //! ([`client`]), and the fields of the objects they read ([`objects`]);
-//! for the installer, whether its DaemonSet is gone ([`owner`]) and
-//! removing a startup taint from a node ([`taint`]).
+//! for the installer, whether its DaemonSet is gone ([`owner`]), removing a
+//! startup taint from a node ([`taint`]), minting the plugin's token
+//! ([`token`]) and the self reviews that corroborate a refusal
+//! ([`review`]).
 
 pub mod client;
 pub mod kubeconfig;
 pub mod objects;
 pub mod owner;
+pub mod review;
 pub mod taint;
+pub mod token;
 
 pub use client::{ApiError, Client};
 pub use kubeconfig::{ApiConfig, KubeconfigError, Trust};

@@ -228,9 +228,10 @@ fn malformed_annotation_is_an_error_naming_it() {
     );
 }
 
-/// Rejected credentials (a revoked token, RBAC without pods): the plugin
-/// cannot tell whether the pod is meshed and passes it through, saying why
-/// and what to do; no retry.
+/// Rejected credentials (a revoked token, RBAC without pods) and no
+/// installer alive (no heartbeat): the plugin cannot tell whether the pod
+/// is meshed and passes it through after a few attempts, saying why and
+/// what to do.
 #[test]
 fn rejected_credentials_pass_the_pod_through() {
     for (mode, status) in [(Mode::Unauthorized, "401"), (Mode::Forbidden, "403")] {
@@ -243,7 +244,8 @@ fn rejected_credentials_pass_the_pod_through() {
         assert!(why.contains("stale or lacks RBAC"), "{why}");
         assert!(why.contains("installer"), "{why}");
         assert!(why.contains(c.kubeconfig.to_str().unwrap()), "{why}");
-        assert_eq!(c.api.total_requests(), 1);
+        assert!(why.contains("no installer heartbeat"), "{why}");
+        assert_eq!(c.api.total_requests(), pod::CONFIRM_ATTEMPTS as usize);
     }
 }
 
@@ -269,6 +271,30 @@ fn wrong_token_is_refused() {
     std::fs::write(&c.kubeconfig, text).unwrap();
     let why = pass(c.decide("emojivoto", "web-0").unwrap());
     assert!(why.contains("HTTP 401"), "{why}");
+}
+
+/// The client's buffers are small, so a long token (a request head larger
+/// than the smallest buffer) and a large pod (an answer many times the
+/// buffer) must still go through whole.
+#[test]
+fn long_tokens_and_large_pods_fit_the_small_buffers() {
+    let c = cluster();
+    let mut pod = Pod::meshed("emojivoto", "web-0");
+    let big = "v".repeat(64 << 10);
+    for i in 0..32 {
+        pod = pod.annotation(&format!("example.com/filler-{i}"), &big);
+    }
+    pod = pod.annotation(annotation::PROXY_UID, "2103");
+    c.api.add_pod(&pod);
+    c.api.add_namespace("emojivoto", &[]);
+    let token = "t".repeat(40 << 10);
+    c.api.accept_token(&token);
+    let text = std::fs::read_to_string(&c.kubeconfig)
+        .unwrap()
+        .replace(c.api.token(), &token);
+    std::fs::write(&c.kubeconfig, text).unwrap();
+    let plan = mesh(c.decide("emojivoto", "web-0").unwrap());
+    assert_eq!(plan.spec.proxy_uid, 2103);
 }
 
 #[test]

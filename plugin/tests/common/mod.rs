@@ -41,7 +41,8 @@ impl Cluster {
 
 /// The linkerd-cni entry of a conflist as the installer renders the
 /// shipped manifest's template, with chain healing off (another part of the
-/// plugin, tested elsewhere) and `linkerd` keys of `linkerd` on top, as a
+/// plugin, tested elsewhere), `state_dir` the kubeconfig's dir and
+/// `linkerd` keys of `linkerd` on top, as a
 /// runtime passes it to the last plugin of a Calico chain.
 pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
     let mut c = testkit::chart::template_json();
@@ -50,6 +51,11 @@ pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
     c["log_level"] = "debug".into();
     c["chain_heal"] = false.into();
     c["kubernetes"]["kubeconfig"] = kubeconfig.to_str().unwrap().into();
+    // The kubeconfig's own dir, not the machine's /run/linkerd-cni: no
+    // installer heartbeat there unless a test writes one.
+    if let Some(dir) = kubeconfig.parent() {
+        c["state_dir"] = dir.to_str().unwrap().into();
+    }
     c["linkerd"]["outbound-ports-to-ignore"] = json!([]);
     // Other suites on this machine may hold the legacy xtables lock.
     c["linkerd"]["use-wait-flag"] = true.into();
@@ -128,6 +134,46 @@ pub fn run<K: AsRef<OsStr>, V: AsRef<OsStr>>(vars: &[(K, V)], stdin: &[u8]) -> O
     // output is what the tests judge.
     let _ = child.stdin.take().unwrap().write_all(stdin);
     child.wait_with_output().unwrap()
+}
+
+/// Runs the plugin binary in a private mount namespace after `setup`
+/// (shell, `$1`.. being `args`), with exactly `env` plus a standard PATH
+/// and `conf` on stdin: for a node whose files differ from this machine's.
+pub fn run_in_mount_ns(
+    setup: &str,
+    args: &[&OsStr],
+    env: &[(String, String)],
+    conf: &Value,
+) -> Output {
+    testkit::require_root("runs the plugin in a private mount namespace");
+    let n = args.len() + 1;
+    let mut child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+        .arg(format!("{setup} && exec \"${{{n}}}\""))
+        .arg("sh")
+        .args(args)
+        .arg(BIN)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run unshare (util-linux): this test needs it, and root");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !stderr(&o).contains("unshare failed") && !stderr(&o).contains("mount:"),
+        "cannot set up the private mount namespace (needs root): {}",
+        stderr(&o)
+    );
+    o
 }
 
 /// [`run`] with `conf` on stdin.
