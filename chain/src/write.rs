@@ -358,7 +358,7 @@ mod tests {
         let b = write_temp(&dir, b"two", Some(&like)).unwrap();
         assert_ne!(a, b);
         assert_eq!(fs::metadata(&a).unwrap().mode() & 0o7777, 0o600);
-        assert!(!crate::scan::is_config_name(a.file_name().unwrap()));
+        assert!(!crate::names::is_config_name(a.file_name().unwrap()));
         exchange(&a, &orig).unwrap();
         assert_eq!(fs::read(&orig).unwrap(), b"one");
         assert_eq!(fs::read(&a).unwrap(), b"{}");
@@ -432,7 +432,7 @@ mod tests {
         let stale = temp_path(&t.0);
         fs::write(&stale, b"half").unwrap();
         assert!(is_temp_name(stale.file_name().unwrap()));
-        assert!(!crate::scan::is_config_name(stale.file_name().unwrap()));
+        assert!(!crate::names::is_config_name(stale.file_name().unwrap()));
         assert!(!is_temp_name(a.file_name().unwrap()));
         assert_eq!(remove_leftovers(&t.0), vec![stale]);
         assert_eq!(fs::read(&a).unwrap(), b"keep");

@@ -396,6 +396,37 @@ fn waits_while_the_chain_is_broken_and_repairs_once_it_is_healthy() {
     );
 }
 
+/// Owned mode: linkerd-cni's own file holds the chain, the primary's file
+/// holds no entry of ours. The gate judges it healthy and the failing pod
+/// is repaired.
+#[test]
+fn repairs_on_an_owned_mode_node() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(false);
+    let entry = ENTRY.replacen('{', r#"{"chain_mode":"owned","#, 1);
+    std::fs::write(conf.path().join("ZZZ-linkerd-cni-entry"), &entry).unwrap();
+    // As the installer keeps it.
+    let desired = linkerd_cni_chain::Entry::parse(entry.as_bytes(), "test").unwrap();
+    let mode = linkerd_cni_chain::ModeChoice::of_entry(&desired).unwrap();
+    let ctx = linkerd_cni_chain::Context::new(conf.path(), desired, mode, DEADLINE);
+    linkerd_cni_chain::keep(&ctx, &mut linkerd_cni_chain::NoLimit).unwrap();
+    let ours = std::fs::read_to_string(conf.path().join("10-ptp-linkerd-cni.conflist")).unwrap();
+    assert!(ours.contains("owned_copy_of"), "{ours}");
+    let primary = std::fs::read_to_string(conf.path().join("10-ptp.conflist")).unwrap();
+    assert!(!primary.contains("linkerd-cni"), "{primary}");
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    api.put_pod(broken("shop", "web-1"));
+    ctl.wait("the deletion on the owned-mode node", || {
+        deleted_names(&api) == ["shop/web-1"]
+    });
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_chain_broken"),
+        Some(0.0)
+    );
+}
+
 #[test]
 fn without_the_host_mount_it_repairs_as_upstream_does() {
     let api = WatchApiServer::start();

@@ -29,7 +29,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
-use conformance::iptables::Family;
+use conformance::iptables::{Backend, Family};
 use conformance::{Completed, Node, PodSpec, artifacts};
 use linkerd_cni::config::IptablesMode;
 use linkerd_cni::iptables::Driver;
@@ -1359,7 +1359,12 @@ fn fresh_meshed(b: &BenchNode, program: &Path) -> (conformance::Pod, Invocation)
 
 /// linkerd's nat lines in `pod`, which must be the 9 of a meshed pod.
 fn meshed_lines(pod: &conformance::Pod, what: &str) -> Result<Vec<String>, Stop> {
-    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    // The upstream sequence programs legacy tables; the plugin, the
+    // manifest's backend.
+    let mut lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    if lines.is_empty() {
+        lines = pod.nat(Backend::Nft, Family::V4).linkerd_lines();
+    }
     if lines.len() != 9 {
         return Err(fail(format!(
             "{what}: the pod did not get linkerd's 9 nat lines: {lines:?}"
