@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod kubeconfig;
+pub mod names;
 pub mod objects;
 pub mod owner;
 pub mod review;

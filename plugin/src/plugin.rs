@@ -32,17 +32,14 @@ impl cni::Plugin for LinkerdCni {
     /// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain
     /// comes first, with the smaller of its own budget and the deadline:
     /// healing the node matters whatever happens to this pod, and a slow API
-    /// server or a held xtables lock must not starve it.
+    /// server or a held xtables lock must not starve it. An ADD that ran a
+    /// stale owned copy is sent back (code 11) without the pod's work.
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf)?;
         let deadline = Instant::now() + config.add_deadline;
         let mut heal = config.clone();
         heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
-        // Owned mode first: an ADD that ran a stale owned copy is sent back
-        // (code 11) without the pod's work.
-        if crate::owned_add::before_add(&inv.conf, &heal)? == crate::owned_add::Next::HealInline {
-            crate::heal::heal_on_add(&inv.conf, &heal);
-        }
+        crate::heal::chain_on_add(&inv.conf, &heal, inv.env.container_id.as_deref())?;
         pod::add_until(inv, &config, deadline)?;
         Ok(inv.conf.pass_through_result())
     }
