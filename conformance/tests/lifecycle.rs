@@ -11,11 +11,15 @@
 //! - With the upstream chart's RBAC (no `get daemonsets`, no TokenRequest)
 //!   the kubeconfig holds the installer's own token, which it says once;
 //!   the installer cannot tell and leaves the node chained; once the token
-//!   is revoked the plugin passes every pod through.
+//!   is revoked and the heartbeat is stale the plugin passes every pod
+//!   through.
 //! - A rolling update: the old installer stops (DaemonSet present: the
 //!   node stays chained), its token is revoked, the new one starts 5 s
-//!   later; the plugin's token outlives the old pod, so every meshed pod
-//!   of the gap gets its rules.
+//!   later; pods added throughout, retried on "try again later" as the
+//!   kubelet does, all start, every meshed one with its rules: with the
+//!   plugin's minted token, which outlives the old pod, and under the
+//!   chart's RBAC, where the plugin answers code 11 until the new
+//!   installer writes its own token.
 //! - Forced answers at SIGTERM while the DaemonSet exists (one 401, one
 //!   403, a proxy's HTML 401, a 401 on the DaemonSet after a 200 on the
 //!   pod, a stale token in the node's kubeconfig): the node stays chained.
@@ -29,7 +33,7 @@ use conformance::chains::{self, Primary};
 use conformance::expect::*;
 use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
-use serde_json::Value;
+use serde_json::{Value, json};
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
 use testkit::{FakeApiServer, TokenPolicy};
 
@@ -45,9 +49,6 @@ const DS: &str = "linkerd-cni";
 const DS_UID: &str = "5d1e8a7c-0000-4000-8000-00000000d5e7";
 /// The plugin's ServiceAccount, whose token the installer mints.
 const PLUGIN_SA: &str = "linkerd-cni-plugin";
-/// ADDs of one pod a runtime makes when each fails with code 11 (try
-/// again later), the first included.
-const MAX_ATTEMPTS: u32 = 20;
 /// The rolling update's gap between the old pod's end and the new one's
 /// start.
 const GAP: Duration = Duration::from_secs(5);
@@ -124,15 +125,28 @@ impl InstallerPod {
 }
 
 fn chained_node() -> (Node, FakeApiServer, String, Value, InstallerPod) {
-    chained_node_with(TokenPolicy::default(), &[])
+    let c = chained_node_with(TokenPolicy::default(), &json!({}), &[]);
+    (c.node, c.api, c.net, c.conf, c.pod)
+}
+
+/// A node chained by its first installer pod.
+struct Chained {
+    node: Node,
+    api: FakeApiServer,
+    net: String,
+    /// The primary's conflist.
+    conf: Value,
+    pod: InstallerPod,
+    /// The entry the installers render.
+    entry: Value,
+    /// What the installers' environment adds to the chart's.
+    extra: Vec<(&'static str, String)>,
 }
 
 /// [`chained_node`] with the API server answering TokenRequests as
-/// `tokens` says, and the installer started with `extra`.
-fn chained_node_with(
-    tokens: TokenPolicy,
-    extra: &[(&str, &str)],
-) -> (Node, FakeApiServer, String, Value, InstallerPod) {
+/// `tokens` says, `keys` added to the entry template and `env` to the
+/// installers' environment.
+fn chained_node_with(tokens: TokenPolicy, keys: &Value, env: &[(&'static str, &str)]) -> Chained {
     let node = Node::without_linkerd_cni();
     let api = node.start_api_server_only();
     api.set_tokens(tokens);
@@ -140,10 +154,52 @@ fn chained_node_with(
     let net = node.network_name("life");
     let conf = primary(&node, &net);
     node.write_conf(&format!("10-{net}.conflist"), &conf);
-    let pod = start_pod_with(&node, &api, "linkerd-cni-old", extra);
-    node.wait_healthy(&installer::expected_entry(&node), &conf, RESYNC + GRACE)
+    let mut entry = installer::expected_entry(&node);
+    let mut extra: Vec<(&'static str, String)> =
+        env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    if let Some(keys) = keys.as_object().filter(|k| !k.is_empty()) {
+        let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
+        for (k, v) in keys {
+            template[k] = v.clone();
+            entry[k] = v.clone();
+        }
+        extra.push(("CNI_NETWORK_CONFIG", template.to_string()));
+    }
+    let pod = start_pod_with(&node, &api, "linkerd-cni-old", &vars(&extra));
+    node.wait_healthy(&entry, &conf, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
-    (node, api, net, conf, pod)
+    Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod,
+        entry,
+        extra,
+    }
+}
+
+/// `extra` as `installer::start_with_token` takes it.
+fn vars<'a>(extra: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    extra.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// The upstream chart's RBAC: no TokenRequest.
+fn chart_rbac() -> TokenPolicy {
+    TokenPolicy {
+        allowed: false,
+        ..TokenPolicy::default()
+    }
+}
+
+/// The token in the node's kubeconfig, as the installer writes it (JSON).
+fn kubeconfig_token(node: &Node) -> String {
+    let text = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    doc["users"][0]["user"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token: {text}"))
+        .to_string()
 }
 
 /// Adds a pod through libcni; the run's plugins, or the failure.
@@ -247,24 +303,33 @@ fn deleting_the_daemonset_unchains_the_node() {
 /// the kubeconfig holds the installer's own token, which it says once in
 /// one line. After `kubectl delete daemonset` alone (the ServiceAccount and
 /// its RBAC stay) the installer cannot tell, leaves the node chained and
-/// says why. Once its token is revoked, every pod still starts: the plugin
-/// passes them through (a meshed one unredirected, which linkerd's
-/// network-validator then refuses).
+/// says why. Once its token is revoked and no installer has beaten for
+/// `installer_gone_after_seconds` (short here), every pod still starts:
+/// the plugin passes them through (a meshed one unredirected, which
+/// linkerd's network-validator then refuses).
 #[test]
 fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
-    let (node, api, net, conf, pod) = chained_node_with(
-        TokenPolicy {
-            allowed: false,
-            ..TokenPolicy::default()
-        },
+    let Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod,
+        entry,
+        ..
+    } = chained_node_with(
+        chart_rbac(),
+        &json!({"installer_gone_after_seconds": 2}),
         &[],
     );
-    let kubeconfig = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
-    assert!(kubeconfig.contains(&pod.token), "the installer's own token");
+    assert_eq!(
+        kubeconfig_token(&node),
+        pod.token,
+        "the installer's own token"
+    );
     // Another pass (the primary rewrote its file): still said once.
     node.write_conf(&format!("10-{net}.conflist"), &conf);
-    node.wait_healthy(&installer::expected_entry(&node), &conf, RESYNC + GRACE)
-        .unwrap();
+    node.wait_healthy(&entry, &conf, RESYNC + GRACE).unwrap();
     let said = pod.inst.log().matches("may not request a token").count();
     assert_eq!(said, 1, "{}", pod.inst.log());
     api.forbid(&daemonset_path(NS, DS));
@@ -276,7 +341,7 @@ fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
         "{log}"
     );
     assert!(log.contains("HTTP 403"), "{log}");
-    node.healthy_now(&conf);
+    node.healthy_now_with(&entry, &conf);
 
     let plain = add(&node, &net, kube::serve_unmeshed(&api, "plain-0")).unwrap();
     assert_eq!(plain, ORDER_WITH);
@@ -285,112 +350,241 @@ fn without_rbac_for_daemonsets_the_plugin_passes_pods_through() {
     expect_no_reserved_ips(&node, &net);
 }
 
-/// Adds a pod as a runtime does: an ADD that fails with code 11 (try
-/// again later) is tried again, up to [`MAX_ATTEMPTS`] in all. The last
-/// outcome, and the retries.
-fn add_retrying(
-    node: &Node,
-    net: &str,
-    spec: impl Fn() -> conformance::PodSpec,
-) -> (Result<Vec<String>, String>, u32) {
-    let mut retries = 0;
-    loop {
-        let out = add(node, net, spec());
-        match &out {
-            Err(e) if e.contains("CNI error: code 11,") && retries + 1 < MAX_ATTEMPTS => {
-                retries += 1;
+/// The ADD deadline of the rolling updates' template: short, so that a
+/// rejected token is answered with code 11 (and retried as the kubelet
+/// does) rather than waited out within one ADD.
+const ROLLOUT_ADD_DEADLINE: u64 = 4;
+/// The kubelet's retry of a failed sandbox, shortened.
+const RUNTIME_BACKOFF: Duration = Duration::from_secs(1);
+/// A pod still failing this long after its first ADD failed for good.
+const FOR_GOOD: Duration = Duration::from_secs(60);
+
+/// What a rolling update's pods got.
+#[derive(Debug, Default)]
+struct Rollout {
+    meshed: u32,
+    unmeshed: u32,
+    /// Code 11 answers, each retried.
+    retries: u32,
+    meshed_without_rules: Vec<String>,
+    failed_for_good: Vec<String>,
+    /// The kubeconfig's text once every pod ran.
+    kubeconfig: String,
+}
+
+/// A pod the "kubelet" keeps starting until it runs.
+struct Pending {
+    name: String,
+    meshed: bool,
+    spec: conformance::PodSpec,
+    first: Instant,
+    next: Instant,
+}
+
+impl Rollout {
+    /// One sandbox for `p` (a new netns each time, as a new sandbox gets);
+    /// whether `p` is done.
+    fn try_start(&mut self, node: &Node, net: &str, p: &mut Pending) -> bool {
+        let pod = node.pod(p.spec.clone());
+        match node.add(net, &pod) {
+            Ok(_) => {
+                let rules = pod
+                    .nat_tables()
+                    .iter()
+                    .any(|t| !t.linkerd_lines().is_empty());
+                if p.meshed != rules {
+                    eprintln!(
+                        "rollout: {} (meshed: {}) has rules: {rules}",
+                        p.name, p.meshed
+                    );
+                    if p.meshed {
+                        self.meshed_without_rules.push(p.name.clone());
+                    } else {
+                        self.failed_for_good.push(format!("{}: rules", p.name));
+                    }
+                }
+                node.del(net, &pod).unwrap();
+                true
             }
-            _ => return (out, retries),
+            Err(f) => {
+                // The runtime tears the sandbox down, then retries.
+                node.del(net, &pod).unwrap();
+                if f.code == Some(11) && p.first.elapsed() < FOR_GOOD {
+                    self.retries += 1;
+                    p.next = Instant::now() + RUNTIME_BACKOFF;
+                    false
+                } else {
+                    eprintln!("rollout: {}: {f:?}", p.name);
+                    self.failed_for_good.push(format!("{}: {f:?}", p.name));
+                    true
+                }
+            }
         }
     }
 }
 
-/// A rolling update: the old installer stops (the DaemonSet is present:
-/// everything stays), its token is revoked, the new installer starts 5 s
-/// later. ADDs keep coming through the gap, meshed and unmeshed: the
-/// plugin's own token outlives the old pod, so no meshed pod starts
-/// without its rules and none fails for good; retries (code 11) are
-/// counted. The new installer keeps the plugin's token: no rewrite.
-#[test]
-fn rolling_update_gap() {
-    let (node, api, net, conf, old) = chained_node();
-    let plugin_token = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
-    assert!(
-        !plugin_token.contains(&old.token),
-        "the plugin's token, not the pod's"
-    );
-    let log = old.stop(&api);
-    assert!(log.contains("a rolling update or a restart"), "{log}");
-    node.healthy_now(&conf);
-
-    let gap_end = Instant::now() + GAP;
-    let (mut n, mut failed_meshed, mut failed_plain, mut unredirected, mut retries) =
-        (0, 0, 0, 0, 0);
-    while Instant::now() < gap_end {
+/// A rolling update of the installer on a node chained with
+/// [`ROLLOUT_ADD_DEADLINE`]: the old installer stops (the DaemonSet is
+/// present: everything stays), its token is revoked, the new installer
+/// starts [`GAP`] later. Pods, meshed and unmeshed, are added before,
+/// through and after the gap (until `ready` says the new installer took
+/// over), each retried as the kubelet does while the plugin answers "try
+/// again later" (code 11), until every one ran or failed for good. What
+/// they got.
+fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> Rollout {
+    let Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod: old,
+        entry,
+        extra,
+    } = c;
+    let mut r = Rollout::default();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut n = 0;
+    let mut add_pods = |pending: &mut Vec<Pending>| {
         for meshed in [true, false] {
             let name = format!("{}-{n}", if meshed { "web" } else { "plain" });
-            let spec = || {
-                if meshed {
-                    kube::serve_meshed(&api, &name)
-                } else {
-                    kube::serve_unmeshed(&api, &name)
-                }
+            let spec = if meshed {
+                kube::serve_meshed(&api, &name)
+            } else {
+                kube::serve_unmeshed(&api, &name)
             };
-            let (out, r) = add_retrying(&node, &net, spec);
-            retries += r;
-            match out {
-                Err(e) => {
-                    eprintln!("gap: {name}: {e}");
-                    if meshed {
-                        failed_meshed += 1;
-                    } else {
-                        failed_plain += 1;
-                    }
-                }
-                Ok(steps) => {
-                    if meshed && steps.last().map(String::as_str) != Some("(rules)") {
-                        unredirected += 1;
-                    }
-                }
-            }
+            let now = Instant::now();
+            pending.push(Pending {
+                name,
+                meshed,
+                spec,
+                first: now,
+                next: now,
+            });
         }
         n += 1;
-    }
-    eprintln!(
-        "rolling update, {GAP:?} gap: {n} meshed and {n} unmeshed ADDs; failed for good: {failed_meshed} meshed, {failed_plain} unmeshed; meshed started without rules: {unredirected}; retries (code 11): {retries}"
-    );
-    assert!(n > 0);
-    assert_eq!(failed_plain, 0, "unmeshed pods failed in the gap");
-    assert_eq!(failed_meshed, 0, "meshed pods failed for good in the gap");
-    assert_eq!(
-        unredirected, 0,
-        "meshed pods started without rules in the gap"
-    );
+    };
+    // Runs every pending pod due; the pods still pending.
+    let run_due = |r: &mut Rollout, pending: &mut Vec<Pending>| {
+        let now = Instant::now();
+        let mut still = Vec::new();
+        for mut p in pending.drain(..) {
+            if p.next > now || !r.try_start(&node, &net, &mut p) {
+                still.push(p);
+            }
+        }
+        *pending = still;
+    };
 
-    let new = start_pod(&node, &api, "linkerd-cni-new");
-    node.wait_healthy(&installer::expected_entry(&node), &conf, RESYNC + GRACE)
-        .unwrap();
-    assert!(new.inst.wait_log("starting:", GRACE), "{}", new.inst.log());
-    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-after")).unwrap();
-    assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+    add_pods(&mut pending);
+    run_due(&mut r, &mut pending);
+    let log = old.stop(&api);
+    assert!(log.contains("a rolling update or a restart"), "{log}");
+    node.healthy_now_with(&entry, &conf);
+    let gap_end = Instant::now() + GAP;
+    while Instant::now() < gap_end {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
+    let new = start_pod_with(&node, &api, "linkerd-cni-new", &vars(&extra));
+    let started = Instant::now();
+    while !ready(&node, &new) && started.elapsed() < RESYNC + GRACE {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
+    assert!(
+        ready(&node, &new),
+        "the new installer did not take over:\n{}",
+        new.inst.log()
+    );
+    // A few more after, then until every pod ran or failed for good.
+    for _ in 0..2 {
+        add_pods(&mut pending);
+        run_due(&mut r, &mut pending);
+    }
+    while !pending.is_empty() {
+        std::thread::sleep(Duration::from_millis(50));
+        run_due(&mut r, &mut pending);
+    }
+    r.meshed = n;
+    r.unmeshed = n;
+    r.kubeconfig = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
+    eprintln!(
+        "rolling update, {GAP:?} gap: {} meshed and {} unmeshed pods; code-11 retries: {}; \
+         meshed without rules: {}; failed for good: {}",
+        r.meshed,
+        r.unmeshed,
+        r.retries,
+        r.meshed_without_rules.len(),
+        r.failed_for_good.len()
+    );
+    assert!(
+        r.meshed_without_rules.is_empty(),
+        "meshed pods started without rules: {:?}",
+        r.meshed_without_rules
+    );
+    assert!(r.failed_for_good.is_empty(), "{:?}", r.failed_for_good);
+    node.healthy_now_with(&entry, &conf);
+    expect_no_reserved_ips(&node, &net);
+    r
+}
+
+/// A rolling update with the plugin's own minted token: it outlives the
+/// old pod, so no meshed pod starts without its rules and none fails for
+/// good. The new installer keeps the plugin's token: no rewrite.
+#[test]
+fn rolling_update_gap() {
+    let c = chained_node_with(
+        TokenPolicy::default(),
+        &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
+        &[],
+    );
+    let plugin_token = std::fs::read_to_string(c.node.kubeconfig_path()).unwrap();
+    assert!(
+        !plugin_token.contains(&c.pod.token),
+        "the plugin's token, not the pod's"
+    );
+    let r = rolling_update(c, |_, new| new.inst.log().contains("starting:"));
     assert_eq!(
-        std::fs::read_to_string(node.kubeconfig_path()).unwrap(),
-        plugin_token,
+        r.kubeconfig, plugin_token,
         "the new installer kept the plugin's token"
     );
-    expect_no_reserved_ips(&node, &net);
+}
+
+/// A rolling update under the upstream chart's RBAC (no TokenRequest): the
+/// kubeconfig holds the old installer's own token, revoked with its pod.
+/// Through the gap the plugin answers "try again later" (code 11: the old
+/// installer's heartbeat is fresh) until the new installer writes its own
+/// token: none fails for good, every meshed pod gets its rules, and the
+/// retries are counted.
+#[test]
+fn rolling_update_gap_under_the_chart_rbac() {
+    let c = chained_node_with(
+        chart_rbac(),
+        &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
+        &[],
+    );
+    assert_eq!(kubeconfig_token(&c.node), c.pod.token);
+    let r = rolling_update(c, |node, new| {
+        std::fs::read_to_string(node.kubeconfig_path()).is_ok_and(|k| k.contains(&new.token))
+    });
+    assert!(
+        r.retries > 0,
+        "no pod was started in the gap with the old token revoked"
+    );
 }
 
 /// Starts an installer with the watch off and a long resync, so that no
 /// pass runs between a change the test makes and its SIGTERM.
 fn quiet_node() -> (Node, FakeApiServer, String, Value, InstallerPod) {
-    chained_node_with(
+    let c = chained_node_with(
         TokenPolicy::default(),
+        &json!({}),
         &[
             ("LINKERD_CNI_WATCH", "false"),
             ("LINKERD_CNI_RESYNC_SECONDS", "600"),
         ],
-    )
+    );
+    (c.node, c.api, c.net, c.conf, c.pod)
 }
 
 /// Forced answers at SIGTERM while the DaemonSet exists: none uninstalls;
@@ -423,12 +617,9 @@ fn forced_answers_at_sigterm() {
             api.revoke_token(&stale);
             let path = node.kubeconfig_path();
             let text = std::fs::read_to_string(&path).unwrap();
-            let token = text
-                .lines()
-                .find_map(|l| l.strip_prefix("    token: "))
-                .unwrap()
-                .to_string();
-            std::fs::write(&path, text.replace(&token, &format!("{stale:?}"))).unwrap();
+            let token = kubeconfig_token(node);
+            std::fs::write(&path, text.replace(&token, &stale)).unwrap();
+            assert_eq!(kubeconfig_token(node), stale);
         }),
     ];
     for (what, force) in cases {
@@ -502,13 +693,8 @@ fn overlap_for_10_s(
 /// revoked), the second writes its own within a pass.
 #[test]
 fn two_installers_converge_under_the_chart_rbac() {
-    let (node, api, _net, conf, first) = chained_node_with(
-        TokenPolicy {
-            allowed: false,
-            ..TokenPolicy::default()
-        },
-        &[],
-    );
+    let c = chained_node_with(chart_rbac(), &json!({}), &[]);
+    let (node, api, conf, first) = (c.node, c.api, c.conf, c.pod);
     let before = writes_in(&first.inst);
     let second = start_pod(&node, &api, "linkerd-cni-surge");
     overlap_for_10_s(&node, &conf, (&first, &second), before);
@@ -557,13 +743,19 @@ fn two_installers_converge() {
 
 trait HealthyNow {
     fn healthy_now(&self, primary: &Value);
+    fn healthy_now_with(&self, entry: &Value, primary: &Value);
 }
 
 impl HealthyNow for Node {
-    /// Still chained, with the kubeconfig and the binary in place.
+    /// Still chained with the default entry, with the kubeconfig and the
+    /// binary in place.
     fn healthy_now(&self, primary: &Value) {
-        self.wait_healthy(&installer::expected_entry(self), primary, Duration::ZERO)
-            .unwrap();
+        self.healthy_now_with(&installer::expected_entry(self), primary);
+    }
+
+    /// [`HealthyNow::healthy_now`], chained with `entry`.
+    fn healthy_now_with(&self, entry: &Value, primary: &Value) {
+        self.wait_healthy(entry, primary, Duration::ZERO).unwrap();
         assert!(self.kubeconfig_path().exists());
         assert!(self.bin_dir().join("linkerd-cni").exists());
     }
@@ -576,22 +768,16 @@ impl HealthyNow for Node {
 #[test]
 fn the_plugins_token_is_refreshed_before_expiry() {
     let lifetime = Duration::from_secs(10);
-    let (node, api, _net, _conf, pod) = chained_node_with(
+    let c = chained_node_with(
         TokenPolicy {
             max_lifetime: Some(lifetime),
             ..TokenPolicy::default()
         },
+        &json!({}),
         &[],
     );
-    let token_now = || {
-        let text = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("    token: "))
-            .unwrap()
-            .to_string();
-        serde_json::from_str::<String>(&line).unwrap()
-    };
+    let (node, api, pod) = (c.node, c.api, c.pod);
+    let token_now = || kubeconfig_token(&node);
     let mut seen = vec![token_now()];
     let until = Instant::now() + lifetime * 2;
     while Instant::now() < until {

@@ -408,11 +408,14 @@ fn step5_rolling_update(
 ) -> Result<(InstallerProcess, Pod), Stop> {
     o.section(5, "A rolling update of the installer, and a pod in its gap");
     o.say(&format!(
-        "The kubeconfig the plugin uses does not hold the installer pod's token: it holds          {}, minted by the installer through the TokenRequest API for the plugin's own          ServiceAccount, which may only read pods, namespaces and the kubernetes Service.",
+        "The kubeconfig the plugin uses does not hold the installer pod's token: it holds \
+         {}, minted by the installer through the TokenRequest API for the plugin's own \
+         ServiceAccount, which may only read pods, namespaces and the kubernetes Service.",
         kubeconfig_subject(node, "")
     ));
     o.say(
-        "A rolling update stops the old installer pod (SIGTERM). Its DaemonSet is still          there, so it leaves everything installed:",
+        "A rolling update stops the old installer pod (SIGTERM). Its DaemonSet is still \
+         there, so it leaves everything installed:",
     );
     let code = old.stop();
     o.logs("installer", &old.new_log_lines(), n);
@@ -421,7 +424,8 @@ fn step5_rolling_update(
     api.remove(&objects::pod_path("linkerd-cni", &old_pod.name));
     api.revoke_token(&old_pod.token);
     o.say(&format!(
-        "Its pod object is deleted, which revokes its token (the API server answers 401          to it from now on). The new pod starts {} s later. Meanwhile a meshed pod starts:",
+        "Its pod object is deleted, which revokes its token (the API server answers 401 \
+         to it from now on). The new pod starts {} s later. Meanwhile a meshed pod starts:",
         GAP.as_secs()
     ));
     let web3 = node.pod(PodSpec::kubernetes("demo", "web-3"));
@@ -440,7 +444,8 @@ fn step5_rolling_update(
     stop::sleep(Duration::from_millis(500))?;
     o.logs("installer", &new.new_log_lines(), n);
     o.say(&format!(
-        "It keeps the plugin's token ({}) instead of writing one of its own: nothing          in the conf dir changed, so the runtime had nothing to reload.",
+        "It keeps the plugin's token ({}) instead of writing one of its own: nothing \
+         in the conf dir changed, so the runtime had nothing to reload.",
         kubeconfig_subject(node, &pod.token)
     ));
     Ok((new, web3))
