@@ -92,7 +92,7 @@ fn heal(broken: Broken, version: &str, persisted: bool) {
     assert!(
         added
             .execs("linkerd-cni")
-            .any(|e| e.stderr.contains("chain repaired")),
+            .any(|e| e.stderr.contains("chain: repaired")),
         "{broken:?}: no linkerd-cni run says it repaired the chain: {added:?}"
     );
 
@@ -170,7 +170,7 @@ fn no_repair_without_the_kubeconfig() {
     let pod = node.pod(conformance::PodSpec::kubernetes("kube-system", "dns-0"));
     let added = node.add(&net, &pod).unwrap();
     let ours = added.execs("linkerd-cni").next().unwrap();
-    assert!(ours.stderr.contains("not repairing"), "{added:?}");
+    assert!(ours.stderr.contains("not writing"), "{added:?}");
     assert_eq!(std::fs::read(&conf).unwrap(), before);
     del_all(&node, &net, [&pod]);
 }
