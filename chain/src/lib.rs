@@ -18,12 +18,15 @@
 //!   by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`],
 //!   and [`PersistedFights`] for the short-lived plugin).
-//! - owned mode, where linkerd-cni keeps a conflist of its own ([`owned`]).
+//! - owned mode, where linkerd-cni keeps a conflist of its own ([`owned`]);
+//! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
+//!   which the installer exports.
 
 mod entry;
 mod error;
 mod fight;
 mod lock;
+pub mod outcomes;
 pub mod owned;
 mod plan;
 mod repair;

@@ -15,6 +15,7 @@
 //! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
 //!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
+//! - [`outcome`]: how each ADD ended, counted in the state dir.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
@@ -26,6 +27,7 @@ pub mod iptables;
 pub mod k8s;
 pub mod logging;
 pub mod netns;
+pub mod outcome;
 pub mod owned_add;
 pub mod plugin;
 pub mod pod;

@@ -15,9 +15,10 @@ use std::time::Instant;
 use linkerd_cni_chain::owned::{self, ChainMode, Marker, OwnedState};
 use linkerd_cni_chain::{ChainError, Entry, RepairOptions, load_entry};
 
-use crate::cni::{CniError, NetConf, code};
+use crate::cni::{CniError, NetConf};
 use crate::config::PluginConfig;
 use crate::heal::{entry_from_stdin, heal_on_add};
+use linkerd_cni_chain::outcomes::RetryCause;
 
 /// What the ADD does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +133,8 @@ pub fn before_add(conf: &NetConf, config: &PluginConfig) -> Result<Next, CniErro
                 heal_on_add(conf, config);
             }
             log::warn!("the chain that ran was stale ({why}); asking the runtime to retry");
-            Err(CniError::new(
-                code::TRY_AGAIN_LATER,
+            Err(CniError::try_again(
+                RetryCause::StaleOwnedCopy,
                 "the network config this ADD ran is out of date; try again",
                 format!(
                     "linkerd-cni owned mode: {why}; linkerd-cni's config now follows the primary's, so a retry runs the current chain"

@@ -32,6 +32,7 @@ use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use crate::k8s::objects::{Pod, PodSpec};
 use crate::k8s::{self, ApiError, Client, KubeconfigError};
+use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 
 /// The proxy container linkerd's injector adds.
 pub const PROXY_CONTAINER: &str = "linkerd-proxy";
@@ -69,10 +70,40 @@ pub mod annotation {
 /// What to do for one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Nothing: pass the result through. Says why.
-    PassThrough(String),
+    /// Nothing: pass the result through.
+    PassThrough(Skipped),
     /// Install (or verify) these rules.
     Mesh(Plan),
+}
+
+/// A pod left without rules: why, for the log and for the ADD's outcome
+/// counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub cause: Skip,
+    pub why: String,
+}
+
+/// The kinds of [`Skipped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// No pod in CNI_ARGS, or an exempt namespace.
+    Exempt,
+    /// No linkerd proxy, or an init container of its own.
+    Unmeshed,
+    /// Cannot tell whether it is meshed: passed through.
+    CannotTell(PassCause),
+}
+
+/// What ADD did for the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    Meshed,
+    Skipped(Skip),
+}
+
+fn skip(cause: Skip, why: String) -> Stop {
+    Stop::PassThrough(Skipped { cause, why })
 }
 
 /// The rules for a meshed pod.
@@ -88,7 +119,7 @@ pub struct Plan {
 
 /// ADD: installs the rules when the pod is meshed, within
 /// `add_deadline_seconds` from now.
-pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
+pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<Added, CniError> {
     add_until(inv, config, Instant::now() + config.add_deadline)
 }
 
@@ -97,11 +128,11 @@ pub fn add_until(
     inv: &Invocation,
     config: &PluginConfig,
     deadline: Instant,
-) -> Result<(), CniError> {
+) -> Result<Added, CniError> {
     let plan = match decide_until(inv, config, deadline)? {
-        Decision::PassThrough(why) => {
-            log::info!("ADD: nothing to do: {why}");
-            return Ok(());
+        Decision::PassThrough(s) => {
+            log::info!("ADD: nothing to do: {}", s.why);
+            return Ok(Added::Skipped(s.cause));
         }
         Decision::Mesh(plan) => plan,
     };
@@ -114,7 +145,7 @@ pub fn add_until(
                 table::restore_batch(set, &Default::default())
             );
         }
-        return Ok(());
+        return Ok(Added::Meshed);
     }
     let netns = netns_of(inv)?;
     driver(config)
@@ -129,15 +160,15 @@ pub fn add_until(
         plan.pod,
         netns.display()
     );
-    Ok(())
+    Ok(Added::Meshed)
 }
 
 /// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
 /// installs.
 pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let plan = match decide(inv, config)? {
-        Decision::PassThrough(why) => {
-            log::debug!("CHECK: nothing to verify: {why}");
+        Decision::PassThrough(s) => {
+            log::debug!("CHECK: nothing to verify: {}", s.why);
             return Ok(());
         }
         Decision::Mesh(plan) => plan,
@@ -193,7 +224,7 @@ pub fn decide_until(
 ) -> Result<Decision, CniError> {
     match plan(inv, config, deadline) {
         Ok(plan) => Ok(Decision::Mesh(plan)),
-        Err(Stop::PassThrough(why)) => Ok(Decision::PassThrough(why)),
+        Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
         Err(Stop::Failed(e)) => Err(e),
     }
 }
@@ -201,7 +232,7 @@ pub fn decide_until(
 /// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
 /// cannot be told to be), or something failed.
 enum Stop {
-    PassThrough(String),
+    PassThrough(Skipped),
     Failed(CniError),
 }
 
@@ -230,11 +261,15 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
         Err(ApiError::Unauthorized {
             status, kubeconfig, ..
         }) => {
-            return Err(Stop::PassThrough(credentials_rejected(
-                &pod_id,
-                status,
-                &kubeconfig,
-            )));
+            let cause = if status == 403 {
+                PassCause::Forbidden
+            } else {
+                PassCause::Unauthorized
+            };
+            return Err(skip(
+                Skip::CannotTell(cause),
+                credentials_rejected(&pod_id, status, &kubeconfig),
+            ));
         }
         Err(e) => return Err(Stop::Failed(api_failed(&format!("pod {pod_id}"), e))),
     };
@@ -269,14 +304,16 @@ fn credentials_rejected(pod_id: &str, status: u16, kubeconfig: &std::path::Path)
 /// invocation is not for a Kubernetes pod or its namespace is exempt.
 fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Err(Stop::PassThrough(
+        return Err(skip(
+            Skip::Exempt,
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Err(Stop::PassThrough(format!(
-            "namespace {namespace:?} is exempt (exempt-namespaces)"
-        )));
+        return Err(skip(
+            Skip::Exempt,
+            format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
+        ));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !valid_name(value) {
@@ -312,7 +349,7 @@ fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<
             path.display()
         );
         log::error!("{why}");
-        return Err(Stop::PassThrough(why));
+        return Err(skip(Skip::CannotTell(PassCause::KubeconfigMissing), why));
     }
     let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -328,18 +365,22 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Err(Stop::PassThrough(format!(
-            "pod {pod_id} has no {PROXY_CONTAINER} container"
-        )));
+        return Err(skip(
+            Skip::Unmeshed,
+            format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
+        ));
     }
     if spec
         .init_containers
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Err(Stop::PassThrough(format!(
-            "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
-        )));
+        return Err(skip(
+            Skip::Unmeshed,
+            format!(
+                "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
+            ),
+        ));
     }
     Ok(())
 }
@@ -598,12 +639,12 @@ fn kubeconfig_error(e: KubeconfigError) -> CniError {
 /// `what`: what was being read, e.g. "pod ns/name". An unreachable, slow
 /// or overloaded server is "try again later" (code 11), which is what it is.
 fn api_error(what: &str, e: ApiError) -> CniError {
-    let code = if e.transient() {
-        code::TRY_AGAIN_LATER
+    let msg = format!("cannot get {what}: {e}");
+    if e.transient() {
+        CniError::try_again(RetryCause::ApiUnavailable, msg, e.hint())
     } else {
-        code::KUBERNETES
-    };
-    CniError::new(code, format!("cannot get {what}: {e}"), e.hint())
+        CniError::new(code::KUBERNETES, msg, e.hint())
+    }
 }
 
 /// `e`, or, when the ADD's deadline has passed, the error that says so
@@ -612,8 +653,8 @@ fn past_deadline(config: &PluginConfig, deadline: Instant, doing: &str, e: CniEr
     if Instant::now() < deadline {
         return e;
     }
-    CniError::new(
-        code::TRY_AGAIN_LATER,
+    CniError::try_again(
+        RetryCause::Deadline,
         format!(
             "linkerd-cni's ADD deadline of {} s (add_deadline_seconds) ran out while {doing}",
             config.add_deadline.as_secs_f32()

@@ -50,6 +50,10 @@ pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
     c["log_level"] = "debug".into();
     c["chain_heal"] = false.into();
     c["kubernetes"]["kubeconfig"] = kubeconfig.to_str().unwrap().into();
+    // The ADD outcome counters next to the kubeconfig, not in the
+    // machine's /run/linkerd-cni.
+    let state = kubeconfig.parent().unwrap_or(kubeconfig).join("state");
+    c["state_dir"] = state.to_str().unwrap().into();
     c["linkerd"]["outbound-ports-to-ignore"] = json!([]);
     // Other suites on this machine may hold the legacy xtables lock.
     c["linkerd"]["use-wait-flag"] = true.into();
