@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::entry::Entry;
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigState};
+use crate::metrics::{self, Telemetry};
 use crate::notes::Notes;
 
 /// The longest a pass may spend repairing the chain: a pass must stay short
@@ -47,6 +48,8 @@ pub struct Installer {
     /// it), the time it is allowed again: the loop wakes then rather than
     /// at the next resync.
     retry_at: Option<Instant>,
+    /// What the passes did, for `/metrics` (records nothing when off).
+    telemetry: Telemetry,
 }
 
 impl Installer {
@@ -59,6 +62,34 @@ impl Installer {
             last_entry: entry,
             chained_last_pass: false,
             retry_at: None,
+            telemetry: Telemetry::off(),
+        }
+    }
+
+    /// Records what each pass does into `t` from now on.
+    pub fn set_telemetry(&mut self, t: Telemetry) {
+        self.telemetry = t;
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// What a scrape reads besides the passes' state: the plugin's state
+    /// dir (the entry's `state_dir`, on the host) and the token.
+    pub fn metrics_sources(&self) -> metrics::Sources {
+        let state_dir = self
+            .last_entry
+            .get("state_dir")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(linkerd_cni_chain::outcomes::DEFAULT_STATE_DIR);
+        metrics::Sources {
+            plugin_state_dir: crate::config::under_prefix(
+                &self.cfg.mount_prefix,
+                Path::new(state_dir),
+            ),
+            token_file: self.cfg.service_account_dir.join("token"),
         }
     }
 
@@ -146,6 +177,10 @@ impl Installer {
         }
         self.reconcile_mode(&entry);
         self.chained_last_pass = true;
+        if self.telemetry.is_on() {
+            let v = metrics::verdict(&self.cfg.conf_dir(), &entry, &self.repair_options());
+            self.telemetry.chain(&v);
+        }
     }
 
     /// The chain in the entry's mode. Owned mode falls back to the inline
@@ -250,18 +285,24 @@ impl Installer {
                 .log_change("chain", Level::Info, owned_note(&diag));
             return true;
         }
-        self.sync_owned(&dir, entry, key.as_ref(), now);
+        let written = diag
+            .primary
+            .as_deref()
+            .and_then(|p| self.telemetry.mtime(p));
+        self.sync_owned(&dir, entry, key.as_ref(), now, written);
         true
     }
 
     /// Brings our owned-mode file up to date, counting its re-creations
-    /// (`key`: our file and the primary's chain digest) as a fight.
+    /// (`key`: our file and the primary's chain digest) as a fight;
+    /// `written`: when the primary was last written (for the heal latency).
     fn sync_owned(
         &mut self,
         dir: &Path,
         entry: &Entry,
         key: Option<&(PathBuf, String)>,
         now: Instant,
+        written: Option<std::time::SystemTime>,
     ) {
         let opts = RepairOptions {
             deadline: Some(now + REPAIR_BUDGET),
@@ -271,11 +312,17 @@ impl Installer {
             Ok(r) => {
                 if r.changed {
                     log::info!("{}", r.summary);
+                    let (cause, written) = match r.created {
+                        true => ("owned_missing", None),
+                        false => ("owned_outdated", written),
+                    };
+                    self.telemetry.repaired(cause, written);
                 }
                 if r.created
                     && let Some((ours, digest)) = key
                     && let Some(w) = self.fights.record_repair_of(ours, digest, now)
                 {
+                    self.telemetry.fight();
                     self.notes.log_change("fight", Level::Warn, w);
                 }
                 match owned::diagnose_with(dir, entry, &self.repair_options()) {
@@ -446,6 +493,7 @@ impl Installer {
         // repair starts from decides, so new content is repaired at once.
         let digest = chain::content_digest(&active);
         if !self.fights.allow_repair_of(&active, &digest, now) {
+            self.telemetry.held_back();
             self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
             self.notes.log_change(
                 "chain",
@@ -461,12 +509,18 @@ impl Installer {
             deadline: Some(now + REPAIR_BUDGET),
             ..self.repair_options()
         };
+        let written = self.telemetry.mtime(&active);
         match chain::repair(&dir, entry, &opts) {
             Ok(report) if report.changed => {
                 log::info!("{}", report.summary);
+                self.telemetry
+                    .repaired(metrics::repair_cause(&report.before), written);
                 let file = report.file.clone().unwrap_or(active.clone());
                 match self.fights.record_repair_of(&active, &digest, now) {
-                    Some(warning) => self.notes.log_change("fight", Level::Warn, warning),
+                    Some(warning) => {
+                        self.telemetry.fight();
+                        self.notes.log_change("fight", Level::Warn, warning)
+                    }
                     None => self.notes.clear("fight", || {
                         format!("{} no longer needs repeated repairs", file.display())
                     }),

@@ -80,6 +80,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
     );
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
+    crate::metrics::serve_if_configured(&mut inst);
 
     let mut last_event: Option<Instant> = None;
     loop {
@@ -95,6 +96,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         let started = Instant::now();
         inst.reconcile();
         taint.after_pass(&inst);
+        inst.telemetry().pass_done();
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
         let next = match inst.retry_at() {

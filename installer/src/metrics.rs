@@ -1,0 +1,611 @@
+//! What the node is doing, for operators: the facts each pass records
+//! ([`Telemetry`]), and their rendering in Prometheus' text format
+//! ([`render`]), which the `/metrics` endpoint ([`crate::serve`]) and
+//! `linkerd-cni-installer status` share.
+//!
+//! Opt-in (`LINKERD_CNI_METRICS_ADDR`): with metrics off the installer holds
+//! a [`Telemetry`] that records nothing, so a pass does no extra work.
+//! With metrics on, a pass updates a few fields under a mutex; everything
+//! else (the plugin's ADD counters, the credential's age) is read when
+//! scraped, never per pass, and nothing is ever written.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use linkerd_cni_chain::owned::{self, ChainMode, OwnedState};
+use linkerd_cni_chain::{ChainState, Entry, RepairOptions, outcomes};
+
+/// Upper bounds of the heal-latency histogram's buckets, in seconds: a
+/// watch-driven repair takes milliseconds, one found by the resync seconds.
+pub const HEAL_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The causes a repair counts under, each exported from the start (at 0).
+pub const REPAIR_CAUSES: [&str; 7] = [
+    "missing",
+    "not_last",
+    "duplicated",
+    "stale",
+    "single_conf",
+    "owned_missing",
+    "owned_outdated",
+];
+
+/// The cause an inline repair of a chain found in `state` counts under.
+pub fn repair_cause(state: &ChainState) -> &'static str {
+    match state {
+        ChainState::Missing => "missing",
+        ChainState::NotLast { .. } => "not_last",
+        ChainState::Duplicated { .. } => "duplicated",
+        ChainState::Stale { .. } => "stale",
+        ChainState::SingleConf => "single_conf",
+        // Not repairable: never counted, but a name all the same.
+        ChainState::Healthy
+        | ChainState::NoPrimaryConfig
+        | ChainState::NoPrimaryPlugin
+        | ChainState::Invalid { .. } => "other",
+    }
+}
+
+/// The chain's state in a conf dir, as `/metrics` and `status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The mode the entry asks for.
+    pub configured: ChainMode,
+    /// The mode the chain is kept in: inline where owned mode does not
+    /// apply.
+    pub selected: ChainMode,
+    /// Why `selected` is not `configured`.
+    pub reason: Option<String>,
+    /// What keeps the chain from being healthy; `None`: healthy.
+    pub problem: Option<String>,
+}
+
+impl Verdict {
+    pub fn healthy(&self) -> bool {
+        self.problem.is_none()
+    }
+}
+
+/// The chain in `dir` for `entry`, healthy as the readiness check judges
+/// it.
+pub fn verdict(dir: &Path, entry: &Entry, opts: &RepairOptions) -> Verdict {
+    let configured = owned::mode_of(entry).unwrap_or(ChainMode::Inline);
+    let inline = |reason: Option<String>| Verdict {
+        configured,
+        selected: ChainMode::Inline,
+        reason,
+        problem: match linkerd_cni_chain::diagnose_with(dir, entry, opts) {
+            Ok(d) if d.is_healthy() => None,
+            Ok(d) => Some(d.state.to_string()),
+            Err(e) => Some(e.to_string()),
+        },
+    };
+    if configured == ChainMode::Inline {
+        return inline(None);
+    }
+    let owned = |problem: Option<String>| Verdict {
+        configured,
+        selected: ChainMode::Owned,
+        reason: None,
+        problem,
+    };
+    match owned::diagnose_with(dir, entry, opts) {
+        Ok(d) => match &d.state {
+            OwnedState::Fallback { reason } => inline(Some(reason.clone())),
+            OwnedState::Current if d.is_current() => owned(None),
+            state => owned(Some(state.to_string())),
+        },
+        Err(e) => owned(Some(e.to_string())),
+    }
+}
+
+/// A cumulative histogram over [`HEAL_BUCKETS`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative here).
+    buckets: [u64; HEAL_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = HEAL_BUCKETS.iter().position(|&b| v <= b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+}
+
+/// The node's state as the last passes saw it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeState {
+    /// The mode the entry asks for.
+    pub configured: Option<ChainMode>,
+    /// The mode the last pass kept the chain in, and whether it was healthy
+    /// at the end of the pass.
+    pub selected: Option<ChainMode>,
+    pub healthy: Option<bool>,
+    /// Why `selected` differs from `configured` (or why it was chosen).
+    pub reason: Option<String>,
+    pub repairs: BTreeMap<&'static str, u64>,
+    pub fights: u64,
+    pub held_back: u64,
+    pub heal_latency: Histogram,
+    pub passes: u64,
+    pub last_pass: Option<SystemTime>,
+}
+
+/// Where the pass records what it did: a shared [`NodeState`] when
+/// metrics are on, nothing at all when they are off.
+#[derive(Debug, Clone, Default)]
+pub struct Telemetry(Option<Arc<Mutex<NodeState>>>);
+
+impl Telemetry {
+    /// Records nothing.
+    pub fn off() -> Telemetry {
+        Telemetry(None)
+    }
+
+    pub fn on() -> Telemetry {
+        Telemetry(Some(Arc::default()))
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    fn with(&self, f: impl FnOnce(&mut NodeState)) {
+        if let Some(s) = &self.0 {
+            f(&mut lock(s));
+        }
+    }
+
+    /// A copy of the state (default when off).
+    pub fn snapshot(&self) -> NodeState {
+        self.0.as_ref().map(|s| lock(s).clone()).unwrap_or_default()
+    }
+
+    /// The chain at the end of the pass.
+    pub fn chain(&self, v: &Verdict) {
+        self.with(|s| {
+            s.configured = Some(v.configured);
+            s.selected = Some(v.selected);
+            s.healthy = Some(v.healthy());
+            s.reason = v.reason.clone();
+        });
+    }
+
+    /// A repair that rewrote `file`: counted under `cause`, and its heal
+    /// latency observed from the file's last write before the repair
+    /// (`written`: its mtime then; the primary's write) to now.
+    pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
+        self.with(|s| {
+            *s.repairs.entry(cause).or_default() += 1;
+            if let Some(w) = written {
+                let latency = SystemTime::now().duration_since(w).unwrap_or_default();
+                s.heal_latency.observe(latency.as_secs_f64());
+            }
+        });
+    }
+
+    pub fn fight(&self) {
+        self.with(|s| s.fights += 1);
+    }
+
+    pub fn held_back(&self) {
+        self.with(|s| s.held_back += 1);
+    }
+
+    pub fn pass_done(&self) {
+        self.with(|s| {
+            s.passes += 1;
+            s.last_pass = Some(SystemTime::now());
+        });
+    }
+
+    /// The mtime of `file`, when metrics are on (the one stat a repair
+    /// costs for its latency); `None` when off or unreadable.
+    pub fn mtime(&self, file: &Path) -> Option<SystemTime> {
+        self.0.as_ref()?;
+        std::fs::metadata(file).and_then(|m| m.modified()).ok()
+    }
+}
+
+fn lock(s: &Mutex<NodeState>) -> MutexGuard<'_, NodeState> {
+    // A panic while holding it leaves counters, not invariants: go on.
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The installer's credential: when it was issued and when it is
+/// refreshed next, when known.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Credential {
+    pub issued: SystemTime,
+    pub next_refresh: Option<SystemTime>,
+}
+
+/// What a scrape reads besides the pass's state.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The plugin's state dir (container view), for its ADD counters.
+    pub plugin_state_dir: PathBuf,
+    /// The service account token the kubeconfig carries.
+    pub token_file: PathBuf,
+}
+
+impl Sources {
+    /// The credential the plugin uses now, from the token's own claims: a
+    /// kubelet-projected token is refreshed by the kubelet once 80% of its
+    /// lifetime has passed, or after 24 hours.
+    pub fn credential(&self) -> Option<Credential> {
+        let token = std::fs::read_to_string(&self.token_file).ok()?;
+        let (iat, exp) = token_times(token.trim())?;
+        let issued = UNIX_EPOCH + Duration::from_secs(iat);
+        let refresh = match exp.checked_sub(iat) {
+            Some(ttl) => iat + (ttl * 8 / 10).min(24 * 3600),
+            None => exp,
+        };
+        Some(Credential {
+            issued,
+            next_refresh: Some(UNIX_EPOCH + Duration::from_secs(refresh)),
+        })
+    }
+}
+
+/// `iat` and `exp` of a JWT's payload (not verified: they only inform).
+pub fn token_times(token: &str) -> Option<(u64, u64)> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
+}
+
+fn mode_name(m: Option<ChainMode>) -> &'static str {
+    match m {
+        Some(ChainMode::Inline) => "inline",
+        Some(ChainMode::Owned) => "owned",
+        None => "unknown",
+    }
+}
+
+/// With `LINKERD_CNI_METRICS_ADDR` set: binds it and serves `/metrics` on
+/// a thread of its own, the passes recording into it from now on. Unset:
+/// nothing (no socket, no thread, no recording). A port that cannot be
+/// bound is logged, and the installer runs on without metrics: keeping the
+/// node chained matters more.
+pub fn serve_if_configured(inst: &mut crate::installer::Installer) {
+    let Some(addr) = inst.config().metrics_addr else {
+        return;
+    };
+    let telemetry = Telemetry::on();
+    let sources = inst.metrics_sources();
+    let state = telemetry.clone();
+    let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
+    match crate::serve::start(addr, page) {
+        Ok((local, _)) => {
+            log::info!("serving /metrics on http://{local}/metrics");
+            inst.set_telemetry(telemetry);
+        }
+        Err(e) => log::error!(
+            "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running without \
+             metrics: set it to this node's IP (status.hostIP) and a free port"
+        ),
+    }
+}
+
+/// A label value, escaped as the text format wants.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// A family's HELP and TYPE lines.
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Every metric, in Prometheus' text exposition format (version 0.0.4).
+pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
+    let mut o = String::new();
+    family(
+        &mut o,
+        "linkerd_cni_chain_healthy",
+        "gauge",
+        "Whether linkerd-cni was chained at the end of the last pass, in the mode it was kept in.",
+    );
+    if let (Some(m), Some(h)) = (s.selected, s.healthy) {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_healthy{{mode=\"{}\"}} {}",
+            mode_name(Some(m)),
+            u8::from(h)
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_mode",
+        "gauge",
+        "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
+    );
+    if s.selected.is_some() {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_mode{{configured=\"{}\",selected=\"{}\",reason=\"{}\"}} 1",
+            mode_name(s.configured),
+            mode_name(s.selected),
+            label(s.reason.as_deref().unwrap_or(""))
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_repairs_total",
+        "counter",
+        "Repairs of the chain by this installer, by what the repair found.",
+    );
+    for cause in REPAIR_CAUSES {
+        let n = s.repairs.get(cause).copied().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_repairs_total{{cause=\"{cause}\"}} {n}"
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_fights_total",
+        "counter",
+        "Times another agent was found undoing the same repair again and again.",
+    );
+    let _ = writeln!(o, "linkerd_cni_chain_fights_total {}", s.fights);
+    family(
+        &mut o,
+        "linkerd_cni_chain_repairs_held_back_total",
+        "counter",
+        "Repairs postponed by the fight rate limit.",
+    );
+    let _ = writeln!(
+        o,
+        "linkerd_cni_chain_repairs_held_back_total {}",
+        s.held_back
+    );
+    family(
+        &mut o,
+        "linkerd_cni_chain_heal_latency_seconds",
+        "histogram",
+        "From the write that unchained a config (its mtime) to the repair that chained it again.",
+    );
+    let mut cumulative = 0;
+    for (b, n) in HEAL_BUCKETS.iter().zip(s.heal_latency.buckets) {
+        cumulative += n;
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{b}\"}} {cumulative}"
+        );
+    }
+    let h = &s.heal_latency;
+    let _ = writeln!(
+        o,
+        "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"+Inf\"}} {}\n\
+         linkerd_cni_chain_heal_latency_seconds_sum {}\n\
+         linkerd_cni_chain_heal_latency_seconds_count {}",
+        h.count, h.sum, h.count
+    );
+    if let Some(c) = sources.credential() {
+        family(
+            &mut o,
+            "linkerd_cni_credential_age_seconds",
+            "gauge",
+            "Age of the token in the plugin's kubeconfig.",
+        );
+        let age = now.duration_since(c.issued).unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "linkerd_cni_credential_age_seconds {}",
+            age.as_secs_f64()
+        );
+        if let Some(r) = c.next_refresh {
+            family(
+                &mut o,
+                "linkerd_cni_credential_next_refresh_timestamp_seconds",
+                "gauge",
+                "When that token is refreshed next (Unix time).",
+            );
+            let _ = writeln!(
+                o,
+                "linkerd_cni_credential_next_refresh_timestamp_seconds {}",
+                secs(r)
+            );
+        }
+    }
+    family(
+        &mut o,
+        "linkerd_cni_passes_total",
+        "counter",
+        "Reconcile passes since the installer started.",
+    );
+    let _ = writeln!(o, "linkerd_cni_passes_total {}", s.passes);
+    if let Some(t) = s.last_pass {
+        family(
+            &mut o,
+            "linkerd_cni_last_pass_timestamp_seconds",
+            "gauge",
+            "When the last reconcile pass ended (Unix time).",
+        );
+        let _ = writeln!(o, "linkerd_cni_last_pass_timestamp_seconds {}", secs(t));
+    }
+    render_plugin(&mut o, &sources.plugin_state_dir);
+    o
+}
+
+/// The plugin's ADD counters, each exported (at 0 before any ADD); nothing
+/// when its state dir cannot be read.
+fn render_plugin(o: &mut String, dir: &Path) {
+    let counts = match outcomes::read(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(
+                o,
+                "# the plugin's ADD counters in {} cannot be read: {}",
+                dir.display(),
+                label(&e.to_string())
+            );
+            return;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "# HELP linkerd_cni_plugin_adds_total ADDs the plugin answered on this node, by outcome \
+         (meshed, unmeshed, exempt, passed_through, try_again, failed) and cause (the CNI error code for failed).\n\
+         # TYPE linkerd_cni_plugin_adds_total counter"
+    );
+    for (outcome, n) in counts {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_plugin_adds_total{{outcome=\"{}\",cause=\"{}\"}} {n}",
+            outcome.kind(),
+            outcome.cause()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(dir: &Path) -> Sources {
+        Sources {
+            plugin_state_dir: dir.join("state"),
+            token_file: dir.join("token"),
+        }
+    }
+
+    #[test]
+    fn off_records_nothing() {
+        let t = Telemetry::off();
+        t.repaired("missing", Some(SystemTime::now()));
+        t.fight();
+        t.pass_done();
+        assert_eq!(t.snapshot(), NodeState::default());
+        assert_eq!(t.mtime(Path::new("/")), None);
+    }
+
+    #[test]
+    fn rendering_names_every_family_with_its_values() {
+        let tmp = testkit::TempDir::new("metrics").unwrap();
+        let t = Telemetry::on();
+        t.chain(&Verdict {
+            configured: ChainMode::Owned,
+            selected: ChainMode::Inline,
+            reason: Some("a \"multus\" primary".into()),
+            problem: None,
+        });
+        let ago = SystemTime::now() - Duration::from_millis(30);
+        t.repaired("missing", Some(ago));
+        t.repaired("not_last", None);
+        t.fight();
+        t.held_back();
+        t.pass_done();
+        outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
+        // A token issued an hour ago for 10 hours: refreshed at 8 h.
+        use base64::Engine;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let claims = format!(r#"{{"iat":{},"exp":{}}}"#, now - 3600, now - 3600 + 36000);
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        std::fs::write(tmp.path().join("token"), format!("h.{b64}.s\n")).unwrap();
+
+        let text = render(&t.snapshot(), &sources(tmp.path()), SystemTime::now());
+        for line in [
+            "linkerd_cni_chain_healthy{mode=\"inline\"} 1",
+            "linkerd_cni_chain_mode{configured=\"owned\",selected=\"inline\",reason=\"a \\\"multus\\\" primary\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"missing\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"not_last\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"stale\"} 0",
+            "linkerd_cni_chain_fights_total 1",
+            "linkerd_cni_chain_repairs_held_back_total 1",
+            "linkerd_cni_chain_heal_latency_seconds_bucket{le=\"0.025\"} 0",
+            "linkerd_cni_chain_heal_latency_seconds_bucket{le=\"+Inf\"} 1",
+            "linkerd_cni_chain_heal_latency_seconds_count 1",
+            "linkerd_cni_passes_total 1",
+            "linkerd_cni_plugin_adds_total{outcome=\"failed\",cause=\"101\"} 1",
+            "linkerd_cni_plugin_adds_total{outcome=\"meshed\",cause=\"\"} 0",
+            "linkerd_cni_plugin_adds_total{outcome=\"try_again\",cause=\"stale_owned_copy\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        let bucket = |le: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!(
+                        "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{le}\"}} "
+                    ))
+                })
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(bucket("60"), "1");
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("linkerd_cni_credential_age_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((3600.0..3700.0).contains(&age), "{age}");
+        let refresh: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("linkerd_cni_credential_next_refresh_timestamp_seconds "))
+            .unwrap()
+            .parse::<f64>()
+            .unwrap() as u64;
+        assert_eq!(refresh, now - 3600 + 28800);
+        // Every sample line belongs to a family declared before it.
+        let mut declared = vec![];
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                declared.push(rest.split(' ').next().unwrap().to_string());
+            } else if !l.starts_with('#') {
+                let name = l.split(['{', ' ']).next().unwrap();
+                assert!(declared.iter().any(|d| name.starts_with(d.as_str())), "{l}");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_before_the_first_pass_and_no_credential_without_a_token() {
+        let tmp = testkit::TempDir::new("metrics").unwrap();
+        let text = render(
+            &NodeState::default(),
+            &sources(tmp.path()),
+            SystemTime::now(),
+        );
+        assert!(!text.contains("linkerd_cni_chain_healthy{"), "{text}");
+        assert!(
+            !text.contains("linkerd_cni_credential_age_seconds"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("linkerd_cni_last_pass_timestamp_seconds "),
+            "{text}"
+        );
+        assert!(text.contains("linkerd_cni_chain_repairs_total{cause=\"missing\"} 0"));
+        assert!(text.contains("linkerd_cni_plugin_adds_total{outcome=\"meshed\",cause=\"\"} 0"));
+    }
+}
