@@ -322,7 +322,8 @@ impl Installer {
                     && let Some((ours, digest)) = key
                     && let Some(w) = self.fights.record_repair_of(ours, digest, now)
                 {
-                    self.telemetry.fight();
+                    self.telemetry
+                        .fight(&format!("{}@{digest}", ours.display()));
                     self.notes.log_change("fight", Level::Warn, w);
                 }
                 match owned::diagnose_with(dir, entry, &self.repair_options()) {
@@ -493,7 +494,8 @@ impl Installer {
         // repair starts from decides, so new content is repaired at once.
         let digest = chain::content_digest(&active);
         if !self.fights.allow_repair_of(&active, &digest, now) {
-            self.telemetry.held_back();
+            self.telemetry
+                .held_back(&format!("{}@{digest}", active.display()));
             self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
             self.notes.log_change(
                 "chain",
@@ -518,12 +520,16 @@ impl Installer {
                 let file = report.file.clone().unwrap_or(active.clone());
                 match self.fights.record_repair_of(&active, &digest, now) {
                     Some(warning) => {
-                        self.telemetry.fight();
+                        self.telemetry
+                            .fight(&format!("{}@{digest}", active.display()));
                         self.notes.log_change("fight", Level::Warn, warning)
                     }
-                    None => self.notes.clear("fight", || {
-                        format!("{} no longer needs repeated repairs", file.display())
-                    }),
+                    None => {
+                        self.telemetry.no_fight();
+                        self.notes.clear("fight", || {
+                            format!("{} no longer needs repeated repairs", file.display())
+                        })
+                    }
                 }
                 // The next pass will find it healthy: nothing more to say.
                 self.notes

@@ -140,6 +140,10 @@ pub struct NodeState {
     pub heal_latency: Histogram,
     pub passes: u64,
     pub last_pass: Option<SystemTime>,
+    /// The repair (file and content) in a fight now, and the one held
+    /// back now: each counted once, however many passes see it.
+    fighting: Option<String>,
+    holding: Option<String>,
 }
 
 /// Where the pass records what it did: a shared [`NodeState`] when
@@ -187,6 +191,7 @@ impl Telemetry {
     /// (`written`: its mtime then; the primary's write) to now.
     pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
         self.with(|s| {
+            s.holding = None;
             *s.repairs.entry(cause).or_default() += 1;
             if let Some(w) = written {
                 let latency = SystemTime::now().duration_since(w).unwrap_or_default();
@@ -195,12 +200,31 @@ impl Telemetry {
         });
     }
 
-    pub fn fight(&self) {
-        self.with(|s| s.fights += 1);
+    /// Repairs of `what` (a file and the content they start from) are a
+    /// fight: counted once until [`Self::no_fight`].
+    pub fn fight(&self, what: &str) {
+        self.with(|s| {
+            if s.fighting.as_deref() != Some(what) {
+                s.fights += 1;
+                s.fighting = Some(what.to_string());
+            }
+        });
     }
 
-    pub fn held_back(&self) {
-        self.with(|s| s.held_back += 1);
+    /// A repair that was not a fight.
+    pub fn no_fight(&self) {
+        self.with(|s| s.fighting = None);
+    }
+
+    /// The repair of `what` held back by the fight limit: counted once
+    /// until a repair is made.
+    pub fn held_back(&self, what: &str) {
+        self.with(|s| {
+            if s.holding.as_deref() != Some(what) {
+                s.held_back += 1;
+                s.holding = Some(what.to_string());
+            }
+        });
     }
 
     pub fn pass_done(&self) {
@@ -499,7 +523,7 @@ mod tests {
     fn off_records_nothing() {
         let t = Telemetry::off();
         t.repaired("missing", Some(SystemTime::now()));
-        t.fight();
+        t.fight("f");
         t.pass_done();
         assert_eq!(t.snapshot(), NodeState::default());
         assert_eq!(t.mtime(Path::new("/")), None);
@@ -518,8 +542,11 @@ mod tests {
         let ago = SystemTime::now() - Duration::from_millis(30);
         t.repaired("missing", Some(ago));
         t.repaired("not_last", None);
-        t.fight();
-        t.held_back();
+        // One fight and one held-back repair, however many passes see them.
+        for _ in 0..3 {
+            t.fight("f@1");
+            t.held_back("f@1");
+        }
         t.pass_done();
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.
