@@ -1,0 +1,148 @@
+//! The real installer's `/metrics` on a node where the real plugin runs
+//! through libcni: a meshed ADD, a pass-through ADD (credentials rejected),
+//! a code-11 ADD (the API server failing) and a primary's rewrite each move
+//! their counter by exactly one, and nothing else moves.
+//!
+//! The installer listens on the node's loopback (its namespace); the test
+//! scrapes from inside it.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use conformance::{Node, chains, installer, kube};
+use testkit::Mode;
+
+/// Scheduling slack on a small shared machine running other tests.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// One scrape from inside the node: each sample as `name{labels}` -> value.
+fn scrape(node: &Node, addr: SocketAddr) -> BTreeMap<String, f64> {
+    let text = node.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    });
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// What moved from `before` to `after` (clocks and the pass count aside).
+fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter(|(k, _)| {
+            !k.contains("timestamp")
+                && !k.contains("_sum")
+                && !k.contains("credential_age")
+                && *k != "linkerd_cni_passes_total"
+        })
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+const REPAIRS: &str = "linkerd_cni_chain_repairs_total{cause=\"missing\"}";
+
+fn adds(outcome: &str, cause: &str) -> String {
+    format!("linkerd_cni_plugin_adds_total{{outcome=\"{outcome}\",cause=\"{cause}\"}}")
+}
+
+#[test]
+fn each_add_and_repair_moves_its_counter_by_one() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("metrics");
+    let file = format!("10-{net}.conflist");
+    let primary = chains::primary_generation(&node, &net, 0);
+    node.write_conf(&file, &primary);
+    let inst = installer::start(
+        &node,
+        &api,
+        &[
+            ("LINKERD_CNI_RESYNC_SECONDS", "2"),
+            ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+        ],
+    );
+    let desired = installer::expected_entry(&node);
+    node.wait_healthy(&desired, &primary, GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let needle = "serving /metrics on http://";
+    assert!(inst.wait_log(needle, GRACE), "{}", inst.log());
+    let log = inst.log();
+    let rest = &log[log.find(needle).unwrap() + needle.len()..];
+    let addr: SocketAddr = rest[..rest.find("/metrics").unwrap()].parse().unwrap();
+    let scrape_when = |key: &str, want: f64| {
+        let mut last = BTreeMap::new();
+        let reached = testkit::wait_until(GRACE, || {
+            last = scrape(&node, addr);
+            last.get(key).copied().unwrap_or_default() >= want
+        });
+        assert!(
+            reached,
+            "{key} never reached {want}: {last:#?}\n{}",
+            inst.log()
+        );
+        last
+    };
+    let start = scrape_when(REPAIRS, 1.0);
+
+    let meshed = node.pod(kube::serve_meshed(&api, "web-0"));
+    node.add(&net, &meshed)
+        .unwrap_or_else(|e| panic!("meshed ADD: {e}"));
+    // Rejected credentials: the pod passes through, rc 0.
+    api.set_mode(Mode::Unauthorized);
+    let passed = node.pod(kube::serve_meshed(&api, "web-1"));
+    node.add(&net, &passed)
+        .unwrap_or_else(|e| panic!("pass-through ADD: {e}"));
+    api.set_mode(Mode::Normal);
+    // Every attempt of the pod GET fails (the client makes 4): code 11.
+    api.fail_next(4, 503);
+    let retried = node.pod(kube::serve_meshed(&api, "web-2"));
+    let e = node
+        .add(&net, &retried)
+        .expect_err("the ADD with the API failing");
+    assert_eq!(e.code, Some(11), "{e}");
+    // The primary rewrites its file without our entry: one repair.
+    node.write_conf(&file, &chains::primary_generation(&node, &net, 1));
+    let after = scrape_when(REPAIRS, 2.0);
+
+    let m = moved(&start, &after);
+    let buckets: Vec<_> = m
+        .keys()
+        .filter(|k| k.contains("_bucket{") && !k.contains("+Inf"))
+        .cloned()
+        .collect();
+    let mut want = BTreeMap::from([
+        (adds("meshed", ""), 1.0),
+        (adds("passed_through", "unauthorized"), 1.0),
+        (adds("try_again", "api_unavailable"), 1.0),
+        (REPAIRS.to_string(), 1.0),
+        ("linkerd_cni_chain_heal_latency_seconds_count".into(), 1.0),
+        (
+            "linkerd_cni_chain_heal_latency_seconds_bucket{le=\"+Inf\"}".into(),
+            1.0,
+        ),
+    ]);
+    // The finite buckets at and above the observed latency: each by one.
+    assert!(!buckets.is_empty(), "{m:#?}");
+    want.extend(buckets.into_iter().map(|b| (b, 1.0)));
+    assert_eq!(m, want, "{}", inst.log());
+
+    for pod in [&meshed, &passed, &retried] {
+        node.del(&net, pod).unwrap();
+    }
+}
