@@ -7,7 +7,6 @@ mod config;
 mod entry;
 mod fsutil;
 mod installer;
-mod kubecmd;
 mod kubeconfig;
 mod logging;
 mod metrics;

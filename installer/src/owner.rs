@@ -1,20 +1,22 @@
 //! At SIGTERM: is this an uninstall (the DaemonSet is gone or being
 //! deleted) or a rolling update or restart (it is still there)?
 //!
-//! The installer links no HTTP or TLS code: it runs the plugin binary it
-//! ships, `linkerd-cni kube daemonset-gone` (through [`crate::kubecmd`]),
-//! which has the plugin's blocking HTTPS client, with the kubeconfig the
+//! Asked through `linkerd_cni_kube::owner` with the kubeconfig the
 //! installer wrote (its own service account's token, still valid while its
-//! pod terminates). The child is bounded in time and killed past its bound. Only exit 0 with `gone:` on
-//! stdout means gone; anything else (present, no answer, a crash, a
-//! missing binary) leaves the node as it is, which the plugin makes safe:
-//! once the token is revoked it passes pods through.
+//! pod terminates), every call within [`API_TIMEOUT`]. Only a definite
+//! "gone" uninstalls; anything else (present, no answer, no kubeconfig)
+//! leaves the node as it is, which the plugin makes safe: once the token is
+//! revoked it passes pods through.
 
 use std::path::Path;
 use std::time::Duration;
 
+use linkerd_cni_kube::{Client, kubeconfig, owner};
+
 use crate::config::Config;
-use crate::kubecmd;
+
+/// The most the question's API calls may take together.
+pub const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,22 +29,36 @@ pub enum Verdict {
     Unknown(String),
 }
 
-/// Asks the API server, through the plugin binary, within
-/// [`kubecmd::BOUND`].
+/// Asks the API server, within [`API_TIMEOUT`].
 pub fn ask(cfg: &Config) -> Verdict {
     let (namespace, pod) = match identity(cfg) {
         Ok(id) => id,
         Err(why) => return Verdict::Unknown(why),
     };
-    let bin = kubecmd::plugin(cfg);
-    let kubeconfig = cfg.kubeconfig_path();
-    if !kubeconfig.exists() {
+    let path = cfg.kubeconfig_path();
+    if !path.exists() {
         return Verdict::Unknown(format!(
             "no kubeconfig to ask the API with ({} does not exist)",
-            kubeconfig.display()
+            path.display()
         ));
     }
-    run(&bin, &kubeconfig, &namespace, &pod, kubecmd::BOUND)
+    let api = match kubeconfig::load(&path) {
+        Ok(api) => api,
+        Err(e) => return Verdict::Unknown(e.to_string()),
+    };
+    verdict(owner::daemonset_of(
+        &Client::new(api, API_TIMEOUT),
+        &namespace,
+        &pod,
+    ))
+}
+
+fn verdict(answer: Result<owner::OwnerState, owner::OwnerError>) -> Verdict {
+    match answer {
+        Ok(state) if state.is_gone() => Verdict::Gone(state.to_string()),
+        Ok(state) => Verdict::Present(state.to_string()),
+        Err(e) => Verdict::Unknown(e.to_string()),
+    }
 }
 
 /// This pod's namespace and name.
@@ -74,90 +90,29 @@ fn read_word(p: &Path) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-fn run(bin: &Path, kubeconfig: &Path, namespace: &str, pod: &str, bound: Duration) -> Verdict {
-    let kubeconfig = kubeconfig.to_string_lossy();
-    let args = [
-        "daemonset-gone",
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        namespace,
-        "--pod",
-        pod,
-    ];
-    let answer = match kubecmd::run_bounded(bin, &args, bound) {
-        Ok(a) => a,
-        Err(why) => return Verdict::Unknown(why),
-    };
-    match (answer.code, answer.stdout.trim()) {
-        (Some(0), o) if o.starts_with("gone:") => Verdict::Gone(o.to_string()),
-        (Some(1), o) if o.starts_with("present:") => Verdict::Present(o.to_string()),
-        (code, _) => Verdict::Unknown(format!(
-            "{} kube daemonset-gone ({}): {}",
-            bin.display(),
-            code.map_or("killed by a signal".to_string(), |c| format!("exit {c}")),
-            answer.says()
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
-    use std::path::PathBuf;
-    use std::time::Instant;
+    use owner::{OwnerError, OwnerState};
 
-    /// Only exit 0 with `gone:` uninstalls; a hung child is killed at the
-    /// bound.
+    /// Only a state that is gone uninstalls; no answer never does.
     #[test]
-    fn verdicts_from_the_childs_answer() {
-        let dir = std::env::temp_dir().join(format!("lcni-owner-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kc = dir.join("kubeconfig");
-        std::fs::write(&kc, "").unwrap();
-        let script = |name: &str, body: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-            p
-        };
-        let ask = |p: &PathBuf, bound| run(p, &kc, "linkerd-cni", "linkerd-cni-x", bound);
-        let long = Duration::from_secs(10);
-        let gone = script(
-            "gone",
-            r#"echo "gone: DaemonSet linkerd-cni/x is gone: not found""#,
-        );
-        assert!(matches!(ask(&gone, long), Verdict::Gone(s) if s.contains("not found")));
-        let present = script("present", "echo 'present: exists'; exit 1");
-        assert!(matches!(ask(&present, long), Verdict::Present(_)));
-        // Exit 0 alone (a stand-in binary, `true`) is not an answer.
-        let silent = script("silent", "exit 0");
-        assert!(matches!(ask(&silent, long), Verdict::Unknown(_)));
-        let wrong = script("wrong", "echo 'gone: x'; exit 1");
-        assert!(matches!(ask(&wrong, long), Verdict::Unknown(_)));
-        let err = script("err", "echo 'cannot tell: HTTP 403' >&2; exit 2");
-        assert!(matches!(ask(&err, long), Verdict::Unknown(s) if s.contains("HTTP 403")));
-        assert!(matches!(
-            ask(&dir.join("missing"), long),
-            Verdict::Unknown(s) if s.contains("cannot run")
-        ));
-        // The args it is given are the documented ones.
-        let args = script(
-            "args",
-            r#"[ "$*" = "kube daemonset-gone --kubeconfig KC --namespace linkerd-cni --pod linkerd-cni-x --timeout-seconds 5" ] && echo 'gone: ok'"#
-                .replace("KC", kc.to_str().unwrap())
-                .as_str(),
-        );
-        assert!(matches!(ask(&args, long), Verdict::Gone(_)));
-        let start = Instant::now();
-        let hung = script("hung", "exec sleep 30");
-        let v = ask(&hung, Duration::from_millis(300));
+    fn verdicts_from_the_answer() {
+        let ds = || "linkerd-cni/linkerd-cni".to_string();
+        let gone = Ok(OwnerState::Gone {
+            daemonset: ds(),
+            why: "not found".into(),
+        });
+        assert!(matches!(verdict(gone), Verdict::Gone(s) if s.contains("not found")));
+        let deleting = Ok(OwnerState::Deleting { daemonset: ds() });
+        assert!(matches!(verdict(deleting), Verdict::Gone(_)));
+        let present = Ok(OwnerState::Present { daemonset: ds() });
+        assert!(matches!(verdict(present), Verdict::Present(_)));
+        let open = Err(OwnerError::NotOwned {
+            pod: "linkerd-cni/x".into(),
+        });
         assert!(
-            matches!(&v, Verdict::Unknown(s) if s.contains("killed")),
-            "{v:?}"
+            matches!(verdict(open), Verdict::Unknown(s) if s.contains("no controlling DaemonSet"))
         );
-        assert!(start.elapsed() < Duration::from_secs(10));
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -13,19 +13,20 @@
 //! (RBAC without `patch` on nodes, as the linkerd2-cni chart grants) is
 //! said once, then retried every 10 minutes, and the installer keeps
 //! chaining the node whatever the answer.
-//! The API call is `linkerd-cni kube remove-taint` (see [`crate::kubecmd`]).
+//! The API call is `linkerd_cni_kube::taint::remove_taint`, with the
+//! kubeconfig the installer wrote, within [`API_TIMEOUT`].
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use linkerd_cni_kube::taint::{self, FailureKind, TaintError, TaintOutcome};
+use linkerd_cni_kube::{Client, kubeconfig};
+
 use crate::config::Config;
 use crate::installer::Installer;
-use crate::kubecmd;
 
-/// The subcommand's exit codes (see `linkerd-cni --help`).
-const EXIT_TRANSIENT: i32 = 1;
-const EXIT_FORBIDDEN: i32 = 3;
-const EXIT_UNAUTHORIZED: i32 = 4;
+/// The most one removal's API calls may take together.
+const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Backoff after the first failure, doubling per failure in a row...
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -65,7 +66,6 @@ enum State {
 pub struct StartupTaint {
     node: String,
     key: String,
-    bin: PathBuf,
     kubeconfig: PathBuf,
     state: State,
 }
@@ -92,7 +92,6 @@ impl StartupTaint {
         StartupTaint {
             node: cfg.node_name.clone().unwrap_or_default(),
             key: cfg.startup_taint.clone(),
-            bin: kubecmd::plugin(cfg),
             kubeconfig: cfg.kubeconfig_path(),
             state,
         }
@@ -126,46 +125,40 @@ impl StartupTaint {
             }
             return;
         }
-        let answer = kubecmd::run(
-            &self.bin,
-            &[
-                "remove-taint",
-                "--kubeconfig",
-                &self.kubeconfig.to_string_lossy(),
-                "--node",
-                &self.node,
-                "--key",
-                &self.key,
-            ],
-        );
+        let answer = self.remove();
         self.record(answer);
     }
 
-    fn record(&mut self, answer: Result<kubecmd::Answer, String>) {
+    /// One removal: Err is the failure's kind and what to say about it.
+    fn remove(&self) -> Result<TaintOutcome, (Failure, String)> {
+        // Names go into an API path: refuse anything that could change it.
+        if !is_path_segment(&self.node) {
+            return Err((
+                Failure::Other,
+                format!(
+                    "LINKERD_CNI_NODE_NAME {:?} is not a valid node name",
+                    self.node
+                ),
+            ));
+        }
+        let api =
+            kubeconfig::load(&self.kubeconfig).map_err(|e| (Failure::Other, e.to_string()))?;
+        let client = Client::new(api, API_TIMEOUT);
+        taint::remove_taint(&client, &self.node, &self.key).map_err(|e| failure_of(&e))
+    }
+
+    fn record(&mut self, answer: Result<TaintOutcome, (Failure, String)>) {
         let (failure, why) = match answer {
-            Ok(a) if a.code == Some(0) => {
-                let said = a.stdout.trim();
-                log::info!(
-                    "startup taint: {}",
-                    if said.is_empty() {
-                        "removed or absent"
-                    } else {
-                        said
-                    }
-                );
+            Ok(outcome) => {
+                let word = match outcome {
+                    TaintOutcome::Removed { .. } => "removed",
+                    TaintOutcome::Absent { .. } => "absent",
+                };
+                log::info!("startup taint: {word}: {outcome}");
                 self.state = State::Done;
                 return;
             }
-            Ok(a) => {
-                let failure = match a.code {
-                    Some(EXIT_TRANSIENT) => Failure::Transient,
-                    Some(EXIT_FORBIDDEN) => Failure::Forbidden,
-                    Some(EXIT_UNAUTHORIZED) => Failure::Unauthorized,
-                    _ => Failure::Other,
-                };
-                (failure, a.says())
-            }
-            Err(why) => (Failure::Transient, why),
+            Err(f) => f,
         };
         let State::Pending {
             next_try,
@@ -209,10 +202,29 @@ impl StartupTaint {
     }
 }
 
+fn failure_of(e: &TaintError) -> (Failure, String) {
+    let failure = match e.kind() {
+        FailureKind::Transient => Failure::Transient,
+        FailureKind::Forbidden => Failure::Forbidden,
+        FailureKind::Unauthorized => Failure::Unauthorized,
+        FailureKind::Other => Failure::Other,
+    };
+    (failure, format!("{e}; {}", e.hint()))
+}
+
+/// A node name is a DNS subdomain: lower-case alphanumerics, `-` and `.`.
+fn is_path_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s != "."
+        && s != ".."
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubecmd::Answer;
 
     fn gate() -> StartupTaint {
         let cfg = Config::from_env(|k| {
@@ -229,12 +241,8 @@ mod tests {
         StartupTaint::new(&cfg)
     }
 
-    fn answer(code: i32) -> Result<Answer, String> {
-        Ok(Answer {
-            code: Some(code),
-            stdout: String::new(),
-            stderr: "why".into(),
-        })
+    fn failed(failure: Failure) -> Result<TaintOutcome, (Failure, String)> {
+        Err((failure, "why".into()))
     }
 
     fn next_try(g: &StartupTaint) -> Instant {
@@ -247,15 +255,18 @@ mod tests {
     #[test]
     fn done_on_success_backoff_on_failure() {
         let mut g = gate();
-        g.record(answer(EXIT_TRANSIENT));
+        g.record(failed(Failure::Transient));
         let first = next_try(&g);
         assert!(first > Instant::now() + FIRST_BACKOFF / 2);
-        g.record(Err("killed".into()));
+        g.record(failed(Failure::Transient));
         assert!(next_try(&g) > first, "the backoff grows");
-        g.record(answer(EXIT_FORBIDDEN));
+        g.record(failed(Failure::Forbidden));
         assert!(next_try(&g) > Instant::now() + FORBIDDEN_BACKOFF / 2);
         assert!(g.pending());
-        g.record(answer(0));
+        g.record(Ok(TaintOutcome::Absent {
+            node: "node-1".into(),
+            key: "k".into(),
+        }));
         assert!(!g.pending(), "never asked again once removed or absent");
     }
 }

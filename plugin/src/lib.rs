@@ -16,7 +16,7 @@
 //!   mode's sync and stale-copy check at ADD.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`outcome`]: how each ADD ended, counted in the state dir.
-//! - [`pod`]: the per-pod work of ADD and CHECK, built on [`k8s`] (the
+//! - [`pod`]: the per-pod work of ADD and CHECK, built on `linkerd_cni_kube` (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
 
@@ -24,7 +24,6 @@ pub mod cni;
 pub mod config;
 pub mod heal;
 pub mod iptables;
-pub mod k8s;
 pub mod logging;
 pub mod netns;
 pub mod outcome;

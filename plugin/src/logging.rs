@@ -1,4 +1,5 @@
-//! Logging for the plugin and the installer: one line per record on stderr,
+//! The plugin's logger: one line per record on stderr (formatted by
+//! `linkerd_cni_logline`, as the installer's are),
 //! and a copy to syslog when `/dev/log` exists (it does not in containers or
 //! CI; then stderr alone is used, silently).
 //!
@@ -7,7 +8,7 @@
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -90,10 +91,7 @@ fn connect_syslog() -> Option<UnixDatagram> {
 
 impl Log for Logger {
     fn enabled(&self, m: &Metadata) -> bool {
-        // The HTTP client and TLS stack log each handshake step at debug;
-        // `log_level: debug` is for our own steps, so theirs need warn.
-        let ours = m.target().starts_with("linkerd_cni");
-        m.level() <= log::max_level() && (ours || m.level() <= Level::Warn)
+        linkerd_cni_logline::enabled(m)
     }
 
     fn log(&self, record: &Record) {
@@ -103,15 +101,13 @@ impl Log for Logger {
         let ctx = self.context.lock().map(|c| c.clone()).unwrap_or_default();
         let sep = if ctx.is_empty() { "" } else { " " };
         let pid = std::process::id();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let line = format!(
-            "{} {:<5} {}[{pid}]: {ctx}{sep}{}\n",
-            rfc3339(now.as_secs(), now.subsec_millis()),
+        let line = linkerd_cni_logline::line(
+            SystemTime::now(),
             record.level(),
             self.program,
-            record.args()
+            pid,
+            &ctx,
+            record.args(),
         );
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
         if let Some(sock) = &self.syslog {
@@ -140,61 +136,9 @@ fn severity(l: Level) -> u8 {
     }
 }
 
-/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
-pub fn rfc3339(secs: u64, millis: u32) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-// Howard Hinnant's days-to-civil algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
-    }
-
-    #[test]
-    fn libraries_log_only_warnings() {
-        let l = Logger {
-            program: "test",
-            syslog: None,
-            context: Mutex::new(String::new()),
-        };
-        log::set_max_level(LevelFilter::Debug);
-        let meta =
-            |target: &'static str, level| Metadata::builder().target(target).level(level).build();
-        assert!(l.enabled(&meta("linkerd_cni::pod", Level::Debug)));
-        assert!(l.enabled(&meta("linkerd_cni_installer", Level::Debug)));
-        assert!(!l.enabled(&meta("rustls::client::hs", Level::Debug)));
-        assert!(!l.enabled(&meta("ureq::unversioned", Level::Info)));
-        assert!(l.enabled(&meta("ureq::unversioned", Level::Warn)));
-        assert!(!l.enabled(&meta("linkerd_cni::pod", Level::Trace)));
-    }
 
     #[test]
     fn invocation_context_is_one_short_line() {

@@ -1,8 +1,6 @@
 //! The `linkerd-cni` binary. Run by a container runtime (`CNI_COMMAND` set) it
 //! is a CNI plugin; run by a person it is a small diagnostic tool.
 
-mod kubecmd_taint;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,29 +35,6 @@ USAGE:
                             config up to date (owned mode), under the
                             conf-dir lock, atomically, and print what changed (exit 0 healthy afterwards,
                             1 cannot be made healthy, 2 error)
-    linkerd-cni kube daemonset-gone --kubeconfig FILE --namespace NS --pod NAME
-                            [--timeout-seconds N]
-                            whether the DaemonSet controlling pod NS/NAME is
-                            gone or being deleted (or the namespace is, or
-                            the pod's own token or RBAC is revoked): exit 0 and
-                            \"gone: ...\" on stdout; exit 1 and \"present: ...\";
-                            exit 2: cannot tell (the reason on stderr).
-                            Every API call ends within N seconds (default 5).
-                            The installer asks this at SIGTERM.
-
-    linkerd-cni kube remove-taint --kubeconfig FILE --node NAME --key KEY
-                            [--timeout-seconds N]
-                            remove every taint with KEY from node NAME (only
-                            those: the patch tests each one's position);
-                            never adds one. Every API call ends within N
-                            seconds (default 5). Exit 0: removed, or absent
-                            (\"removed: ...\" or \"absent: ...\" on stdout);
-                            1: try again later (API unreachable, slow,
-                            overloaded, node changing); 2: any other error;
-                            3: forbidden (HTTP 403: no get or patch on nodes);
-                            4: credentials refused (HTTP 401). Reasons on
-                            stderr. The installer runs this once its node is
-                            ready.
 
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
     --entry FILE     JSON file holding the desired linkerd-cni entry (default:
@@ -86,7 +61,6 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["chain", rest @ ..] => chain_cli(rest),
-        ["kube", rest @ ..] => kube_cli(rest),
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
@@ -207,76 +181,6 @@ fn status(
     }
 }
 
-/// `linkerd-cni kube daemonset-gone`: exit 0 gone, 1 present, 2 cannot
-/// tell (`kube remove-taint` is [`kubecmd_taint`]). Only 0 makes the installer uninstall, so a crash, a missing binary
-/// or any surprise leaves the node as it is.
-fn kube_cli(args: &[&str]) -> ExitCode {
-    if let ["remove-taint", rest @ ..] = args {
-        return kubecmd_taint::main(rest);
-    }
-    logging::init("linkerd-cni", log::LevelFilter::Warn);
-    let fail = |msg: &str| {
-        eprintln!("linkerd-cni kube: {msg}");
-        ExitCode::from(2)
-    };
-    let Some((&cmd, mut rest)) = args.split_first() else {
-        return fail(&format!(
-            "expected daemonset-gone or remove-taint\n\n{USAGE}"
-        ));
-    };
-    if cmd != "daemonset-gone" {
-        return fail(&format!(
-            "unknown kube command {cmd:?}: expected daemonset-gone or remove-taint"
-        ));
-    }
-    let (mut kubeconfig, mut namespace, mut pod) = (None, None, None);
-    let mut timeout = std::time::Duration::from_secs(5);
-    while let Some((&flag, tail)) = rest.split_first() {
-        let (name, value, tail) = match split_flag(flag, tail) {
-            Ok(split) => split,
-            Err(msg) => return fail(&msg),
-        };
-        match name {
-            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value)),
-            "--namespace" => namespace = Some(value.to_string()),
-            "--pod" => pod = Some(value.to_string()),
-            "--timeout-seconds" => match value.parse::<f64>() {
-                Ok(s) if s > 0.0 && s <= 300.0 => {
-                    timeout = std::time::Duration::from_secs_f64(s);
-                }
-                _ => {
-                    return fail(&format!(
-                        "--timeout-seconds {value:?}: expected 0 < N <= 300"
-                    ));
-                }
-            },
-            _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
-        }
-        rest = tail;
-    }
-    let (Some(kubeconfig), Some(namespace), Some(pod)) = (kubeconfig, namespace, pod) else {
-        return fail("--kubeconfig, --namespace and --pod are required");
-    };
-    let api = match linkerd_cni::k8s::kubeconfig::load(&kubeconfig) {
-        Ok(api) => api,
-        Err(e) => return fail(&format!("cannot tell: {e}")),
-    };
-    let client = linkerd_cni::k8s::Client::new(api, timeout);
-    match linkerd_cni::k8s::owner::daemonset_of(&client, &namespace, &pod) {
-        // The verdict word leads stdout: the installer uninstalls only on
-        // exit 0 AND "gone:", so no other program can make it uninstall.
-        Ok(state) if state.is_gone() => {
-            println!("gone: {state}");
-            ExitCode::SUCCESS
-        }
-        Ok(state) => {
-            println!("present: {state}");
-            ExitCode::from(1)
-        }
-        Err(e) => fail(&format!("cannot tell: {e}")),
-    }
-}
-
 /// How the entry's kubeconfig reaches the API server, when that is weak
 /// (plain http, TLS verification off). Informational: the exit code stays
 /// the chain's.
@@ -287,7 +191,7 @@ fn print_transport_warnings(desired: &Entry) {
     let Some(path) = config.kubeconfig else {
         return;
     };
-    match linkerd_cni::k8s::kubeconfig::load(&path) {
+    match linkerd_cni_kube::kubeconfig::load(&path) {
         Ok(api) => {
             for w in api.transport_warnings() {
                 println!("warning: {w}");

@@ -30,9 +30,9 @@ use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
-use crate::k8s::objects::{Pod, PodSpec};
-use crate::k8s::{self, ApiError, Client, KubeconfigError};
 use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
+use linkerd_cni_kube::objects::{Pod, PodSpec};
+use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
 
 /// The proxy container linkerd's injector adds.
 pub const PROXY_CONTAINER: &str = "linkerd-proxy";

@@ -8,7 +8,7 @@
 //! kubeconfig's directory, as kubectl reads them.
 //!
 //! A cluster's `proxy-url` is refused rather than ignored: the plugin never
-//! reaches the API server through a proxy (see [`super::client`]), and a
+//! reaches the API server through a proxy (see [`crate::client`]), and a
 //! kubeconfig that asks for one would otherwise be silently half-applied.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
-//! The Kubernetes API, as far as the plugin needs it: read the kubeconfig
-//! ([`kubeconfig`]), GET a pod, its namespace and the `kubernetes` Service
-//! ([`client`]), and the fields of those objects it reads ([`objects`]);
+//! The Kubernetes API as linkerd-cni's plugin and installer use it, both
+//! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
+//! server within a time budget, synchronously and without an async runtime
+//! ([`client`]), and the fields of the objects they read ([`objects`]);
 //! for the installer, whether its DaemonSet is gone ([`owner`]) and
 //! removing a startup taint from a node ([`taint`]).
 

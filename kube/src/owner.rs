@@ -1,7 +1,6 @@
 //! Whether the DaemonSet that owns a pod is gone: the question the
-//! installer asks (through `linkerd-cni kube daemonset-gone`) when it gets
-//! SIGTERM, to tell an uninstall (uninstall the node) from a rolling update
-//! or a restart (leave everything).
+//! installer asks when it gets SIGTERM, to tell an uninstall (uninstall the
+//! node) from a rolling update or a restart (leave everything).
 //!
 //! Gone means one of:
 //! - the pod's controlling DaemonSet is NotFound, or has a
@@ -24,7 +23,7 @@
 
 use std::fmt;
 
-use super::{ApiError, Client};
+use crate::{ApiError, Client};
 
 /// The DaemonSet owning a pod, as far as the API can tell.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,6 @@
-//! Removing a startup taint from a node: what the installer asks (through
-//! `linkerd-cni kube remove-taint`) once the node is chained, so that a node
-//! registered with that taint starts receiving ordinary pods only when
-//! linkerd-cni can serve them.
+//! Removing a startup taint from a node: what the installer asks once the
+//! node is chained, so that a node registered with that taint starts
+//! receiving ordinary pods only when linkerd-cni can serve them.
 //!
 //! Only the taints with the given key are removed, and only while they are
 //! where the node was read: the JSON patch tests the key at each index
@@ -17,7 +16,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, Client};
+use crate::{ApiError, Client};
 
 /// Reads of the node (and patches) before giving up on a node whose taint
 /// list keeps changing under us.

@@ -1,20 +1,17 @@
-//! `linkerd-cni kube remove-taint`, what the installer runs once its node
-//! is ready, against the fake API server: the taint goes and nothing else
-//! does, also when another writer changes the taint list meanwhile; an
-//! absent taint costs one GET and no write; a refused patch (403), refused
-//! credentials (401), a missing node and a silent server each have their
-//! exit code, in bounded time.
+//! `taint::remove_taint`, what the installer calls once its node is ready,
+//! against the fake API server: the taint goes and nothing else does, also
+//! when another writer changes the taint list meanwhile; an absent taint
+//! costs one GET and no write; a refused patch (403), refused credentials
+//! (401), a missing node and a silent server each have their failure kind,
+//! in bounded time.
 
-mod common;
-
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use linkerd_cni_kube::taint::{self, FailureKind, TaintError, TaintOutcome};
+use linkerd_cni_kube::{Client, kubeconfig};
 use serde_json::Value;
 use testkit::objects::{node, node_path, taint_keys};
 use testkit::{FakeApiServer, Mode, TempDir};
-
-use common::{BIN, stderr};
 
 const NODE: &str = "node-1";
 const KEY: &str = "linkerd.io/cni-not-ready";
@@ -38,15 +35,13 @@ fn cluster(taints: &[(&str, &str)]) -> Cluster {
 }
 
 impl Cluster {
-    fn remove(&self, extra: &[&str]) -> Output {
-        Command::new(BIN)
-            .env_clear()
-            .args(["kube", "remove-taint", "--kubeconfig"])
-            .arg(&self.kubeconfig)
-            .args(["--node", NODE, "--key", KEY])
-            .args(extra)
-            .output()
-            .unwrap()
+    fn remove_from(&self, node: &str, budget: Duration) -> Result<TaintOutcome, TaintError> {
+        let api = kubeconfig::load(&self.kubeconfig).unwrap();
+        taint::remove_taint(&Client::new(api, budget), node, KEY)
+    }
+
+    fn remove(&self) -> Result<TaintOutcome, TaintError> {
+        self.remove_from(NODE, Duration::from_secs(5))
     }
 
     fn keys(&self) -> Vec<String> {
@@ -54,13 +49,15 @@ impl Cluster {
     }
 }
 
-fn expect(o: &Output, code: i32, says: &str) {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let text = format!("{out}{}", stderr(o));
-    assert_eq!(o.status.code(), Some(code), "{text}");
-    if code != 0 {
-        assert!(out.is_empty(), "stdout on failure: {text}");
-    }
+/// Removed or absent (`None`), or failed with `kind`; the outcome, or the
+/// error and its hint, say `says`.
+fn expect(answer: Result<TaintOutcome, TaintError>, kind: Option<FailureKind>, says: &str) {
+    let (got, text) = match &answer {
+        Ok(o @ TaintOutcome::Removed { .. }) => (None, format!("removed: {o}")),
+        Ok(o @ TaintOutcome::Absent { .. }) => (None, format!("absent: {o}")),
+        Err(e) => (Some(e.kind()), format!("{e}; {}", e.hint())),
+    };
+    assert_eq!(got, kind, "{text}");
     assert!(text.contains(says), "expected {says:?} in: {text}");
 }
 
@@ -74,8 +71,8 @@ fn removes_only_its_taint() {
         (KEY, "NoExecute"),
     ]);
     expect(
-        &c.remove(&[]),
-        0,
+        c.remove(),
+        None,
         &format!("removed: taint {KEY}:NoSchedule, {KEY}:NoExecute from node {NODE}"),
     );
     assert_eq!(
@@ -85,8 +82,8 @@ fn removes_only_its_taint() {
     assert_eq!(c.api.patches(&node_path(NODE)).len(), 1);
     // Run again: absent, one more GET, no write.
     expect(
-        &c.remove(&[]),
-        0,
+        c.remove(),
+        None,
         &format!("absent: node {NODE} has no taint {KEY}"),
     );
     assert_eq!(c.api.patches(&node_path(NODE)).len(), 1);
@@ -96,7 +93,7 @@ fn removes_only_its_taint() {
 fn absent_taint_is_no_write() {
     for taints in [vec![], vec![("example.com/gpu", "NoSchedule")]] {
         let c = cluster(&taints);
-        expect(&c.remove(&[]), 0, "absent: ");
+        expect(c.remove(), None, "absent: ");
         assert_eq!(c.api.requests(&node_path(NODE)), 1, "one GET");
         assert_eq!(c.api.total_patches(), 0);
     }
@@ -105,7 +102,7 @@ fn absent_taint_is_no_write() {
     let mut n = node(NODE, &[]);
     n["spec"]["taints"] = Value::Null;
     c.api.set(&node_path(NODE), n);
-    expect(&c.remove(&[]), 0, "absent: ");
+    expect(c.remove(), None, "absent: ");
     assert_eq!(c.api.total_patches(), 0);
 }
 
@@ -126,7 +123,7 @@ fn concurrent_change_of_the_taints_is_kept() {
             ],
         ),
     );
-    expect(&c.remove(&[]), 0, "removed: ");
+    expect(c.remove(), None, "removed: ");
     assert_eq!(c.keys(), ["other.io/startup", "example.com/gpu"]);
     assert_eq!(
         c.api.patches(&node_path(NODE)).len(),
@@ -141,82 +138,53 @@ fn concurrent_change_of_the_taints_is_kept() {
         &node_path(NODE),
         node(NODE, &[("example.com/gpu", "NoSchedule")]),
     );
-    expect(&c.remove(&[]), 0, "absent: ");
+    expect(c.remove(), None, "absent: ");
     assert_eq!(c.keys(), ["example.com/gpu"]);
 }
 
 #[test]
-fn refusals_have_their_exit_codes() {
+fn refusals_have_their_kinds() {
     // RBAC with get but not patch on nodes (the linkerd2-cni chart's).
     let c = cluster(&[(KEY, "NoSchedule")]);
     c.api.forbid_patch(&node_path(NODE));
-    expect(&c.remove(&[]), 3, "HTTP 403");
-    let o = c.remove(&[]);
-    assert!(
-        stderr(&o).contains(&format!("kubectl taint nodes {NODE} {KEY}-")),
-        "{}",
-        stderr(&o)
+    expect(c.remove(), Some(FailureKind::Forbidden), "HTTP 403");
+    expect(
+        c.remove(),
+        Some(FailureKind::Forbidden),
+        &format!("kubectl taint nodes {NODE} {KEY}-"),
     );
     assert_eq!(c.keys(), [KEY]);
 
     // No get on nodes either.
     let c = cluster(&[(KEY, "NoSchedule")]);
     c.api.set_mode(Mode::Forbidden);
-    expect(&c.remove(&[]), 3, "HTTP 403");
+    expect(c.remove(), Some(FailureKind::Forbidden), "HTTP 403");
 
     let c = cluster(&[(KEY, "NoSchedule")]);
     c.api.set_mode(Mode::Unauthorized);
-    expect(&c.remove(&[]), 4, "HTTP 401");
+    expect(c.remove(), Some(FailureKind::Unauthorized), "HTTP 401");
 
     // Overloaded: retried within the budget, then "try again later".
     let c = cluster(&[(KEY, "NoSchedule")]);
     c.api.fail_next(100, 503);
-    expect(&c.remove(&["--timeout-seconds", "1"]), 1, "HTTP 503");
+    expect(
+        c.remove_from(NODE, Duration::from_secs(1)),
+        Some(FailureKind::Transient),
+        "HTTP 503",
+    );
     assert_eq!(c.keys(), [KEY]);
 
     // A wrong node name.
     let c = cluster(&[]);
-    let o = Command::new(BIN)
-        .args(["kube", "remove-taint", "--kubeconfig"])
-        .arg(&c.kubeconfig)
-        .args(["--node", "node-2", "--key", KEY])
-        .output()
-        .unwrap();
-    expect(&o, 2, "LINKERD_CNI_NODE_NAME");
-}
-
-#[test]
-fn bad_arguments_exit_2() {
-    let c = cluster(&[]);
-    let o = Command::new(BIN)
-        .args(["kube", "remove-taint", "--node", NODE])
-        .output()
-        .unwrap();
-    expect(&o, 2, "required");
     expect(
-        &c.remove(&["--timeout-seconds", "0"]),
-        2,
-        "--timeout-seconds",
+        c.remove_from("node-2", Duration::from_secs(5)),
+        Some(FailureKind::Other),
+        "LINKERD_CNI_NODE_NAME",
     );
-    let o = Command::new(BIN)
-        .args(["kube", "remove-taint", "--kubeconfig"])
-        .arg(&c.kubeconfig)
-        .args(["--node", "../namespaces/x", "--key", KEY])
-        .output()
-        .unwrap();
-    expect(&o, 2, "not a valid node name");
-    let o = Command::new(BIN)
-        .args(["kube", "remove-taint", "--kubeconfig"])
-        .arg(c.kubeconfig.with_file_name("nope"))
-        .args(["--node", NODE, "--key", KEY])
-        .output()
-        .unwrap();
-    expect(&o, 2, "nope");
-    assert_eq!(c.api.total_requests(), 0);
 }
 
 #[test]
-fn a_silent_api_server_is_bounded_by_the_timeout() {
+fn a_silent_api_server_is_bounded_by_the_budget() {
     // Accepts connections (the kernel's backlog) and never answers.
     let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let c = cluster(&[(KEY, "NoSchedule")]);
@@ -226,10 +194,10 @@ fn a_silent_api_server_is_bounded_by_the_timeout() {
     );
     std::fs::write(&c.kubeconfig, text).unwrap();
     let start = Instant::now();
-    let o = c.remove(&["--timeout-seconds", "1"]);
+    let answer = c.remove_from(NODE, Duration::from_secs(1));
     let took = start.elapsed();
-    expect(&o, 1, "cannot read node");
-    // One second of budget, plus start-up slack on a shared machine.
+    expect(answer, Some(FailureKind::Transient), "cannot read node");
+    // One second of budget, plus slack on a shared machine.
     assert!(took < Duration::from_secs(5), "took {took:?}");
     drop(hole);
 }

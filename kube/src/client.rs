@@ -1,6 +1,6 @@
-//! A blocking HTTPS client for the few calls the plugin makes (GETs, and
-//! one JSON-patch PATCH for `linkerd-cni kube remove-taint`), with one time
-//! budget for all calls of an invocation.
+//! A blocking HTTPS client for the few calls the plugin and the installer
+//! make (GETs, and one JSON-patch PATCH to remove the startup taint), with
+//! one time budget for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
@@ -32,8 +32,8 @@ use ureq::unversioned::transport::{
     ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
 };
 
-use super::kubeconfig::{ApiConfig, Trust};
-use super::objects::{DaemonSet, Namespace, Pod, Service};
+use crate::kubeconfig::{ApiConfig, Trust};
+use crate::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
