@@ -7,36 +7,14 @@
 //! scrapes from inside it.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use conformance::installer::scrape;
 use conformance::{Node, chains, installer, kube};
 use testkit::Mode;
 
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(10);
-
-/// One scrape from inside the node: each sample as `name{labels}` -> value.
-fn scrape(node: &Node, addr: SocketAddr) -> BTreeMap<String, f64> {
-    let text = node.enter(|| {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    });
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
-}
 
 /// What moved from `before` to `after` (clocks and the pass count aside).
 fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
@@ -80,11 +58,7 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     let desired = installer::expected_entry(&node);
     node.wait_healthy(&desired, &primary, GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
-    let needle = "serving /metrics on http://";
-    assert!(inst.wait_log(needle, GRACE), "{}", inst.log());
-    let log = inst.log();
-    let rest = &log[log.find(needle).unwrap() + needle.len()..];
-    let addr: SocketAddr = rest[..rest.find("/metrics").unwrap()].parse().unwrap();
+    let addr = installer::metrics_addr(&inst, GRACE);
     let scrape_when = |key: &str, want: f64| {
         let mut last = BTreeMap::new();
         let reached = testkit::wait_until(GRACE, || {

@@ -33,7 +33,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 23] = [
+pub const VARIABLES: [&str; 24] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -57,6 +57,7 @@ pub const VARIABLES: [&str; 23] = [
     "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
     "LINKERD_CNI_CHAIN_MODE",
     "LINKERD_CNI_METRICS_ADDR",
+    "LINKERD_CNI_EVENTS",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -144,6 +145,9 @@ pub struct Config {
     /// `LINKERD_CNI_METRICS_ADDR`: where to serve `/metrics` (`IP:PORT`,
     /// the node's IP from the downward API); None: no metrics, no socket.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `LINKERD_CNI_EVENTS` (default true): Kubernetes Events on the Node
+    /// named by `LINKERD_CNI_NODE_NAME` (none without a node name).
+    pub events: bool,
 }
 
 impl Config {
@@ -216,6 +220,7 @@ impl Config {
         )?;
         let chain_mode = chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?;
         let metrics_addr = metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?;
+        let events = boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?;
 
         let config = Config {
             dest_cni_net_dir,
@@ -240,6 +245,7 @@ impl Config {
             chain_write_outside_conf_dir,
             chain_mode,
             metrics_addr,
+            events,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;

@@ -177,7 +177,7 @@ impl Installer {
         }
         self.reconcile_mode(&entry);
         self.chained_last_pass = true;
-        if self.telemetry.is_on() {
+        if self.telemetry.metrics_on() {
             let v = metrics::verdict(&self.cfg.conf_dir(), &entry, &self.repair_options());
             self.telemetry.chain(&v);
         }
@@ -244,20 +244,19 @@ impl Installer {
             && let Some((ours, digest)) = &key
             && !self.fights.allow_repair_of(ours, digest, now)
         {
-            self.notes.log_change(
-                "owned",
-                Level::Warn,
-                format!(
-                    "{} keeps being removed by another agent (Cilium with cni.exclusive=true \
-                     does this): using inline repair instead; configure that agent to leave \
-                     other configs in place (for Cilium: cni.exclusive=false)",
-                    ours.display()
-                ),
+            let why = format!(
+                "{} keeps being removed by another agent (Cilium with cni.exclusive=true \
+                 does this): using inline repair instead; configure that agent to leave \
+                 other configs in place (for Cilium: cni.exclusive=false)",
+                ours.display()
             );
+            self.telemetry.owned_fallback(&why);
+            self.notes.log_change("owned", Level::Warn, why);
             return false;
         }
         match &diag.state {
             OwnedState::Fallback { reason } => {
+                self.telemetry.owned_fallback(reason);
                 self.notes.log_change(
                     "owned",
                     Level::Warn,
@@ -278,6 +277,7 @@ impl Installer {
             }
             _ => {}
         }
+        self.telemetry.owned_applies();
         self.notes
             .clear("owned", || "owned mode applies again".to_string());
         if diag.is_current() {
@@ -323,7 +323,7 @@ impl Installer {
                     && let Some(w) = self.fights.record_repair_of(ours, digest, now)
                 {
                     self.telemetry
-                        .fight(&format!("{}@{digest}", ours.display()));
+                        .fight(&format!("{}@{digest}", ours.display()), &w);
                     self.notes.log_change("fight", Level::Warn, w);
                 }
                 match owned::diagnose_with(dir, entry, &self.repair_options()) {
@@ -521,7 +521,7 @@ impl Installer {
                 match self.fights.record_repair_of(&active, &digest, now) {
                     Some(warning) => {
                         self.telemetry
-                            .fight(&format!("{}@{digest}", active.display()));
+                            .fight(&format!("{}@{digest}", active.display()), &warning);
                         self.notes.log_change("fight", Level::Warn, warning)
                     }
                     None => {

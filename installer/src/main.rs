@@ -5,6 +5,7 @@
 mod binaries;
 mod config;
 mod entry;
+mod events;
 mod fsutil;
 mod installer;
 mod kubeconfig;

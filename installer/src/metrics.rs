@@ -15,8 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
 use linkerd_cni_chain::owned::{self, ChainMode, OwnedState};
-use linkerd_cni_chain::{ChainState, Entry, RepairOptions, outcomes};
+use linkerd_cni_chain::{ChainState, Entry, RepairOptions};
+
+use crate::events::{Events, Kind};
 
 /// Upper bounds of the heal-latency histogram's buckets, in seconds: a
 /// watch-driven repair takes milliseconds, one found by the resync seconds.
@@ -140,16 +143,37 @@ pub struct NodeState {
     pub heal_latency: Histogram,
     pub passes: u64,
     pub last_pass: Option<SystemTime>,
-    /// The repair (file and content) in a fight now, and the one held
-    /// back now: each counted once, however many passes see it.
-    fighting: Option<String>,
-    holding: Option<String>,
 }
 
-/// Where the pass records what it did: a shared [`NodeState`] when
-/// metrics are on, nothing at all when they are off.
-#[derive(Debug, Clone, Default)]
-pub struct Telemetry(Option<Arc<Mutex<NodeState>>>);
+/// Where the pass records what it did, for `/metrics` and for Events;
+/// nothing at all (no lock, no allocation) when both are off.
+#[derive(Clone, Default)]
+pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
+
+struct Inner {
+    /// Whether `/metrics` is served (`state` is kept).
+    metrics: bool,
+    state: NodeState,
+    events: Option<Events>,
+    /// The plugin's state dir, for its credential rejections (Events).
+    plugin_state_dir: PathBuf,
+    seen: Seen,
+}
+
+/// What was reported already, so that each occurrence counts (and makes an
+/// Event) once, however many passes see it.
+#[derive(Default)]
+struct Seen {
+    /// The repair (file and content) in a fight now.
+    fighting: Option<String>,
+    /// The repair held back now.
+    holding: Option<String>,
+    /// Why owned mode does not apply now.
+    fallback: Option<String>,
+    /// The plugin's credential rejections counted so far (None: not read
+    /// yet; those before the installer started are not news).
+    rejections: Option<u64>,
+}
 
 impl Telemetry {
     /// Records nothing.
@@ -157,28 +181,63 @@ impl Telemetry {
         Telemetry(None)
     }
 
+    /// Keeps the metrics (`metrics`) and sends `events`; off when neither.
+    pub fn new(metrics: bool, events: Option<Events>, plugin_state_dir: PathBuf) -> Telemetry {
+        if !metrics && events.is_none() {
+            return Telemetry::off();
+        }
+        Telemetry(Some(Arc::new(Mutex::new(Inner {
+            metrics,
+            state: NodeState::default(),
+            events,
+            plugin_state_dir,
+            seen: Seen::default(),
+        }))))
+    }
+
+    /// Metrics only, for tests.
+    #[cfg(test)]
     pub fn on() -> Telemetry {
-        Telemetry(Some(Arc::default()))
+        Telemetry::new(true, None, PathBuf::new())
     }
 
-    pub fn is_on(&self) -> bool {
-        self.0.is_some()
+    /// Whether `/metrics` is served.
+    pub fn metrics_on(&self) -> bool {
+        self.0.as_ref().is_some_and(|i| lock(i).metrics)
     }
 
-    fn with(&self, f: impl FnOnce(&mut NodeState)) {
-        if let Some(s) = &self.0 {
-            f(&mut lock(s));
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Some(i) = &self.0 {
+            f(&mut lock(i));
+        }
+    }
+
+    /// [`Self::with`] on the metrics' state, when they are on.
+    fn metric(&self, f: impl FnOnce(&mut NodeState)) {
+        self.with(|i| {
+            if i.metrics {
+                f(&mut i.state);
+            }
+        });
+    }
+
+    fn event(i: &Inner, kind: Kind, note: String) {
+        if let Some(e) = &i.events {
+            e.emit(kind, note);
         }
     }
 
     /// A copy of the state (default when off).
     pub fn snapshot(&self) -> NodeState {
-        self.0.as_ref().map(|s| lock(s).clone()).unwrap_or_default()
+        self.0
+            .as_ref()
+            .map(|i| lock(i).state.clone())
+            .unwrap_or_default()
     }
 
     /// The chain at the end of the pass.
     pub fn chain(&self, v: &Verdict) {
-        self.with(|s| {
+        self.metric(|s| {
             s.configured = Some(v.configured);
             s.selected = Some(v.selected);
             s.healthy = Some(v.healthy());
@@ -190,8 +249,12 @@ impl Telemetry {
     /// latency observed from the file's last write before the repair
     /// (`written`: its mtime then; the primary's write) to now.
     pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
-        self.with(|s| {
-            s.holding = None;
+        self.with(|i| {
+            i.seen.holding = None;
+            if !i.metrics {
+                return;
+            }
+            let s = &mut i.state;
             *s.repairs.entry(cause).or_default() += 1;
             if let Some(w) = written {
                 let latency = SystemTime::now().duration_since(w).unwrap_or_default();
@@ -201,50 +264,143 @@ impl Telemetry {
     }
 
     /// Repairs of `what` (a file and the content they start from) are a
-    /// fight: counted once until [`Self::no_fight`].
-    pub fn fight(&self, what: &str) {
-        self.with(|s| {
-            if s.fighting.as_deref() != Some(what) {
-                s.fights += 1;
-                s.fighting = Some(what.to_string());
+    /// fight, as `warning` says: counted (and an Event) once until
+    /// [`Self::no_fight`].
+    pub fn fight(&self, what: &str, warning: &str) {
+        self.with(|i| {
+            if i.seen.fighting.as_deref() == Some(what) {
+                return;
             }
+            i.seen.fighting = Some(what.to_string());
+            if i.metrics {
+                i.state.fights += 1;
+            }
+            Self::event(i, Kind::Fight, warning.to_string());
         });
     }
 
     /// A repair that was not a fight.
     pub fn no_fight(&self) {
-        self.with(|s| s.fighting = None);
+        self.with(|i| i.seen.fighting = None);
     }
 
     /// The repair of `what` held back by the fight limit: counted once
     /// until a repair is made.
     pub fn held_back(&self, what: &str) {
-        self.with(|s| {
-            if s.holding.as_deref() != Some(what) {
-                s.held_back += 1;
-                s.holding = Some(what.to_string());
+        self.with(|i| {
+            if i.seen.holding.as_deref() == Some(what) {
+                return;
+            }
+            i.seen.holding = Some(what.to_string());
+            if i.metrics {
+                i.state.held_back += 1;
             }
         });
     }
 
+    /// The entry asks for owned mode, which does not apply here (`why`):
+    /// the inline repair keeps the chain. An Event once per reason.
+    pub fn owned_fallback(&self, why: &str) {
+        self.with(|i| {
+            if i.seen.fallback.as_deref() == Some(why) {
+                return;
+            }
+            i.seen.fallback = Some(why.to_string());
+            Self::event(
+                i,
+                Kind::OwnedFallback,
+                format!("owned chain mode does not apply on this node, inline repair keeps linkerd-cni chained: {why}"),
+            );
+        });
+    }
+
+    /// Owned mode applies again.
+    pub fn owned_applies(&self) {
+        self.with(|i| i.seen.fallback = None);
+    }
+
+    /// The startup taint is gone from the node (`how`).
+    pub fn taint_removed(&self, how: &str) {
+        self.with(|i| Self::event(i, Kind::TaintRemoved, how.to_string()));
+    }
+
+    /// SIGTERM: the node is being uninstalled, `why`. Sent before the
+    /// uninstall starts, within the Event's API timeout.
+    pub fn uninstalling(&self, why: &str) {
+        self.with(|i| {
+            if let Some(e) = &i.events {
+                e.emit_now(
+                    Kind::Uninstall,
+                    format!("linkerd-cni is being removed from this node: {why}"),
+                );
+            }
+        });
+    }
+
+    /// After each pass: the pass count and time (metrics), and, for
+    /// Events, whether the plugin's credential was rejected since the last
+    /// pass (one read of its counters file).
     pub fn pass_done(&self) {
-        self.with(|s| {
-            s.passes += 1;
-            s.last_pass = Some(SystemTime::now());
+        self.with(|i| {
+            if i.metrics {
+                i.state.passes += 1;
+                i.state.last_pass = Some(SystemTime::now());
+            }
+            if i.events.is_some() {
+                plugin_rejections(i);
+            }
         });
     }
 
     /// The mtime of `file`, when metrics are on (the one stat a repair
     /// costs for its latency); `None` when off or unreadable.
     pub fn mtime(&self, file: &Path) -> Option<SystemTime> {
-        self.0.as_ref()?;
+        if !self.metrics_on() {
+            return None;
+        }
         std::fs::metadata(file).and_then(|m| m.modified()).ok()
     }
 }
 
-fn lock(s: &Mutex<NodeState>) -> MutexGuard<'_, NodeState> {
-    // A panic while holding it leaves counters, not invariants: go on.
-    s.lock().unwrap_or_else(|e| e.into_inner())
+/// ADDs whose pod GET the API server refused the plugin's credentials for.
+fn plugin_rejections(i: &mut Inner) {
+    let Ok(counts) = outcomes::read(&i.plugin_state_dir) else {
+        return;
+    };
+    let rejected = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::PassedThrough(PassCause::Unauthorized | PassCause::Forbidden)
+                | Outcome::TryAgain(RetryCause::CredentialsRejected)
+        )
+    };
+    let now: u64 = counts
+        .iter()
+        .filter(|(o, _)| rejected(o))
+        .map(|(_, n)| n)
+        .sum();
+    let before = i.seen.rejections.replace(now);
+    if let Some(before) = before
+        && now > before
+    {
+        Telemetry::event(
+            i,
+            Kind::CredentialRejected,
+            format!(
+                "the Kubernetes API rejected linkerd-cni's credentials (HTTP 401 or 403) for {} \
+                 pod ADD(s) since the installer's last pass: those pods were passed through \
+                 without linkerd's rules or retried; check that the token in the node's \
+                 kubeconfig is current and that its RBAC allows get on pods",
+                now - before
+            ),
+        );
+    }
+}
+
+/// The mutex's data, also after a panic elsewhere: what it guards are
+/// counters, not invariants.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The installer's credential: when it was issued and when it is
@@ -302,17 +458,32 @@ fn mode_name(m: Option<ChainMode>) -> &'static str {
     }
 }
 
-/// With `LINKERD_CNI_METRICS_ADDR` set: binds it and serves `/metrics` on
-/// a thread of its own, the passes recording into it from now on. Unset:
-/// nothing (no socket, no thread, no recording). A port that cannot be
-/// bound is logged, and the installer runs on without metrics: keeping the
-/// node chained matters more.
-pub fn serve_if_configured(inst: &mut crate::installer::Installer) {
-    let Some(addr) = inst.config().metrics_addr else {
+/// What the installer reports, as configured: with
+/// `LINKERD_CNI_METRICS_ADDR` set, binds it and serves `/metrics` on a
+/// thread of its own; with a node name (and `LINKERD_CNI_EVENTS` not
+/// false), Events on the Node. Neither: nothing (no socket, no thread, no
+/// recording). A port that cannot be bound is logged, and the installer
+/// runs on without metrics: keeping the node chained matters more.
+pub fn setup(inst: &mut crate::installer::Installer) {
+    let cfg = inst.config().clone();
+    let sources = inst.metrics_sources();
+    let events = || match (&cfg.node_name, cfg.events) {
+        (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
+            kubeconfig: cfg.kubeconfig_path(),
+            node: node.clone(),
+            instance: cfg
+                .pod_name
+                .clone()
+                .unwrap_or_else(|| "linkerd-cni-installer".into()),
+        }))),
+        _ => None,
+    };
+    let dir = sources.plugin_state_dir.clone();
+    let Some(addr) = cfg.metrics_addr else {
+        inst.set_telemetry(Telemetry::new(false, events(), dir));
         return;
     };
-    let telemetry = Telemetry::on();
-    let sources = inst.metrics_sources();
+    let telemetry = Telemetry::new(true, events(), dir.clone());
     let state = telemetry.clone();
     let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
     match crate::serve::start(addr, page) {
@@ -320,10 +491,13 @@ pub fn serve_if_configured(inst: &mut crate::installer::Installer) {
             log::info!("serving /metrics on http://{local}/metrics");
             inst.set_telemetry(telemetry);
         }
-        Err(e) => log::error!(
-            "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running without \
-             metrics: set it to this node's IP (status.hostIP) and a free port"
-        ),
+        Err(e) => {
+            log::error!(
+                "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
+                 without metrics: set it to this node's IP (status.hostIP) and a free port"
+            );
+            inst.set_telemetry(Telemetry::new(false, events(), dir));
+        }
     }
 }
 
@@ -523,7 +697,7 @@ mod tests {
     fn off_records_nothing() {
         let t = Telemetry::off();
         t.repaired("missing", Some(SystemTime::now()));
-        t.fight("f");
+        t.fight("f", "w");
         t.pass_done();
         assert_eq!(t.snapshot(), NodeState::default());
         assert_eq!(t.mtime(Path::new("/")), None);
@@ -544,7 +718,7 @@ mod tests {
         t.repaired("not_last", None);
         // One fight and one held-back repair, however many passes see them.
         for _ in 0..3 {
-            t.fight("f@1");
+            t.fight("f@1", "w");
             t.held_back("f@1");
         }
         t.pass_done();

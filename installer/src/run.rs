@@ -80,7 +80,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
     );
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
-    crate::metrics::serve_if_configured(&mut inst);
+    crate::metrics::setup(&mut inst);
 
     let mut last_event: Option<Instant> = None;
     loop {
@@ -96,6 +96,9 @@ pub fn run(mut inst: Installer) -> ExitCode {
         let started = Instant::now();
         inst.reconcile();
         taint.after_pass(&inst);
+        if let Some(how) = taint.removed() {
+            inst.telemetry().taint_removed(&how);
+        }
         inst.telemetry().pass_done();
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
@@ -144,6 +147,7 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
         },
     };
     log::info!("{sig}: uninstalling ({why})");
+    inst.telemetry().uninstalling(&why);
     match inst.uninstall() {
         Ok(()) => {
             log::info!("uninstalled; exiting");

@@ -1,5 +1,6 @@
 //! A blocking HTTPS client for the few calls the plugin and the installer
-//! make (GETs, and one JSON-patch PATCH to remove the startup taint), with
+//! make (GETs, one JSON-patch PATCH to remove the startup taint, and the
+//! installer's POSTs of Events), with
 //! one time budget for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
@@ -56,6 +57,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 pub enum Method {
     Get,
     Patch,
+    Post,
 }
 
 impl std::fmt::Display for Method {
@@ -63,6 +65,7 @@ impl std::fmt::Display for Method {
         f.write_str(match self {
             Method::Get => "GET",
             Method::Patch => "PATCH",
+            Method::Post => "POST",
         })
     }
 }
@@ -304,6 +307,22 @@ impl Client {
         self.call(Method::Patch, path, Some(&body))
     }
 
+    /// POSTs `object` to the collection at `path` (a create) and decodes
+    /// the answer. Never retried: a create whose answer was lost may have
+    /// been made, and a second would be a duplicate.
+    pub fn create<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        object: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(object).map_err(|e| ApiError::Decode {
+            method: Method::Post,
+            path: path.into(),
+            cause: Box::new(e),
+        })?;
+        self.call(Method::Post, path, Some(&body))
+    }
+
     fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -329,7 +348,11 @@ impl Client {
             };
             let backoff = FIRST_BACKOFF * 2u32.pow(attempt - 1);
             let remaining = self.deadline.saturating_duration_since(Instant::now());
-            if !err.transient() || attempt >= MAX_ATTEMPTS || backoff >= remaining {
+            if !err.transient()
+                || method == Method::Post
+                || attempt >= MAX_ATTEMPTS
+                || backoff >= remaining
+            {
                 // A timeout that used up the budget says so, whatever the
                 // attempt's own error was.
                 return Err(if remaining.is_zero() {
@@ -385,11 +408,14 @@ impl Client {
                 .header("Authorization", auth)
                 .header("Accept", "application/json")
         }
-        let res = match req.body {
-            Some(body) => common(self.agent.patch(&url), timeout, &auth)
+        let res = match (req.method, req.body) {
+            (Method::Post, body) => common(self.agent.post(&url), timeout, &auth)
+                .content_type("application/json")
+                .send(body.unwrap_or_default()),
+            (_, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
                 .content_type("application/json-patch+json")
                 .send(body),
-            None => common(self.agent.get(&url), timeout, &auth).call(),
+            (_, None) => common(self.agent.get(&url), timeout, &auth).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
@@ -401,7 +427,8 @@ impl Client {
             .read_to_vec()
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
-            200 => Ok(body),
+            // 201: a POST created its object.
+            200 | 201 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
                 status,
                 method,
@@ -506,7 +533,7 @@ impl Client {
 struct Req<'a> {
     method: Method,
     path: &'a str,
-    /// A JSON patch (sent with PATCH); None for a GET.
+    /// The JSON patch of a PATCH, the object of a POST; None for a GET.
     body: Option<&'a [u8]>,
 }
 

@@ -2,10 +2,12 @@
 //! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
 //! server within a time budget, synchronously and without an async runtime
 //! ([`client`]), and the fields of the objects they read ([`objects`]);
-//! for the installer, whether its DaemonSet is gone ([`owner`]) and
-//! removing a startup taint from a node ([`taint`]).
+//! for the installer, whether its DaemonSet is gone ([`owner`]),
+//! removing a startup taint from a node ([`taint`]) and Events about its
+//! node ([`events`]).
 
 pub mod client;
+pub mod events;
 pub mod kubeconfig;
 pub mod objects;
 pub mod owner;

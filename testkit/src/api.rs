@@ -20,13 +20,14 @@
 //! (RBAC with `get` but not `patch`, as the linkerd2-cni chart grants on
 //! nodes), and [`FakeApiServer::change_before_next_patch`] stands in for
 //! another writer that changes the object between a client's read and its
-//! patch.
+//! patch. `events.k8s.io/v1` Events POSTed are kept, for
+//! [`FakeApiServer::events`].
 //!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
 //! for tests that run the plugin in a "node" namespace whose loopback is
 //! not the host's.
 //!
-//! A deliberately small HTTP/1.1 server: GET and PATCH only, keep-alive, one
+//! A deliberately small HTTP/1.1 server: GET, PATCH and POST of Events only, keep-alive, one
 //! thread per connection.
 
 use std::collections::{HashMap, VecDeque};
@@ -74,6 +75,8 @@ struct State {
     /// Paths answered with 403.
     forbidden: Mutex<Vec<String>>,
     writes: Writes,
+    /// `events.k8s.io/v1` Events POSTed, as received.
+    events: Mutex<Vec<Value>>,
 }
 
 /// What PATCH requests see and leave.
@@ -130,6 +133,7 @@ impl FakeApiServer {
             revoked: Mutex::new(Vec::new()),
             forbidden: Mutex::new(Vec::new()),
             writes: Writes::default(),
+            events: Mutex::new(Vec::new()),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
 
@@ -269,6 +273,11 @@ impl FakeApiServer {
     /// between the client's GET and its PATCH.
     pub fn change_before_next_patch(&self, path: &str, object: Value) {
         lock(&self.state.writes.races).insert(path.to_string(), object);
+    }
+
+    /// The `events.k8s.io/v1` Events created so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        lock(&self.state.events).clone()
     }
 
     /// Requests received for `path` (whatever the answer).
@@ -428,6 +437,22 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     }
     if req.method == "PATCH" {
         return patch(state, req);
+    }
+    if req.method == "POST"
+        && let ["apis", "events.k8s.io", "v1", "namespaces", _, "events"] = req
+            .path
+            .trim_matches('/')
+            .split('/')
+            .collect::<Vec<_>>()
+            .as_slice()
+    {
+        return match serde_json::from_slice::<Value>(&req.body) {
+            Ok(ev) => {
+                lock(&state.events).push(ev.clone());
+                (201, ev)
+            }
+            Err(_) => (400, status_json(400, "the body is not JSON")),
+        };
     }
     if req.method != "GET" {
         return (405, status_json(405, "method not allowed"));
