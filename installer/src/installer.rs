@@ -75,6 +75,13 @@ impl Installer {
         &self.telemetry
     }
 
+    /// The entry the template renders now, else the last that rendered.
+    pub fn current_entry(&self) -> Entry {
+        self.cfg
+            .desired_entry()
+            .unwrap_or_else(|_| self.last_entry.clone())
+    }
+
     /// What a scrape reads besides the passes' state: the plugin's state
     /// dir (the entry's `state_dir`, on the host) and the token.
     pub fn metrics_sources(&self) -> metrics::Sources {
@@ -105,7 +112,7 @@ impl Installer {
     /// The chain library's options for this installer: symlinks in the conf
     /// dir resolve as on the host (absolute targets under the host mount,
     /// not the container's root).
-    fn repair_options(&self) -> RepairOptions {
+    pub fn repair_options(&self) -> RepairOptions {
         RepairOptions {
             host_root: self.cfg.mount_prefix.clone(),
             write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,

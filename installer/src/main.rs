@@ -16,6 +16,7 @@ mod owner;
 mod run;
 mod serve;
 mod signals;
+mod status;
 mod taint;
 mod watch;
 
@@ -35,6 +36,12 @@ USAGE:
     linkerd-cni-installer            install, then reconcile until SIGTERM
     linkerd-cni-installer check      exit 0 when the node is ready (readiness
                                      probe); otherwise print why and exit 1
+    linkerd-cni-installer status     the node's state for a person: chain mode
+                                     (and why), health, readiness, the
+                                     credential, the plugin's ADD outcomes,
+                                     and the running installer's repairs
+                                     from its /metrics when that is on
+                                     (exit 0 healthy, 1 not, 2 error)
     linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
                                      config, then the kubeconfig and the
                                      persisted entry, then the binaries
@@ -51,6 +58,7 @@ fn main() -> ExitCode {
     let command = match args.as_slice() {
         [] | ["run"] => Command::Run,
         ["check"] => Command::Check,
+        ["status"] => Command::Status,
         ["uninstall"] => Command::Uninstall,
         ["version" | "--version" | "-V"] => {
             println!("linkerd-cni-installer {}", env!("CARGO_PKG_VERSION"));
@@ -68,7 +76,7 @@ fn main() -> ExitCode {
     // `check` runs every few seconds as a probe: its stdout says why the
     // node is not ready, and routine log lines would only add noise.
     let level = match command {
-        Command::Check => LevelFilter::Warn,
+        Command::Check | Command::Status => LevelFilter::Warn,
         _ => LevelFilter::Info,
     };
     logging::init(level);
@@ -95,6 +103,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        Command::Status => {
+            let (text, healthy) = status::report(&installer);
+            print!("{text}");
+            if healthy {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Uninstall => match installer.uninstall() {
             Ok(()) => {
                 log::info!("uninstalled");
@@ -111,6 +128,7 @@ fn main() -> ExitCode {
 enum Command {
     Run,
     Check,
+    Status,
     Uninstall,
 }
 

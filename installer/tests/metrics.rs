@@ -269,3 +269,43 @@ fn buckets_moved(
         .filter(|(k, _)| k.contains("_bucket{") && !k.contains("+Inf"))
         .collect()
 }
+
+/// `status` for a person on the node: the chain, readiness and the
+/// plugin's counters from disk, the running installer's repairs from its
+/// `/metrics`; exit 0 healthy, 1 not.
+#[test]
+fn status_shows_the_same_state() {
+    let node = Node::new("status");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    // Before any install: not healthy, and says why.
+    let o = node.run(&["status"], &[]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("chain:         NOT healthy"), "{text}");
+    assert!(text.contains("installer:     metrics off"), "{text}");
+
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+    ]);
+    let addr = metrics_addr(&inst);
+    node.wait_healthy(GRACE * 4)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    scrape_when(addr, "linkerd_cni_chain_healthy{mode=\"inline\"}", 1.0);
+    let o = node.run(
+        &["status"],
+        &[("LINKERD_CNI_METRICS_ADDR", &addr.to_string())],
+    );
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    eprintln!("{text}");
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    for want in [
+        "mode:          inline\n",
+        "chain:         healthy",
+        "ready:         yes\n",
+        "plugin ADDs:   meshed 0, unmeshed 0, exempt 0, passed through 0, try again 0, failed 0",
+        "; repairs 1 (missing 1); fights 0; repairs held back 0",
+    ] {
+        assert!(text.contains(want), "no {want:?} in\n{text}");
+    }
+}
