@@ -129,7 +129,7 @@ fn plugin_line(dir: &std::path::Path) -> String {
         })
         .collect();
     format!(
-        "{} (since {} was created)",
+        "{} (counted in {})",
         parts.join(", "),
         dir.join(outcomes::OUTCOMES_FILE).display()
     )
