@@ -206,14 +206,15 @@ pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
         r => r?,
     };
     lock(&file, true)?;
-    // A file just created (or cut short) is extended with zeros: a reader
-    // sees missing slots as zero either way.
-    if file.metadata()?.len() < FILE_LEN {
-        file.set_len(FILE_LEN)?;
-    }
     let off = (outcome.slot() * 8) as u64;
     let mut b = [0u8; 8];
-    file.read_exact_at(&mut b, off)?;
+    // A slot past the end: a file just created (or cut short), extended
+    // with zeros, which a reader sees as zero counts either way. No stat
+    // first: one system call fewer on every ADD.
+    if file.read_at(&mut b, off)? < b.len() {
+        file.set_len(FILE_LEN)?;
+        b = [0; 8];
+    }
     let n = u64::from_le_bytes(b).wrapping_add(1);
     file.write_all_at(&n.to_le_bytes(), off)
 }
