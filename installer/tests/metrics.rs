@@ -23,6 +23,19 @@ fn metrics_addr(inst: &Installer) -> SocketAddr {
     rest[..rest.find("/metrics").unwrap()].parse().unwrap()
 }
 
+/// Starts the installer with metrics on (resync 1 s) and waits until the
+/// node is chained.
+fn start_chained(node: &Node) -> (Installer, SocketAddr) {
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+    ]);
+    let addr = metrics_addr(&inst);
+    node.wait_healthy(GRACE * 4)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    (inst, addr)
+}
+
 /// One scrape: each sample line as `name{labels}` -> value.
 fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -134,13 +147,7 @@ fn conf_dir_state(dir: &Path) -> Vec<(String, u64, u64, i64, i64)> {
 fn counters_move_by_exactly_what_happened() {
     let node = Node::new("metrics");
     node.write_by_rename("10-calico.conflist", &calico_text(0));
-    let inst = node.start(&[
-        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
-        ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
-    ]);
-    let addr = metrics_addr(&inst);
-    node.wait_healthy(GRACE * 4)
-        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let (inst, addr) = start_chained(&node);
     const REPAIRS: &str = "linkerd_cni_chain_repairs_total{cause=\"missing\"}";
     let start = scrape_when(addr, REPAIRS, 1.0);
     assert_eq!(
@@ -284,13 +291,7 @@ fn status_shows_the_same_state() {
     assert!(text.contains("chain:         NOT healthy"), "{text}");
     assert!(text.contains("installer:     metrics off"), "{text}");
 
-    let inst = node.start(&[
-        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
-        ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
-    ]);
-    let addr = metrics_addr(&inst);
-    node.wait_healthy(GRACE * 4)
-        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let (inst, addr) = start_chained(&node);
     scrape_when(addr, "linkerd_cni_chain_healthy{mode=\"inline\"}", 1.0);
     let o = node.run(
         &["status"],
