@@ -291,7 +291,7 @@ fn status_shows_the_same_state() {
     assert!(text.contains("chain:         NOT healthy"), "{text}");
     assert!(text.contains("installer:     metrics off"), "{text}");
 
-    let (inst, addr) = start_chained(&node);
+    let (_inst, addr) = start_chained(&node);
     scrape_when(addr, "linkerd_cni_chain_healthy{mode=\"inline\"}", 1.0);
     let o = node.run(
         &["status"],
