@@ -184,10 +184,21 @@ impl Installer {
         }
         self.reconcile_mode(&entry);
         self.chained_last_pass = true;
+    }
+
+    /// After each pass, however it ended: what `/metrics` shows of it (the
+    /// chain as the pass left it, diagnosed only when metrics are on) and
+    /// what Events report.
+    pub fn after_pass(&self) {
         if self.telemetry.metrics_on() {
-            let v = metrics::verdict(&self.cfg.conf_dir(), &entry, &self.repair_options());
+            let v = metrics::verdict(
+                &self.cfg.conf_dir(),
+                &self.last_entry,
+                &self.repair_options(),
+            );
             self.telemetry.chain(&v);
         }
+        self.telemetry.pass_done();
     }
 
     /// The chain in the entry's mode. Owned mode falls back to the inline

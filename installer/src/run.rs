@@ -99,7 +99,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         if let Some(how) = taint.removed() {
             inst.telemetry().taint_removed(&how);
         }
-        inst.telemetry().pass_done();
+        inst.after_pass();
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
         let next = match inst.retry_at() {
