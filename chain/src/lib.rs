@@ -17,14 +17,18 @@
 //! - the desired entry ([`Entry`], which is always one of ours), persisted
 //!   by the installer in [`ENTRY_FILE`];
 //! - detection of another agent fighting our repairs ([`FightDetector`],
-//!   and [`PersistedFights`] for the short-lived plugin).
+//!   and [`PersistedFights`] for the short-lived plugin);
 //! - owned mode, where linkerd-cni keeps a conflist of its own ([`owned`]);
+//! - the installer's heartbeat in the plugin's state dir, which tells the
+//!   plugin whether an installer is alive to rewrite rejected credentials
+//!   ([`heartbeat`]);
 //! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
 //!   which the installer exports.
 
 mod entry;
 mod error;
 mod fight;
+pub mod heartbeat;
 mod lock;
 pub mod outcomes;
 pub mod owned;

@@ -23,10 +23,6 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The plugin's state dir when its entry sets no `state_dir` (a tmpfs on
-/// every distribution: what it holds is meaningless after a reboot).
-pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
-
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
 pub const OUTCOMES_FILE: &str = "add-outcomes.v1";

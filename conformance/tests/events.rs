@@ -73,6 +73,10 @@ fn each_occurrence_is_one_event_within_the_rate_limit() {
     let file = format!("10-{net}.conflist");
     let primary = chains::primary_generation(&node, &net, 0);
     node.write_conf(&file, &primary);
+    // A short ADD deadline: rejected credentials are retried within it.
+    let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
+    template["add_deadline_seconds"] = 3.into();
+    let template = template.to_string();
     let mut inst = installer::start(
         &node,
         &api,
@@ -81,9 +85,11 @@ fn each_occurrence_is_one_event_within_the_rate_limit() {
             ("LINKERD_CNI_NODE_NAME", NODE),
             ("LINKERD_CNI_UNINSTALL_ON_EXIT", "true"),
             ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+            ("CNI_NETWORK_CONFIG", &template),
         ],
     );
-    let desired = installer::expected_entry(&node);
+    let mut desired = installer::expected_entry(&node);
+    desired["add_deadline_seconds"] = 3.into();
     node.wait_healthy(&desired, &primary, GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     let addr = installer::metrics_addr(&inst, GRACE);
@@ -107,18 +113,17 @@ fn each_occurrence_is_one_event_within_the_rate_limit() {
     }
     assert!(inst.wait_log("repairs within", GRACE));
 
-    // The plugin's credential rejected on a real ADD: the next pass says so.
+    // The plugin's credential rejected on a real ADD (code 11: the
+    // installer is alive): the next pass says so.
     api.set_mode(Mode::Unauthorized);
     let pod = node.pod(kube::serve_meshed(&api, "web-0"));
-    node.add(&net, &pod)
-        .unwrap_or_else(|e| panic!("pass-through ADD: {e}"));
+    assert!(node.add(&net, &pod).is_err());
     api.set_mode(Mode::Normal);
     wait_reason(&api, &inst, "LinkerdCNICredentialRejected", 1);
     // Again, seen by later passes: within the rate limit, no Event.
     api.set_mode(Mode::Unauthorized);
     let pod2 = node.pod(kube::serve_meshed(&api, "web-1"));
-    node.add(&net, &pod2)
-        .unwrap_or_else(|e| panic!("pass-through ADD: {e}"));
+    assert!(node.add(&net, &pod2).is_err());
     api.set_mode(Mode::Normal);
     passes(&node, &inst, addr, 2.0);
 

@@ -1,7 +1,9 @@
 //! The real installer's `/metrics` on a node where the real plugin runs
-//! through libcni: a meshed ADD, a pass-through ADD (credentials rejected),
-//! a code-11 ADD (the API server failing) and a primary's rewrite each move
-//! their counter by exactly one, and nothing else moves.
+//! through libcni: a meshed ADD, an unmeshed one, two code-11 ADDs
+//! (credentials rejected while the installer is alive; the API server
+//! failing) and a primary's rewrite each move their counter by exactly one,
+//! and nothing else moves. (A pass-through on rejected credentials needs no
+//! installer alive: plugin/tests/outcomes.rs counts it.)
 //!
 //! The installer listens on the node's loopback (its namespace); the test
 //! scrapes from inside it.
@@ -47,15 +49,22 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     let file = format!("10-{net}.conflist");
     let primary = chains::primary_generation(&node, &net, 0);
     node.write_conf(&file, &primary);
+    // A short ADD deadline: rejected credentials are retried within it.
+    let mut template: serde_json::Value =
+        serde_json::from_str(&installer::template(&node)).unwrap();
+    template["add_deadline_seconds"] = 3.into();
+    let template = template.to_string();
     let inst = installer::start(
         &node,
         &api,
         &[
             ("LINKERD_CNI_RESYNC_SECONDS", "2"),
             ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+            ("CNI_NETWORK_CONFIG", &template),
         ],
     );
-    let desired = installer::expected_entry(&node);
+    let mut desired = installer::expected_entry(&node);
+    desired["add_deadline_seconds"] = 3.into();
     node.wait_healthy(&desired, &primary, GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     let addr = installer::metrics_addr(&inst, GRACE);
@@ -72,16 +81,23 @@ fn each_add_and_repair_moves_its_counter_by_one() {
         );
         last
     };
-    let start = scrape_when(REPAIRS, 1.0);
+    scrape_when(REPAIRS, 1.0);
+    // The verdict is recorded at the end of that pass.
+    let start = scrape_when("linkerd_cni_chain_healthy{mode=\"inline\"}", 1.0);
 
     let meshed = node.pod(kube::serve_meshed(&api, "web-0"));
     node.add(&net, &meshed)
         .unwrap_or_else(|e| panic!("meshed ADD: {e}"));
-    // Rejected credentials: the pod passes through, rc 0.
+    let plain = node.pod(kube::serve_unmeshed(&api, "plain-0"));
+    node.add(&net, &plain)
+        .unwrap_or_else(|e| panic!("unmeshed ADD: {e}"));
+    // Rejected credentials while the installer is alive: code 11.
     api.set_mode(Mode::Unauthorized);
     let passed = node.pod(kube::serve_meshed(&api, "web-1"));
-    node.add(&net, &passed)
-        .unwrap_or_else(|e| panic!("pass-through ADD: {e}"));
+    let e = node
+        .add(&net, &passed)
+        .expect_err("the ADD with credentials rejected");
+    assert_eq!(e.code, Some(11), "{e}");
     api.set_mode(Mode::Normal);
     // Every attempt of the pod GET fails (the client makes 4): code 11.
     api.fail_next(4, 503);
@@ -102,7 +118,8 @@ fn each_add_and_repair_moves_its_counter_by_one() {
         .collect();
     let mut want = BTreeMap::from([
         (adds("meshed", ""), 1.0),
-        (adds("passed_through", "unauthorized"), 1.0),
+        (adds("unmeshed", ""), 1.0),
+        (adds("try_again", "credentials_rejected"), 1.0),
         (adds("try_again", "api_unavailable"), 1.0),
         (REPAIRS.to_string(), 1.0),
         ("linkerd_cni_chain_heal_latency_seconds_count".into(), 1.0),
@@ -116,7 +133,7 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     want.extend(buckets.into_iter().map(|b| (b, 1.0)));
     assert_eq!(m, want, "{}", inst.log());
 
-    for pod in [&meshed, &passed, &retried] {
+    for pod in [&meshed, &plain, &passed, &retried] {
         node.del(&net, pod).unwrap();
     }
 }

@@ -27,13 +27,16 @@ pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The startup taint the installer removes from its node once it is ready.
 pub const DEFAULT_STARTUP_TAINT: &str = "linkerd.io/cni-not-ready";
+/// The ServiceAccount, in the installer's namespace, whose token the
+/// installer mints for the plugin.
+pub const DEFAULT_PLUGIN_SERVICE_ACCOUNT: &str = "linkerd-cni-plugin";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 /// Longest accepted resync period: beyond an hour a missed event would leave
 /// a node unchained for longer than anyone would wait.
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 24] = [
+pub const VARIABLES: [&str; 25] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -58,6 +61,7 @@ pub const VARIABLES: [&str; 24] = [
     "LINKERD_CNI_CHAIN_MODE",
     "LINKERD_CNI_METRICS_ADDR",
     "LINKERD_CNI_EVENTS",
+    "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -148,6 +152,9 @@ pub struct Config {
     /// `LINKERD_CNI_EVENTS` (default true): Kubernetes Events on the Node
     /// named by `LINKERD_CNI_NODE_NAME` (none without a node name).
     pub events: bool,
+    /// `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`: the ServiceAccount (in this
+    /// pod's namespace) whose token goes into the node's kubeconfig.
+    pub plugin_service_account: String,
 }
 
 impl Config {
@@ -221,6 +228,8 @@ impl Config {
         let chain_mode = chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?;
         let metrics_addr = metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?;
         let events = boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?;
+        let plugin_service_account =
+            plugin_service_account(var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"))?;
 
         let config = Config {
             dest_cni_net_dir,
@@ -246,6 +255,7 @@ impl Config {
             chain_mode,
             metrics_addr,
             events,
+            plugin_service_account,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;
@@ -464,6 +474,20 @@ fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
         ));
     }
     Ok(node_name)
+}
+
+fn plugin_service_account(value: Option<String>) -> Result<String, ConfigError> {
+    let name = value.map_or_else(
+        || DEFAULT_PLUGIN_SERVICE_ACCOUNT.to_string(),
+        |v| v.trim().to_string(),
+    );
+    if !is_dns_subdomain(&name) {
+        return Err(ConfigError::new(
+            "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
+            format!("{name:?} is not a ServiceAccount name"),
+        ));
+    }
+    Ok(name)
 }
 
 fn startup_taint(value: Option<String>) -> Result<String, ConfigError> {

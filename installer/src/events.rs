@@ -10,17 +10,16 @@
 //! (started with the first one) through a small queue, so an API server
 //! that is slow or down never delays a pass; the uninstall's Event is sent
 //! at once, within [`API_TIMEOUT`], since the process exits right after.
-//! With the installer's credential (the kubeconfig it writes, as the taint
-//! removal uses); a failure is logged and that Event is lost.
+//! With the installer's own credential (its service-account token, as the
+//! taint removal uses); a failure is logged and that Event is lost.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use linkerd_cni_kube::Client;
 use linkerd_cni_kube::events::{NodeEvent, create_node_event};
-use linkerd_cni_kube::{Client, kubeconfig};
 
 /// At most one Event of a kind per this long.
 pub const INTERVAL: Duration = Duration::from_secs(600);
@@ -70,10 +69,10 @@ pub trait Sink: Send + Sync {
     fn create(&self, event: &NodeEvent) -> Result<(), String>;
 }
 
-/// The API server, through the kubeconfig the installer writes (read at
-/// each Event: the token rotates).
+/// The API server, with the installer's own credential (its
+/// service-account token, read at each Event: the kubelet rotates it).
 pub struct ApiSink {
-    pub kubeconfig: PathBuf,
+    pub cfg: crate::config::Config,
     pub node: String,
     /// `reportingInstance`: the installer's pod.
     pub instance: String,
@@ -81,7 +80,7 @@ pub struct ApiSink {
 
 impl Sink for ApiSink {
     fn create(&self, event: &NodeEvent) -> Result<(), String> {
-        let api = kubeconfig::load(&self.kubeconfig).map_err(|e| e.to_string())?;
+        let api = crate::kubeconfig::own_api(&self.cfg)?;
         create_node_event(
             &Client::new(api, API_TIMEOUT),
             &self.node,

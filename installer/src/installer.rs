@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
-use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, write};
+use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, heartbeat, write};
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
-use crate::config::Config;
+use crate::config::{self, Config};
+use crate::credential::{self, Credential};
 use crate::entry::Entry;
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigState};
@@ -44,12 +45,17 @@ pub struct Installer {
     /// Whether the previous pass got as far as the chain (binaries
     /// installed, kubeconfig written).
     chained_last_pass: bool,
+    /// Whether the last pass left the kubeconfig current: the heartbeat
+    /// ([`Installer::beat`]) promises the plugin that it is.
+    kubeconfig_current: bool,
     /// When the last pass held a repair back (another agent keeps undoing
     /// it), the time it is allowed again: the loop wakes then rather than
     /// at the next resync.
     retry_at: Option<Instant>,
     /// What the passes did, for `/metrics` (records nothing when off).
     telemetry: Telemetry,
+    /// The plugin's token for the kubeconfig.
+    credential: Credential,
 }
 
 impl Installer {
@@ -61,8 +67,10 @@ impl Installer {
             fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
             chained_last_pass: false,
+            kubeconfig_current: false,
             retry_at: None,
             telemetry: Telemetry::off(),
+            credential: Credential::default(),
         }
     }
 
@@ -90,13 +98,14 @@ impl Installer {
             .get("state_dir")
             .and_then(|v| v.as_str())
             .filter(|s| !s.is_empty())
-            .unwrap_or(linkerd_cni_chain::outcomes::DEFAULT_STATE_DIR);
+            .unwrap_or(linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR);
         metrics::Sources {
             plugin_state_dir: crate::config::under_prefix(
                 &self.cfg.mount_prefix,
                 Path::new(state_dir),
             ),
             token_file: self.cfg.service_account_dir.join("token"),
+            kubeconfig: self.cfg.kubeconfig_path(),
         }
     }
 
@@ -159,11 +168,13 @@ impl Installer {
             self.reconcile_mode(&last);
         }
         let bins_ok = self.reconcile_binaries();
-        if !self.reconcile_kubeconfig() {
+        self.kubeconfig_current = self.reconcile_kubeconfig();
+        if !self.kubeconfig_current {
             // The plugin could not look any pod up: every ADD outside the
             // exempt namespaces would fail. Chain nothing (what is already
-            // there stays: the plugin passes pods through when its
-            // credentials are rejected).
+            // there stays: with no heartbeat after this pass, the plugin
+            // passes pods through once their credentials are rejected and
+            // the last beat is stale).
             self.notes.log_change(
                 "chain",
                 Level::Warn,
@@ -396,7 +407,11 @@ impl Installer {
     /// Whether the kubeconfig is current.
     fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
-        match kubeconfig::ensure(&self.cfg) {
+        let written = self
+            .credential
+            .token(&self.cfg)
+            .and_then(|token| kubeconfig::ensure(&self.cfg, &token));
+        match written {
             Ok(None) => {
                 self.notes
                     .clear("kubeconfig", || format!("{} is current", path.display()));
@@ -458,6 +473,48 @@ impl Installer {
             ),
         }
         entry
+    }
+
+    /// The plugin's state dir as the installer reaches it: the entry's
+    /// `state_dir`, where the plugin looks, under the mount prefix.
+    fn state_dir(&self) -> PathBuf {
+        let host = self
+            .last_entry
+            .as_map()
+            .get("state_dir")
+            .and_then(|v| v.as_str())
+            .filter(|d| Path::new(d).is_absolute())
+            .unwrap_or(heartbeat::DEFAULT_STATE_DIR);
+        config::under_prefix(&self.cfg.mount_prefix, Path::new(host))
+    }
+
+    /// After a pass: tells the plugin, through the heartbeat in its state
+    /// dir (never in the conf dir), that an installer is alive here and the
+    /// kubeconfig current, so that a token the API server rejects is worth
+    /// retrying. Nothing after a pass that could not write the kubeconfig:
+    /// the plugin then takes the installer for gone once the last beat is
+    /// old enough.
+    pub fn beat(&mut self) {
+        if !self.kubeconfig_current {
+            return;
+        }
+        let dir = self.state_dir();
+        match heartbeat::write(&dir, &heartbeat::Beat::now(self.cfg.resync)) {
+            Ok(()) => self.notes.clear("heartbeat", || {
+                format!("the heartbeat in {} is written again", dir.display())
+            }),
+            Err(e) => self.notes.log_change(
+                "heartbeat",
+                Level::Warn,
+                format!(
+                    "cannot write the heartbeat in {}: {e}; the plugin takes this installer for \
+                     gone and passes pods through when the API server rejects its token \
+                     (mount the host's {} into the installer container)",
+                    dir.display(),
+                    heartbeat::DEFAULT_STATE_DIR
+                ),
+            ),
+        }
     }
 
     /// The conf dir could not be listed or read: said once per change.
@@ -575,12 +632,25 @@ impl Installer {
             }
         }
         let path = self.cfg.kubeconfig_path();
-        match kubeconfig::render(&self.cfg)
+        // Rendered with the token it holds: the server, the CA and the mode
+        // must be current, and the token one this installer would keep.
+        // Without one, this pod's own token says what is missing.
+        let token =
+            kubeconfig::file_token(&self.cfg).map_or_else(|| kubeconfig::own_token(&self.cfg), Ok);
+        match token
+            .and_then(|t| kubeconfig::render(&self.cfg, &t).map(|want| (t, want)))
             .map_err(|e| e.to_string())
-            .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
-        {
-            Ok(KubeconfigState::Current) => {}
-            Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
+            .and_then(|(t, want)| {
+                kubeconfig::state(&self.cfg, &want)
+                    .map(|s| (t, s))
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok((t, KubeconfigState::Current)) => {
+                if let Some(why) = credential::problem(&self.cfg, &t) {
+                    problems.push(format!("kubeconfig {}: {why}", path.display()));
+                }
+            }
+            Ok((_, s)) => problems.push(format!("kubeconfig {} is {s}", path.display())),
             Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
         }
         let entry = match self.cfg.desired_entry() {
@@ -674,6 +744,14 @@ impl Installer {
         let kc = self.cfg.kubeconfig_path();
         match fsutil::remove(&kc) {
             Ok(true) => log::info!("removed {} (uninstall)", kc.display()),
+            Ok(false) => {}
+            Err(e) => log::error!("{e}"),
+        }
+        match heartbeat::remove(&self.state_dir()) {
+            Ok(true) => log::info!(
+                "removed {} (uninstall)",
+                heartbeat::path(&self.state_dir()).display()
+            ),
             Ok(false) => {}
             Err(e) => log::error!("{e}"),
         }

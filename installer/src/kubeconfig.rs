@@ -1,11 +1,14 @@
-//! The kubeconfig the plugin uses to look pods up: the API server, the
-//! service account's token, and how to trust the server, in the shape
-//! upstream's installer writes (context `linkerd-cni-context`).
+//! The kubeconfig the plugin uses to look pods up: the API server, a
+//! bearer token (the plugin's own, see [`crate::credential`]), and how to
+//! trust the server, in the shape upstream's installer writes (context
+//! `linkerd-cni-context`). The same rendering with the installer's own
+//! token, never written, is the installer's identity for its own API calls
+//! ([`own_api`]), read fresh from the service-account mount each time.
 //!
-//! It is rendered from the service-account files at every reconcile and
-//! rewritten when the bytes differ, so a token or CA rotated by the kubelet
-//! (which swaps the `..data` symlink) reaches the node without depending on
-//! an event. It holds a bearer token: mode 0600, written atomically.
+//! It is rendered at every reconcile and rewritten when the bytes differ,
+//! so a CA rotated by the kubelet (which swaps the `..data` symlink) or a
+//! new token reaches the node without depending on an event. It holds a
+//! bearer token: mode 0600, written atomically.
 
 use std::fmt;
 use std::fs;
@@ -15,6 +18,7 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use linkerd_cni_kube::ApiConfig;
 use serde_json::Value;
 
 use crate::config::Config;
@@ -141,9 +145,9 @@ fn quoted(s: &str) -> String {
     Value::String(s.to_string()).to_string()
 }
 
-/// Renders the kubeconfig from the configuration and the service-account
-/// files as they are now.
-pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
+/// The installer's own service-account token, as its mount holds it now
+/// (the kubelet rotates it).
+pub fn own_token(cfg: &Config) -> Result<String, KubeconfigError> {
     let token_path = cfg.service_account_dir.join("token");
     let token = fsutil::read_capped_text(&token_path).map_err(|source| KubeconfigError::Token {
         path: token_path.clone(),
@@ -153,7 +157,41 @@ pub fn render(cfg: &Config) -> Result<Rendered, KubeconfigError> {
     if token.is_empty() {
         return Err(KubeconfigError::EmptyToken { path: token_path });
     }
+    Ok(token.to_string())
+}
 
+/// The installer's own identity for its API calls: the server and CA of
+/// the configuration, its own current token.
+pub fn own_api(cfg: &Config) -> Result<ApiConfig, String> {
+    let token = own_token(cfg).map_err(|e| e.to_string())?;
+    api_with(cfg, &token)
+}
+
+/// The server and CA of the configuration, with `token`.
+pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
+    let text = render(cfg, token).map_err(|e| e.to_string())?.text();
+    linkerd_cni_kube::kubeconfig::from_text(&text, &cfg.service_account_dir.join("token"))
+        .map_err(|e| e.to_string())
+}
+
+/// The token in the kubeconfig on disk, as [`Rendered::text`] writes it
+/// (another layout has none this installer would keep).
+pub fn file_token(cfg: &Config) -> Option<String> {
+    token_in(&cfg.kubeconfig_path())
+}
+
+/// [`file_token`] of the kubeconfig at `path`.
+pub fn token_in(path: &std::path::Path) -> Option<String> {
+    let bytes = fsutil::read_optional(path).ok()??;
+    let text = String::from_utf8(bytes).ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("    token: "))?;
+    let token: String = serde_json::from_str(line).ok()?;
+    (!token.is_empty()).then_some(token)
+}
+
+/// Renders the kubeconfig from the configuration, the CA file as it is
+/// now, and `token`.
+pub fn render(cfg: &Config, token: &str) -> Result<Rendered, KubeconfigError> {
     // Skip verification when asked, else embed the CA. Unlike upstream, a
     // missing CA file is an error rather than a kubeconfig trusting the
     // system roots, which in-cluster API servers are almost never signed by:
@@ -209,9 +247,10 @@ pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> 
     Ok(KubeconfigState::Current)
 }
 
-/// Makes the file current; returns the state it was in when it wrote.
-pub fn ensure(cfg: &Config) -> Result<Option<KubeconfigState>, KubeconfigError> {
-    let want = render(cfg)?;
+/// Makes the file current with `token`; returns the state it was in when
+/// it wrote.
+pub fn ensure(cfg: &Config, token: &str) -> Result<Option<KubeconfigState>, KubeconfigError> {
+    let want = render(cfg, token)?;
     match state(cfg, &want)? {
         KubeconfigState::Current => Ok(None),
         before => {

@@ -4,6 +4,7 @@
 
 mod binaries;
 mod config;
+mod credential;
 mod entry;
 mod events;
 mod fsutil;

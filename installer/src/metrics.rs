@@ -416,24 +416,29 @@ pub struct Credential {
 pub struct Sources {
     /// The plugin's state dir (container view), for its ADD counters.
     pub plugin_state_dir: PathBuf,
-    /// The service account token the kubeconfig carries.
+    /// The installer's own service-account token.
     pub token_file: PathBuf,
+    /// The node's kubeconfig, whose token the plugin uses.
+    pub kubeconfig: PathBuf,
 }
 
 impl Sources {
-    /// The credential the plugin uses now, from the token's own claims: a
-    /// kubelet-projected token is refreshed by the kubelet once 80% of its
-    /// lifetime has passed, or after 24 hours.
+    /// The credential the plugin uses now (the token in the node's
+    /// kubeconfig), from the token's own claims. Minted for the plugin, the
+    /// installer replaces it past half its lifetime; the installer's own
+    /// projected token (the fallback) is refreshed by the kubelet once 80%
+    /// of its lifetime has passed, or after 24 hours.
     pub fn credential(&self) -> Option<Credential> {
-        let token = std::fs::read_to_string(&self.token_file).ok()?;
-        let (iat, exp) = token_times(token.trim())?;
-        let issued = UNIX_EPOCH + Duration::from_secs(iat);
-        let refresh = match exp.checked_sub(iat) {
-            Some(ttl) => iat + (ttl * 8 / 10).min(24 * 3600),
-            None => exp,
+        let token = crate::kubeconfig::token_in(&self.kubeconfig)?;
+        let (iat, exp) = token_times(&token)?;
+        let own = std::fs::read_to_string(&self.token_file).is_ok_and(|t| t.trim() == token);
+        let ttl = exp.saturating_sub(iat);
+        let refresh = match own {
+            true => iat + (ttl * 8 / 10).min(24 * 3600),
+            false => iat + ttl / 2,
         };
         Some(Credential {
-            issued,
+            issued: UNIX_EPOCH + Duration::from_secs(iat),
             next_refresh: Some(UNIX_EPOCH + Duration::from_secs(refresh)),
         })
     }
@@ -469,7 +474,7 @@ pub fn setup(inst: &mut crate::installer::Installer) {
     let sources = inst.metrics_sources();
     let events = || match (&cfg.node_name, cfg.events) {
         (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
-            kubeconfig: cfg.kubeconfig_path(),
+            cfg: cfg.clone(),
             node: node.clone(),
             instance: cfg
                 .pod_name
@@ -690,6 +695,7 @@ mod tests {
         Sources {
             plugin_state_dir: dir.join("state"),
             token_file: dir.join("token"),
+            kubeconfig: dir.join("kubeconfig"),
         }
     }
 
@@ -731,7 +737,14 @@ mod tests {
             .as_secs();
         let claims = format!(r#"{{"iat":{},"exp":{}}}"#, now - 3600, now - 3600 + 36000);
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
-        std::fs::write(tmp.path().join("token"), format!("h.{b64}.s\n")).unwrap();
+        // The installer's own token, in the kubeconfig too (the fallback).
+        let token = format!("h.{b64}.s");
+        std::fs::write(tmp.path().join("token"), format!("{token}\n")).unwrap();
+        std::fs::write(
+            tmp.path().join("kubeconfig"),
+            format!("users:\n- name: x\n  user:\n    token: \"{token}\"\n"),
+        )
+        .unwrap();
 
         let text = render(&t.snapshot(), &sources(tmp.path()), SystemTime::now());
         for line in [

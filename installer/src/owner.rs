@@ -1,22 +1,30 @@
 //! At SIGTERM: is this an uninstall (the DaemonSet is gone or being
 //! deleted) or a rolling update or restart (it is still there)?
 //!
-//! Asked through `linkerd_cni_kube::owner` with the kubeconfig the
-//! installer wrote (its own service account's token, still valid while its
-//! pod terminates), every call within [`API_TIMEOUT`]. Only a definite
-//! "gone" uninstalls; anything else (present, no answer, no kubeconfig)
-//! leaves the node as it is, which the plugin makes safe: once the token is
-//! revoked it passes pods through.
+//! Asked through `linkerd_cni_kube::owner` with this pod's own current
+//! token, read fresh from its mount (never the node kubeconfig's copy,
+//! which is the plugin's, or stale, or another installer's), every call
+//! within [`API_TIMEOUT`]. Only a definite "gone" uninstalls; anything else
+//! (present, no answer, a refusal that does not hold up) leaves the node as
+//! it is. One more check before a rejected token counts as an uninstall:
+//! the plugin's token (a ServiceAccount of its own) is still accepted when
+//! only this pod was deleted (force-deleted, evicted), which revokes this
+//! pod's token but not the installation; an uninstall deletes both
+//! accounts.
 
 use std::path::Path;
 use std::time::Duration;
 
-use linkerd_cni_kube::{Client, kubeconfig, owner};
+use linkerd_cni_kube::owner::{self, OwnerState};
+use linkerd_cni_kube::{Client, review};
 
 use crate::config::Config;
+use crate::kubeconfig;
 
-/// The most the question's API calls may take together.
+/// The most the question's API calls may take together...
 pub const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...and the check of the plugin's token after them.
+const PLUGIN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,21 +43,31 @@ pub fn ask(cfg: &Config) -> Verdict {
         Ok(id) => id,
         Err(why) => return Verdict::Unknown(why),
     };
-    let path = cfg.kubeconfig_path();
-    if !path.exists() {
-        return Verdict::Unknown(format!(
-            "no kubeconfig to ask the API with ({} does not exist)",
-            path.display()
-        ));
-    }
-    let api = match kubeconfig::load(&path) {
+    let api = match kubeconfig::own_api(cfg) {
         Ok(api) => api,
-        Err(e) => return Verdict::Unknown(e.to_string()),
+        Err(e) => return Verdict::Unknown(format!("cannot ask with this pod's token: {e}")),
     };
-    verdict(owner::daemonset_of(
-        &Client::new(api, API_TIMEOUT),
-        &namespace,
-        &pod,
+    let answer = owner::daemonset_of(&Client::new(api, API_TIMEOUT), &namespace, &pod);
+    if let Ok(OwnerState::Revoked { status: 401, .. }) = &answer
+        && let Some(why) = plugin_token_lives(cfg)
+    {
+        return Verdict::Unknown(why);
+    }
+    verdict(answer)
+}
+
+/// Why this is no uninstall although this pod's token is rejected: the
+/// plugin's token, in the node's kubeconfig, is accepted.
+fn plugin_token_lives(cfg: &Config) -> Option<String> {
+    let t = kubeconfig::file_token(cfg)?;
+    if kubeconfig::own_token(cfg).is_ok_and(|own| own == t) {
+        return None;
+    }
+    let api = kubeconfig::api_with(cfg, &t).ok()?;
+    let user = review::who_am_i(&Client::new(api, PLUGIN_CHECK_TIMEOUT)).ok()?;
+    Some(format!(
+        "this pod's token is rejected (HTTP 401), but the plugin's ({user}) is accepted: this \
+         pod was deleted (force-deleted or evicted) while linkerd-cni stays installed"
     ))
 }
 
@@ -61,10 +79,10 @@ fn verdict(answer: Result<owner::OwnerState, owner::OwnerError>) -> Verdict {
     }
 }
 
-/// This pod's namespace and name.
-fn identity(cfg: &Config) -> Result<(String, String), String> {
-    let namespace = match &cfg.pod_namespace {
-        Some(ns) => ns.clone(),
+/// This pod's namespace.
+pub fn namespace(cfg: &Config) -> Result<String, String> {
+    match &cfg.pod_namespace {
+        Some(ns) => Ok(ns.clone()),
         None => {
             let f = cfg.service_account_dir.join("namespace");
             read_word(&f).ok_or_else(|| {
@@ -72,9 +90,14 @@ fn identity(cfg: &Config) -> Result<(String, String), String> {
                     "cannot tell this pod's namespace: LINKERD_CNI_POD_NAMESPACE is not set and {} is unreadable",
                     f.display()
                 )
-            })?
+            })
         }
-    };
+    }
+}
+
+/// This pod's namespace and name.
+fn identity(cfg: &Config) -> Result<(String, String), String> {
+    let namespace = namespace(cfg)?;
     let pod = match &cfg.pod_name {
         Some(p) => p.clone(),
         None => read_word(Path::new("/proc/sys/kernel/hostname")).ok_or(

@@ -6,7 +6,8 @@
 //! again; and a change no event reports (a lost or overflowed event, a watch
 //! that could not be armed, the seed bug upstream had) waits at most one
 //! resync period. A repair held back by the fight rate limit wakes the
-//! loop at the time the limit allows it. After a pass, the startup taint's
+//! loop at the time the limit allows it. After a pass, the installer's
+//! heartbeat is written (see [`Installer::beat`]) and the startup taint's
 //! gate (see [`crate::taint`]) looks at the node once.
 
 use std::process::ExitCode;
@@ -95,6 +96,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
         }
         let started = Instant::now();
         inst.reconcile();
+        inst.beat();
         taint.after_pass(&inst);
         if let Some(how) = taint.removed() {
             inst.telemetry().taint_removed(&how);

@@ -70,8 +70,8 @@ pub fn report(inst: &Installer) -> (String, bool) {
                 s
             }
             None => format!(
-                "unknown (no readable token with iat/exp claims at {})",
-                sources.token_file.display()
+                "unknown (no token with iat/exp claims in {})",
+                sources.kubeconfig.display()
             ),
         },
     );

@@ -13,17 +13,18 @@
 //! (RBAC without `patch` on nodes, as the linkerd2-cni chart grants) is
 //! said once, then retried every 10 minutes, and the installer keeps
 //! chaining the node whatever the answer.
-//! The API call is `linkerd_cni_kube::taint::remove_taint`, with the
-//! kubeconfig the installer wrote, within [`API_TIMEOUT`].
+//! The API call is `linkerd_cni_kube::taint::remove_taint`, with this
+//! pod's own token (the node's kubeconfig holds the plugin's, which may
+//! not patch nodes), within [`API_TIMEOUT`].
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use linkerd_cni_kube::Client;
 use linkerd_cni_kube::taint::{self, FailureKind, TaintError, TaintOutcome};
-use linkerd_cni_kube::{Client, kubeconfig};
 
 use crate::config::Config;
 use crate::installer::Installer;
+use crate::kubeconfig;
 
 /// The most one removal's API calls may take together.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,7 +67,7 @@ enum State {
 pub struct StartupTaint {
     node: String,
     key: String,
-    kubeconfig: PathBuf,
+    cfg: Config,
     state: State,
     /// What the removal did, until the caller reports it ([`Self::removed`]).
     removed: Option<String>,
@@ -94,7 +95,7 @@ impl StartupTaint {
         StartupTaint {
             node: cfg.node_name.clone().unwrap_or_default(),
             key: cfg.startup_taint.clone(),
-            kubeconfig: cfg.kubeconfig_path(),
+            cfg: cfg.clone(),
             state,
             removed: None,
         }
@@ -149,8 +150,7 @@ impl StartupTaint {
                 ),
             ));
         }
-        let api =
-            kubeconfig::load(&self.kubeconfig).map_err(|e| (Failure::Other, e.to_string()))?;
+        let api = kubeconfig::own_api(&self.cfg).map_err(|e| (Failure::Other, e))?;
         let client = Client::new(api, API_TIMEOUT);
         taint::remove_taint(&client, &self.node, &self.key).map_err(|e| failure_of(&e))
     }

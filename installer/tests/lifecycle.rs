@@ -391,3 +391,64 @@ fn leftover_temp_files_are_removed_at_start() {
             .contains("a temp file left by an interrupted write")
     );
 }
+
+/// The heartbeat the plugin reads: in the plugin's state dir under the
+/// mount prefix (the manifest's template names none: the default
+/// /run/linkerd-cni), never in the conf dir; renewed every pass while the
+/// kubeconfig is current, absent while it cannot be written, removed by an
+/// uninstall.
+#[test]
+fn heartbeat_in_the_state_dir_while_the_kubeconfig_is_current() {
+    use linkerd_cni_chain::heartbeat::{self, Liveness};
+    let node = Node::new("heartbeat");
+    let state_dir = node.prefix.join("run/linkerd-cni");
+    let beat = state_dir.join(heartbeat::HEARTBEAT_FILE);
+    node.rotate_service_account("", "CA-1");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let mut inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_UNINSTALL_ON_EXIT", "true"),
+    ]);
+    assert!(
+        inst.wait_log("cannot write the kubeconfig", RESYNC + GRACE),
+        "{}",
+        inst.log()
+    );
+    // Two more passes without a kubeconfig: still no beat.
+    std::thread::sleep(RESYNC * 2);
+    assert!(!beat.exists(), "a beat without a current kubeconfig");
+
+    node.rotate_service_account("token-2", "CA-1");
+    node.wait_healthy(RESYNC + GRACE).unwrap();
+    assert!(
+        wait_until(RESYNC + GRACE, || beat.exists()),
+        "{}",
+        inst.log()
+    );
+    assert!(
+        matches!(
+            heartbeat::liveness(&state_dir, None),
+            Liveness::Alive { .. }
+        ),
+        "{:?}",
+        heartbeat::liveness(&state_dir, None)
+    );
+    let first = fs::read_to_string(&beat).unwrap();
+    assert!(first.contains("\"resync_seconds\":1"), "{first}");
+    assert!(
+        wait_until(RESYNC * 2 + GRACE, || fs::read_to_string(&beat)
+            .is_ok_and(|b| b != first)),
+        "not renewed by the next pass"
+    );
+    assert!(
+        !file_names(&node.conf_dir)
+            .iter()
+            .any(|n| n.contains("heartbeat")),
+        "{:?}",
+        file_names(&node.conf_dir)
+    );
+
+    inst.signal(Signal::SIGTERM);
+    assert!(inst.wait_exit(Duration::from_secs(3)).unwrap().success());
+    assert!(!beat.exists(), "the uninstall left the heartbeat");
+}

@@ -149,7 +149,9 @@ fn counters_move_by_exactly_what_happened() {
     node.write_by_rename("10-calico.conflist", &calico_text(0));
     let (inst, addr) = start_chained(&node);
     const REPAIRS: &str = "linkerd_cni_chain_repairs_total{cause=\"missing\"}";
-    let start = scrape_when(addr, REPAIRS, 1.0);
+    scrape_when(addr, REPAIRS, 1.0);
+    // The verdict is recorded at the end of that pass.
+    let start = scrape_when(addr, "linkerd_cni_chain_healthy{mode=\"inline\"}", 1.0);
     assert_eq!(
         get(&start, "linkerd_cni_chain_healthy{mode=\"inline\"}"),
         1.0

@@ -1,7 +1,7 @@
 //! A blocking HTTPS client for the few calls the plugin and the installer
 //! make (GETs, one JSON-patch PATCH to remove the startup taint, and the
-//! installer's POSTs of Events), with
-//! one time budget for all calls of an invocation.
+//! POSTs of a TokenRequest and of the self reviews), with one time budget
+//! for all calls of an invocation.
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
@@ -119,6 +119,11 @@ pub enum ApiError {
         method: Method,
         path: String,
         kubeconfig: PathBuf,
+        /// The `reason` of the answer's Kubernetes `Status` body
+        /// (`Unauthorized`, `Forbidden`); None when the body was not one
+        /// (a proxy's page, say), so that a caller can tell the API
+        /// server's own refusal from something in the way.
+        reason: Option<String>,
     },
     #[error("{method} {path}: not found")]
     NotFound { method: Method, path: String },
@@ -265,6 +270,11 @@ impl Client {
         &self.config
     }
 
+    /// What is left of the budget.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
         self.get(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
     }
@@ -299,28 +309,34 @@ impl Client {
         path: &str,
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(patch).map_err(|e| ApiError::Decode {
-            method: Method::Patch,
-            path: path.into(),
-            cause: Box::new(e),
-        })?;
-        self.call(Method::Patch, path, Some(&body))
+        self.send_json(Method::Patch, path, patch)
     }
 
-    /// POSTs `object` to the collection at `path` (a create) and decodes
-    /// the answer. Never retried: a create whose answer was lost may have
-    /// been made, and a second would be a duplicate.
+    /// POSTs the JSON `body` to `path` (a create: a TokenRequest, a review)
+    /// and decodes the answer, retrying transient failures within the
+    /// budget. Only for creates that may happen twice: an attempt whose
+    /// answer was lost may have been applied.
     pub fn create<T: DeserializeOwned>(
         &self,
         path: &str,
-        object: &serde_json::Value,
+        body: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(object).map_err(|e| ApiError::Decode {
-            method: Method::Post,
+        self.send_json(Method::Post, path, body)
+    }
+
+    /// A call with a JSON body.
+    fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).map_err(|e| ApiError::Decode {
+            method,
             path: path.into(),
             cause: Box::new(e),
         })?;
-        self.call(Method::Post, path, Some(&body))
+        self.call(method, path, Some(&body))
     }
 
     fn call<T: DeserializeOwned>(
@@ -348,11 +364,7 @@ impl Client {
             };
             let backoff = FIRST_BACKOFF * 2u32.pow(attempt - 1);
             let remaining = self.deadline.saturating_duration_since(Instant::now());
-            if !err.transient()
-                || method == Method::Post
-                || attempt >= MAX_ATTEMPTS
-                || backoff >= remaining
-            {
+            if !err.transient() || attempt >= MAX_ATTEMPTS || backoff >= remaining {
                 // A timeout that used up the budget says so, whatever the
                 // attempt's own error was.
                 return Err(if remaining.is_zero() {
@@ -409,13 +421,13 @@ impl Client {
                 .header("Accept", "application/json")
         }
         let res = match (req.method, req.body) {
-            (Method::Post, body) => common(self.agent.post(&url), timeout, &auth)
-                .content_type("application/json")
-                .send(body.unwrap_or_default()),
-            (_, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
+            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
                 .content_type("application/json-patch+json")
                 .send(body),
-            (_, None) => common(self.agent.get(&url), timeout, &auth).call(),
+            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, &auth)
+                .content_type("application/json")
+                .send(body),
+            _ => common(self.agent.get(&url), timeout, &auth).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
@@ -427,13 +439,13 @@ impl Client {
             .read_to_vec()
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
-            // 201: a POST created its object.
             200 | 201 => Ok(body),
             401 | 403 => Err(ApiError::Unauthorized {
                 status,
                 method,
                 path: path.into(),
                 kubeconfig: self.config.source.clone(),
+                reason: status_reason(&body),
             }),
             404 => Err(ApiError::NotFound {
                 method,
@@ -533,7 +545,7 @@ impl Client {
 struct Req<'a> {
     method: Method,
     path: &'a str,
-    /// The JSON patch of a PATCH, the object of a POST; None for a GET.
+    /// A JSON patch (PATCH) or object (POST); None for a GET.
     body: Option<&'a [u8]>,
 }
 
@@ -581,6 +593,15 @@ impl<In: Transport> Connector<In> for Mark {
         self.phase.store(self.to as u8, Ordering::SeqCst);
         Ok(chained)
     }
+}
+
+/// The `reason` of a Kubernetes `Status` body; None for any other body.
+fn status_reason(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if v.get("kind")?.as_str()? != "Status" {
+        return None;
+    }
+    Some(v.get("reason")?.as_str()?.to_string())
 }
 
 /// The `message` of a Kubernetes `Status` body, else the start of the body.

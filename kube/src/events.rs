@@ -65,8 +65,9 @@ impl NodeEvent {
     }
 }
 
-/// Creates `event` about `node`: one POST, never retried (see
-/// [`Client::create`]).
+/// Creates `event` about `node` (retried on transient failures within the
+/// client's budget: an Event whose answer was lost may be created twice,
+/// which is harmless).
 pub fn create_node_event(
     client: &Client,
     node: &str,

@@ -183,6 +183,20 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
     Ok(config)
 }
 
+/// Reads kubeconfig `text` already in memory (the installer's own
+/// in-cluster identity, rendered as the file it writes); `source` names it
+/// in messages and resolves relative file names.
+pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError> {
+    let base = source.parent().unwrap_or(Path::new("/"));
+    let mut config = parse(text, base).map_err(|problem| KubeconfigError {
+        path: source.to_path_buf(),
+        problem,
+        source: None,
+    })?;
+    config.source = source.to_path_buf();
+    Ok(config)
+}
+
 fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     std::fs::File::open(path)?

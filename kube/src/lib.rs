@@ -2,16 +2,19 @@
 //! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
 //! server within a time budget, synchronously and without an async runtime
 //! ([`client`]), and the fields of the objects they read ([`objects`]);
-//! for the installer, whether its DaemonSet is gone ([`owner`]),
-//! removing a startup taint from a node ([`taint`]) and Events about its
-//! node ([`events`]).
+//! for the installer, whether its DaemonSet is gone ([`owner`]), removing a
+//! startup taint from a node ([`taint`]), minting the plugin's token
+//! ([`token`]), the self reviews that corroborate a refusal ([`review`])
+//! and Events about its node ([`events`]).
 
 pub mod client;
 pub mod events;
 pub mod kubeconfig;
 pub mod objects;
 pub mod owner;
+pub mod review;
 pub mod taint;
+pub mod token;
 
 pub use client::{ApiError, Client};
 pub use kubeconfig::{ApiConfig, KubeconfigError, Trust};

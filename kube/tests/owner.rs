@@ -146,3 +146,51 @@ fn a_silent_api_server_is_bounded_by_the_budget() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     drop(hole);
 }
+
+/// Refusals that do not hold up leave the answer open, or get the answer
+/// they hid; none of them is gone while the DaemonSet exists.
+#[test]
+fn forced_refusals_are_not_gone() {
+    // One 401, one 403: asked again, the pod is there, and so is the
+    // DaemonSet.
+    for status in [401, 403] {
+        let c = cluster();
+        c.api.fail_next_on(&pod_path(NS, POD), 1, status);
+        expect(c.ask(), Some(false), "exists");
+    }
+    // A 401 that is not the API server's (a proxy's page).
+    let c = cluster();
+    c.api.fail_next_with(
+        1,
+        401,
+        "<html><body>401 Authorization Required</body></html>",
+    );
+    expect(c.ask(), None, "without the API server's Status body");
+    // A 401 on the DaemonSet right after a 200 on the pod.
+    let c = cluster();
+    c.api.fail_next_on(&daemonset_path(NS, DS), 1, 401);
+    expect(c.ask(), None, "right after HTTP 200 on the pod");
+    // Repeated, but the reviews disagree: the token is valid, get pods is
+    // allowed.
+    let c = cluster();
+    c.api.fail_next_on(&pod_path(NS, POD), 2, 401);
+    expect(c.ask(), None, "SelfSubjectReview authenticates the token");
+    let c = cluster();
+    c.api.fail_next_on(&pod_path(NS, POD), 2, 403);
+    expect(
+        c.ask(),
+        None,
+        "SelfSubjectAccessReview says get pods is allowed",
+    );
+    // The pod forbidden, repeated, but the review cannot be made (503,
+    // retried until the budget runs out).
+    let c = cluster();
+    c.api.forbid(&pod_path(NS, POD));
+    c.api.fail_next_on(
+        linkerd_cni_kube::review::SELF_SUBJECT_ACCESS_REVIEW_PATH,
+        100,
+        503,
+    );
+    let answer = c.ask_within(Duration::from_millis(1500));
+    assert!(answer.is_err(), "{answer:?}");
+}

@@ -22,7 +22,7 @@ use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
-pub use linkerd_cni_chain::outcomes::DEFAULT_STATE_DIR;
+pub use linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR;
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
@@ -127,6 +127,12 @@ pub struct PluginConfig {
     /// invocations (repair history for fight detection). Outside the conf
     /// dir, where every write would make runtimes reload.
     pub state_dir: PathBuf,
+    /// `installer_gone_after_seconds`: how old the installer's heartbeat
+    /// in `state_dir` may be before the installer is taken for gone (a
+    /// rejected token then passes pods through instead of asking the
+    /// runtime to retry). None: three of the installer's resync periods
+    /// plus 30 s (see `linkerd_cni_chain::heartbeat`).
+    pub installer_gone_after: Option<Duration>,
 }
 
 impl Default for PluginConfig {
@@ -144,6 +150,7 @@ impl Default for PluginConfig {
             add_deadline: DEFAULT_ADD_DEADLINE,
             chain_write_outside_conf_dir: false,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            installer_gone_after: None,
         }
     }
 }
@@ -182,6 +189,9 @@ impl PluginConfig {
             && !dir.is_empty()
         {
             self.state_dir = PathBuf::from(dir);
+        }
+        if let Some(d) = top.seconds("installer_gone_after_seconds")? {
+            self.installer_gone_after = Some(d);
         }
         if let Some(list) = top.strings("exempt-namespaces")? {
             self.exempt_namespaces = list;
@@ -455,7 +465,10 @@ mod tests {
         assert_eq!(c.proxy.iptables_mode, IptablesMode::Legacy);
         assert_eq!(c.cni_conf_dir, PathBuf::from(DEFAULT_CONF_DIR));
         assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert_eq!(c.installer_gone_after, None);
         assert_eq!(c.exempt_namespaces, ["linkerd-cni", "kube-system"]);
+        let c = parse(r#"{"installer_gone_after_seconds": 90}"#).unwrap();
+        assert_eq!(c.installer_gone_after, Some(Duration::from_secs(90)));
     }
 
     #[test]
@@ -496,6 +509,10 @@ mod tests {
                 "chain_repair_budget_seconds",
             ),
             (r#"{"add_deadline_seconds":0}"#, "add_deadline_seconds"),
+            (
+                r#"{"installer_gone_after_seconds":"soon"}"#,
+                "installer_gone_after_seconds",
+            ),
             (r#"{"add_deadline_seconds":120}"#, "add_deadline_seconds"),
         ] {
             let e = parse(json).unwrap_err();
@@ -522,7 +539,7 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        const KEYS: [&str; 19] = [
+        const KEYS: [&str; 20] = [
             "add_deadline_seconds",
             "log_level",
             "kubernetes",
@@ -542,6 +559,7 @@ mod tests {
             "chain_repair_budget_seconds",
             "chain_write_outside_conf_dir",
             "state_dir",
+            "installer_gone_after_seconds",
         ];
 
         fn value() -> impl Strategy<Value = Value> {

@@ -11,17 +11,21 @@
 //! budget, and bad annotations are errors rather than silently skipped.
 //!
 //! Safe by construction when the plugin's credentials are gone: when the
-//! API server rejects them for the pod GET (401, or 403 without RBAC), or the
-//! kubeconfig does not exist (an uninstall under way), the plugin cannot
-//! tell whether the pod is meshed and passes it through without rules,
-//! logging why. A meshed pod then starts unredirected and linkerd's
-//! network-validator init container refuses it (fail closed for the mesh),
-//! while every other pod on the node starts normally. An API server that is
-//! down or slow stays an error ("try again later"): that is transient, and
-//! meshed pods must not start unredirected because of it.
+//! kubeconfig does not exist (an uninstall under way), or the API server
+//! keeps rejecting them (401, or 403 without RBAC) and no installer is
+//! alive on the node to renew them, the plugin cannot tell whether the pod
+//! is meshed and passes it through without rules, logging why. A meshed pod
+//! then starts unredirected and linkerd's network-validator init container
+//! refuses it (fail closed for the mesh), while every other pod on the node
+//! starts normally. Rejected credentials with an installer alive (a rolling
+//! update) are retried, then "try again later" ([`credentials`]); so is an
+//! API server that is down or slow: that is transient, and meshed pods must
+//! not start unredirected because of it.
 //!
 //! One deadline bounds everything an ADD does ([`add_until`]): each API call
 //! and iptables command gets the smaller of its own bound and what is left.
+
+mod credentials;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -33,6 +37,8 @@ use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 use linkerd_cni_kube::objects::{Pod, PodSpec};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
+
+pub use credentials::{CONFIRM_ATTEMPTS, CredentialCause, CredentialOutcome};
 
 /// The proxy container linkerd's injector adds.
 pub const PROXY_CONTAINER: &str = "linkerd-proxy";
@@ -247,7 +253,6 @@ impl From<CniError> for Stop {
 fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Plan, Stop> {
     let (namespace, name) = pod_in_args(&inv.env.args, config)?;
     let pod_id = format!("{namespace}/{name}");
-    let client = api_client(config, &pod_id, deadline)?;
     let api_failed = |what: &str, e: ApiError| {
         past_deadline(
             config,
@@ -256,23 +261,7 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
             api_error(what, e),
         )
     };
-    let pod = match client.pod(namespace, name) {
-        Ok(pod) => pod,
-        Err(ApiError::Unauthorized {
-            status, kubeconfig, ..
-        }) => {
-            let cause = if status == 403 {
-                PassCause::Forbidden
-            } else {
-                PassCause::Unauthorized
-            };
-            return Err(skip(
-                Skip::CannotTell(cause),
-                credentials_rejected(&pod_id, status, &kubeconfig),
-            ));
-        }
-        Err(e) => return Err(Stop::Failed(api_failed(&format!("pod {pod_id}"), e))),
-    };
+    let (client, pod) = get_pod(config, (namespace, name), &pod_id, deadline, &api_failed)?;
     check_meshed(&pod.spec, &pod_id)?;
     let spec = effective_spec(&client, config, &pod, namespace, &pod_id, &api_failed)?;
     let rule_sets = rule_sets(&spec, config.proxy.ipv6);
@@ -283,21 +272,57 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
     })
 }
 
-/// The pass-through reason when the API server rejects the plugin's
-/// credentials for the pod GET: logged as an error, since a meshed pod then
-/// starts unredirected (and linkerd's network-validator refuses it).
-fn credentials_rejected(pod_id: &str, status: u16, kubeconfig: &std::path::Path) -> String {
-    let why = format!(
-        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
-         linkerd-cni's credentials (HTTP {status}), so the pod starts WITHOUT linkerd's \
-         redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
-         fix: the token in {} is stale or lacks RBAC to get pods: check that the \
-         linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), or, if \
-         linkerd-cni was uninstalled, remove the linkerd-cni entry from the node's CNI config",
-        kubeconfig.display()
-    );
-    log::error!("{why}");
-    why
+/// The pod, and the client that got it. Rejected credentials are retried
+/// within the deadline with the kubeconfig read anew on every attempt (the
+/// installer may have just rewritten it), then answered as
+/// [`credentials`] decides.
+fn get_pod(
+    config: &PluginConfig,
+    (namespace, name): (&str, &str),
+    pod_id: &str,
+    deadline: Instant,
+    api_failed: &dyn Fn(&str, ApiError) -> CniError,
+) -> Result<(Client, Pod), Stop> {
+    let mut retry = credentials::Retry::new(config, deadline);
+    loop {
+        let client = api_client(config, pod_id, deadline)?;
+        retry.attempt();
+        match client.pod(namespace, name) {
+            Ok(pod) => {
+                if retry.attempts() > 1 {
+                    log::info!(
+                        "pod {pod_id}: the Kubernetes API accepted linkerd-cni's credentials \
+                         on attempt {}",
+                        retry.attempts()
+                    );
+                }
+                return Ok((client, pod));
+            }
+            Err(ApiError::Unauthorized {
+                status, kubeconfig, ..
+            }) => {
+                let installer = credentials::installer(config);
+                match retry.after_rejection(&installer) {
+                    credentials::Next::Wait(d) => {
+                        log::info!(
+                            "pod {pod_id}: the Kubernetes API rejected linkerd-cni's \
+                             credentials (HTTP {status}, attempt {}); reading {} again in \
+                             {} ms",
+                            retry.attempts(),
+                            kubeconfig.display(),
+                            d.as_millis()
+                        );
+                        std::thread::sleep(d);
+                    }
+                    credentials::Next::Stop => {
+                        let (_cause, stop) = retry.give_up(pod_id, status, &kubeconfig, &installer);
+                        return Err(stop);
+                    }
+                }
+            }
+            Err(e) => return Err(Stop::Failed(api_failed(&format!("pod {pod_id}"), e))),
+        }
+    }
 }
 
 /// The pod's namespace and name from CNI_ARGS; a pass-through when the

@@ -228,9 +228,10 @@ fn malformed_annotation_is_an_error_naming_it() {
     );
 }
 
-/// Rejected credentials (a revoked token, RBAC without pods): the plugin
-/// cannot tell whether the pod is meshed and passes it through, saying why
-/// and what to do; no retry.
+/// Rejected credentials (a revoked token, RBAC without pods) and no
+/// installer alive (no heartbeat): the plugin cannot tell whether the pod
+/// is meshed and passes it through after a few attempts, saying why and
+/// what to do.
 #[test]
 fn rejected_credentials_pass_the_pod_through() {
     for (mode, status) in [(Mode::Unauthorized, "401"), (Mode::Forbidden, "403")] {
@@ -243,7 +244,8 @@ fn rejected_credentials_pass_the_pod_through() {
         assert!(why.contains("stale or lacks RBAC"), "{why}");
         assert!(why.contains("installer"), "{why}");
         assert!(why.contains(c.kubeconfig.to_str().unwrap()), "{why}");
-        assert_eq!(c.api.total_requests(), 1);
+        assert!(why.contains("no installer heartbeat"), "{why}");
+        assert_eq!(c.api.total_requests(), pod::CONFIRM_ATTEMPTS as usize);
     }
 }
 

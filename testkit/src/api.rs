@@ -23,12 +23,27 @@
 //! patch. `events.k8s.io/v1` Events POSTed are kept, for
 //! [`FakeApiServer::events`].
 //!
+//! Tokens and reviews: `POST .../serviceaccounts/{name}/token` (the
+//! TokenRequest API) mints a JWT-shaped token for that ServiceAccount, with
+//! `sub`, `iat`, `exp` and, when bound to a Node, `kubernetes.io.node`
+//! claims; [`FakeApiServer::set_tokens`] chooses how it answers (refused
+//! with 403 as under the linkerd2-cni chart's RBAC, without node binding as
+//! an older server, a capped lifetime), [`FakeApiServer::delete_account`]
+//! revokes every token minted for an account. A minted token may only GET
+//! under `/api/v1/namespaces/` (the plugin's role). SelfSubjectReview
+//! answers 201 for a valid token (401 otherwise, as every request);
+//! SelfSubjectAccessReview allows `get` on a pod unless its path is
+//! forbidden. [`FakeApiServer::fail_next_on`] fails the next requests of one
+//! path, [`FakeApiServer::fail_next_with`] with any body (a proxy's HTML
+//! page), and [`FakeApiServer::bearers`] lists the tokens a path was asked
+//! with.
+//!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
 //! for tests that run the plugin in a "node" namespace whose loopback is
 //! not the host's.
 //!
-//! A deliberately small HTTP/1.1 server: GET, PATCH and POST of Events only, keep-alive, one
-//! thread per connection.
+//! A deliberately small HTTP/1.1 server: GET, PATCH and those POSTs (and
+//! Events') only, keep-alive, one thread per connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -42,9 +57,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use rustls::ServerConfig;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::http::{Request, lock, read_request, status_json, write_json};
+use crate::http::{Request, lock, read_request, status_json, write_json, write_raw};
 use crate::pki::TestPki;
 
 /// How the server answers.
@@ -77,6 +92,58 @@ struct State {
     writes: Writes,
     /// `events.k8s.io/v1` Events POSTed, as received.
     events: Mutex<Vec<Value>>,
+    tokens: Mutex<Tokens>,
+    /// Per path: statuses for its next requests.
+    fail_path: Mutex<HashMap<String, VecDeque<u16>>>,
+    /// The next requests get this status and raw body.
+    fail_raw: Mutex<VecDeque<(u16, String)>>,
+    /// (path, bearer token) of every request, in order.
+    bearers: Mutex<Vec<(String, String)>>,
+}
+
+/// How TokenRequests are answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenPolicy {
+    /// false: 403, as without `create` on `serviceaccounts/token` (the
+    /// linkerd2-cni chart's RBAC).
+    pub allowed: bool,
+    /// false: a request bound to a Node gets 400, as a server without
+    /// node-bound tokens answers.
+    pub node_binding: bool,
+    /// The most lifetime granted, whatever was asked for (the API server's
+    /// `--service-account-max-token-expiration`).
+    pub max_lifetime: Option<Duration>,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        TokenPolicy {
+            allowed: true,
+            node_binding: true,
+            max_lifetime: None,
+        }
+    }
+}
+
+/// A token the server minted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MintedToken {
+    pub token: String,
+    /// `namespace/name` of its ServiceAccount.
+    pub account: String,
+    pub node: Option<String>,
+    /// Seconds since the epoch.
+    pub expires: u64,
+}
+
+#[derive(Debug, Default)]
+struct Tokens {
+    policy: TokenPolicy,
+    minted: Vec<MintedToken>,
+    /// Accounts deleted: their tokens get 401, their TokenRequests 404.
+    deleted: Vec<String>,
+    /// The bodies of the TokenRequests received, in order.
+    requests: Vec<Value>,
 }
 
 /// What PATCH requests see and leave.
@@ -134,6 +201,10 @@ impl FakeApiServer {
             forbidden: Mutex::new(Vec::new()),
             writes: Writes::default(),
             events: Mutex::new(Vec::new()),
+            tokens: Mutex::new(Tokens::default()),
+            fail_path: Mutex::new(HashMap::new()),
+            fail_raw: Mutex::new(VecDeque::new()),
+            bearers: Mutex::new(Vec::new()),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
 
@@ -219,6 +290,67 @@ impl FakeApiServer {
     /// The next `n` requests get `status` (e.g. 503, 429), whatever the mode.
     pub fn fail_next(&self, n: usize, status: u16) {
         lock(&self.state.fail_next).extend(std::iter::repeat_n(status, n));
+    }
+
+    /// The next `n` requests of `path` get `status` (with a Status body).
+    pub fn fail_next_on(&self, path: &str, n: usize, status: u16) {
+        lock(&self.state.fail_path)
+            .entry(path.to_string())
+            .or_default()
+            .extend(std::iter::repeat_n(status, n));
+    }
+
+    /// The next `n` requests get `status` with `body` as it is (e.g. an
+    /// HTML page, as a proxy in the way answers).
+    pub fn fail_next_with(&self, n: usize, status: u16, body: &str) {
+        lock(&self.state.fail_raw).extend(std::iter::repeat_n((status, body.to_string()), n));
+    }
+
+    /// How TokenRequests are answered from now on.
+    pub fn set_tokens(&self, policy: TokenPolicy) {
+        lock(&self.state.tokens).policy = policy;
+    }
+
+    /// The tokens minted so far, in order.
+    pub fn minted(&self) -> Vec<MintedToken> {
+        lock(&self.state.tokens).minted.clone()
+    }
+
+    /// The bodies of the TokenRequests received, in order.
+    pub fn token_requests(&self) -> Vec<Value> {
+        lock(&self.state.tokens).requests.clone()
+    }
+
+    /// ServiceAccount `namespace/name` is deleted: every token minted for
+    /// it gets 401 from now on, and its TokenRequests 404.
+    pub fn delete_account(&self, namespace: &str, name: &str) {
+        lock(&self.state.tokens)
+            .deleted
+            .push(format!("{namespace}/{name}"));
+    }
+
+    /// The bearer tokens `path` was asked with, in order.
+    pub fn bearers(&self, path: &str) -> Vec<String> {
+        lock(&self.state.bearers)
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, t)| t.clone())
+            .collect()
+    }
+
+    /// A new valid projected token of pod `namespace/pod` for ServiceAccount
+    /// `account` (JWT-shaped, with the pod's claim, valid an hour), revocable
+    /// as [`Self::issue_token`]'s.
+    pub fn issue_pod_token(&self, namespace: &str, account: &str, pod: &str) -> String {
+        let iat = now_secs();
+        let t = jwt(&json!({
+            "sub": format!("system:serviceaccount:{namespace}:{account}"),
+            "iat": iat, "exp": iat + 3600,
+            "kubernetes.io": {"namespace": namespace, "pod": {"name": pod},
+                              "serviceaccount": {"name": account}},
+        }));
+        lock(&self.state.extra_tokens).push(t.clone());
+        t
     }
 
     /// A new valid bearer token, as a second pod of the service account gets.
@@ -401,17 +533,36 @@ fn serve_connection(
             return Ok(());
         };
         *lock(&state.counts).entry(req.path.clone()).or_default() += 1;
-        let (status, body) = answer(state, &req, token);
+        let bearer = req
+            .authorization
+            .as_deref()
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .to_string();
+        lock(&state.bearers).push((req.path.clone(), bearer));
+        let raw = lock(&state.fail_raw).pop_front();
         let mode = *lock(&state.mode);
         if let Mode::Slow(d) = mode {
             std::thread::sleep(d);
         }
-        write_json(stream.get_mut(), status, &body)?;
+        match raw {
+            Some((status, body)) => write_raw(stream.get_mut(), status, "text/html", &body)?,
+            None => {
+                let (status, body) = answer(state, &req, token);
+                write_json(stream.get_mut(), status, &body)?;
+            }
+        }
     }
 }
 
 fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     if let Some(code) = lock(&state.fail_next).pop_front() {
+        return (code, status_json(code, "injected failure"));
+    }
+    if let Some(code) = lock(&state.fail_path)
+        .get_mut(&req.path)
+        .and_then(VecDeque::pop_front)
+    {
         return (code, status_json(code, "injected failure"));
     }
     match *lock(&state.mode) {
@@ -425,12 +576,35 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         .authorization
         .as_deref()
         .and_then(|a| a.strip_prefix("Bearer "));
+    let minted = bearer.and_then(|b| valid_minted(state, b));
     let valid = bearer.is_some_and(|b| {
-        (b == token || lock(&state.extra_tokens).iter().any(|t| t == b))
+        (b == token || lock(&state.extra_tokens).iter().any(|t| t == b) || minted.is_some())
             && !lock(&state.revoked).iter().any(|t| t == b)
     });
     if !valid {
         return (401, status_json(401, "Unauthorized"));
+    }
+    if req.method == "POST" && req.path == SELF_SUBJECT_REVIEW {
+        let user = match &minted {
+            Some(m) => format!("system:serviceaccount:{}", m.account.replace('/', ":")),
+            None => "system:serviceaccount:linkerd-cni:linkerd-cni".into(),
+        };
+        return (201, json!({"status": {"userInfo": {"username": user}}}));
+    }
+    if req.method == "POST" && req.path == SELF_SUBJECT_ACCESS_REVIEW {
+        return access_review(state, req);
+    }
+    // The plugin's role: GETs of pods, namespaces and services.
+    if minted.is_some() && (req.method != "GET" || !req.path.starts_with("/api/v1/namespaces/")) {
+        return (
+            403,
+            status_json(403, "forbidden: the plugin's role does not allow this"),
+        );
+    }
+    if req.method == "POST"
+        && let Some(account) = token_request_account(&req.path)
+    {
+        return token_request(state, req, &account);
     }
     if lock(&state.forbidden).contains(&req.path) {
         return (403, status_json(403, "forbidden: User cannot get resource"));
@@ -461,6 +635,120 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
         Some(v) => (200, v.clone()),
         None => (404, status_json(404, &format!("{} not found", req.path))),
     }
+}
+
+const SELF_SUBJECT_REVIEW: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+const SELF_SUBJECT_ACCESS_REVIEW: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+
+/// The minted token `bearer`, when valid now.
+fn valid_minted(state: &State, bearer: &str) -> Option<MintedToken> {
+    let tokens = lock(&state.tokens);
+    let m = tokens.minted.iter().find(|m| m.token == bearer)?;
+    (m.expires > now_secs() && !tokens.deleted.contains(&m.account)).then(|| m.clone())
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// `namespace/name` of a TokenRequest path.
+fn token_request_account(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let (ns, rest) = rest.split_once("/serviceaccounts/")?;
+    let name = rest.strip_suffix("/token")?;
+    (!ns.contains('/') && !name.contains('/')).then(|| format!("{ns}/{name}"))
+}
+
+fn token_request(state: &State, req: &Request, account: &str) -> (u16, Value) {
+    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let mut tokens = lock(&state.tokens);
+    tokens.requests.push(body.clone());
+    let policy = tokens.policy;
+    if !policy.allowed {
+        return (
+            403,
+            status_json(
+                403,
+                "forbidden: cannot create resource serviceaccounts/token",
+            ),
+        );
+    }
+    if tokens.deleted.iter().any(|a| a == account) {
+        return (404, status_json(404, "serviceaccount not found"));
+    }
+    let spec = &body["spec"];
+    let node = match &spec["boundObjectRef"] {
+        Value::Null => None,
+        r if r["kind"] == "Node" && policy.node_binding => r["name"].as_str().map(str::to_string),
+        r => {
+            return (
+                400,
+                status_json(
+                    400,
+                    &format!("cannot bind token for object of type {}", r["kind"]),
+                ),
+            );
+        }
+    };
+    let asked = spec["expirationSeconds"].as_u64().unwrap_or(3600);
+    let lifetime = policy
+        .max_lifetime
+        .map_or(asked, |m| asked.min(m.as_secs().max(1)));
+    let iat = now_secs();
+    let (ns, name) = account.split_once('/').unwrap_or_default();
+    let mut claims = json!({
+        "sub": format!("system:serviceaccount:{ns}:{name}"),
+        "iat": iat, "exp": iat + lifetime,
+        "jti": crate::unique_name("jti"),
+        "kubernetes.io": {"namespace": ns, "serviceaccount": {"name": name}},
+    });
+    if let Some(n) = &node {
+        claims["kubernetes.io"]["node"] = json!({"name": n});
+    }
+    let token = jwt(&claims);
+    tokens.minted.push(MintedToken {
+        token: token.clone(),
+        account: account.to_string(),
+        node,
+        expires: iat + lifetime,
+    });
+    (
+        201,
+        json!({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+               "status": {"token": token, "expirationTimestamp": ""}}),
+    )
+}
+
+/// A JWT-shaped token holding `claims` (signed by nobody).
+fn jwt(claims: &Value) -> String {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    format!(
+        "{}.{}.{}",
+        b64(br#"{"alg":"RS256","kid":"testkit"}"#),
+        b64(claims.to_string().as_bytes()),
+        b64(b"testkit-signature")
+    )
+}
+
+/// Allows everything but `get` of a forbidden path.
+fn access_review(state: &State, req: &Request) -> (u16, Value) {
+    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let a = &body["spec"]["resourceAttributes"];
+    let s = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+    let path = match s("resource").as_str() {
+        "pods" => format!("/api/v1/namespaces/{}/pods/{}", s("namespace"), s("name")),
+        "daemonsets" => format!(
+            "/apis/apps/v1/namespaces/{}/daemonsets/{}",
+            s("namespace"),
+            s("name")
+        ),
+        _ => String::new(),
+    };
+    let allowed = !lock(&state.forbidden).contains(&path);
+    (201, json!({"status": {"allowed": allowed}}))
 }
 
 /// A JSON patch: recorded, then applied all or nothing.

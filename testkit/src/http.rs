@@ -155,9 +155,18 @@ fn percent_decode(s: &str) -> String {
 
 /// Writes a `Content-Length` answer with the JSON `body`.
 pub(crate) fn write_json(w: &mut Tls, status: u16, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
+    write_raw(w, status, "application/json", &body.to_string())
+}
+
+/// Writes a `Content-Length` answer with `body` as it is.
+pub(crate) fn write_raw(
+    w: &mut Tls,
+    status: u16,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
         reason(status),
         body.len()
     );

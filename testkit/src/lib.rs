@@ -53,7 +53,7 @@ pub mod pki;
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "api")]
-pub use api::{FakeApiServer, Mode};
+pub use api::{FakeApiServer, MintedToken, Mode, TokenPolicy};
 #[cfg(feature = "api")]
 pub use api_watch::WatchApiServer;
 pub use names::{TempDir, unique_name};

@@ -83,6 +83,27 @@ pub fn start_installer(
     api: Option<&FakeApiServer>,
     opts: InstallerOptions,
 ) -> Result<InstallerProcess, String> {
+    start_installer_as(node, bins, api, opts, None)
+}
+
+/// An installer pod as the API server knows it: its name (in namespace
+/// `linkerd-cni`) and its own service-account token.
+#[derive(Debug, Clone)]
+pub struct InstallerPod {
+    pub name: String,
+    pub token: String,
+}
+
+/// [`start_installer`] as installer pod `pod`: its token instead of the
+/// API server's, its name and namespace given (as the downward API gives
+/// them), so that at SIGTERM it asks about its own DaemonSet.
+pub fn start_installer_as(
+    node: &Node,
+    bins: &Binaries,
+    api: Option<&FakeApiServer>,
+    opts: InstallerOptions,
+    pod: Option<&InstallerPod>,
+) -> Result<InstallerProcess, String> {
     let io =
         |what: &str, p: &Path, e: std::io::Error| format!("cannot {what} {}: {e}", p.display());
     let image = node.dir().join("image");
@@ -100,7 +121,7 @@ pub fn start_installer(
         Some(a) => (
             a.addr().ip().to_string(),
             a.addr().port(),
-            a.token().to_string(),
+            pod.map_or_else(|| a.token().to_string(), |p| p.token.clone()),
             a.ca_pem().to_string(),
         ),
         None => ("127.0.0.1".into(), 1, "unused".into(), String::new()),
@@ -127,6 +148,10 @@ pub fn start_installer(
             "LINKERD_CNI_RESYNC_SECONDS",
             format!("{}", opts.resync.as_secs_f64()),
         );
+    if let Some(p) = pod {
+        cmd.env("LINKERD_CNI_POD_NAME", &p.name)
+            .env("LINKERD_CNI_POD_NAMESPACE", "linkerd-cni");
+    }
     // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only
     // the child being set up. `ip netns exec` execs the installer in place,
     // which keeps the setting.

@@ -41,7 +41,8 @@ impl Cluster {
 
 /// The linkerd-cni entry of a conflist as the installer renders the
 /// shipped manifest's template, with chain healing off (another part of the
-/// plugin, tested elsewhere) and `linkerd` keys of `linkerd` on top, as a
+/// plugin, tested elsewhere), `state_dir` the kubeconfig's dir and
+/// `linkerd` keys of `linkerd` on top, as a
 /// runtime passes it to the last plugin of a Calico chain.
 pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
     let mut c = testkit::chart::template_json();
@@ -50,10 +51,11 @@ pub fn netconf(kubeconfig: &Path, linkerd: Value) -> Value {
     c["log_level"] = "debug".into();
     c["chain_heal"] = false.into();
     c["kubernetes"]["kubeconfig"] = kubeconfig.to_str().unwrap().into();
-    // The ADD outcome counters next to the kubeconfig, not in the
-    // machine's /run/linkerd-cni.
-    let state = kubeconfig.parent().unwrap_or(kubeconfig).join("state");
-    c["state_dir"] = state.to_str().unwrap().into();
+    // The kubeconfig's own dir, not the machine's /run/linkerd-cni: no
+    // installer heartbeat there unless a test writes one.
+    if let Some(dir) = kubeconfig.parent() {
+        c["state_dir"] = dir.to_str().unwrap().into();
+    }
     c["linkerd"]["outbound-ports-to-ignore"] = json!([]);
     // Other suites on this machine may hold the legacy xtables lock.
     c["linkerd"]["use-wait-flag"] = true.into();

@@ -2,8 +2,9 @@
 //! and a temp dir, a primary CNI (bridge + host-local + portmap), the fake
 //! Kubernetes API server, the real installer and plugin, and libcni (the
 //! library containerd and CRI-O embed) adding pods: the upstream installer
-//! race, meshed and unmeshed pods with their iptables rules, and the chain
-//! healing after the primary rewrites its conflist.
+//! race, meshed and unmeshed pods with their iptables rules, the chain
+//! healing after the primary rewrites its conflist, and a rolling update
+//! of the installer during which a meshed pod still gets its rules.
 //!
 //! Run as root after building the release binaries (demo.sh does both).
 //! Nothing outside its namespaces and temp dir is touched, and everything is
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use conformance::iptables::{Backend, Family, NatTable};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts};
-use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
+use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions, InstallerPod};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
 use serde_json::{Value, json};
 use testkit::FakeApiServer;
@@ -29,6 +30,13 @@ const NETWORK: &str = "k8s-pod-network";
 const PRIMARY_FILE: &str = "10-k8s-pod-network.conflist";
 /// The installer's resync period in this demo (10 s in the chart).
 const RESYNC: Duration = Duration::from_secs(3);
+/// The installer's DaemonSet, in namespace linkerd-cni, as the API server
+/// knows it.
+const DS: &str = "linkerd-cni";
+const DS_UID: &str = "0d5e7a1c-0000-4000-8000-000000000001";
+/// The gap of the rolling update: the old installer pod is gone, the new
+/// one not started yet.
+const GAP: Duration = Duration::from_secs(3);
 const WIDTH: usize = 78;
 
 fn main() -> ExitCode {
@@ -63,15 +71,19 @@ fn run(o: &Out) -> Result<(), Stop> {
     checkpoint()?;
     let (node, n, api) = step1_node(o);
     checkpoint()?;
-    let mut installer = step2_installer_before_primary(o, &node, &bins, &api, &n)?;
+    let first = installer_pod(&api, "linkerd-cni-7xk2p");
+    let mut installer = step2_installer_before_primary(o, &node, &bins, &api, &first, &n)?;
     checkpoint()?;
     let (web, batch) = step3_two_pods(o, &node, &api, &n)?;
     checkpoint()?;
     step4_primary_rewrite(o, &node, &bins, &mut installer, &n)?;
     checkpoint()?;
-    let web2 = step5_add_heals(o, &node, &bins, &mut installer, &n)?;
+    let (mut installer, web3) =
+        step5_rolling_update(o, &node, &bins, &api, (installer, &first), &n)?;
     checkpoint()?;
-    step6_clean_up(o, node, api, installer, [web, batch, web2])?;
+    let web2 = step6_add_heals(o, &node, &bins, &mut installer, &n)?;
+    checkpoint()?;
+    step7_clean_up(o, node, api, installer, [web, batch, web2, web3])?;
     o.good(&format!(
         "Done in {:.1} s.",
         started.elapsed().as_secs_f64()
@@ -105,6 +117,11 @@ fn step1_node(o: &Out) -> (Node, Names, FakeApiServer) {
     api.add_pod(&objects::Pod::meshed("demo", "web"));
     api.add_pod(&objects::Pod::new("demo", "batch"));
     api.add_pod(&objects::Pod::meshed("demo", "web-2"));
+    api.add_pod(&objects::Pod::meshed("demo", "web-3"));
+    api.set(
+        &objects::daemonset_path("linkerd-cni", DS),
+        objects::daemonset("linkerd-cni", DS, DS_UID, false),
+    );
     o.kv(
         "node",
         &format!("network namespace {}", node.netns().name()),
@@ -125,7 +142,12 @@ fn step1_node(o: &Out) -> (Node, Names, FakeApiServer) {
     o.kv("", "a stand-in for Kubernetes, serving:");
     o.kv("", "pod demo/web    has a linkerd-proxy container: meshed");
     o.kv("", "pod demo/batch  has none: not meshed");
-    o.kv("", "pod demo/web-2  meshed too (step 5)");
+    o.kv("", "pod demo/web-3  meshed too (step 5)");
+    o.kv("", "pod demo/web-2  meshed too (step 6)");
+    o.kv(
+        "",
+        "DaemonSet linkerd-cni/linkerd-cni and its installer pods",
+    );
     (node, n, api)
 }
 
@@ -136,6 +158,7 @@ fn step2_installer_before_primary(
     node: &Node,
     bins: &Binaries,
     api: &FakeApiServer,
+    pod: &InstallerPod,
     n: &Names,
 ) -> Result<InstallerProcess, Stop> {
     o.section(
@@ -154,16 +177,7 @@ fn step2_installer_before_primary(
         "LINKERD_CNI_WATCH=false LINKERD_CNI_RESYNC_SECONDS={} linkerd-cni-installer",
         RESYNC.as_secs()
     ));
-    let mut installer = scenario::start_installer(
-        node,
-        bins,
-        Some(api),
-        InstallerOptions {
-            watch: false,
-            resync: RESYNC,
-        },
-    )
-    .map_err(Stop::failed)?;
+    let mut installer = start_as(node, bins, api, pod)?;
     wait_for(Duration::from_secs(10), || {
         node.conf_dir().join("ZZZ-linkerd-cni-entry").exists()
     })
@@ -321,15 +335,122 @@ fn step4_primary_rewrite(
     Ok(())
 }
 
-/// Step 5: with the installer stopped, a pod's ADD heals the chain.
-fn step5_add_heals(
+/// An installer pod of the DaemonSet, registered with the API server, with
+/// a token of its own (revoked when the pod is deleted).
+fn installer_pod(api: &FakeApiServer, name: &str) -> InstallerPod {
+    api.set(
+        &objects::pod_path("linkerd-cni", name),
+        objects::daemonset_pod("linkerd-cni", name, DS, DS_UID),
+    );
+    InstallerPod {
+        name: name.to_string(),
+        token: api.issue_token(),
+    }
+}
+
+/// Starts the installer as `pod`, with no file watcher (see step 2).
+fn start_as(
+    node: &Node,
+    bins: &Binaries,
+    api: &FakeApiServer,
+    pod: &InstallerPod,
+) -> Result<InstallerProcess, Stop> {
+    scenario::start_installer_as(
+        node,
+        bins,
+        Some(api),
+        InstallerOptions {
+            watch: false,
+            resync: RESYNC,
+        },
+        Some(pod),
+    )
+    .map_err(Stop::failed)
+}
+
+/// The subject of the token in the node's kubeconfig, and whether it is
+/// the installer pod's own.
+fn kubeconfig_subject(node: &Node, own: &str) -> String {
+    let text = std::fs::read_to_string(node.conf_dir().join("ZZZ-linkerd-cni-kubeconfig"))
+        .unwrap_or_default();
+    let token = text
+        .lines()
+        .find_map(|l| l.strip_prefix("    token: "))
+        .and_then(|t| serde_json::from_str::<String>(t).ok())
+        .unwrap_or_default();
+    if token == own {
+        return "the installer pod's own token".into();
+    }
+    match linkerd_cni_kube::token::claims(&token) {
+        Some(c) => format!(
+            "a token of {}, valid for {} h",
+            c.subject,
+            c.lifetime().as_secs() / 3600
+        ),
+        None => "no token linkerd-cni minted".into(),
+    }
+}
+
+/// Step 5: a rolling update of the installer: the old pod goes (its token
+/// with it), a gap, the new one starts; a meshed pod added in the gap gets
+/// its rules.
+fn step5_rolling_update(
+    o: &Out,
+    node: &Node,
+    bins: &Binaries,
+    api: &FakeApiServer,
+    (mut old, old_pod): (InstallerProcess, &InstallerPod),
+    n: &Names,
+) -> Result<(InstallerProcess, Pod), Stop> {
+    o.section(5, "A rolling update of the installer, and a pod in its gap");
+    o.say(&format!(
+        "The kubeconfig the plugin uses does not hold the installer pod's token: it holds          {}, minted by the installer through the TokenRequest API for the plugin's own          ServiceAccount, which may only read pods, namespaces and the kubernetes Service.",
+        kubeconfig_subject(node, "")
+    ));
+    o.say(
+        "A rolling update stops the old installer pod (SIGTERM). Its DaemonSet is still          there, so it leaves everything installed:",
+    );
+    let code = old.stop();
+    o.logs("installer", &old.new_log_lines(), n);
+    o.dim(&format!("  (installer exit code {})", fmt_code(code)));
+    drop(old);
+    api.remove(&objects::pod_path("linkerd-cni", &old_pod.name));
+    api.revoke_token(&old_pod.token);
+    o.say(&format!(
+        "Its pod object is deleted, which revokes its token (the API server answers 401          to it from now on). The new pod starts {} s later. Meanwhile a meshed pod starts:",
+        GAP.as_secs()
+    ));
+    let web3 = node.pod(PodSpec::kubernetes("demo", "web-3"));
+    let gap_started = Instant::now();
+    add(o, node, &web3, "demo/web-3 (meshed, no installer running)")?;
+    expect_reference_rules(o, &web3)?;
+    o.good("it got its rules: the plugin's token outlived the installer pod");
+    stop::sleep(GAP.saturating_sub(gap_started.elapsed()))?;
+    o.say("The new installer pod starts:");
+    let pod = installer_pod(api, "linkerd-cni-q4m9z");
+    let mut new = start_as(node, bins, api, &pod)?;
+    wait_for(Duration::from_secs(10), || {
+        new.log().contains("starting:") && node.linkerd_last()
+    })
+    .map_err(|_| Stop::failed("the new installer did not start"))?;
+    stop::sleep(Duration::from_millis(500))?;
+    o.logs("installer", &new.new_log_lines(), n);
+    o.say(&format!(
+        "It keeps the plugin's token ({}) instead of writing one of its own: nothing          in the conf dir changed, so the runtime had nothing to reload.",
+        kubeconfig_subject(node, &pod.token)
+    ));
+    Ok((new, web3))
+}
+
+/// Step 6: with the installer stopped, a pod's ADD heals the chain.
+fn step6_add_heals(
     o: &Out,
     node: &Node,
     bins: &Binaries,
     installer: &mut InstallerProcess,
     n: &Names,
 ) -> Result<Pod, Stop> {
-    o.section(5, "No installer running: a pod ADD heals the chain");
+    o.section(6, "No installer running: a pod ADD heals the chain");
     o.say(
         "The installer stops (SIGTERM: it exits and leaves everything installed, so a \
          restart or an upgrade never unchains pods).",
@@ -369,22 +490,23 @@ fn step5_add_heals(
     Ok(web2)
 }
 
-/// Step 6: DEL of every pod, then everything the demo made is removed (in
+/// Step 7: DEL of every pod, then everything the demo made is removed (in
 /// the order the guards need: pods, API server, installer, node).
-fn step6_clean_up(
+fn step7_clean_up(
     o: &Out,
     node: Node,
     api: FakeApiServer,
     installer: InstallerProcess,
-    pods: [Pod; 3],
+    pods: [Pod; 4],
 ) -> Result<(), Stop> {
-    let [web, batch, web2] = pods;
-    o.section(6, "Clean-up");
+    let [web, batch, web2, web3] = pods;
+    o.section(7, "Clean-up");
     let mut dels = Vec::new();
     for (pod, name) in [
         (&web, "demo/web"),
         (&batch, "demo/batch"),
         (&web2, "demo/web-2"),
+        (&web3, "demo/web-3"),
     ] {
         match node.del(NETWORK, pod) {
             Ok(_) => dels.push(format!("{name} ok")),
@@ -400,9 +522,10 @@ fn step6_clean_up(
         web.netns().name().to_string(),
         batch.netns().name().to_string(),
         web2.netns().name().to_string(),
+        web3.netns().name().to_string(),
     ];
     let dir = node.dir().display().to_string();
-    drop((web, batch, web2));
+    drop((web, batch, web2, web3));
     drop(api);
     drop(installer);
     drop(node);

@@ -1,0 +1,293 @@
+//! The installer's heartbeat: how the plugin tells "my credentials were
+//! rejected, and an installer is alive on this node to rewrite them" (ask
+//! the runtime to retry the pod) from "they were rejected and nobody will
+//! fix them" (pass the pod through, as when the kubeconfig is gone).
+//!
+//! After every pass that left the kubeconfig current, the installer
+//! replaces [`HEARTBEAT_FILE`] in the plugin's state dir (its config's
+//! `state_dir`, [`DEFAULT_STATE_DIR`]), never in the conf dir: a write there
+//! would make the runtime reload its config, and an idle installer writes
+//! nothing into the conf dir. The file holds the host's boot id, the time of
+//! the beat on the host's boot-time clock (so that wall-clock steps neither
+//! age nor refresh it) and the installer's resync period.
+//!
+//! The plugin takes the installer for gone when the file is absent or
+//! unreadable, from another boot, or older than the limit: its
+//! `installer_gone_after_seconds` when set, else [`GONE_AFTER_RESYNCS`]
+//! resync periods plus [`GONE_AFTER_SLACK`] (60 s with the default 10 s
+//! period): a pass can take seconds, and a rolling update leaves a gap
+//! between the old installer's last beat and the new one's first.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::time::{ClockId, clock_gettime};
+use serde_json::{Value, json};
+
+use crate::ChainError;
+
+/// The plugin's default `state_dir`, where the heartbeat lives.
+pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
+/// The heartbeat's file name in the state dir.
+pub const HEARTBEAT_FILE: &str = "installer-heartbeat.json";
+/// Missed resync periods after which the installer is taken for gone...
+pub const GONE_AFTER_RESYNCS: u32 = 3;
+/// ...plus this, for a long pass and a rolling update's gap.
+pub const GONE_AFTER_SLACK: Duration = Duration::from_secs(30);
+/// A beat this far ahead of the reader's clock was not written on this
+/// boot's clock (clocks of one boot agree to well under this).
+const FUTURE_TOLERANCE: Duration = Duration::from_secs(1);
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// One beat: what the file holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Beat {
+    /// The host's boot id (empty when it cannot be read).
+    pub boot_id: String,
+    /// When, on the host's boot-time clock (CLOCK_BOOTTIME).
+    pub at: Duration,
+    /// The installer's resync period.
+    pub resync: Duration,
+}
+
+impl Beat {
+    /// A beat now, from an installer resyncing every `resync`.
+    pub fn now(resync: Duration) -> Beat {
+        Beat {
+            boot_id: boot_id(),
+            at: boot_clock(),
+            resync,
+        }
+    }
+
+    fn to_json(&self) -> String {
+        json!({
+            "boot_id": self.boot_id,
+            "boot_time_seconds": self.at.as_secs_f64(),
+            "resync_seconds": self.resync.as_secs_f64(),
+        })
+        .to_string()
+    }
+
+    fn from_json(bytes: &[u8]) -> Option<Beat> {
+        let v: Value = serde_json::from_slice(bytes).ok()?;
+        let secs = |k: &str| {
+            v[k].as_f64()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        };
+        Some(Beat {
+            boot_id: v["boot_id"].as_str()?.to_string(),
+            at: secs("boot_time_seconds")?,
+            resync: secs("resync_seconds")?,
+        })
+    }
+
+    /// The default limit for this beat's installer.
+    pub fn default_limit(&self) -> Duration {
+        self.resync
+            .saturating_mul(GONE_AFTER_RESYNCS)
+            .saturating_add(GONE_AFTER_SLACK)
+    }
+}
+
+/// The heartbeat file in `state_dir`.
+pub fn path(state_dir: &Path) -> PathBuf {
+    state_dir.join(HEARTBEAT_FILE)
+}
+
+/// Writes `beat` into `state_dir` (created if missing), atomically.
+pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
+    fs::create_dir_all(state_dir)
+        .map_err(|e| ChainError::io("create the state dir", state_dir, e))?;
+    crate::write::write_atomic(&path(state_dir), beat.to_json().as_bytes(), 0o644)
+}
+
+/// Removes the heartbeat (an uninstall): the plugin then takes the
+/// installer for gone at once. Whether there was one.
+pub fn remove(state_dir: &Path) -> Result<bool, ChainError> {
+    let p = path(state_dir);
+    match fs::remove_file(&p) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(ChainError::io("remove", &p, e)),
+    }
+}
+
+/// Whether an installer is alive on this node, as its heartbeat tells.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Liveness {
+    /// It beat `age` ago, within `limit`.
+    Alive { age: Duration, limit: Duration },
+    /// It is taken for gone.
+    Gone(Gone),
+}
+
+/// Why the installer is taken for gone.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gone {
+    /// No heartbeat file.
+    Absent(PathBuf),
+    /// A file that is not a heartbeat, or cannot be read.
+    Unreadable { path: PathBuf, why: String },
+    /// Written before this boot, or on another clock.
+    OtherBoot(PathBuf),
+    /// The last beat is older than the limit.
+    Stale {
+        path: PathBuf,
+        age: Duration,
+        limit: Duration,
+    },
+}
+
+impl std::fmt::Display for Gone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Gone::Absent(p) => write!(f, "no installer heartbeat ({} does not exist)", p.display()),
+            Gone::Unreadable { path, why } => {
+                write!(
+                    f,
+                    "the installer heartbeat {} is unreadable: {why}",
+                    path.display()
+                )
+            }
+            Gone::OtherBoot(p) => write!(
+                f,
+                "the installer heartbeat {} was written before this boot",
+                p.display()
+            ),
+            Gone::Stale { path, age, limit } => write!(
+                f,
+                "the installer's last heartbeat ({}) is {:.0} s old, past the {:.0} s limit",
+                path.display(),
+                age.as_secs_f64(),
+                limit.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// Reads the heartbeat in `state_dir`; `limit` overrides the beat's own
+/// default limit ([`Beat::default_limit`]).
+pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
+    let path = path(state_dir);
+    let bytes = match crate::scan::read_file(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Liveness::Gone(Gone::Absent(path));
+        }
+        Err(e) => {
+            return Liveness::Gone(Gone::Unreadable {
+                path,
+                why: e.to_string(),
+            });
+        }
+    };
+    let Some(beat) = Beat::from_json(&bytes) else {
+        return Liveness::Gone(Gone::Unreadable {
+            path,
+            why: "not a heartbeat".into(),
+        });
+    };
+    let now = boot_clock();
+    let ours = boot_id();
+    if (!ours.is_empty() && !beat.boot_id.is_empty() && beat.boot_id != ours)
+        || beat.at > now + FUTURE_TOLERANCE
+    {
+        return Liveness::Gone(Gone::OtherBoot(path));
+    }
+    let age = now.saturating_sub(beat.at);
+    let limit = limit.unwrap_or_else(|| beat.default_limit());
+    if age > limit {
+        return Liveness::Gone(Gone::Stale { path, age, limit });
+    }
+    Liveness::Alive { age, limit }
+}
+
+/// The host's boot-time clock: monotonic, counting suspend, shared by every
+/// container on the host.
+pub fn boot_clock() -> Duration {
+    clock_gettime(ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// This boot's id, or empty.
+pub fn boot_id() -> String {
+    fs::read_to_string(BOOT_ID)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+
+    #[test]
+    fn a_fresh_beat_is_alive_an_old_one_gone() {
+        let dir = TempDir::new("heartbeat");
+        assert!(matches!(
+            liveness(dir.path(), None),
+            Liveness::Gone(Gone::Absent(_))
+        ));
+        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        match liveness(dir.path(), None) {
+            Liveness::Alive { limit, .. } => assert_eq!(limit, Duration::from_secs(60)),
+            other => panic!("{other:?}"),
+        }
+        // The configured limit wins over the beat's own.
+        let mut old = Beat::now(Duration::from_secs(10));
+        old.at = old.at.saturating_sub(Duration::from_secs(5));
+        write(dir.path(), &old).unwrap();
+        assert!(matches!(
+            liveness(dir.path(), Some(Duration::from_secs(2))),
+            Liveness::Gone(Gone::Stale { .. })
+        ));
+        assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
+        assert!(remove(dir.path()).unwrap());
+        assert!(!remove(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn a_beat_of_another_boot_or_from_the_future_is_gone() {
+        let dir = TempDir::new("heartbeat");
+        let mut other = Beat::now(Duration::from_secs(10));
+        other.boot_id = "00000000-0000-0000-0000-000000000000".into();
+        write(dir.path(), &other).unwrap();
+        if !boot_id().is_empty() {
+            assert!(matches!(
+                liveness(dir.path(), None),
+                Liveness::Gone(Gone::OtherBoot(_))
+            ));
+        }
+        let mut ahead = Beat::now(Duration::from_secs(10));
+        ahead.at += Duration::from_secs(3600);
+        write(dir.path(), &ahead).unwrap();
+        assert!(matches!(
+            liveness(dir.path(), None),
+            Liveness::Gone(Gone::OtherBoot(_))
+        ));
+    }
+
+    #[test]
+    fn anything_else_in_the_file_is_unreadable() {
+        let dir = TempDir::new("heartbeat");
+        for junk in [
+            &b"{}"[..],
+            b"not json",
+            b"{\"boot_id\":\"x\",\"boot_time_seconds\":-1,\"resync_seconds\":10}",
+        ] {
+            fs::write(path(dir.path()), junk).unwrap();
+            assert!(
+                matches!(
+                    liveness(dir.path(), None),
+                    Liveness::Gone(Gone::Unreadable { .. })
+                ),
+                "{}",
+                String::from_utf8_lossy(junk)
+            );
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The plugin's credential: which token goes into the node's kubeconfig.
+//!
+//! The installer mints it through the TokenRequest API for the plugin's own
+//! ServiceAccount (`LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`, default
+//! `linkerd-cni-plugin`, in the installer's namespace), which may only read
+//! what the plugin reads. It is bound to the Node where the API server
+//! supports it, for [`LIFETIME`] (or the server's cap), so it outlives the
+//! installer pod: a rolling update, a restart, a force-delete or an
+//! eviction leaves the plugin a valid token. It dies with its
+//! ServiceAccount (an uninstall), with the Node, or at expiry.
+//!
+//! A token already in the file is kept while more than half of its
+//! lifetime is left and the API server has not refused it: a restarted
+//! installer, or two installers on one node (a force-delete overlap, a
+//! `maxSurge` rollout), write nothing, so the runtime is not made to reload
+//! its config. Past half its lifetime the token is replaced; a token found
+//! in the file is checked once per process (a GET the plugin's role
+//! allows), so that one whose ServiceAccount was deleted and created again
+//! is replaced at once.
+//!
+//! Under RBAC without `create` on `serviceaccounts/token` (the linkerd2-cni
+//! chart's) or without the plugin's ServiceAccount, the installer falls
+//! back to its own projected token, as upstream does, says so once, and
+//! asks again every [`REFUSED_RETRY`]; a second installer on the node then
+//! keeps the first one's token while the API server accepts it. Any other failure keeps the token in
+//! the file while it is still valid (else uses the installer's own token
+//! until a TokenRequest succeeds: a node is never left unchained for want
+//! of an API server), and is retried with a backoff, so an API server that
+//! is down costs a pass no more than one bounded attempt now and then.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use linkerd_cni_kube::token::{self, Claims, TokenError};
+use linkerd_cni_kube::{ApiError, Client};
+
+use crate::config::Config;
+use crate::kubeconfig::{self, KubeconfigError};
+
+/// The lifetime asked for. The API server may grant less
+/// (`--service-account-max-token-expiration`); the token's own claims say.
+pub const LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// The most one attempt's API calls may take: a pass must stay short.
+const API_TIMEOUT: Duration = Duration::from_secs(3);
+/// After a refused TokenRequest (403, 404): RBAC does not change by itself.
+pub const REFUSED_RETRY: Duration = Duration::from_secs(600);
+/// Backoff after other failures, doubling per failure in a row...
+const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+/// ...up to this.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// What the check GETs with a token found in the file: the plugin's role
+/// allows it, and it exists in every cluster.
+const PROBE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
+
+/// Why no token was minted.
+enum Failed {
+    /// The RBAC or the ServiceAccount is missing: fall back.
+    Refused(String),
+    Other(String),
+}
+
+pub struct Credential {
+    /// The plugin's token last minted, or found in the file and not
+    /// refused: kept without asking again.
+    trusted: Option<String>,
+    /// Not before this: a TokenRequest failed.
+    next_try: Instant,
+    failures: u32,
+    /// While set, the installer's own token is used, until the instant.
+    fallback: Option<(Instant, String)>,
+    /// The API server refused to bind a token to the Node: ask unbound.
+    unbound: bool,
+    /// The interim use of this pod's own token was said.
+    said_interim: bool,
+}
+
+impl Default for Credential {
+    fn default() -> Self {
+        Credential {
+            trusted: None,
+            next_try: Instant::now(),
+            failures: 0,
+            fallback: None,
+            unbound: false,
+            said_interim: false,
+        }
+    }
+}
+
+/// What the plugin's token must be: its ServiceAccount's subject.
+fn plugin_subject(cfg: &Config) -> Result<String, String> {
+    Ok(token::subject(
+        &crate::owner::namespace(cfg)?,
+        &cfg.plugin_service_account,
+    ))
+}
+
+/// Whether `claims` are of a plugin token worth keeping at `now`: the
+/// plugin's account, bound to no other node, more than half its lifetime
+/// left.
+fn keepable(cfg: &Config, subject: &str, claims: &Claims, now: SystemTime) -> bool {
+    claims.subject == subject
+        && claims
+            .node
+            .as_ref()
+            .is_none_or(|n| cfg.node_name.as_ref() == Some(n))
+        && claims.remaining(now) > claims.lifetime() / 2
+}
+
+/// Whether `t` is a plugin token not expired at `now`.
+fn unexpired(subject: &str, t: &str, now: SystemTime) -> bool {
+    token::claims(t).is_some_and(|c| c.subject == subject && c.remaining(now) > Duration::ZERO)
+}
+
+/// Whether the API server refuses `t`: only a 401 says so (a 403 is a
+/// valid token without that right; no answer tells nothing).
+fn refused(cfg: &Config, t: &str) -> bool {
+    let answer = kubeconfig::api_with(cfg, t)
+        .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
+    matches!(answer, Ok(Err(ApiError::Unauthorized { status: 401, .. })))
+}
+
+/// How the kubeconfig's token compares with what this installer would
+/// accept, for the readiness check (which runs as a process of its own and
+/// asks no API): None when fine, else why not.
+pub fn problem(cfg: &Config, file_token: &str) -> Option<String> {
+    let own = kubeconfig::own_token(cfg).ok();
+    if own.as_deref() == Some(file_token) {
+        // The fallback (the linkerd2-cni chart's RBAC).
+        return None;
+    }
+    if let (Some(o), Some(f)) = (
+        own.as_deref().and_then(token::claims),
+        token::claims(file_token),
+    ) && o.subject == f.subject
+        && f.pod.is_some()
+    {
+        // The fallback, with another installer's token (see `projected`).
+        return None;
+    }
+    let subject = match plugin_subject(cfg) {
+        Ok(s) => s,
+        Err(e) => return Some(e),
+    };
+    let now = SystemTime::now();
+    match token::claims(file_token) {
+        Some(c) if c.subject != subject => Some(format!(
+            "its token is {}'s, neither the plugin's ({subject}) nor this pod's",
+            c.subject
+        )),
+        Some(c) if c.remaining(now) == Duration::ZERO => {
+            Some("its token (the plugin's) has expired".into())
+        }
+        Some(c) if c.remaining(now) < c.lifetime() / 4 => Some(format!(
+            "its token (the plugin's) expires in {} s and was not replaced",
+            c.remaining(now).as_secs()
+        )),
+        Some(_) => None,
+        None => Some("its token is neither the plugin's nor this pod's".into()),
+    }
+}
+
+impl Credential {
+    /// The token the kubeconfig should hold now.
+    /// Err: no token the plugin could use (nothing to write).
+    pub fn token(&mut self, cfg: &Config) -> Result<String, KubeconfigError> {
+        if let Some((until, _)) = &self.fallback
+            && Instant::now() < *until
+        {
+            return self.projected(cfg);
+        }
+        let subject = match plugin_subject(cfg) {
+            Ok(s) => s,
+            Err(why) => return self.fall_back(cfg, why, Duration::ZERO),
+        };
+        let now = SystemTime::now();
+        let file = kubeconfig::file_token(cfg);
+        if let Some(t) = &file
+            && token::claims(t).is_some_and(|c| keepable(cfg, &subject, &c, now))
+            && self.still_accepted(cfg, t)
+        {
+            return Ok(t.clone());
+        }
+        let file = file.filter(|t| unexpired(&subject, t, now));
+        if Instant::now() < self.next_try {
+            return self.keep_or_own(cfg, file, "backing off after a failed TokenRequest");
+        }
+        match self.mint(cfg) {
+            Ok(t) => Ok(t),
+            Err(Failed::Refused(e)) => {
+                let why = format!(
+                    "{e}: the kubeconfig on the node holds this pod's own token, which dies with \
+                     this pod (grant create on serviceaccounts/token for {}, as \
+                     deploy/linkerd-cni.yaml does, for a token that outlives it); asking again \
+                     every {} min",
+                    cfg.plugin_service_account,
+                    REFUSED_RETRY.as_secs() / 60
+                );
+                self.fall_back(cfg, why, REFUSED_RETRY)
+            }
+            Err(Failed::Other(e)) => {
+                self.failures += 1;
+                let backoff = FIRST_BACKOFF
+                    .saturating_mul(1 << (self.failures - 1).min(16))
+                    .min(MAX_BACKOFF);
+                self.next_try = Instant::now() + backoff;
+                log::warn!(
+                    "cannot mint the plugin's token: {e}; retrying in {} s",
+                    backoff.as_secs()
+                );
+                self.keep_or_own(cfg, file, &e)
+            }
+        }
+    }
+
+    fn fall_back(
+        &mut self,
+        cfg: &Config,
+        why: String,
+        retry: Duration,
+    ) -> Result<String, KubeconfigError> {
+        if self.fallback.as_ref().is_none_or(|(_, w)| *w != why) {
+            log::warn!("{why}");
+        }
+        self.fallback = Some((Instant::now() + retry, why));
+        self.trusted = None;
+        self.projected(cfg)
+    }
+
+    /// In the fallback: this pod's own token, unless the file holds another
+    /// pod's token of the same ServiceAccount that the API server still
+    /// accepts (a second installer on the node: taking turns would rewrite
+    /// the file on every pass). That one is asked about on every pass while
+    /// it is there, so that one revoked with its pod is replaced within a
+    /// pass.
+    fn projected(&mut self, cfg: &Config) -> Result<String, KubeconfigError> {
+        let own = kubeconfig::own_token(cfg)?;
+        let Some(file) = kubeconfig::file_token(cfg).filter(|f| *f != own) else {
+            return Ok(own);
+        };
+        let (Some(o), Some(f)) = (token::claims(&own), token::claims(&file)) else {
+            return Ok(own);
+        };
+        let another_pods = f.subject == o.subject
+            && f.pod.is_some()
+            && f.pod != o.pod
+            && f.remaining(SystemTime::now()) > Duration::ZERO;
+        if another_pods && !refused(cfg, &file) {
+            return Ok(file);
+        }
+        Ok(own)
+    }
+
+    /// After a failure: the plugin token still in the file while it is
+    /// valid, else this pod's own token until a TokenRequest succeeds: a
+    /// node must not stay unchained because the API server could not be
+    /// asked (the plugin could not reach it either, and fails its ADDs
+    /// meanwhile, which the runtime retries).
+    fn keep_or_own(
+        &mut self,
+        cfg: &Config,
+        file: Option<String>,
+        why: &str,
+    ) -> Result<String, KubeconfigError> {
+        if let Some(t) = file {
+            return Ok(t);
+        }
+        if self.fallback.is_none() && !self.said_interim {
+            self.said_interim = true;
+            log::warn!(
+                "no token for the plugin yet ({why}): the kubeconfig holds this pod's own token \
+                 until a TokenRequest succeeds"
+            );
+        }
+        kubeconfig::own_token(cfg)
+    }
+
+    /// Whether `t` (a plugin token found in the file) is accepted: asked
+    /// once per token and process.
+    fn still_accepted(&mut self, cfg: &Config, t: &str) -> bool {
+        if self.trusted.as_deref() == Some(t) {
+            return true;
+        }
+        if refused(cfg, t) {
+            log::info!(
+                "the plugin's token in {} is refused (HTTP 401): minting another",
+                cfg.kubeconfig_path().display()
+            );
+            return false;
+        }
+        self.trusted = Some(t.to_string());
+        true
+    }
+
+    fn mint(&mut self, cfg: &Config) -> Result<String, Failed> {
+        let namespace = crate::owner::namespace(cfg).map_err(Failed::Other)?;
+        let api = kubeconfig::own_api(cfg).map_err(Failed::Other)?;
+        let node = if self.unbound {
+            None
+        } else {
+            cfg.node_name.as_deref()
+        };
+        let minted = token::request(
+            &Client::new(api, API_TIMEOUT),
+            &namespace,
+            &cfg.plugin_service_account,
+            LIFETIME,
+            node,
+        )
+        .map_err(|e| match e {
+            TokenError::Forbidden { .. } | TokenError::NoAccount { .. } => {
+                Failed::Refused(e.to_string())
+            }
+            TokenError::Api { .. } => Failed::Other(e.to_string()),
+        })?;
+        if node.is_some() && !minted.node_bound {
+            self.unbound = true;
+            log::info!(
+                "the API server does not bind tokens to Nodes: the plugin's token is bound to \
+                 its ServiceAccount only (it dies with it, or at expiry)"
+            );
+        }
+        if let Some((_, why)) = self.fallback.take() {
+            log::info!("minted the plugin's token again (before: {why})");
+        }
+        let lifetime = token::claims(&minted.token).map(|c| c.lifetime());
+        log::info!(
+            "minted a token for ServiceAccount {namespace}/{}{}{}",
+            cfg.plugin_service_account,
+            match (minted.node_bound, &cfg.node_name) {
+                (true, Some(n)) => format!(", bound to Node {n}"),
+                _ => String::new(),
+            },
+            lifetime.map_or(String::new(), |l| format!(", valid {} s", l.as_secs()))
+        );
+        self.failures = 0;
+        self.said_interim = false;
+        self.next_try = Instant::now();
+        self.trusted = Some(minted.token.clone());
+        Ok(minted.token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn cfg(node: Option<&str>) -> Config {
+        Config::from_env(|k| {
+            match k {
+                "KUBERNETES_SERVICE_HOST" => Some("127.0.0.1"),
+                "KUBERNETES_SERVICE_PORT" => Some("6443"),
+                "CNI_NETWORK_CONFIG" => Some(r#"{"type":"linkerd-cni"}"#),
+                "LINKERD_CNI_POD_NAMESPACE" => Some("linkerd-cni"),
+                "LINKERD_CNI_NODE_NAME" => node,
+                _ => None,
+            }
+            .map(str::to_string)
+        })
+        .unwrap()
+    }
+
+    fn claims(subject: &str, node: Option<&str>, iat: u64, exp: u64) -> Claims {
+        Claims {
+            subject: subject.into(),
+            issued_at: UNIX_EPOCH + Duration::from_secs(iat),
+            expires_at: UNIX_EPOCH + Duration::from_secs(exp),
+            node: node.map(str::to_string),
+            pod: None,
+        }
+    }
+
+    /// Kept while more than half its lifetime is left, for the plugin's
+    /// account and this node only.
+    #[test]
+    fn keeps_a_plugin_token_until_half_its_lifetime() {
+        let c = cfg(Some("node-1"));
+        let subject = plugin_subject(&c).unwrap();
+        assert_eq!(
+            subject,
+            "system:serviceaccount:linkerd-cni:linkerd-cni-plugin"
+        );
+        let at = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let ours = claims(&subject, Some("node-1"), 1000, 2000);
+        assert!(keepable(&c, &subject, &ours, at(1400)));
+        assert!(
+            !keepable(&c, &subject, &ours, at(1600)),
+            "past half: replaced"
+        );
+        assert!(!keepable(&c, &subject, &ours, at(2500)), "expired");
+        let unbound = claims(&subject, None, 1000, 2000);
+        assert!(keepable(&c, &subject, &unbound, at(1400)));
+        let other_node = claims(&subject, Some("node-2"), 1000, 2000);
+        assert!(!keepable(&c, &subject, &other_node, at(1400)));
+        let installer = claims(
+            "system:serviceaccount:linkerd-cni:linkerd-cni",
+            None,
+            1000,
+            2000,
+        );
+        assert!(!keepable(&c, &subject, &installer, at(1400)));
+    }
+}

@@ -1,0 +1,248 @@
+//! Service-account tokens: minting one for another ServiceAccount through
+//! the TokenRequest API (`POST .../serviceaccounts/{name}/token`), and
+//! reading the claims of one (who it is for, when it was issued and
+//! expires) without verifying it, to decide whether to keep it.
+//!
+//! A minted token is bound to a Node where the API server supports it
+//! (node-bound service-account tokens: it dies with the Node as well as
+//! with its ServiceAccount or at expiry); a server that does not refuses
+//! the binding with 400, and the token is then requested unbound.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::{ApiError, Client};
+
+/// What a service-account token says about itself (its JWT claims).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub subject: String,
+    pub issued_at: SystemTime,
+    pub expires_at: SystemTime,
+    /// The Node it is bound to, if any.
+    pub node: Option<String>,
+    /// The Pod it is bound to, if any (a projected token).
+    pub pod: Option<String>,
+}
+
+impl Claims {
+    /// The lifetime it was issued with.
+    pub fn lifetime(&self) -> Duration {
+        self.expires_at
+            .duration_since(self.issued_at)
+            .unwrap_or_default()
+    }
+
+    /// What is left of it at `now`.
+    pub fn remaining(&self, now: SystemTime) -> Duration {
+        self.expires_at.duration_since(now).unwrap_or_default()
+    }
+}
+
+/// The subject of ServiceAccount `namespace/name`'s tokens.
+pub fn subject(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+#[derive(Deserialize)]
+struct RawClaims {
+    sub: String,
+    iat: u64,
+    exp: u64,
+    #[serde(rename = "kubernetes.io", default)]
+    kubernetes: Option<KubernetesClaims>,
+}
+
+#[derive(Deserialize, Default)]
+struct KubernetesClaims {
+    #[serde(default)]
+    node: Option<Named>,
+    #[serde(default)]
+    pod: Option<Named>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    name: String,
+}
+
+/// The claims of `token` when it is a JWT with `sub`, `iat` and `exp`;
+/// None for anything else. Unverified: only the API server can tell
+/// whether it is valid, this only tells whether it is worth keeping.
+pub fn claims(token: &str) -> Option<Claims> {
+    let mut parts = token.trim().split('.');
+    let (_header, payload, _sig) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let raw: RawClaims = serde_json::from_slice(&bytes).ok()?;
+    Some(Claims {
+        subject: raw.sub,
+        issued_at: UNIX_EPOCH + Duration::from_secs(raw.iat),
+        expires_at: UNIX_EPOCH + Duration::from_secs(raw.exp),
+        node: raw
+            .kubernetes
+            .as_ref()
+            .and_then(|k| k.node.as_ref())
+            .map(|n| n.name.clone()),
+        pod: raw.kubernetes.and_then(|k| k.pod).map(|n| n.name),
+    })
+}
+
+/// A token the API server issued.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Minted {
+    pub token: String,
+    /// Bound to the Node asked for; false when none was asked for or the
+    /// server does not bind tokens to Nodes.
+    pub node_bound: bool,
+}
+
+impl std::fmt::Debug for Minted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minted")
+            .field("token", &"<redacted>")
+            .field("node_bound", &self.node_bound)
+            .finish()
+    }
+}
+
+/// Why no token was minted.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// HTTP 403: the asker may not create tokens for that ServiceAccount
+    /// (the linkerd2-cni chart's RBAC grants no `serviceaccounts/token`).
+    #[error(
+        "may not request a token for ServiceAccount {account} (HTTP 403 on create \
+         serviceaccounts/token)"
+    )]
+    Forbidden { account: String },
+    /// HTTP 404: no such ServiceAccount.
+    #[error("ServiceAccount {account} does not exist (HTTP 404 on its TokenRequest)")]
+    NoAccount { account: String },
+    #[error("cannot request a token for ServiceAccount {account}: {source}")]
+    Api {
+        account: String,
+        #[source]
+        source: ApiError,
+    },
+}
+
+/// The API path of ServiceAccount `namespace/name`'s TokenRequest.
+pub fn token_request_path(namespace: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token")
+}
+
+#[derive(Deserialize)]
+struct TokenRequestStatus {
+    status: TokenStatus,
+}
+
+#[derive(Deserialize)]
+struct TokenStatus {
+    token: String,
+}
+
+/// Requests a token of ServiceAccount `namespace/name` valid for
+/// `lifetime` (the server may shorten it: read the token's [`claims`]),
+/// bound to Node `node` when given and the server supports it.
+pub fn request(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    lifetime: Duration,
+    node: Option<&str>,
+) -> Result<Minted, TokenError> {
+    let path = token_request_path(namespace, name);
+    let account = format!("{namespace}/{name}");
+    let body = |node: Option<&str>| {
+        let mut spec = json!({ "expirationSeconds": lifetime.as_secs() });
+        if let Some(n) = node {
+            spec["boundObjectRef"] = json!({ "apiVersion": "v1", "kind": "Node", "name": n });
+        }
+        json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": spec,
+        })
+    };
+    let fail = |source: ApiError| match source {
+        ApiError::Unauthorized { status: 403, .. } => TokenError::Forbidden {
+            account: account.clone(),
+        },
+        ApiError::NotFound { .. } => TokenError::NoAccount {
+            account: account.clone(),
+        },
+        source => TokenError::Api {
+            account: account.clone(),
+            source,
+        },
+    };
+    if let Some(n) = node {
+        match client.create::<TokenRequestStatus>(&path, &body(Some(n))) {
+            Ok(r) => {
+                return Ok(Minted {
+                    token: r.status.token,
+                    node_bound: true,
+                });
+            }
+            // A server without node-bound tokens refuses the binding as a
+            // bad request; ask again unbound.
+            Err(ApiError::Status { status: 400, .. }) => {}
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    let r: TokenRequestStatus = client.create(&path, &body(None)).map_err(fail)?;
+    Ok(Minted {
+        token: r.status.token,
+        node_bound: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwt(payload: &serde_json::Value) -> String {
+        let b = |s: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!(
+            "{}.{}.{}",
+            b(br#"{"alg":"RS256"}"#),
+            b(payload.to_string().as_bytes()),
+            b(b"sig")
+        )
+    }
+
+    #[test]
+    fn claims_of_a_token() {
+        let t = jwt(&json!({
+            "sub": "system:serviceaccount:linkerd-cni:linkerd-cni-plugin",
+            "iat": 1000, "exp": 4600,
+            "kubernetes.io": {"namespace": "linkerd-cni", "node": {"name": "n1", "uid": "u"}},
+        }));
+        let c = claims(&t).unwrap();
+        assert_eq!(c.subject, subject("linkerd-cni", "linkerd-cni-plugin"));
+        assert_eq!(c.lifetime(), Duration::from_secs(3600));
+        assert_eq!(c.node.as_deref(), Some("n1"));
+        assert_eq!(
+            c.remaining(UNIX_EPOCH + Duration::from_secs(4000)),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            c.remaining(UNIX_EPOCH + Duration::from_secs(5000)),
+            Duration::ZERO
+        );
+        let unbound = jwt(&json!({"sub": "s", "iat": 1, "exp": 2}));
+        assert_eq!(claims(&unbound).unwrap().node, None);
+        for not in ["", "opaque-token", "a.b.c", "a.b", &format!("{t}.x")] {
+            assert_eq!(claims(not), None, "{not}");
+        }
+    }
+}

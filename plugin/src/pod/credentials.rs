@@ -1,0 +1,205 @@
+//! What ADD and CHECK do when the API server rejects linkerd-cni's
+//! credentials (401, or 403) for the pod GET, or when there are none.
+//!
+//! The token in the node's kubeconfig is the installer's to renew: a
+//! rolling update, a restart or an expiry leaves it rejected until an
+//! installer rewrites the kubeconfig. So a rejection is retried within the
+//! ADD's deadline, re-reading the kubeconfig on every attempt; what
+//! follows when it lasts depends on whether anyone will fix it:
+//!
+//! - an installer is alive on the node (its heartbeat, see
+//!   `linkerd_cni_chain::heartbeat`, is fresh): "try again later" (code
+//!   11), so that the runtime retries the pod once the kubeconfig is
+//!   current. A meshed pod started during a rollout gets its rules, after
+//!   a retry at worst, and never a wedged network-validator;
+//! - no installer is alive (no heartbeat, or one older than the limit): the
+//!   credentials are dead, and the pod passes through without rules, as it
+//!   does when the kubeconfig is gone (an uninstall): every other pod on
+//!   the node starts, and a meshed one is refused by linkerd's
+//!   network-validator. A single rejection is not taken for dead:
+//!   [`CONFIRM_ATTEMPTS`] are.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use linkerd_cni_chain::heartbeat::{self, Liveness};
+use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
+
+use super::Stop;
+use crate::cni::CniError;
+use crate::config::PluginConfig;
+
+/// Why the plugin's credentials gave no answer about a pod: what the pod
+/// then gets is [`CredentialCause::outcome`]. One value per cause, so
+/// outcomes can be counted by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CredentialCause {
+    /// The kubeconfig does not exist (an uninstall, or no installer ever
+    /// ran here): passed through.
+    NoKubeconfig,
+    /// Rejected, and no installer is alive to renew them: passed through.
+    RejectedInstallerGone,
+    /// Rejected while an installer is alive: try again later (code 11).
+    RejectedInstallerAlive,
+}
+
+/// What a pod gets for a [`CredentialCause`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialOutcome {
+    PassThrough,
+    TryAgainLater,
+}
+
+impl CredentialCause {
+    pub fn outcome(self) -> CredentialOutcome {
+        match self {
+            CredentialCause::NoKubeconfig | CredentialCause::RejectedInstallerGone => {
+                CredentialOutcome::PassThrough
+            }
+            CredentialCause::RejectedInstallerAlive => CredentialOutcome::TryAgainLater,
+        }
+    }
+
+    /// A stable name, for logs and counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialCause::NoKubeconfig => "no_kubeconfig",
+            CredentialCause::RejectedInstallerGone => "rejected_installer_gone",
+            CredentialCause::RejectedInstallerAlive => "rejected_installer_alive",
+        }
+    }
+}
+
+/// Rejections in a row, with no installer alive, before the credentials
+/// are taken for dead: a lone 401 (an API server that has not yet seen a
+/// just-minted token, an authenticator's hiccup) is not.
+pub const CONFIRM_ATTEMPTS: u32 = 3;
+/// The wait before the second attempt; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The pacing of the attempts of one pod GET whose credentials were
+/// rejected.
+pub(super) struct Retry {
+    started: Instant,
+    /// No attempt starts after this: what is left of the deadline then is
+    /// the rest of the ADD's (the namespace GET, the iptables commands).
+    until: Instant,
+    attempts: u32,
+    backoff: Duration,
+}
+
+/// After a rejection: wait this long and try again, or stop.
+pub(super) enum Next {
+    Wait(Duration),
+    Stop,
+}
+
+impl Retry {
+    /// Attempts end by `deadline`, less what the rest of the ADD needs:
+    /// its API budget, or half of what is left when that is less.
+    pub(super) fn new(config: &PluginConfig, deadline: Instant) -> Retry {
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        Retry {
+            started: now,
+            until: deadline
+                .checked_sub(config.api_budget.min(left / 2))
+                .unwrap_or(deadline),
+            attempts: 0,
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// Counts an attempt about to be made.
+    pub(super) fn attempt(&mut self) {
+        self.attempts += 1;
+    }
+
+    pub(super) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// After a rejection, with the installer as its heartbeat says.
+    pub(super) fn after_rejection(&mut self, installer: &Liveness) -> Next {
+        if matches!(installer, Liveness::Gone(_)) && self.attempts >= CONFIRM_ATTEMPTS {
+            return Next::Stop;
+        }
+        let wait = self.backoff;
+        if Instant::now() + wait > self.until {
+            return Next::Stop;
+        }
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        Next::Wait(wait)
+    }
+
+    /// The pod's answer once the retries stop: a pass-through when no
+    /// installer is alive, else "try again later".
+    pub(super) fn give_up(
+        &self,
+        pod_id: &str,
+        status: u16,
+        kubeconfig: &Path,
+        installer: &Liveness,
+    ) -> (CredentialCause, Stop) {
+        let tried = format!(
+            "HTTP {status}, {} attempt{} over {:.1} s",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.started.elapsed().as_secs_f64()
+        );
+        match installer {
+            Liveness::Gone(gone) => {
+                let why = format!(
+                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+                     linkerd-cni's credentials ({tried}) and no linkerd-cni installer is alive \
+                     on this node to renew them ({gone}), so the pod starts WITHOUT linkerd's \
+                     redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+                     fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+                     linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), \
+                     or, if linkerd-cni was uninstalled, remove the linkerd-cni entry from the \
+                     node's CNI config",
+                    kubeconfig.display()
+                );
+                log::error!("{why}");
+                let counted = match status {
+                    403 => PassCause::Forbidden,
+                    _ => PassCause::Unauthorized,
+                };
+                (
+                    CredentialCause::RejectedInstallerGone,
+                    super::skip(super::Skip::CannotTell(counted), why),
+                )
+            }
+            Liveness::Alive { age, .. } => {
+                let e = CniError::try_again(
+                    RetryCause::CredentialsRejected,
+                    format!(
+                        "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
+                         rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \
+                         installer on this node is alive (last heartbeat {:.0} s ago) to renew \
+                         them; try again later",
+                        age.as_secs_f64()
+                    ),
+                    format!(
+                        "the token in {} is stale (a rolling update or a restart of the \
+                         linkerd-cni DaemonSet, or its expiry) until the installer rewrites the \
+                         kubeconfig; the runtime retries the pod. If this lasts, read the \
+                         installer's log (kubectl -n linkerd-cni logs daemonset/linkerd-cni -c \
+                         install-cni) and check that the kubeconfig's ServiceAccount may get \
+                         pods, namespaces and Service default/kubernetes",
+                        kubeconfig.display()
+                    ),
+                );
+                log::warn!("{}: {}", e.msg, e.details);
+                (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
+            }
+        }
+    }
+}
+
+/// Whether an installer is alive on this node, by its heartbeat in the
+/// plugin's state dir.
+pub(super) fn installer(config: &PluginConfig) -> Liveness {
+    heartbeat::liveness(&config.state_dir, config.installer_gone_after)
+}
