@@ -123,6 +123,17 @@ pub fn template(node: &Node) -> String {
     serde_json::to_string_pretty(&t).unwrap_or_default()
 }
 
+/// [`template`] with `add_deadline_seconds` (e.g. short, so that an ADD
+/// whose credentials are rejected ends soon in code 11), and what the
+/// installer renders from it.
+pub fn template_with_deadline(node: &Node, seconds: u64) -> (String, Value) {
+    let mut t: Value = serde_json::from_str(&template(node)).unwrap_or_default();
+    t["add_deadline_seconds"] = seconds.into();
+    let mut desired = expected_entry(node);
+    desired["add_deadline_seconds"] = seconds.into();
+    (t.to_string(), desired)
+}
+
 /// What the installer must render from [`template`] for this node: host
 /// paths, not the container's.
 pub fn expected_entry(node: &Node) -> Value {

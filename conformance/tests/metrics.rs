@@ -50,10 +50,7 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     let primary = chains::primary_generation(&node, &net, 0);
     node.write_conf(&file, &primary);
     // A short ADD deadline: rejected credentials are retried within it.
-    let mut template: serde_json::Value =
-        serde_json::from_str(&installer::template(&node)).unwrap();
-    template["add_deadline_seconds"] = 3.into();
-    let template = template.to_string();
+    let (template, desired) = installer::template_with_deadline(&node, 3);
     let inst = installer::start(
         &node,
         &api,
@@ -63,8 +60,6 @@ fn each_add_and_repair_moves_its_counter_by_one() {
             ("CNI_NETWORK_CONFIG", &template),
         ],
     );
-    let mut desired = installer::expected_entry(&node);
-    desired["add_deadline_seconds"] = 3.into();
     node.wait_healthy(&desired, &primary, GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     let addr = installer::metrics_addr(&inst, GRACE);
