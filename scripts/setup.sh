@@ -6,6 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   iptables                      # iptables-legacy, iptables-nft, *-save/-restore
+  nftables                      # nft --debug=netlink: the kernel's rule expressions
   iproute2                      # ip netns
   containernetworking-plugins   # reference plugins in /usr/lib/cni
   golang-go                     # builds the libcni driver

@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ChainError {
     /// A file-system operation failed.
-    #[error("cannot {action} {}: {source}", path.display())]
+    #[error("cannot {action} {}: {source}{}", path.display(), permission_hint(source))]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -72,5 +72,24 @@ impl ChainError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// What a permission error means for linkerd-cni, which runs as uid 0:
+/// the installer's container has only the capabilities deploy/ grants, so
+/// root is bound by owners and modes like any user (empty for other
+/// errors).
+pub(crate) fn permission_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(code) if code == nix::errno::Errno::EACCES as i32 => {
+            " (without CAP_DAC_READ_SEARCH, root may read only what a file's owner and mode \
+             allow: grant the installer's container that capability, as deploy/linkerd-cni.yaml \
+             does, or make the file readable by root)"
+        }
+        Some(code) if code == nix::errno::Errno::EPERM as i32 => {
+            " (keeping the owner of a file another uid owns takes CAP_CHOWN: grant the \
+             installer's container that capability, as deploy/linkerd-cni.yaml does)"
+        }
+        _ => "",
     }
 }

@@ -10,8 +10,7 @@
 //! names the likely cause.
 //!
 //! A fight is the same content being undone again and again: the history is
-//! kept per file AND per digest of the content a repair started from
-//! ([`content_digest`]). A primary that writes new content each time is no
+//! kept per file AND per digest of the content a repair started from. A primary that writes new content each time is no
 //! fight, however often it writes: each new content is repaired at once.
 //! Only the same content coming back repeatedly is rate-limited.
 //!
@@ -178,9 +177,9 @@ fn keyed(file: &Path, digest: &str) -> PathBuf {
     PathBuf::from(k)
 }
 
-/// The digest of a file's content, for [`FightDetector::record_repair_of`]
-/// (empty when it cannot be read: all unreadable states count as one).
-pub fn content_digest(path: &Path) -> String {
+/// The SHA-256 of a file's content, the key of a repair's history (empty
+/// when it cannot be read: all unreadable states count as one).
+pub fn content_sha256(path: &Path) -> String {
     super::scan::read_file(path)
         .map(|b| super::sha256::hex(&b))
         .unwrap_or_default()
@@ -190,14 +189,16 @@ pub fn content_digest(path: &Path) -> String {
 /// seconds, kept in `<state_dir>/chain-repairs.json` between invocations.
 /// Best effort throughout: losing it only delays detection. To record a
 /// repair, load and record while still holding the conf-dir lock the repair
-/// took ([`crate::repair_locked`]): the file is read, updated and replaced as
-/// a whole, so two plugins doing that concurrently would lose one record.
+/// took (the keeper does: [`crate::RepairLimit::record`]): the file is read,
+/// updated and replaced as a whole, so two plugins doing that concurrently
+/// would lose one record. Loaded on first use: an ADD that repairs nothing
+/// never reads it.
 #[derive(Debug, Clone)]
 pub struct PersistedFights {
     path: PathBuf,
     window: Duration,
     threshold: u32,
-    repairs: BTreeMap<String, History>,
+    repairs: std::cell::OnceCell<BTreeMap<String, History>>,
 }
 
 /// The history file [`PersistedFights`] keeps in the plugin's state dir.
@@ -212,25 +213,28 @@ fn wall_now() -> f64 {
 
 impl PersistedFights {
     /// The history saved in `state_dir`; empty when absent or unreadable.
+    /// Read on first use.
     pub fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
-        let path = state_dir.join(FIGHT_STATE_FILE);
-        let mut repairs = BTreeMap::new();
-        if let Ok(bytes) = super::scan::read_file(&path)
-            && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes)
-        {
-            for (k, v) in m {
-                if let Value::Array(ts) = v {
-                    let h = History(ts.iter().filter_map(Value::as_f64).collect());
-                    repairs.insert(k, h);
-                }
-            }
-        }
         PersistedFights {
-            path,
+            path: state_dir.join(FIGHT_STATE_FILE),
             window,
             threshold: threshold.max(1),
-            repairs,
+            repairs: std::cell::OnceCell::new(),
         }
+    }
+
+    /// Forgets what was read: the next use reads the file again.
+    pub fn reload(&mut self) {
+        self.repairs = std::cell::OnceCell::new();
+    }
+
+    fn repairs(&self) -> &BTreeMap<String, History> {
+        self.repairs.get_or_init(|| read_history(&self.path))
+    }
+
+    fn repairs_mut(&mut self) -> &mut BTreeMap<String, History> {
+        self.repairs();
+        self.repairs.get_mut().expect("initialised just above")
     }
 
     fn key(file: &Path) -> String {
@@ -239,7 +243,7 @@ impl PersistedFights {
 
     /// Whether a repair of `file` is allowed now.
     pub fn allow(&self, file: &Path) -> bool {
-        self.repairs
+        self.repairs()
             .get(&Self::key(file))
             .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
     }
@@ -267,15 +271,16 @@ impl PersistedFights {
     fn record_keyed(&mut self, file: &Path) -> bool {
         let now = wall_now();
         let w = self.window.as_secs_f64();
-        for h in self.repairs.values_mut() {
+        let threshold = self.threshold;
+        let repairs = self.repairs_mut();
+        for h in repairs.values_mut() {
             h.prune(now, w);
         }
-        self.repairs.retain(|_, h| !h.0.is_empty());
-        let fighting =
-            self.repairs
-                .entry(Self::key(file))
-                .or_default()
-                .record(now, w, self.threshold);
+        repairs.retain(|_, h| !h.0.is_empty());
+        let fighting = repairs
+            .entry(Self::key(file))
+            .or_default()
+            .record(now, w, threshold);
         if let Err(e) = self.save() {
             log::debug!("cannot save {}: {e}", self.path.display());
         }
@@ -286,7 +291,7 @@ impl PersistedFights {
         let dir = super::write::parent(&self.path);
         fs::create_dir_all(dir)?;
         let m: serde_json::Map<String, Value> = self
-            .repairs
+            .repairs()
             .iter()
             .map(|(k, h)| (k.clone(), h.0.iter().map(|&t| Value::from(t)).collect()))
             .collect();
@@ -296,6 +301,22 @@ impl PersistedFights {
             let _ = fs::remove_file(&tmp);
         })
     }
+}
+
+/// The history in `path`; empty when absent or unreadable.
+fn read_history(path: &Path) -> BTreeMap<String, History> {
+    let mut repairs = BTreeMap::new();
+    if let Ok(bytes) = super::scan::read_file(path)
+        && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes)
+    {
+        for (k, v) in m {
+            if let Value::Array(ts) = v {
+                let h = History(ts.iter().filter_map(Value::as_f64).collect());
+                repairs.insert(k, h);
+            }
+        }
+    }
+    repairs
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::scan::Kind;
+use super::names::Kind;
 use super::text::{self, Append, Style};
 use super::{ChainState, PLUGIN_TYPE};
 

@@ -1,5 +1,6 @@
 //! Which files a runtime loads from a conf dir, in which order, and reading
-//! them without ever blocking or slurping something huge.
+//! them without ever blocking or slurping something huge. The listing itself
+//! reads no file: names decide (see [`super::names`]).
 //!
 //! The rules are containerd's (libcni `ConfFiles` + go-cni): top-level
 //! entries whose extension, as Go's `filepath.Ext` sees it, is `.conf`,
@@ -16,7 +17,7 @@
 //! explicitly allowed.
 
 use std::collections::VecDeque;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -26,33 +27,12 @@ use std::path::{Component, Path, PathBuf};
 use nix::fcntl::OFlag;
 
 use super::ChainError;
+use super::names::{is_config_name, is_owned_name, is_renamed_owned_name};
 use super::write::is_temp_name;
-
-/// The extensions runtimes load.
-pub const CONFIG_EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
 
 /// Larger files are reported rather than read: no real network config comes
 /// near this, and the plugin must stay quick whatever lies in the conf dir.
 pub const MAX_CONFIG_SIZE: u64 = 1 << 20;
-
-/// How a runtime reads a config file: a list only from `.conflist`; `.conf`
-/// and `.json` hold a single plugin (containerd and CRI-O both reject a list
-/// in them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    List,
-    Single,
-}
-
-impl Kind {
-    pub(crate) fn of(path: &Path) -> Kind {
-        if path.as_os_str().as_bytes().ends_with(b".conflist") {
-            Kind::List
-        } else {
-            Kind::Single
-        }
-    }
-}
 
 /// The conf dir as the runtime and the repair see it.
 #[derive(Debug, Default)]
@@ -65,12 +45,30 @@ pub(crate) struct Listing {
     pub leftovers: Vec<PathBuf>,
     /// The symlinks among `configs`, resolved.
     pub links: Vec<Link>,
-    /// Owned mode's files (recognised by the marker inside), in load order:
-    /// never a primary, so not among `configs`.
-    pub owned: Vec<PathBuf>,
+    /// Configs named like owned mode's files, in load order: not among
+    /// `configs` until [`super::owned::classify`] has read their marker.
+    pub candidates: Vec<PathBuf>,
+    /// Owned mode's files, recognised by the marker inside, in load order,
+    /// with their content as read: never a primary, so not among `configs`.
+    /// Filled by [`super::owned::classify`].
+    pub owned: Vec<OwnedFile>,
+    /// Configs named like ours that could not be read, with why: whether
+    /// they are ours cannot be told (filled by [`super::owned::classify`]).
+    pub unreadable: Vec<(PathBuf, String)>,
     /// Names that are no config but look like one of our files renamed by
     /// another agent (confirmed by the marker in [`super::owned`]).
     pub renamed: Vec<PathBuf>,
+}
+
+/// One of owned mode's files, as recognised (its marker verified).
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedFile {
+    pub path: PathBuf,
+    /// Our entry in it, marker included.
+    pub entry: serde_json::Map<String, serde_json::Value>,
+    /// The chain it holds, as its marker's digest was checked against
+    /// (`None` for a copy of a single-plugin file).
+    pub chain: Option<Vec<u8>>,
 }
 
 /// A config that is a symlink.
@@ -202,22 +200,12 @@ fn link(path: &Path, conf_real: Option<&Path>, rule: LinkRule<'_>) -> Link {
     }
 }
 
-/// Go's `filepath.Ext`: from the last `.` of the name (so `.conf` alone has
-/// the extension `.conf`).
-pub fn is_config_name(name: &OsStr) -> bool {
-    let b = name.as_bytes();
-    match b.iter().rposition(|&c| c == b'.').and_then(|i| b.get(i..)) {
-        Some(ext) => CONFIG_EXTENSIONS.iter().any(|e| e.as_bytes() == ext),
-        None => false,
-    }
-}
-
 pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError> {
     let rd = fs::read_dir(dir).map_err(|e| ChainError::io("read the conf dir", dir, e))?;
     let mut configs = Vec::new();
     let mut leftovers = Vec::new();
     let mut links = Vec::new();
-    let mut owned = Vec::new();
+    let mut candidates = Vec::new();
     let mut renamed = Vec::new();
     for ent in rd {
         let ent = ent.map_err(|e| ChainError::io("read the conf dir", dir, e))?;
@@ -227,33 +215,31 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
             continue;
         }
         if !is_config_name(&name) {
-            if super::owned::is_renamed_owned_name(&name) {
+            if is_renamed_owned_name(&name) {
                 renamed.push(ent.path());
             }
             continue;
         }
-        if super::owned::is_owned_name(&name) && super::owned::is_owned_file(&ent.path()) {
-            owned.push(ent.path());
-            continue;
-        }
         // Like Go's DirEntry.IsDir: the entry itself, not a symlink's target.
         // A file that vanished meanwhile is simply not listed.
+        let into = if is_owned_name(&name) {
+            &mut candidates
+        } else {
+            &mut configs
+        };
         match ent.file_type() {
             Ok(t) if t.is_dir() => continue,
             Ok(t) if t.is_symlink() => {
-                configs.push(ent.path());
+                into.push(ent.path());
                 links.push(ent.path());
             }
-            Ok(_) => configs.push(ent.path()),
+            Ok(_) => into.push(ent.path()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(ChainError::io("read the conf dir", dir, e)),
         }
     }
-    configs.sort_by(|a, b| {
-        let a = a.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
-        let b = b.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
-        a.cmp(b)
-    });
+    sort_by_name(&mut configs);
+    sort_by_name(&mut candidates);
     let conf_real = match links.is_empty() {
         true => None,
         false => resolve_in(rule.host_root, dir).ok(),
@@ -283,31 +269,49 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
     }
     leftovers.sort();
     leftovers.dedup();
-    owned.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
     renamed.sort();
     Ok(Listing {
         configs,
         leftovers,
         links,
-        owned,
+        candidates,
+        owned: vec![],
+        unreadable: vec![],
         renamed,
     })
 }
 
-/// Reads a config (or entry) file through symlinks: regular files only (a
-/// FIFO must not hang the plugin), at most [`MAX_CONFIG_SIZE`] bytes.
-pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut f: File = OpenOptions::new()
+/// Load order: bytewise order of the file names.
+pub(crate) fn sort_by_name(paths: &mut [PathBuf]) {
+    paths.sort_by(|a, b| {
+        let a = a.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
+        let b = b.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
+        a.cmp(b)
+    });
+}
+
+/// Opens a file linkerd-cni reads on input, through symlinks, without
+/// blocking (a FIFO would block the open until a writer comes) and without
+/// making it the controlling terminal: regular files only.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let f: File = OpenOptions::new()
         .read(true)
         .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
+    if !f.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a regular file",
         ));
     }
+    Ok(f)
+}
+
+/// Reads a config, entry or other input file ([`open_regular`]): at most
+/// [`MAX_CONFIG_SIZE`] bytes.
+pub fn read_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = open_regular(path)?;
+    let meta = f.metadata()?;
     if meta.len() > MAX_CONFIG_SIZE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -323,35 +327,4 @@ pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
         ));
     }
     Ok(buf)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn extensions_as_go_sees_them() {
-        for yes in [
-            "10-calico.conflist",
-            "a.conf",
-            "x.json",
-            ".conf",
-            ".hidden.conflist",
-            "a.b.conf",
-        ] {
-            assert!(is_config_name(OsStr::new(yes)), "{yes}");
-        }
-        for no in [
-            "10-calico.conflist.bak",
-            "conf",
-            "a.CONF",
-            "a.conf~",
-            "a.cilium_bak",
-            "ZZZ-linkerd-cni-kubeconfig",
-            ".linkerd-cni-tmp-1-2",
-            "a.conflist.tmp",
-        ] {
-            assert!(!is_config_name(OsStr::new(no)), "{no}");
-        }
-    }
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::inline::{self, remove_entries, repair};
+use super::names::Kind;
 use super::plan::{self, differing_keys, is_ours};
-use super::scan::Kind;
 use super::testutil::{TempDir, desired, object};
 use super::*;
 use testkit::chain::CALICO;
@@ -126,7 +127,7 @@ fn mode_and_owner_are_kept() {
     let d = TempDir::new("mode");
     let f = d.write("10-calico.conflist", CALICO);
     fs::set_permissions(&f, Permissions::from_mode(0o600)).unwrap();
-    // Tests run as root (the brief); elsewhere only the mode is checked.
+    // Tests run as root in CI (see test.sh); elsewhere only the mode is checked.
     let chowned = std::os::unix::fs::chown(&f, Some(4321), Some(8765)).is_ok();
     repair(d.path(), &desired(), &opts()).unwrap();
     let m = fs::metadata(&f).unwrap();
@@ -373,7 +374,7 @@ mod lost_update {
     //! and the swap (a test hook).
 
     use super::*;
-    use crate::repair::testing::{before_next_swap, replace_from};
+    use crate::inline::testing::{before_next_swap, replace_from};
     use std::io::Write;
 
     fn calico_with(mtu: u32) -> String {
@@ -781,16 +782,16 @@ fn kill_child() {
     let dir = Path::new(dir).to_path_buf();
     let file = dir.join("10-calico.conflist");
     let f = file.clone();
-    repair::testing::before_next_swap(move || primary_writes(&f, CALICO_NEWER));
+    inline::testing::before_next_swap(move || primary_writes(&f, CALICO_NEWER));
     match scenario {
         // Killed right after the exchange that displaced the primary's write.
-        "exchange" => repair::testing::after_next_exchange(|| kill_myself()),
+        "exchange" => inline::testing::after_next_exchange(|| kill_myself()),
         // The primary writes once more after our exchange; we put its first
         // write back (displacing the second) and are killed right then.
         "restore" => {
             let f = file.clone();
-            repair::testing::after_next_exchange(move || primary_writes(&f, CALICO_NEWEST));
-            repair::testing::after_next_exchange(|| kill_myself());
+            inline::testing::after_next_exchange(move || primary_writes(&f, CALICO_NEWEST));
+            inline::testing::after_next_exchange(|| kill_myself());
         }
         other => panic!("unknown scenario {other}"),
     }
@@ -1106,7 +1107,7 @@ fn absolute_symlink_targets_resolve_under_the_host_root() {
     assert!(diag.is_healthy(), "{diag}");
     // The other two: one outside the conf dir (as the host resolves it),
     // one inside, and already repaired through the first.
-    let listing = scan::list(&conf, o.link_rule()).unwrap();
+    let listing = crate::owned::list(&conf, o.link_rule()).unwrap();
     let refused: Vec<_> = listing
         .links
         .iter()

@@ -197,15 +197,21 @@ fn create_temp(
     let res = (|| {
         fill(&mut file)?;
         file.flush()?;
+        // Exact (the create mode went through the umask), and before the
+        // chown: once the file is another uid's, changing its mode takes
+        // CAP_FOWNER, which the installer does not have.
+        file.set_permissions(Permissions::from_mode(mode))?;
         if let Some((uid, gid)) = owner {
             let meta = file.metadata()?;
             if meta.uid() != uid || meta.gid() != gid {
                 std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+                // A chown clears set-id bits; only then is the mode set
+                // again.
+                if file.metadata()?.mode() & 0o7777 != mode {
+                    file.set_permissions(Permissions::from_mode(mode))?;
+                }
             }
         }
-        // After the chown (which may clear set-id bits), and exact: the
-        // create mode went through the umask.
-        file.set_permissions(Permissions::from_mode(mode))?;
         file.sync_all()
     })();
     if let Err(e) = res {
@@ -352,7 +358,7 @@ mod tests {
         let b = write_temp(&dir, b"two", Some(&like)).unwrap();
         assert_ne!(a, b);
         assert_eq!(fs::metadata(&a).unwrap().mode() & 0o7777, 0o600);
-        assert!(!crate::scan::is_config_name(a.file_name().unwrap()));
+        assert!(!crate::names::is_config_name(a.file_name().unwrap()));
         exchange(&a, &orig).unwrap();
         assert_eq!(fs::read(&orig).unwrap(), b"one");
         assert_eq!(fs::read(&a).unwrap(), b"{}");
@@ -426,7 +432,7 @@ mod tests {
         let stale = temp_path(&t.0);
         fs::write(&stale, b"half").unwrap();
         assert!(is_temp_name(stale.file_name().unwrap()));
-        assert!(!crate::scan::is_config_name(stale.file_name().unwrap()));
+        assert!(!crate::names::is_config_name(stale.file_name().unwrap()));
         assert!(!is_temp_name(a.file_name().unwrap()));
         assert_eq!(remove_leftovers(&t.0), vec![stale]);
         assert_eq!(fs::read(&a).unwrap(), b"keep");

@@ -8,10 +8,35 @@
 use std::fs;
 use std::path::Path;
 
-use linkerd_cni_chain::{self as chain, ChainState, RepairOptions};
+use linkerd_cni_chain::{self as chain, Action, ChainState, Context, ModeChoice, NoLimit};
 use serde_json::Value;
 use testkit::TempDir;
 use testkit::chain::{copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
+
+/// What one run of the keeper (inline mode, no limit) did to the case.
+struct Repaired {
+    changed: bool,
+    /// The state it repaired (or, when it wrote nothing, the one found).
+    before: ChainState,
+    file: Option<std::path::PathBuf>,
+    summary: String,
+}
+
+fn repair(dir: &Path, want: &chain::Entry, found: &ChainState) -> Repaired {
+    let mode = ModeChoice::of_entry(want).unwrap();
+    let ctx = Context::new(dir, want.clone(), mode, std::time::Duration::from_secs(30));
+    let report = chain::keep(&ctx, &mut NoLimit).unwrap();
+    let repaired = report.actions.iter().find_map(|a| match a {
+        Action::Repaired { file, cause } => Some((file.clone(), cause.clone())),
+        _ => None,
+    });
+    Repaired {
+        changed: report.changed(),
+        before: repaired.as_ref().map_or(found.clone(), |r| r.1.clone()),
+        file: repaired.map(|r| r.0),
+        summary: report.to_string(),
+    }
+}
 
 struct Case {
     name: &'static str,
@@ -190,7 +215,7 @@ fn every_case_diagnoses_and_repairs_as_expected() {
             assert!(text.contains("repair would:"), "{ctx}");
         }
 
-        let r = chain::repair(dir.path(), &want, &RepairOptions::default()).unwrap();
+        let r = repair(dir.path(), &want, &d.state);
         assert_eq!(r.changed, d.state.is_repairable(), "{ctx}\n{}", r.summary);
         assert_eq!(r.before, d.state, "{ctx}");
         let after = tree(dir.path());
@@ -225,7 +250,7 @@ fn every_case_diagnoses_and_repairs_as_expected() {
                 "case {}: after repair:\n{again}",
                 case.name
             );
-            let r2 = chain::repair(dir.path(), &want, &RepairOptions::default()).unwrap();
+            let r2 = repair(dir.path(), &want, &again.state);
             assert!(!r2.changed, "case {}: second repair wrote", case.name);
             assert_eq!(
                 tree(dir.path()),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use conformance::chains;
 use conformance::expect::*;
 use conformance::installer;
-use conformance::{Backend, Node, artifacts, kube};
+use conformance::{Node, artifacts, kube};
 use serde_json::Value;
 
 /// The installer's resync period in these tests.
@@ -58,7 +58,7 @@ fn pods_on_installed_node(node: &Node, api: &testkit::FakeApiServer, net: &str) 
         .unwrap_or_else(|e| panic!("ADD of a meshed pod: {e}"));
     expect_steps(&added, "ADD", &order);
     expect_pass_through(&added, "1.0.0");
-    expect_reference_rules(&meshed, Backend::Legacy);
+    expect_reference_rules(&meshed, testkit::chart::backend());
     assert_eq!(api.requests(&kube::pod_path("web-0")), 1);
     node.check(net, &meshed).unwrap();
 

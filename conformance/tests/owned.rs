@@ -16,7 +16,7 @@ use conformance::chains::{self, Primary};
 use conformance::expect::*;
 use conformance::installer;
 use conformance::modes::ChainMode;
-use conformance::{Backend, Completed, Node, Pod, kube};
+use conformance::{Completed, Node, Pod, kube};
 use serde_json::Value;
 
 const ROUNDS: u64 = 100;
@@ -149,7 +149,7 @@ fn rewrite_then_add(watch: bool) {
             "{ctx}: the pod ran a stale primary config"
         );
         expect_pass_through(&run, "1.0.0");
-        expect_reference_rules(&pod, Backend::Legacy);
+        expect_reference_rules(&pod, testkit::chart::backend());
         del_as_kubelet(&node, &net, &pod, &ctx);
     }
     expect_no_reserved_ips(&node, &net);

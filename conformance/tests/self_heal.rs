@@ -10,7 +10,7 @@
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
 use conformance::kube;
-use conformance::{Backend, Node, Pod};
+use conformance::{Node, Pod};
 use serde_json::{Value, json};
 
 /// The installer's persisted desired entry, written as it writes it.
@@ -88,7 +88,7 @@ fn heal(broken: Broken, version: &str, persisted: bool) {
         .unwrap_or_else(|e| panic!("{broken:?}: ADD on the broken chain: {e}"));
     expect_steps(&added, "ADD", &first_run);
     // However often and wherever it ran, the pod has the rules once.
-    expect_reference_rules(&first, Backend::Legacy);
+    expect_reference_rules(&first, testkit::chart::backend());
     assert!(
         added
             .execs("linkerd-cni")
@@ -114,7 +114,7 @@ fn heal(broken: Broken, version: &str, persisted: bool) {
     let added = node.add(&net, &second).unwrap();
     expect_steps(&added, "ADD", &["ptp", "portmap", "tuning", "linkerd-cni"]);
     expect_pass_through(&added, version);
-    expect_reference_rules(&second, Backend::Legacy);
+    expect_reference_rules(&second, testkit::chart::backend());
     assert_eq!(std::fs::read(&healed.path).unwrap(), bytes, "{broken:?}");
 
     del_all(&node, &net, [&first, &second]);

@@ -47,7 +47,7 @@ use conformance::expect::*;
 use conformance::installer;
 use conformance::modes::ChainMode;
 use conformance::results::exact;
-use conformance::{Backend, Completed, Failed, Node, Outcome, Pod, kube};
+use conformance::{Completed, Failed, Node, Outcome, Pod, kube};
 use serde_json::Value;
 
 const PODS: usize = 50;
@@ -369,7 +369,7 @@ fn storm(mode: ChainMode) {
 
     for (pod, meshed) in &pods {
         if *meshed {
-            expect_reference_rules(pod, Backend::Legacy);
+            expect_reference_rules(pod, testkit::chart::backend());
         } else {
             expect_no_nat_rules(pod);
         }

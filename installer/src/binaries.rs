@@ -2,11 +2,15 @@
 //! `linkerd-cni`) and their copies in the host's bin dir.
 //!
 //! A copy is current when it has the same bytes and is executable; anything
-//! else is replaced atomically (see [`crate::fsutil`]).
+//! else is replaced atomically (see [`crate::fsutil`]). The bytes are
+//! compared once: while neither file's identity (device, inode, size,
+//! modification time) changes after a comparison found them equal, a pass
+//! only looks at their metadata instead of reading megabytes.
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
 use crate::config::{Config, ConfigError};
@@ -25,6 +29,31 @@ pub struct Binary {
     pub source: PathBuf,
     /// In the host's bin dir, as the installer reaches it.
     pub dest: PathBuf,
+    /// The identities of source and copy when their bytes last compared
+    /// equal.
+    pub verified: Cell<Option<(Stamp, Stamp)>>,
+}
+
+/// What changes whenever a file's content can have changed: a rewrite in
+/// place moves the modification time (and usually the size), a replacement
+/// by rename the inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
 }
 
 /// How a host copy compares with its source.
@@ -71,6 +100,7 @@ pub fn list(cfg: &Config) -> Result<Vec<Binary>, ConfigError> {
             dest: dest_dir.join(&name),
             source: entry.path(),
             name,
+            verified: Cell::new(None),
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -92,8 +122,15 @@ pub fn state(b: &Binary) -> Result<BinaryState, FsError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BinaryState::Missing),
         Err(e) => return Err(FsError::new("cannot stat", &b.dest, e)),
     };
-    if !fsutil::same_content(&b.source, &b.dest)? {
-        return Ok(BinaryState::Differs);
+    let stamps = fs::metadata(&b.source)
+        .ok()
+        .map(|src| (Stamp::of(&src), Stamp::of(&meta)));
+    if stamps.is_none() || b.verified.get() != stamps {
+        if !fsutil::same_content(&b.source, &b.dest)? {
+            b.verified.set(None);
+            return Ok(BinaryState::Differs);
+        }
+        b.verified.set(stamps);
     }
     if !meta.is_file() || meta.permissions().mode() & 0o111 != 0o111 {
         return Ok(BinaryState::NotExecutable);
@@ -116,4 +153,32 @@ pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
 /// Removes the host copy (uninstall); Ok(false) when it was absent.
 pub fn remove(b: &Binary) -> Result<bool, FsError> {
     fsutil::remove(&b.dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unchanged_copy_is_not_read_again_and_any_change_is_seen() {
+        let dir = testkit::TempDir::new("inst-bin").unwrap();
+        let b = Binary {
+            name: PLUGIN_BINARY.into(),
+            source: dir.write("src", "#!/bin/sh\nexit 0\n"),
+            dest: dir.join("dest"),
+            verified: Cell::new(None),
+        };
+        assert_eq!(ensure(&b).unwrap(), Some(BinaryState::Missing));
+        assert_eq!(state(&b).unwrap(), BinaryState::Current);
+        let stamps = b.verified.get();
+        assert!(stamps.is_some(), "compared once, remembered");
+        assert_eq!(state(&b).unwrap(), BinaryState::Current);
+        assert_eq!(b.verified.get(), stamps);
+        // Rewritten in place, same size: the modification time moves.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::write(&b.dest, "#!/bin/sh\nexit 1\n").unwrap();
+        assert_eq!(state(&b).unwrap(), BinaryState::Differs);
+        assert_eq!(ensure(&b).unwrap(), Some(BinaryState::Differs));
+        assert_eq!(state(&b).unwrap(), BinaryState::Current);
+    }
 }

@@ -12,6 +12,7 @@
 //! into files the plugin reads. The installer itself reaches them under
 //! `CONTAINER_MOUNT_PREFIX`.
 
+use linkerd_cni_kube::names::{is_dns_label, is_dns_subdomain};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -216,8 +217,20 @@ impl Config {
         let resync = resync(var("LINKERD_CNI_RESYNC_SECONDS"))?;
         let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
         let on_exit = on_exit(var("LINKERD_CNI_UNINSTALL_ON_EXIT"))?;
-        let pod_name = var("LINKERD_CNI_POD_NAME").map(|v| v.trim().to_string());
-        let pod_namespace = var("LINKERD_CNI_POD_NAMESPACE").map(|v| v.trim().to_string());
+        let pod_name = object_name(
+            "LINKERD_CNI_POD_NAME",
+            var("LINKERD_CNI_POD_NAME"),
+            is_dns_subdomain,
+            "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, \
+             '-' and '.'); set it from the downward API's metadata.name",
+        )?;
+        let pod_namespace = object_name(
+            "LINKERD_CNI_POD_NAMESPACE",
+            var("LINKERD_CNI_POD_NAMESPACE"),
+            is_dns_label,
+            "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); \
+             set it from the downward API's metadata.namespace",
+        )?;
 
         // How the chain is kept.
         let chain_write_outside_conf_dir = boolean(
@@ -378,13 +391,36 @@ fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<b
     }
 }
 
-/// `KUBECONFIG_FILE_NAME`: a plain name the runtime will not load.
+/// `KUBECONFIG_FILE_NAME`: a plain name the runtime will not load, and
+/// none of the conf dir's names linkerd-cni uses for something else (its
+/// entry file would be overwritten in turns with the kubeconfig; a name
+/// with the temp prefix would be removed as a leftover on every pass).
 fn kubeconfig_file_name(value: Option<String>) -> Result<String, ConfigError> {
     let kubeconfig_file_name = value.unwrap_or_else(|| DEFAULT_KUBECONFIG_FILE_NAME.to_string());
     if !is_plain_file_name(&kubeconfig_file_name) {
         return Err(ConfigError::new(
             "KUBECONFIG_FILE_NAME",
             format!("{kubeconfig_file_name:?} is not a plain file name"),
+        ));
+    }
+    if kubeconfig_file_name == linkerd_cni_chain::ENTRY_FILE {
+        return Err(ConfigError::new(
+            "KUBECONFIG_FILE_NAME",
+            format!(
+                "{kubeconfig_file_name:?} is the installer's entry file in the same directory; \
+                 pick another name (the default is {DEFAULT_KUBECONFIG_FILE_NAME})"
+            ),
+        ));
+    }
+    if kubeconfig_file_name.starts_with(linkerd_cni_chain::TEMP_PREFIX) {
+        return Err(ConfigError::new(
+            "KUBECONFIG_FILE_NAME",
+            format!(
+                "{kubeconfig_file_name:?} starts with {:?}, the prefix of linkerd-cni's temp \
+                 files, which are removed as leftovers; pick another name (the default is \
+                 {DEFAULT_KUBECONFIG_FILE_NAME})",
+                linkerd_cni_chain::TEMP_PREFIX
+            ),
         ));
     }
     if has_config_extension(&kubeconfig_file_name) {
@@ -476,6 +512,23 @@ fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
     Ok(node_name)
 }
 
+/// An optional object name from `var`, trimmed, checked with `valid` as the
+/// API server checks it: the name goes into API paths.
+fn object_name(
+    var: &'static str,
+    value: Option<String>,
+    valid: fn(&str) -> bool,
+    expected: &str,
+) -> Result<Option<String>, ConfigError> {
+    let name = value.map(|v| v.trim().to_string());
+    if let Some(n) = &name
+        && !valid(n)
+    {
+        return Err(ConfigError::new(var, format!("{n:?} is not {expected}")));
+    }
+    Ok(name)
+}
+
 fn plugin_service_account(value: Option<String>) -> Result<String, ConfigError> {
     let name = value.map_or_else(
         || DEFAULT_PLUGIN_SERVICE_ACCOUNT.to_string(),
@@ -554,20 +607,6 @@ fn chain_mode(value: Option<String>) -> Result<Option<ChainMode>, ConfigError> {
             )
         })?)),
     }
-}
-
-/// A DNS subdomain (RFC 1123), as node names are.
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 /// A qualified name, as label and taint keys are: `[prefix/]name`.
@@ -733,6 +772,16 @@ mod tests {
             ("LINKERD_CNI_SERVICE_ACCOUNT_DIR", "sa"),
             ("KUBECONFIG_FILE_NAME", "a/b"),
             ("KUBECONFIG_FILE_NAME", "kubeconfig.json"),
+            // Our own files: the entry, and the temp prefix of leftovers.
+            ("KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-entry"),
+            ("KUBECONFIG_FILE_NAME", ".linkerd-cni-tmp-kc"),
+            // Names that go into API paths, checked as the API server does.
+            ("LINKERD_CNI_POD_NAMESPACE", "kube-system/pods/coredns?"),
+            ("LINKERD_CNI_POD_NAMESPACE", "a.b"),
+            ("LINKERD_CNI_POD_NAMESPACE", "Linkerd-CNI"),
+            ("LINKERD_CNI_POD_NAME", "../../nodes/n1"),
+            ("LINKERD_CNI_POD_NAME", "a%2Fb"),
+            ("LINKERD_CNI_POD_NAME", "x?watch=1"),
             ("CNI_NETWORK_CONFIG", "[1,2]"),
             ("CNI_NETWORK_CONFIG", "{not json"),
             ("CNI_NETWORK_CONFIG", r#"{"type":"calico"}"#),

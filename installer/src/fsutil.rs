@@ -12,7 +12,7 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use linkerd_cni_chain::{ChainError, write};
+use linkerd_cni_chain::{ChainError, open_regular, write};
 
 /// A file-system operation of the installer that failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +65,8 @@ pub fn remove(path: &Path) -> Result<bool, FsError> {
 /// Whether two files have the same bytes, without reading both whole into
 /// memory. A missing `b` is "different"; a missing `a` is an error.
 pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
-    let mut fa = File::open(a).map_err(|e| FsError::new("cannot open", a, e))?;
-    let mut fb = match File::open(b) {
+    let mut fa = open_regular(a).map_err(|e| FsError::new("cannot open", a, e))?;
+    let mut fb = match open_regular(b) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(FsError::new("cannot open", b, e)),
@@ -95,26 +95,14 @@ pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
     }
 }
 
-/// The most the installer reads of a token, a CA bundle, the entry template
-/// or a kubeconfig: far above any real one, far below the container's
-/// memory limit, so that a wrong mount (a device, a huge file) is an error
-/// that names the file rather than an out-of-memory kill.
-pub const READ_LIMIT: u64 = 1 << 20;
-
-/// Reads at most [`READ_LIMIT`] bytes of `path`; a longer file is an
-/// `InvalidData` error that says so.
+/// Reads a token, a CA bundle, the entry template or a kubeconfig: a
+/// regular file, opened without blocking (a FIFO must not hang the
+/// installer), of at most [`linkerd_cni_chain::MAX_CONFIG_SIZE`] bytes (far
+/// above any real one, far below the container's memory limit). Another
+/// kind of file or a longer one is an error that says so. The chain
+/// library's reader: one policy for every input file.
 pub fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    File::open(path)?
-        .take(READ_LIMIT + 1)
-        .read_to_end(&mut buf)?;
-    if buf.len() as u64 > READ_LIMIT {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {READ_LIMIT} bytes: not a file the installer reads"),
-        ));
-    }
-    Ok(buf)
+    linkerd_cni_chain::read_file(path)
 }
 
 /// [`read_capped`], as UTF-8 text.
@@ -122,7 +110,7 @@ pub fn read_capped_text(path: &Path) -> io::Result<String> {
     String::from_utf8(read_capped(path)?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Reads `path` (at most [`READ_LIMIT`] bytes); Ok(None) when absent.
+/// [`read_capped`]; Ok(None) when absent.
 pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
     match read_capped(path) {
         Ok(b) => Ok(Some(b)),
@@ -177,6 +165,39 @@ mod tests {
         assert!(remove(&a).unwrap());
         assert!(!remove(&a).unwrap());
         assert_eq!(read_optional(&a).unwrap(), None);
+        fs::remove_dir_all(&t).unwrap();
+    }
+
+    const READ_LIMIT: u64 = linkerd_cni_chain::MAX_CONFIG_SIZE;
+
+    use testkit::bounded;
+
+    /// Far longer than a refusal takes.
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+    #[test]
+    fn inputs_that_are_not_regular_files_are_refused_without_blocking() {
+        let t = fresh_dir();
+        let fifo = t.join("fifo");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let plain = t.join("plain");
+        fs::write(&plain, "x").unwrap();
+        for p in [fifo.clone(), PathBuf::from("/dev/zero"), t.clone()] {
+            let q = p.clone();
+            let e = bounded("read_capped", WITHIN, move || read_capped(&q)).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{p:?}: {e}");
+            let q = p.clone();
+            assert!(bounded("read_optional", WITHIN, move || read_optional(&q)).is_err());
+        }
+        // A FIFO where a binary goes is an error, not a hang.
+        let (a, b) = (plain.clone(), fifo.clone());
+        assert!(bounded("same_content", WITHIN, move || same_content(&a, &b)).is_err());
+        let (a, b) = (fifo.clone(), plain.clone());
+        assert!(bounded("same_content", WITHIN, move || same_content(&a, &b)).is_err());
         fs::remove_dir_all(&t).unwrap();
     }
 

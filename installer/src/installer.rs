@@ -10,8 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::owned::{self, ChainMode, OwnedDiagnosis, OwnedState};
-use linkerd_cni_chain::{self as chain, FightDetector, RepairOptions, heartbeat, write};
+use linkerd_cni_chain::owned::ChainMode;
+use linkerd_cni_chain::{
+    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
+    write,
+};
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
@@ -165,7 +168,7 @@ impl Installer {
         // holds whenever it did not.
         if std::mem::take(&mut self.chained_last_pass) {
             let last = self.last_entry.clone();
-            self.reconcile_mode(&last);
+            self.reconcile_chain(&last);
         }
         let bins_ok = self.reconcile_binaries();
         self.kubeconfig_current = self.reconcile_kubeconfig();
@@ -193,186 +196,8 @@ impl Installer {
             );
             return;
         }
-        self.reconcile_mode(&entry);
+        self.reconcile_chain(&entry);
         self.chained_last_pass = true;
-    }
-
-    /// After each pass, however it ended: what `/metrics` shows of it (the
-    /// chain as the pass left it, diagnosed only when metrics are on) and
-    /// what Events report.
-    pub fn after_pass(&self) {
-        if self.telemetry.metrics_on() {
-            let v = metrics::verdict(
-                &self.cfg.conf_dir(),
-                &self.last_entry,
-                &self.repair_options(),
-            );
-            self.telemetry.chain(&v);
-        }
-        self.telemetry.pass_done();
-    }
-
-    /// The chain in the entry's mode. Owned mode falls back to the inline
-    /// repair where it does not apply; our own files go only once the
-    /// inline chain is healthy, so the runtime never loads a chain without
-    /// linkerd-cni on the way.
-    fn reconcile_mode(&mut self, entry: &Entry) {
-        if owned::mode_of(entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned
-            && self.reconcile_owned(entry)
-        {
-            return;
-        }
-        self.reconcile_chain(entry);
-        let dir = self.cfg.conf_dir();
-        if owned::has_owned(&dir).unwrap_or(false)
-            && chain::diagnose_with(&dir, entry, &self.repair_options())
-                .is_ok_and(|d| d.state == chain::ChainState::Healthy)
-        {
-            let opts = RepairOptions {
-                deadline: Some(Instant::now() + REPAIR_BUDGET),
-                ..self.repair_options()
-            };
-            match owned::retire(&dir, &opts) {
-                Ok(files) => {
-                    for f in files {
-                        log::info!(
-                            "removed {}: inline mode keeps no file of its own, and the primary's file is chained",
-                            f.display()
-                        );
-                    }
-                }
-                Err(e) => self.notes.log_change(
-                    "owned",
-                    Level::Error,
-                    format!("cannot remove linkerd-cni's own config: {e}"),
-                ),
-            }
-        }
-    }
-
-    /// Owned mode. Returns false when it does not apply (the inline repair
-    /// takes over).
-    fn reconcile_owned(&mut self, entry: &Entry) -> bool {
-        let dir = self.cfg.conf_dir();
-        let diag = match owned::diagnose_with(&dir, entry, &self.repair_options()) {
-            Ok(d) => d,
-            Err(e) => {
-                self.configs_unreadable(&dir, &e);
-                return true;
-            }
-        };
-        let now = Instant::now();
-        let key = match (&diag.ours, &diag.marker) {
-            (Some(o), Some(m)) => Some((o.clone(), m.sha256.clone())),
-            _ => None,
-        };
-        // Our file removed again and again with the primary's chain the
-        // same: an agent that deletes foreign configs. Fall back to inline
-        // repair rather than fight it.
-        if diag.state == OwnedState::Missing
-            && let Some((ours, digest)) = &key
-            && !self.fights.allow_repair_of(ours, digest, now)
-        {
-            let why = format!(
-                "{} keeps being removed by another agent (Cilium with cni.exclusive=true \
-                 does this): using inline repair instead; configure that agent to leave \
-                 other configs in place (for Cilium: cni.exclusive=false)",
-                ours.display()
-            );
-            self.telemetry.owned_fallback(&why);
-            self.notes.log_change("owned", Level::Warn, why);
-            return false;
-        }
-        match &diag.state {
-            OwnedState::Fallback { reason } => {
-                self.telemetry.owned_fallback(reason);
-                self.notes.log_change(
-                    "owned",
-                    Level::Warn,
-                    format!("{reason}; using inline repair"),
-                );
-                return false;
-            }
-            OwnedState::PrimaryInvalid { reason } => {
-                self.notes.log_change(
-                    "chain",
-                    Level::Warn,
-                    format!(
-                        "{}: {reason}; linkerd-cni's own config is left as it is until the primary's is loadable again",
-                        diag.primary.as_ref().map_or(String::new(), |p| p.display().to_string())
-                    ),
-                );
-                return true;
-            }
-            _ => {}
-        }
-        self.telemetry.owned_applies();
-        self.notes
-            .clear("owned", || "owned mode applies again".to_string());
-        if diag.is_current() {
-            self.notes
-                .log_change("chain", Level::Info, owned_note(&diag));
-            return true;
-        }
-        let written = diag
-            .primary
-            .as_deref()
-            .and_then(|p| self.telemetry.mtime(p));
-        self.sync_owned(&dir, entry, key.as_ref(), now, written);
-        true
-    }
-
-    /// Brings our owned-mode file up to date, counting its re-creations
-    /// (`key`: our file and the primary's chain digest) as a fight;
-    /// `written`: when the primary was last written (for the heal latency).
-    fn sync_owned(
-        &mut self,
-        dir: &Path,
-        entry: &Entry,
-        key: Option<&(PathBuf, String)>,
-        now: Instant,
-        written: Option<std::time::SystemTime>,
-    ) {
-        let opts = RepairOptions {
-            deadline: Some(now + REPAIR_BUDGET),
-            ..self.repair_options()
-        };
-        match owned::sync(dir, entry, &opts) {
-            Ok(r) => {
-                if r.changed {
-                    log::info!("{}", r.summary);
-                    let (cause, written) = match r.created {
-                        true => ("owned_missing", None),
-                        false => ("owned_outdated", written),
-                    };
-                    self.telemetry.repaired(cause, written);
-                }
-                if r.created
-                    && let Some((ours, digest)) = key
-                    && let Some(w) = self.fights.record_repair_of(ours, digest, now)
-                {
-                    self.telemetry
-                        .fight(&format!("{}@{digest}", ours.display()), &w);
-                    self.notes.log_change("fight", Level::Warn, w);
-                }
-                match owned::diagnose_with(dir, entry, &self.repair_options()) {
-                    Ok(d) if d.is_current() => {
-                        self.notes.mark_logged("chain", Level::Info, owned_note(&d))
-                    }
-                    Ok(d) => self.notes.log_change(
-                        "chain",
-                        Level::Warn,
-                        format!("owned mode: {}", d.state),
-                    ),
-                    Err(e) => self.notes.log_change("chain", Level::Error, e.to_string()),
-                }
-            }
-            Err(e) => self.notes.log_change(
-                "chain",
-                Level::Error,
-                format!("owned mode: cannot bring linkerd-cni's config up to date: {e}"),
-            ),
-        }
     }
 
     fn reconcile_binaries(&mut self) -> bool {
@@ -526,98 +351,92 @@ impl Installer {
         );
     }
 
+    /// The keeper's context for `entry`: its mode, this pass's deadline.
+    fn context(&self, entry: &Entry) -> Context {
+        let mode = ModeChoice::of_entry(entry).unwrap_or_else(|e| {
+            ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
+        });
+        Context {
+            opts: self.repair_options(),
+            ..Context::new(&self.cfg.conf_dir(), entry.clone(), mode, REPAIR_BUDGET)
+        }
+    }
+
+    /// The chain, kept in the entry's mode; what the keeper did, logged
+    /// once per change.
     fn reconcile_chain(&mut self, entry: &Entry) {
-        let dir = self.cfg.conf_dir();
-        let diagnosis = match chain::diagnose_with(&dir, entry, &self.repair_options()) {
-            Ok(d) => d,
-            Err(e) => {
-                self.configs_unreadable(&dir, &e);
-                return;
-            }
-        };
-        if diagnosis.is_healthy() {
-            self.notes
-                .log_change("chain", Level::Info, healthy_note(&diagnosis.active));
-            return;
+        let ctx = self.context(entry);
+        self.telemetry.before_keep(&ctx.conf_dir);
+        match chain::keep(&ctx, &mut self.fights) {
+            Ok(report) => self.log_report(&ctx, &report),
+            Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
         }
-        let Some(active) = diagnosis.active.clone() else {
-            // Never write a linkerd-only config: the node would get a
-            // "network" that gives pods no connectivity.
-            self.notes.log_change(
-                "chain",
-                Level::Info,
-                format!(
-                    "no primary CNI config in {} yet: waiting for the primary CNI to write \
-                     one (nothing written)",
-                    dir.display()
-                ),
+    }
+
+    /// After each pass, however it ended: what `/metrics` shows of it (the
+    /// chain as the pass left it, diagnosed only when metrics are on) and
+    /// what Events report.
+    pub fn after_pass(&self) {
+        if self.telemetry.metrics_on() {
+            let v = metrics::verdict(
+                &self.cfg.conf_dir(),
+                &self.last_entry,
+                &self.repair_options(),
             );
-            return;
-        };
-        let found = format!("{}: {}", active.display(), diagnosis.state);
-        if !diagnosis.needs_repair() {
-            // Not ours to fix (an unreadable or linkerd-only active file).
-            self.notes.log_change(
-                "chain",
-                Level::Warn,
-                format!("{found}; repair would do {}", diagnosis.remedy()),
-            );
-            return;
+            self.telemetry.chain(&v);
         }
-        let now = Instant::now();
-        // A fight is the same content undone again and again: what this
-        // repair starts from decides, so new content is repaired at once.
-        let digest = chain::content_digest(&active);
-        if !self.fights.allow_repair_of(&active, &digest, now) {
-            self.telemetry
-                .held_back(&format!("{}@{digest}", active.display()));
-            self.retry_at = Some(self.fights.next_allowed_of(&active, &digest, now));
-            self.notes.log_change(
-                "chain",
-                Level::Warn,
-                format!(
-                    "{found}; not repairing it again yet (another agent keeps undoing it); \
-                     retrying as soon as the rate limit allows"
-                ),
-            );
-            return;
+        self.telemetry.pass_done();
+    }
+
+    fn log_report(&mut self, ctx: &Context, r: &Report) {
+        self.retry_at = r.retry_at();
+        for a in &r.actions {
+            log::info!("{a}");
         }
-        let opts = RepairOptions {
-            deadline: Some(now + REPAIR_BUDGET),
-            ..self.repair_options()
-        };
-        let written = self.telemetry.mtime(&active);
-        match chain::repair(&dir, entry, &opts) {
-            Ok(report) if report.changed => {
-                log::info!("{}", report.summary);
-                self.telemetry
-                    .repaired(metrics::repair_cause(&report.before), written);
-                let file = report.file.clone().unwrap_or(active.clone());
-                match self.fights.record_repair_of(&active, &digest, now) {
-                    Some(warning) => {
-                        self.telemetry
-                            .fight(&format!("{}@{digest}", active.display()), &warning);
-                        self.notes.log_change("fight", Level::Warn, warning)
-                    }
-                    None => {
-                        self.telemetry.no_fight();
-                        self.notes.clear("fight", || {
-                            format!("{} no longer needs repeated repairs", file.display())
-                        })
-                    }
-                }
-                // The next pass will find it healthy: nothing more to say.
+        self.telemetry.report(r, ctx.mode.mode);
+        match (&r.layout, ctx.mode.mode) {
+            (Layout::Fallback(why), _) => {
                 self.notes
-                    .mark_logged("chain", Level::Info, healthy_note(&Some(file)));
+                    .log_change("owned", Level::Warn, format!("{why}; using inline repair"))
             }
-            // Nothing rewritten: only leftovers cleaned, or another writer
-            // fixed it meanwhile. The next pass looks again.
-            Ok(report) => self.notes.log_change("chain", Level::Info, report.summary),
-            Err(e) => self.notes.log_change(
-                "chain",
-                Level::Error,
-                format!("{found}; cannot repair it: {e}"),
-            ),
+            (_, ChainMode::Owned) => self
+                .notes
+                .clear("owned", || "owned mode applies again".to_string()),
+            _ => {}
+        }
+        match r.fights.first() {
+            Some(w) => self.notes.log_change("fight", Level::Warn, w.clone()),
+            None if r.changed() => self.notes.clear("fight", || {
+                "the chain no longer needs repeated repairs".to_string()
+            }),
+            None => {}
+        }
+        let trouble: Vec<String> = r
+            .held_back
+            .iter()
+            .map(ToString::to_string)
+            .chain(
+                r.errors
+                    .iter()
+                    .map(|e| format!("cannot repair the chain: {e}")),
+            )
+            .collect();
+        if !trouble.is_empty() {
+            let level = match r.errors.is_empty() {
+                true => Level::Warn,
+                false => Level::Error,
+            };
+            self.notes.log_change("chain", level, trouble.join("; "));
+        } else if let Some(w) = &r.waiting {
+            self.notes.log_change("chain", Level::Warn, w.clone());
+        } else if let Some(f) = &r.chained_in {
+            let note = healthy_note(f, &r.layout);
+            if r.changed() {
+                // Said by the actions above: nothing more to say.
+                self.notes.mark_logged("chain", Level::Info, note);
+            } else {
+                self.notes.log_change("chain", Level::Info, note);
+            }
         }
     }
 
@@ -673,28 +492,11 @@ impl Installer {
             )),
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
-        if owned::mode_of(&entry).unwrap_or(ChainMode::Inline) == ChainMode::Owned {
-            match owned::diagnose_with(&dir, &entry, &self.repair_options()) {
-                Ok(d) if matches!(d.state, OwnedState::Fallback { .. }) => {}
-                Ok(d) if d.state == OwnedState::Current && d.is_current() => return problems,
-                Ok(d) => {
-                    problems.push(format!(
-                        "owned mode: linkerd-cni's own config is not current:\n    {}",
-                        d.to_string().trim_end().replace('\n', "\n    ")
-                    ));
-                    return problems;
-                }
-                Err(e) => {
-                    problems.push(format!("chain in {}: {e}", dir.display()));
-                    return problems;
-                }
-            }
-        }
-        match chain::diagnose_with(&dir, &entry, &self.repair_options()) {
-            Ok(d) if d.is_healthy() => {}
-            Ok(d) => problems.push(format!(
+        match chain::health(&self.context(&entry)) {
+            Ok(h) if h.is_healthy() => {}
+            Ok(h) => problems.push(format!(
                 "the chain is not healthy:\n    {}",
-                d.to_string().trim_end().replace('\n', "\n    ")
+                h.to_string().trim_end().replace('\n', "\n    ")
             )),
             Err(e) => problems.push(format!("chain in {}: {e}", dir.display())),
         }
@@ -713,29 +515,16 @@ impl Installer {
                 return Ok(());
             }
             // Our own files first: the primary's (without our entry in
-            // owned mode) becomes the active config again.
-            let own = owned::retire(&dir, &opts).map_err(|e| {
+            // owned mode) becomes the active config again; then every entry.
+            let removed = chain::unchain(&dir, &opts).map_err(|e| {
                 format!(
-                    "cannot remove linkerd-cni's own configs from {}: {e}; \
+                    "cannot remove linkerd-cni from the configs in {}: {e}; \
                      leaving the binary in place so no config names a missing plugin",
                     dir.display()
                 )
             })?;
-            for f in own {
-                log::info!("removed {} ({pass})", f.display());
-            }
-            let files = chain::remove_entries(&dir, &opts).map_err(|e| {
-                format!(
-                    "cannot remove the linkerd-cni entries from the configs in {}: {e}; \
-                     leaving the binary in place so no config names a missing plugin",
-                    dir.display()
-                )
-            })?;
-            for f in files {
-                log::info!(
-                    "removed the linkerd-cni entry from {} ({pass})",
-                    f.display()
-                );
+            for line in removed {
+                log::info!("{line} ({pass})");
             }
             Ok(())
         };
@@ -785,21 +574,13 @@ impl Installer {
     }
 }
 
-fn owned_note(d: &OwnedDiagnosis) -> String {
-    match (&d.ours, &d.primary) {
-        (Some(o), Some(p)) => format!(
-            "linkerd-cni is chained in its own {}, a current copy of {}",
-            o.display(),
-            p.display()
+fn healthy_note(file: &Path, layout: &Layout) -> String {
+    match layout {
+        Layout::Owned => format!(
+            "linkerd-cni is chained in its own {}, a current copy of the primary's config",
+            file.display()
         ),
-        _ => format!("owned mode: {}", d.state),
-    }
-}
-
-fn healthy_note(active: &Option<std::path::PathBuf>) -> String {
-    match active {
-        Some(f) => format!("linkerd-cni is chained in {}", f.display()),
-        None => "linkerd-cni is chained".to_string(),
+        _ => format!("linkerd-cni is chained in {}", file.display()),
     }
 }
 

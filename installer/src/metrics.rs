@@ -158,6 +158,9 @@ struct Inner {
     /// The plugin's state dir, for its credential rejections (Events).
     plugin_state_dir: PathBuf,
     seen: Seen,
+    /// The config files' mtimes before the keeper ran (metrics on): when
+    /// the write it repaired was made.
+    written: BTreeMap<PathBuf, SystemTime>,
 }
 
 /// What was reported already, so that each occurrence counts (and makes an
@@ -192,6 +195,7 @@ impl Telemetry {
             events,
             plugin_state_dir,
             seen: Seen::default(),
+            written: BTreeMap::new(),
         }))))
     }
 
@@ -352,13 +356,58 @@ impl Telemetry {
         });
     }
 
-    /// The mtime of `file`, when metrics are on (the one stat a repair
-    /// costs for its latency); `None` when off or unreadable.
-    pub fn mtime(&self, file: &Path) -> Option<SystemTime> {
+    /// Before the keeper runs on `dir`: the config files' mtimes, when
+    /// metrics are on (a listing and a stat each), for the heal latency.
+    pub fn before_keep(&self, dir: &Path) {
         if !self.metrics_on() {
-            return None;
+            return;
         }
-        std::fs::metadata(file).and_then(|m| m.modified()).ok()
+        let written: BTreeMap<PathBuf, SystemTime> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| linkerd_cni_chain::is_config_name(&e.file_name()))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
+            .collect();
+        self.with(|i| i.written = written);
+    }
+
+    /// What the keeper did in this pass, from its report (in `mode`).
+    pub fn report(&self, r: &linkerd_cni_chain::Report, mode: ChainMode) {
+        use linkerd_cni_chain::{Action, HoldCause, Layout};
+        let written = |f: &Path| {
+            self.0
+                .as_ref()
+                .and_then(|i| lock(i).written.get(f).copied())
+        };
+        for a in &r.actions {
+            match a {
+                Action::Repaired { file, cause } => {
+                    let w = written(file);
+                    self.repaired(repair_cause(cause), w);
+                }
+                Action::Copied { from, created, .. } => match created {
+                    true => self.repaired("owned_missing", None),
+                    false => self.repaired("owned_outdated", written(from)),
+                },
+                _ => {}
+            }
+        }
+        match r.fights.first() {
+            Some(w) => self.fight(w, w),
+            None if r.changed() => self.no_fight(),
+            None => {}
+        }
+        for h in &r.held_back {
+            if let HoldCause::Fight { .. } = h.cause {
+                self.held_back(&h.file.display().to_string());
+            }
+        }
+        match (&r.layout, mode) {
+            (Layout::Fallback(why), _) => self.owned_fallback(why),
+            (_, ChainMode::Owned) => self.owned_applies(),
+            _ => {}
+        }
     }
 }
 
@@ -706,7 +755,6 @@ mod tests {
         t.fight("f", "w");
         t.pass_done();
         assert_eq!(t.snapshot(), NodeState::default());
-        assert_eq!(t.mtime(Path::new("/")), None);
     }
 
     #[test]

@@ -75,7 +75,7 @@ fn verdict(answer: Result<owner::OwnerState, owner::OwnerError>) -> Verdict {
     match answer {
         Ok(state) if state.is_gone() => Verdict::Gone(state.to_string()),
         Ok(state) => Verdict::Present(state.to_string()),
-        Err(e) => Verdict::Unknown(e.to_string()),
+        Err(e) => Verdict::Unknown(format!("{e}. {}", e.advice())),
     }
 }
 
@@ -137,5 +137,42 @@ mod tests {
         assert!(
             matches!(verdict(open), Verdict::Unknown(s) if s.contains("no controlling DaemonSet"))
         );
+    }
+
+    /// The advice fits the cause: RBAC only when RBAC refused.
+    #[test]
+    fn no_answer_says_its_cause() {
+        use linkerd_cni_kube::ApiError;
+        use linkerd_cni_kube::client::Method;
+        let path = "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".to_string();
+        let timed_out = Err(OwnerError::DaemonSet {
+            daemonset: "linkerd-cni/linkerd-cni".into(),
+            source: ApiError::TimedOut {
+                server: "https://127.0.0.1:6443".into(),
+                method: Method::Get,
+                path: path.clone(),
+                budget: API_TIMEOUT,
+                last: None,
+            },
+        });
+        let Verdict::Unknown(s) = verdict(timed_out) else {
+            panic!("not unknown")
+        };
+        assert!(s.contains("did not answer in time"), "{s}");
+        assert!(!s.contains("`get` on daemonsets"), "{s}");
+        let forbidden = Err(OwnerError::DaemonSet {
+            daemonset: "linkerd-cni/linkerd-cni".into(),
+            source: ApiError::Unauthorized {
+                status: 403,
+                method: Method::Get,
+                path,
+                kubeconfig: "/host/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig".into(),
+                reason: Some("Forbidden".into()),
+            },
+        });
+        let Verdict::Unknown(s) = verdict(forbidden) else {
+            panic!("not unknown")
+        };
+        assert!(s.contains("`get` on daemonsets"), "{s}");
     }
 }

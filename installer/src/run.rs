@@ -136,13 +136,13 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             Verdict::Unknown(why) => {
+                let why = why.trim_end_matches('.');
                 log::warn!(
                     "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
-                     the DaemonSet is being deleted ({why}). If it is, the plugin passes pods \
-                     through once this pod's token is revoked; remove what is left with \
-                     `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry from \
-                     the node's CNI config. Granting `get` on daemonsets to the service account \
-                     lets the installer uninstall by itself."
+                     the DaemonSet is being deleted: {why}. If it is being deleted, the plugin \
+                     passes pods through once this pod's token is revoked; remove what is left \
+                     with `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry \
+                     from the node's CNI config."
                 );
                 return ExitCode::SUCCESS;
             }

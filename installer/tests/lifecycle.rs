@@ -299,12 +299,11 @@ fn binaries_and_kubeconfig_are_written_only_when_needed() {
     );
     assert_eq!(fs::metadata(&bin).unwrap().mode() & 0o777, 0o755);
     let kc = node.kubeconfig().unwrap();
-    assert!(kc.contains("server: \"https://10.96.0.1:443\""), "{kc}");
-    assert!(
-        kc.contains("certificate-authority-data: \"Q0EtMQ==\""),
-        "{kc}"
-    );
-    assert!(kc.contains("current-context: linkerd-cni-context"), "{kc}");
+    let doc: serde_json::Value = serde_json::from_str(&kc).unwrap();
+    let cluster = &doc["clusters"][0]["cluster"];
+    assert_eq!(cluster["server"], "https://10.96.0.1:443", "{kc}");
+    assert_eq!(cluster["certificate-authority-data"], "Q0EtMQ==", "{kc}");
+    assert_eq!(doc["current-context"], "linkerd-cni-context", "{kc}");
 
     let inode = |p: &std::path::Path| fs::metadata(p).unwrap().ino();
     let files = [

@@ -27,13 +27,16 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use thiserror::Error;
+use ureq::config::Config as UreqConfig;
+use ureq::http::Uri;
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
-use ureq::unversioned::resolver::DefaultResolver;
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{
-    ConnectionDetails, Connector, RustlsConnector, TcpConnector, Transport,
+    ConnectionDetails, Connector, NextTimeout, RustlsConnector, TcpConnector, Transport,
 };
 
 use crate::kubeconfig::{ApiConfig, Trust};
+use crate::names;
 use crate::objects::{DaemonSet, Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
@@ -47,6 +50,14 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Pods with many containers and managed fields are large; this bounds
 /// what a misbehaving server can make us read.
 const MAX_BODY: u64 = 16 << 20;
+/// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
+/// connection, for both the TCP and the TLS layer): room for one TLS
+/// record's plaintext and any answer's header block; bodies stream through
+/// it.
+const INPUT_BUFFER: usize = 16 << 10;
+/// Each transport's write buffer must hold a request's head: the token plus
+/// the other headers, which take well under 1 KiB.
+const OUTPUT_BUFFER_SPARE: usize = 4 << 10;
 
 /// What an [`ApiError`] ran into underneath: the HTTP, TLS or JSON stack's
 /// error, or our words where the stack has no error value.
@@ -149,6 +160,37 @@ pub enum ApiError {
         #[source]
         cause: Cause,
     },
+    /// Refused before any request: the API server would refuse it too.
+    #[error("refusing {what} name {name:?}: not a valid Kubernetes name ({rule})")]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        rule: &'static str,
+    },
+}
+
+/// A namespace, checked and encoded for a path.
+fn valid_namespace(name: &str) -> Result<String, ApiError> {
+    if !names::is_dns_label(name) {
+        return Err(ApiError::InvalidName {
+            what: "namespace",
+            name: name.to_string(),
+            rule: "a DNS-1123 label: at most 63 lowercase letters, digits and '-'",
+        });
+    }
+    Ok(names::segment(name))
+}
+
+/// A pod's or DaemonSet's name, checked and encoded for a path.
+fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
+    if !names::is_dns_subdomain(name) {
+        return Err(ApiError::InvalidName {
+            what,
+            name: name.to_string(),
+            rule: "a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and '.'",
+        });
+    }
+    Ok(names::segment(name))
 }
 
 impl ApiError {
@@ -189,6 +231,11 @@ impl ApiError {
             ApiError::Status { .. } | ApiError::Decode { .. } => {
                 "the API server's answer was unexpected; see the message".into()
             }
+            ApiError::InvalidName { .. } => {
+                "the name comes from the container runtime's CNI_ARGS (K8S_POD_NAMESPACE, \
+                 K8S_POD_NAME) or the installer's environment: check what set it"
+                    .into()
+            }
         }
     }
 
@@ -208,6 +255,18 @@ impl ApiError {
     }
 }
 
+/// ring's provider, offering AES-128-GCM with SHA-256 first: the TLS 1.3
+/// key schedule's HMACs over SHA-256 cost a short-lived client 2% of an
+/// unmeshed ADD less than SHA-384's (callgrind). It is what Go's TLS stack,
+/// the API server's, prefers too; the other suites stay offered.
+fn provider() -> rustls::crypto::CryptoProvider {
+    use rustls::CipherSuite::TLS13_AES_128_GCM_SHA256;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites
+        .sort_by_key(|s| s.suite() != TLS13_AES_128_GCM_SHA256);
+    p
+}
+
 /// A client for one API server, with the budget of one invocation.
 pub struct Client {
     agent: ureq::Agent,
@@ -222,7 +281,7 @@ impl Client {
     /// A client whose calls, retries included, all end within `budget` from
     /// now.
     pub fn new(config: ApiConfig, budget: Duration) -> Client {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(provider());
         let tls = TlsConfig::builder()
             .provider(TlsProvider::Rustls)
             .unversioned_rustls_crypto_provider(provider);
@@ -243,6 +302,8 @@ impl Client {
             // token elsewhere.
             .max_redirects(0)
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            .input_buffer_size(INPUT_BUFFER)
+            .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
         let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
@@ -256,7 +317,7 @@ impl Client {
                 .chain(mark(Phase::TcpConnected))
                 .chain(RustlsConnector::default())
                 .chain(mark(Phase::Secured));
-        let agent = ureq::Agent::with_parts(agent_config, connector, DefaultResolver::default());
+        let agent = ureq::Agent::with_parts(agent_config, connector, LiteralResolver::default());
         Client {
             agent,
             phase,
@@ -276,20 +337,22 @@ impl Client {
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
-        self.get(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+        let (ns, name) = (valid_namespace(namespace)?, valid_name("pod", name)?);
+        self.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
     }
 
     pub fn namespace(&self, name: &str) -> Result<Namespace, ApiError> {
-        self.get(&format!("/api/v1/namespaces/{name}"))
+        let ns = valid_namespace(name)?;
+        self.get(&format!("/api/v1/namespaces/{ns}"))
     }
 
     pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
-        self.get(&format!(
-            "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
-        ))
+        let (ns, name) = (valid_namespace(namespace)?, valid_name("DaemonSet", name)?);
+        self.get(&format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"))
     }
 
     /// Service `default/kubernetes`: the API server's ports.
+    /// (A fixed path: no name to check.)
     pub fn kubernetes_service(&self) -> Result<Service, ApiError> {
         self.get("/api/v1/namespaces/default/services/kubernetes")
     }
@@ -604,6 +667,49 @@ fn status_reason(body: &[u8]) -> Option<String> {
     Some(v.get("reason")?.as_str()?.to_string())
 }
 
+/// Resolves a server given as an IP address without a lookup: ureq's
+/// resolver runs every lookup on a thread of its own (to bound it in time),
+/// even for a literal, which the installer's kubeconfig always has (the
+/// service's cluster IP). Host names go to ureq's resolver.
+#[derive(Debug, Default)]
+struct LiteralResolver {
+    names: DefaultResolver,
+}
+
+impl Resolver for LiteralResolver {
+    fn resolve(
+        &self,
+        uri: &Uri,
+        config: &UreqConfig,
+        timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        if let Some(addr) = literal_addr(uri) {
+            let mut addrs = self.empty();
+            addrs.push(addr);
+            return Ok(addrs);
+        }
+        self.names.resolve(uri, config, timeout)
+    }
+}
+
+/// The socket address of an `https` URI whose host is an IP address.
+fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
+    if uri.scheme_str() != Some("https") {
+        return None;
+    }
+    let authority = uri.authority()?;
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    Some(std::net::SocketAddr::new(
+        ip,
+        authority.port_u16().unwrap_or(443),
+    ))
+}
+
 /// The `message` of a Kubernetes `Status` body, else the start of the body.
 fn status_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
@@ -617,5 +723,42 @@ fn status_message(body: &[u8]) -> String {
         Some((i, _)) => format!("{}...", &s[..i]),
         None if s.is_empty() => "empty answer".into(),
         None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aes_128_is_offered_first_and_nothing_is_dropped() {
+        let ours: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        let ring: Vec<_> = rustls::crypto::ring::default_provider()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(ours[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(ours.len(), ring.len());
+        assert!(ring.iter().all(|s| ours.contains(s)));
+    }
+
+    #[test]
+    fn literal_addresses_skip_the_lookup_and_names_do_not() {
+        let addr = |u: &str| literal_addr(&u.parse().unwrap()).map(|a| a.to_string());
+        assert_eq!(addr("https://127.0.0.2/api"), Some("127.0.0.2:443".into()));
+        assert_eq!(
+            addr("https://127.0.0.1:6443"),
+            Some("127.0.0.1:6443".into())
+        );
+        assert_eq!(
+            addr("https://[fd00::1]:6443/x"),
+            Some("[fd00::1]:6443".into())
+        );
+        assert_eq!(addr("https://[::1]"), Some("[::1]:443".into()));
+        assert_eq!(addr("https://kubernetes.default.svc:443"), None);
+        assert_eq!(addr("https://127.0.0.1.nip.io"), None);
+        // Plain HTTP (a test or a local proxy) keeps ureq's default port rules.
+        assert_eq!(addr("http://127.0.0.1"), None);
     }
 }

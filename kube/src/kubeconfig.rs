@@ -197,11 +197,25 @@ pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError
     Ok(config)
 }
 
+/// Every file this crate reads (the kubeconfig, its tokenFile and CA file,
+/// the system bundle): a regular file, opened without blocking (a FIFO
+/// would block the open until a writer comes, past the ADD deadline) and
+/// without making it the controlling terminal; at most [`MAX_FILE`] bytes.
 fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
     let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_FILE + 1)
-        .read_to_end(&mut buf)?;
+    f.take(MAX_FILE + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > MAX_FILE {
         return Err(std::io::Error::other(format!(
             "larger than {MAX_FILE} bytes"
@@ -215,9 +229,13 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
-    let options = serde_saphyr::options! { with_snippet: false };
-    let file: File =
-        serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?;
+    let file = match from_json(text) {
+        Some(file) => file,
+        None => {
+            let options = serde_saphyr::options! { with_snippet: false };
+            serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_problem(&e))?
+        }
+    };
     let (name, ctx) = context(&file)?;
     let (cluster_name, cluster) = cluster(&file, name, ctx)?;
     let (user_name, user) = user(&file, name, ctx)?;
@@ -227,6 +245,16 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         token: token(user_name, user, base)?,
         trust: trust(cluster_name, cluster, base)?,
     })
+}
+
+/// The file read as JSON, which the installer writes (and which is YAML
+/// too): a tenth of the YAML parser's work. None for anything else, which
+/// the YAML parser then reads, or reports with its line and column.
+fn from_json(text: &str) -> Option<File> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str(text).ok()
 }
 
 /// The context the installer names, else the current one.
@@ -767,6 +795,133 @@ current-context: other
             "{seen_errors} of {}",
             corpus.len()
         );
+    }
+
+    /// JSON (what the installer writes) and YAML read alike: the same
+    /// files in either syntax give the same settings.
+    #[test]
+    fn json_and_yaml_read_alike() {
+        let tmp = testkit::TempDir::new("lcni-kubeconfig-json").unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
+        std::fs::write(dir.join("token"), "tok-from-file\n").unwrap();
+        let yamls = [
+            installer(
+                "https://[10.96.0.1]:443",
+                &format!("certificate-authority-data: {}", b64(ca_pem())),
+            ),
+            installer(
+                "https://[fd00:10:96::1]:443/",
+                "insecure-skip-tls-verify: true",
+            ),
+            "clusters:\n- name: c\n  cluster: {server: 'https://api.example.com:6443/p/', \
+             certificate-authority: ca.crt}\nusers:\n- name: u\n  user: {tokenFile: token}\n\
+             contexts:\n- {name: other, context: {cluster: c, user: u}}\ncurrent-context: other\n"
+                .to_string(),
+        ];
+        for yaml in &yamls {
+            let value: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+            let json = serde_json::to_string_pretty(&value).unwrap();
+            assert!(from_json(&json).is_some(), "not read as JSON: {json}");
+            assert_eq!(
+                parse(&json, dir).unwrap(),
+                parse(yaml, dir).unwrap(),
+                "{json}"
+            );
+        }
+        let json = testkit::kubeconfig::installer_json(
+            "https://[10.96.0.1]:443",
+            ("certificate-authority-data", b64(ca_pem()).into()),
+            "abc.def.ghi",
+        );
+        assert_eq!(parse(&json, dir).unwrap(), parse(&yamls[0], dir).unwrap());
+        // YAML, even when it opens with a brace, still goes to the YAML
+        // parser: a flow mapping with a comment after it is not JSON.
+        let flow = format!("{} # hand-edited\n", json.trim_end());
+        assert!(from_json(&flow).is_none());
+        assert_eq!(parse(&flow, dir).unwrap(), parse(&yamls[0], dir).unwrap());
+    }
+
+    /// Broken JSON around the token: the YAML parser reports it (with its
+    /// line and column), and no error quotes the token.
+    #[test]
+    fn broken_json_errors_quote_no_secret() {
+        const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.SeCrEtToKeN0123456789.sig";
+        let good = testkit::kubeconfig::installer_json(
+            "https://10.96.0.1:443",
+            ("certificate-authority-data", b64(ca_pem()).into()),
+            TOKEN,
+        );
+        let token_field = format!("\"token\": \"{TOKEN}\"");
+        assert!(good.contains(&token_field), "{good}");
+        let mut corpus = vec![
+            good.replace(&token_field, &format!("\"token\": [\"{TOKEN}\"]")),
+            good.replace(&token_field, &format!("\"token\": {{\"a\": \"{TOKEN}\"}}")),
+            good.replace(&token_field, &format!("\"token\": \"{TOKEN}\" \"x\"")),
+            good.replace(&token_field, &format!("\"token\": \"{TOKEN}\\q\"")),
+            good.replace(&token_field, &format!("\"token\": {TOKEN}")),
+            good.replace("\"users\": [", &format!("\"users\": \"{TOKEN}\", \"x\": [")),
+            good.replace(&token_field, &format!("{token_field}, {token_field}")),
+        ];
+        let at = good.find(&token_field).unwrap();
+        for extra in [3, 12, 20, token_field.len() - 2, token_field.len()] {
+            corpus.push(good[..at + extra].to_string());
+        }
+        assert!(corpus.iter().all(|t| *t != good));
+        let mut errors = 0;
+        for text in &corpus {
+            let Err(e) = parse(text, Path::new("/")) else {
+                continue;
+            };
+            errors += 1;
+            assert!(
+                !e.contains("SeCrEtToKeN"),
+                "error quotes the token: {e}\ninput:\n{text}"
+            );
+            if e.starts_with("invalid YAML") {
+                assert!(e.contains("line "), "no line number: {e}");
+            }
+        }
+        assert!(errors >= corpus.len() - 1, "{errors} of {}", corpus.len());
+    }
+
+    use testkit::bounded;
+
+    /// Far longer than a refusal takes.
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+    #[test]
+    fn files_that_are_not_regular_are_refused_without_blocking() {
+        let tmp = testkit::TempDir::new("lcni-kubeconfig-kinds").unwrap();
+        let dir = tmp.path().to_path_buf();
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
+        std::fs::write(dir.join("token"), "tok").unwrap();
+        let kubeconfig = |ca: &str, token: &str| {
+            format!(
+                "clusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:6443', certificate-authority: '{ca}'}}\n\
+                 users:\n- name: u\n  user: {{tokenFile: '{token}'}}\n\
+                 contexts:\n- {{name: linkerd-cni-context, context: {{cluster: c, user: u}}}}\n"
+            )
+        };
+        // The kubeconfig itself.
+        let f = fifo.clone();
+        let e = bounded("a FIFO kubeconfig", WITHIN, move || load(&f)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Its tokenFile and certificate-authority: a FIFO, a device, a
+        // directory.
+        for (what, ca, token) in [
+            ("a FIFO tokenFile", "ca.crt", "fifo"),
+            ("a FIFO certificate-authority", "fifo", "token"),
+            ("a device tokenFile", "ca.crt", "/dev/zero"),
+            ("a directory certificate-authority", ".", "token"),
+        ] {
+            let text = kubeconfig(ca, token);
+            let base = dir.clone();
+            let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
+            assert!(e.contains("not a regular file"), "{what}: {e}");
+        }
     }
 
     #[test]

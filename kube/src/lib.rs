@@ -10,6 +10,7 @@
 pub mod client;
 pub mod events;
 pub mod kubeconfig;
+pub mod names;
 pub mod objects;
 pub mod owner;
 pub mod review;

@@ -43,7 +43,9 @@ const REPEAT_AFTER: Duration = Duration::from_millis(500);
 pub enum OwnerState {
     /// It exists and is not being deleted.
     Present { daemonset: String },
-    /// NotFound, or recreated under another uid: the pod's owner is gone.
+    /// NotFound: the pod's owner is gone. (One recreated under the same
+    /// name, whatever its uid, is [`OwnerState::Present`]: a rolling
+    /// re-apply must not uninstall the node.)
     Gone { daemonset: String, why: String },
     /// It exists with a `deletionTimestamp`.
     Deleting { daemonset: String },
@@ -113,6 +115,38 @@ pub enum OwnerError {
     /// A refusal (401, 403) that did not hold up, and why.
     #[error("pod {pod}: {why}")]
     Uncorroborated { pod: String, why: String },
+}
+
+impl OwnerError {
+    /// What an operator can do about the open question, for this cause:
+    /// RBAC advice only when RBAC was the cause.
+    pub fn advice(&self) -> String {
+        match self {
+            OwnerError::DaemonSet {
+                source: ApiError::Unauthorized { status: 403, .. },
+                ..
+            } => "Granting the service account `get` on daemonsets in its namespace (as \
+                  deploy/linkerd-cni.yaml's Role linkerd-cni-installer does) lets the installer \
+                  tell, and uninstall by itself."
+                .into(),
+            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. }
+                if source.transient() =>
+            {
+                "The API server did not answer in time: no permission is missing.".into()
+            }
+            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. } => {
+                format!("To fix the cause: {}.", source.hint())
+            }
+            OwnerError::NotOwned { .. } => {
+                "Only a pod of the linkerd-cni DaemonSet can tell; this one is not.".into()
+            }
+            OwnerError::Uncorroborated { .. } => {
+                "The refusal may not be the API server's (a proxy or a load balancer in \
+                 between?): check the kubeconfig's server address."
+                    .into()
+            }
+        }
+    }
 }
 
 /// Looks up pod `namespace/pod`, its controlling DaemonSet, and that

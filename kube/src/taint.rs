@@ -55,9 +55,9 @@ fn describe(taint: &Value) -> String {
     format!("{}{value}:{effect}", key_of(taint))
 }
 
-/// The API path of a node.
+/// The API path of a node (its name one encoded segment).
 pub fn node_path(node: &str) -> String {
-    format!("/api/v1/nodes/{node}")
+    format!("/api/v1/nodes/{}", crate::names::segment(node))
 }
 
 /// What happened to the taint.

@@ -135,9 +135,15 @@ pub enum TokenError {
     },
 }
 
-/// The API path of ServiceAccount `namespace/name`'s TokenRequest.
+/// The API path of ServiceAccount `namespace/name`'s TokenRequest (each
+/// name one encoded segment).
 pub fn token_request_path(namespace: &str, name: &str) -> String {
-    format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token")
+    use crate::names::segment;
+    format!(
+        "/api/v1/namespaces/{}/serviceaccounts/{}/token",
+        segment(namespace),
+        segment(name)
+    )
 }
 
 #[derive(Deserialize)]

@@ -1,21 +1,26 @@
-//! Invocation-time healing: the plugin checks the chain on every ADD and
-//! repairs it within a budget. The glue between the CNI invocation (its
-//! config, its stdin) and the chain library, `linkerd_cni_chain`.
+//! The chain at ADD: the glue between the CNI invocation (its config, its
+//! stdin) and the chain library's keeper (`linkerd_cni_chain::keep`).
 //!
-//! The check is read-only and lock-free, so the healthy path (almost every
-//! ADD) costs a directory listing and a parse. Nothing here can fail or
-//! delay the ADD beyond the budget: trouble is logged and the ADD goes on.
+//! The plugin builds the keeper's context (the desired entry, the mode, the
+//! budget, the kubeconfig that must exist for anything to be written, and
+//! the owned file's marker when the runtime ran our own copy), passes its
+//! repair history (kept in its state dir, recorded under the conf-dir lock)
+//! and logs what comes back. The healthy path (almost every ADD) takes no
+//! lock and writes nothing. Nothing here can fail or delay the ADD beyond
+//! the budget, except on purpose: an ADD that ran a stale copy of the
+//! primary's chain in owned mode is sent back (CNI code 11) so that the
+//! runtime retries with the current one.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
+use linkerd_cni_chain::owned::{ChainMode, MARKER_KEY, Marker};
 use linkerd_cni_chain::{
-    ChainError, Entry, PersistedFights, RepairOptions, content_digest, diagnose_with, load_entry,
-    repair_locked,
+    ChainError, Context, Entry, ModeChoice, PersistedFights, RepairOptions, keep, load_entry,
 };
 
-use crate::cni::NetConf;
+use crate::cni::{CniError, NetConf};
 use crate::config::PluginConfig;
 
 /// Keys a runtime adds to a plugin's config when invoking it: not part of
@@ -29,111 +34,160 @@ const FIGHT_WINDOW: Duration = Duration::from_secs(600);
 const FIGHT_THRESHOLD: u32 = 5;
 
 /// The entry the plugin was invoked with: its stdin config minus what the
-/// runtime injects. An error when that is not one of ours (the plugin was
-/// installed under another type name), since the chain could not then be
-/// told to hold it.
+/// runtime injects (and minus an owned copy's marker, which belongs to the
+/// copy, not the entry). An error when that is not one of ours (the plugin
+/// was installed under another type name), since the chain could not then
+/// be told to hold it.
 pub fn entry_from_stdin(raw: &Map<String, Value>) -> Result<Entry, ChainError> {
     let plugin = raw
         .iter()
-        .filter(|(k, _)| !INJECTED.contains(&k.as_str()))
+        .filter(|(k, _)| !INJECTED.contains(&k.as_str()) && k.as_str() != MARKER_KEY)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     Entry::new(plugin, "the config this ADD was invoked with")
 }
 
-/// Checks the chain and, when unhealthy, repairs it within
-/// `config.chain_repair_budget`. Never fails, never writes when healthy.
-pub fn heal_on_add(conf: &NetConf, config: &PluginConfig) {
-    if !config.chain_heal {
-        return;
-    }
-    let start = Instant::now();
-    let dir = &config.cni_conf_dir;
-    let desired = match load_entry(dir) {
+/// The desired entry: the installer's, else the one this ADD was invoked
+/// with.
+fn desired(conf: &NetConf, config: &PluginConfig) -> Result<Entry, ChainError> {
+    match load_entry(&config.cni_conf_dir) {
         Ok(Some(e)) => Ok(e),
         Ok(None) => entry_from_stdin(&conf.raw),
         Err(e) => {
             log::warn!("chain check: {e}; using the entry this ADD was invoked with");
             entry_from_stdin(&conf.raw)
         }
-    };
-    let desired = match desired {
+    }
+}
+
+/// How many times one sandbox is sent back (code 11) for having run a
+/// stale owned copy before its ADD is accepted on the copy it ran. That
+/// copy always holds linkerd-cni (the pod gets its rules); only the
+/// primary's chain in it is older, by one rewrite. Without a bound, a
+/// primary rewriting faster than a pod starts would keep every pod from
+/// starting, each retry costing it a kubelet back-off.
+const MAX_STALE_RETRIES: u64 = 2;
+
+/// The sandboxes sent back, in the plugin's state dir.
+const STALE_RETRIES_FILE: &str = "owned-retries.json";
+
+/// Entries older than this are forgotten: a sandbox is retried within
+/// seconds to minutes.
+const STALE_RETRIES_WINDOW: Duration = Duration::from_secs(600);
+
+/// Whether `sandbox` may be sent back once more for a stale copy (and
+/// counts it), or has been sent back enough and is let through. Best
+/// effort: a history that cannot be read or saved sends the ADD back, as
+/// before any bound.
+fn send_back_again(config: &PluginConfig, sandbox: Option<&str>) -> bool {
+    let Some(id) = sandbox else { return true };
+    let path = config.state_dir.join(STALE_RETRIES_FILE);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut seen: Map<String, Value> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    seen.retain(|_, v| {
+        v.get(1)
+            .and_then(Value::as_u64)
+            .is_some_and(|t| now.saturating_sub(t) < STALE_RETRIES_WINDOW.as_secs())
+    });
+    let count = seen
+        .get(id)
+        .and_then(|v| v.get(0))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let again = count < MAX_STALE_RETRIES;
+    if again {
+        seen.insert(id.to_string(), serde_json::json!([count + 1, now]));
+    } else {
+        seen.remove(id);
+    }
+    let saved = std::fs::create_dir_all(&config.state_dir).and_then(|()| {
+        linkerd_cni_chain::write::write_atomic(
+            &path,
+            Value::Object(seen).to_string().as_bytes(),
+            0o600,
+        )
+        .map_err(std::io::Error::other)
+    });
+    if let Err(e) = saved {
+        log::debug!("cannot save {}: {e}", path.display());
+    }
+    again
+}
+
+/// Keeps the chain within `config.chain_repair_budget`. `Err` (code 11)
+/// only when the ADD of `sandbox` ran a stale owned copy, at most
+/// [`MAX_STALE_RETRIES`] times per sandbox; any other trouble is logged and
+/// the ADD goes on.
+pub fn chain_on_add(
+    conf: &NetConf,
+    config: &PluginConfig,
+    sandbox: Option<&str>,
+) -> Result<(), CniError> {
+    if !config.chain_heal {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let desired = match desired(conf, config) {
         Ok(e) => e,
         Err(e) => {
             log::warn!(
                 "chain check skipped: {e}, so this plugin's entry cannot be recognised in the chain"
             );
-            return;
+            return Ok(());
         }
     };
-    let opts = RepairOptions {
-        write_outside_conf_dir: config.chain_write_outside_conf_dir,
-        ..RepairOptions::default()
+    let mode = ModeChoice::of_entry(&desired).unwrap_or_else(|e| {
+        log::warn!("chain check: {e}; using inline mode");
+        ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
+    });
+    let ctx = Context {
+        conf_dir: config.cni_conf_dir.clone(),
+        desired,
+        mode,
+        opts: RepairOptions {
+            requires: config.kubeconfig.clone(),
+            write_outside_conf_dir: config.chain_write_outside_conf_dir,
+            ..RepairOptions::default()
+        },
+        deadline: start + config.chain_repair_budget,
+        ran: Marker::of(&conf.raw),
     };
-    let diag = match diagnose_with(dir, &desired, &opts) {
-        Ok(d) => d,
+    let mut fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
+    let report = match keep(&ctx, &mut fights) {
+        Ok(r) => r,
         Err(e) => {
             log::warn!("chain check skipped: {e}");
-            return;
+            return Ok(());
         }
     };
-    if diag.is_healthy() {
+    if report.is_news() {
+        log::warn!("chain: {report}");
+    } else {
         log::debug!("chain check: healthy ({:?})", start.elapsed());
-        return;
     }
-    if !diag.needs_repair() {
-        // Invalid or no primary config: nothing for us to write.
-        log::warn!(
-            "chain check: {}: {}; not repairing{}",
-            diag.active
-                .as_deref()
-                .map_or_else(|| dir.display().to_string(), |p| p.display().to_string()),
-            diag.state,
-            diag.refused
-                .as_deref()
-                .map_or_else(String::new, |why| format!(": {why}"))
-        );
-        return;
-    }
-    let active = diag.active.clone().unwrap_or_else(|| dir.clone());
-    // A look without the lock: at worst one repair more is allowed. The
-    // record below is made under the lock.
-    let fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
-    // A fight is the same content undone again and again: keyed by what
-    // the repair starts from, so a primary writing new content is repaired
-    // at once each time.
-    let digest = content_digest(&active);
-    if diag.state.is_repairable() && !fights.allow_of(&active, &digest) {
-        log::warn!(
-            "chain check: {}: {}; repair postponed: this file is being rewritten again and again by another agent (see earlier warnings)",
-            active.display(),
-            diag.state
-        );
-        return;
-    }
-    let budget = config.chain_repair_budget.saturating_sub(start.elapsed());
-    let opts = RepairOptions {
-        lock_timeout: budget,
-        deadline: Some(start + config.chain_repair_budget),
-        requires: config.kubeconfig.clone(),
-        ..opts
-    };
-    match repair_locked(dir, &desired, &opts) {
-        Ok((r, lock)) if r.changed => {
-            // Read, update and save the history while still holding the
-            // conf-dir lock: concurrent ADDs that each repair then each
-            // leave their record instead of overwriting one another's.
-            let mut fights =
-                PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
-            let fight = fights.record_of(&active, &digest);
-            drop(lock);
-            log::warn!("chain {}", r.summary);
-            if let Some(w) = fight {
-                log::warn!("{w}");
-            }
+    match report.stale {
+        None => Ok(()),
+        Some(why) if !send_back_again(config, sandbox) => {
+            log::warn!(
+                "the chain that ran was stale ({why}); accepted after {MAX_STALE_RETRIES} retries of this sandbox: linkerd-cni ran, and its config now follows the primary's"
+            );
+            Ok(())
         }
-        Ok((r, _lock)) => log::info!("chain check: {}", r.summary),
-        Err(e) => log::warn!("chain repair failed (the ADD goes on): {e}"),
+        Some(why) => {
+            log::warn!("the chain that ran was stale ({why}); asking the runtime to retry");
+            Err(CniError::try_again(
+                linkerd_cni_chain::outcomes::RetryCause::StaleOwnedCopy,
+                "the network config this ADD ran is out of date; try again",
+                format!(
+                    "linkerd-cni owned mode: {why}; linkerd-cni's config now follows the primary's, so a retry runs the current chain"
+                ),
+            ))
+        }
     }
 }
 
@@ -145,7 +199,10 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
-    use linkerd_cni_chain::{ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, diagnose, persist_entry};
+    use linkerd_cni_chain::{
+        ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, content_sha256 as content_digest, diagnose,
+        persist_entry,
+    };
 
     use super::*;
 
@@ -229,7 +286,11 @@ mod tests {
     }
 
     fn heal(conf: &NetConf) {
-        heal_on_add(conf, &PluginConfig::from_netconf(conf).unwrap());
+        let config = PluginConfig::from_netconf(conf).unwrap();
+        assert!(
+            chain_on_add(conf, &config, None).is_ok(),
+            "no stale copy ran"
+        );
     }
 
     /// The entry the plugin derives from `stdin(n, extra)`.

@@ -7,13 +7,12 @@
 //!
 //! - [`cni`]: the CNI protocol (environment, the stdin network config as
 //!   every plugin reads it, results, errors).
-//! - [`heal`]: checking the chain on every ADD and repairing it within a
-//!   budget, on top of the chain library (`linkerd_cni_chain`), which the
-//!   installer shares.
+//! - [`heal`]: keeping the chain on every ADD within a budget, through the
+//!   chain library's keeper (`linkerd_cni_chain`), which the installer and
+//!   the repair controller share.
 //! - [`config`]: linkerd-cni's own keys of that network config, compatible
 //!   with upstream's.
-//! - [`plugin`]: what each CNI command does; [`owned_add`]: owned chain
-//!   mode's sync and stale-copy check at ADD.
+//! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
 //! - [`outcome`]: how each ADD ended, counted in the state dir.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on `linkerd_cni_kube` (the
@@ -27,6 +26,5 @@ pub mod iptables;
 pub mod logging;
 pub mod netns;
 pub mod outcome;
-pub mod owned_add;
 pub mod plugin;
 pub mod pod;

@@ -9,8 +9,7 @@ use linkerd_cni::cni::{self, CniError, code};
 use linkerd_cni::config::{DEFAULT_CONF_DIR, PluginConfig};
 use linkerd_cni::logging;
 use linkerd_cni::plugin::LinkerdCni;
-use linkerd_cni_chain::owned::{self, ChainMode};
-use linkerd_cni_chain::{self as chain, ENTRY_FILE, Entry, RepairOptions};
+use linkerd_cni_chain::{self as chain, Context, ENTRY_FILE, Entry, ModeChoice, NoLimit};
 
 const USAGE: &str = "\
 linkerd-cni: chained CNI plugin that redirects meshed pods' traffic through
@@ -96,30 +95,24 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         Ok(e) => e,
         Err(msg) => return fail(&msg),
     };
-    let mode = match owned::mode_of(&desired) {
+    let mode = match ModeChoice::of_entry(&desired) {
         Ok(m) => m,
         Err(e) => return fail(&e.to_string()),
     };
-    // As the plugin itself would repair: the entry's own settings.
-    let opts = RepairOptions {
-        write_outside_conf_dir: PluginConfig::from_map(&desired)
-            .is_ok_and(|c| c.chain_write_outside_conf_dir),
-        ..RepairOptions::default()
-    };
+    // As the plugin itself would repair: the entry's own settings; bounded
+    // by the lock's usual wait, without a limit on repeated repairs.
+    let mut ctx = Context::new(&conf_dir, desired, mode, CLI_BUDGET);
+    ctx.opts.write_outside_conf_dir =
+        PluginConfig::from_map(&ctx.desired).is_ok_and(|c| c.chain_write_outside_conf_dir);
     match cmd {
-        "status" => match status(&conf_dir, &desired, mode, &opts) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => fail(&e.to_string()),
-        },
-        "repair" => match owned::converge(&conf_dir, &desired, &opts) {
+        "status" => status(&ctx),
+        "repair" => match chain::keep(&ctx, &mut NoLimit) {
             Ok(r) => {
-                println!("{}", r.summary);
-                match status(&conf_dir, &desired, mode, &opts) {
-                    Ok(true) => ExitCode::SUCCESS,
-                    Ok(false) => ExitCode::from(1),
-                    Err(e) => fail(&e.to_string()),
+                println!("{r}");
+                if let Some(e) = r.errors.first() {
+                    return fail(&e.to_string());
                 }
+                status(&ctx)
             }
             Err(e) => fail(&e.to_string()),
         },
@@ -128,6 +121,9 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         )),
     }
 }
+
+/// How long `chain repair` waits for the conf-dir lock and works, at most.
+const CLI_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The name and value of `flag`, given as `--name=value` or as `--name`
 /// followed by the value, and the arguments after it.
@@ -146,37 +142,21 @@ fn split_flag<'a, 'b>(
     }
 }
 
-/// Prints the chain's state in `mode`; returns whether it is healthy.
-fn status(
-    conf_dir: &Path,
-    desired: &Entry,
-    mode: ChainMode,
-    opts: &RepairOptions,
-) -> Result<bool, chain::ChainError> {
-    println!("mode:          {mode}");
-    let inline = chain::diagnose_with(conf_dir, desired, opts)?;
-    print_transport_warnings(desired);
-    match mode {
-        ChainMode::Inline => {
-            print!("{inline}");
-            let ours = owned::has_owned(conf_dir)?;
-            if ours {
-                println!(
-                    "note:          linkerd-cni's own config (owned mode) is still in place; repair removes it once the primary's file is chained"
-                );
-            }
-            Ok(inline.is_healthy() && !ours)
+/// Prints the chain's health in the context's mode: exit 0 healthy, 1 not,
+/// 2 error.
+fn status(ctx: &Context) -> ExitCode {
+    match chain::health(ctx) {
+        Ok(h) => {
+            let text = h.to_string();
+            let (mode, rest) = text.split_once('\n').unwrap_or((&text, ""));
+            println!("{mode}");
+            print_transport_warnings(&ctx.desired);
+            print!("{rest}");
+            ExitCode::from(u8::from(!h.is_healthy()))
         }
-        ChainMode::Owned => {
-            let o = owned::diagnose_with(conf_dir, desired, opts)?;
-            print!("{o}");
-            if matches!(o.state, owned::OwnedState::Fallback { .. }) {
-                println!("inline chain (used instead):");
-                print!("{inline}");
-                return Ok(inline.is_healthy() && o.owned.is_empty());
-            }
-            // No primary config is not healthy either: nothing is chained.
-            Ok(o.state == owned::OwnedState::Current && o.is_current())
+        Err(e) => {
+            eprintln!("linkerd-cni chain: {e}");
+            ExitCode::from(2)
         }
     }
 }
@@ -211,7 +191,7 @@ fn desired_entry(conf_dir: &Path, file: Option<&Path>) -> Result<Entry, String> 
     match file {
         Some(f) => {
             let bytes =
-                std::fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+                chain::read_file(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
             Entry::parse(&bytes, &f.display().to_string()).map_err(|e| e.to_string())
         }
         None => match chain::load_entry(conf_dir) {

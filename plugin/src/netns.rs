@@ -6,16 +6,22 @@
 //! the rest of the process never changes namespace, and processes that
 //! thread spawns (iptables) start in the pod's namespace.
 //!
-//! A namespace that is the plugin's own or the host's (pid 1's) is refused
-//! before entering, by namespace identity (device and inode of the nsfs
-//! file), whatever path names it: the rules would otherwise redirect the
-//! node's own traffic.
+//! The path is opened non-blocking (a FIFO would otherwise block the open
+//! until a writer comes, past every deadline) and refused unless the file
+//! is a namespace (on nsfs): a FIFO, socket, device, directory or regular
+//! file gets a clear error before any thread or `setns`, which then refuses
+//! namespaces of other kinds. A namespace that is the plugin's own or the
+//! host's (pid 1's) is refused too, by namespace identity (device and inode
+//! of the nsfs file), whatever path names it: the rules would otherwise
+//! redirect the node's own traffic.
 
-use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
 use nix::sched::{CloneFlags, setns};
+use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -27,6 +33,12 @@ pub enum NetnsError {
     },
     #[error("cannot enter network namespace {path}: {errno} (is it a network namespace?)")]
     Enter { path: PathBuf, errno: nix::Error },
+    #[error(
+        "refusing CNI_NETNS {path}: it is {what}, not a network namespace; the container \
+         runtime must pass the pod's (a bind mount such as /var/run/netns/NAME, or \
+         /proc/PID/ns/net)"
+    )]
+    NotANamespace { path: PathBuf, what: &'static str },
     #[error("cannot start a thread to enter network namespace {path}: {source}")]
     Thread {
         path: PathBuf,
@@ -49,10 +61,7 @@ where
     F: FnOnce() -> T + Send,
 {
     // Opened here so a bad path fails before any thread exists.
-    let ns = File::open(path).map_err(|source| NetnsError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let ns = open_namespace(path)?;
     refuse_own(&ns, path)?;
     std::thread::scope(|s| {
         let handle = std::thread::Builder::new()
@@ -72,6 +81,52 @@ where
         handle.join().unwrap_or(Err(NetnsError::Panicked {
             path: path.to_path_buf(),
         }))
+    })
+}
+
+/// Opens `path` without blocking and without becoming its controlling
+/// terminal, and keeps it only if it is a namespace file.
+fn open_namespace(path: &Path) -> Result<File, NetnsError> {
+    let open_err = |source| NetnsError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let ns = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)
+        .map_err(|e| {
+            // A socket cannot be opened at all (ENXIO): say what it is.
+            match std::fs::metadata(path) {
+                Ok(m) if m.file_type().is_socket() => NetnsError::NotANamespace {
+                    path: path.to_path_buf(),
+                    what: "a socket",
+                },
+                _ => open_err(e),
+            }
+        })?;
+    let meta = ns.metadata().map_err(open_err)?;
+    let t = meta.file_type();
+    let what = if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        // nsfs files are empty "regular" files: only the file system tells
+        // them from an ordinary one.
+        match fstatfs(&ns) {
+            Ok(fs) if fs.filesystem_type() == NSFS_MAGIC => return Ok(ns),
+            Ok(_) => "a file that is not on nsfs",
+            Err(errno) => return Err(open_err(errno.into())),
+        }
+    };
+    Err(NetnsError::NotANamespace {
+        path: path.to_path_buf(),
+        what,
     })
 }
 
@@ -108,10 +163,14 @@ mod tests {
         assert!(matches!(e, NetnsError::Open { .. }));
         assert!(e.to_string().contains("/nonexistent/netns/x"), "{e}");
 
-        // A file that is not a namespace: setns refuses it (EINVAL).
+        // A file that is not a namespace: refused before setns.
         let e = run_in(Path::new("/proc/self/status"), || ()).unwrap_err();
-        assert!(matches!(e, NetnsError::Enter { .. }), "{e}");
+        assert!(matches!(e, NetnsError::NotANamespace { .. }), "{e}");
         assert!(e.to_string().contains("/proc/self/status"), "{e}");
+
+        // A namespace of another kind: setns refuses it (EINVAL).
+        let e = run_in(Path::new("/proc/self/ns/uts"), || ()).unwrap_err();
+        assert!(matches!(e, NetnsError::Enter { .. }), "{e}");
     }
 
     #[test]

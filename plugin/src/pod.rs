@@ -123,13 +123,8 @@ pub struct Plan {
     pub rule_sets: Vec<RuleSet>,
 }
 
-/// ADD: installs the rules when the pod is meshed, within
-/// `add_deadline_seconds` from now.
-pub fn add(inv: &Invocation, config: &PluginConfig) -> Result<Added, CniError> {
-    add_until(inv, config, Instant::now() + config.add_deadline)
-}
-
-/// ADD, every step ending by `deadline`.
+/// ADD: installs the rules when the pod is meshed, every step ending by
+/// `deadline`.
 pub fn add_until(
     inv: &Invocation,
     config: &PluginConfig,

@@ -238,3 +238,48 @@ fn malformed_annotation_fails_the_add_with_code_102() {
         "{e}"
     );
 }
+
+/// Runs the plugin in a private mount namespace with an empty tmpfs over
+/// `/usr/sbin` (where Debian keeps every iptables binary; `/sbin` links
+/// there): a node without the host's iptables.
+fn run_plugin_without_iptables(env: &[(String, String)], conf: &Value) -> std::process::Output {
+    common::run_in_mount_ns("mount -t tmpfs none /usr/sbin", &[], env, conf)
+}
+
+#[test]
+fn nft_mode_needs_no_iptables_binary_on_the_node() {
+    let n = node();
+    n.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
+    n.api.add_namespace("emojivoto", &[]);
+    let env = |cmd, ns: &TestNetns| cni_env(cmd, ns.path(), Some(("emojivoto", "web-0")));
+
+    let ns = TestNetns::new("acc-nobin").unwrap();
+    let conf = netconf(&n.kubeconfig, json!({"iptables-mode": "nft", "ipv6": true}));
+    let o = run_plugin_without_iptables(&env("ADD", &ns), &conf);
+    assert_prev_result_printed(&o, &conf);
+    assert_eq!(nat_table(&ns, "iptables-nft-save"), default_save());
+    assert_eq!(nat_table(&ns, "ip6tables-nft-save"), default_save());
+    // A retry, then CHECK, still without binaries.
+    assert_prev_result_printed(&run_plugin_without_iptables(&env("ADD", &ns), &conf), &conf);
+    assert_eq!(nat_table(&ns, "iptables-nft-save"), default_save());
+    assert_ok(&run_plugin_without_iptables(&env("CHECK", &ns), &conf));
+    delete_rule(
+        &ns,
+        "iptables-nft",
+        "PROXY_INIT_OUTPUT",
+        "-o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN",
+    );
+    let o = run_plugin_without_iptables(&env("CHECK", &ns), &conf);
+    assert_eq!(stdout_json(&o)["code"], 103, "{}", stderr(&o));
+
+    // The binaries really are hidden: legacy mode has nothing to run.
+    let ns = TestNetns::new("acc-nobin").unwrap();
+    let conf = netconf(&n.kubeconfig, json!({"iptables-mode": "legacy"}));
+    let o = run_plugin_without_iptables(&env("ADD", &ns), &conf);
+    let e = stdout_json(&o);
+    assert_eq!(e["code"], 101, "{e}");
+    assert!(
+        e.to_string().contains("install iptables on the node"),
+        "{e}"
+    );
+}

@@ -346,3 +346,25 @@ fn status_and_repair_refuse_a_symlink_leading_outside() {
     assert_eq!(fs::read(&target).unwrap(), before);
     assert_eq!(elsewhere.names(), ["10-calico.conflist"]);
 }
+
+#[test]
+fn an_entry_file_that_is_not_regular_is_refused_without_blocking() {
+    let dir = TempDir::new("lcni-cli-fifo").unwrap();
+    let fifo = dir.path().join("entry");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // Bounded by coreutils' timeout: a blocked open would never return.
+    let o = std::process::Command::new("timeout")
+        .args(["20", common::BIN, "chain", "status", "--conf-dir"])
+        .arg(dir.path())
+        .arg("--entry")
+        .arg(&fifo)
+        .env_clear()
+        .output()
+        .expect("run timeout (coreutils)");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("not a regular file") && out.contains(fifo.to_str().unwrap()),
+        "{out}"
+    );
+}

@@ -126,3 +126,81 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
     let o = common::run(&common::exempt_env("ADD"), &s.stdin_from_ours());
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// The file the runtime loads and whether its chain ends with linkerd-cni.
+fn runtime_active_holds_us(dir: &std::path::Path) -> (String, bool) {
+    match testkit::chain::runtime_active(dir) {
+        Some((file, last)) => (file, last == "linkerd-cni"),
+        None => ("none".into(), false),
+    }
+}
+
+/// The primary turns into a meta-plugin's config while our copy is what
+/// the runtime loads, and the ADD cannot repair inline (the kubeconfig it
+/// requires is gone): our copy stays until the primary's file holds
+/// linkerd-cni, so the runtime never loads a chain without it.
+#[test]
+fn a_fallback_keeps_our_file_until_the_primary_holds_us() {
+    let s = setup("owned-fallback");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let ran = s.stdin_from_ours();
+    let multus = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","plugins":[{"type":"multus","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig","delegates":[{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"}]}]}]}"#;
+    fs::write(s.conf.join("10-calico.conflist"), multus).unwrap();
+    let entry: Value = serde_json::from_str(&fs::read_to_string(&s.entry_file).unwrap()).unwrap();
+    let kubeconfig = entry["kubernetes"]["kubeconfig"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fs::remove_file(&kubeconfig).unwrap();
+    let _ = common::run(&common::exempt_env("ADD"), &ran);
+    let (active, ours) = runtime_active_holds_us(s.conf.path());
+    assert!(ours, "the runtime loads {active}, without linkerd-cni");
+    // With the kubeconfig back, the ADD chains the primary's file, and only
+    // then our copy goes.
+    fs::write(&kubeconfig, "apiVersion: v1\n").unwrap();
+    let _ = common::run(&common::exempt_env("ADD"), &ran);
+    let (active, ours) = runtime_active_holds_us(s.conf.path());
+    assert!(ours, "the runtime loads {active}, without linkerd-cni");
+    assert_eq!(active, "10-calico.conflist");
+    assert!(!s.conf.join(OURS).exists());
+}
+
+/// The primary rewrites its file (new content each time) faster than a
+/// pod starts: each retry of the sandbox runs a copy that is stale again.
+/// After a bounded number of retries, the ADD is accepted on the copy it
+/// ran (which holds linkerd-cni): the pod starts.
+#[test]
+fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
+    let s = setup("owned-storm");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let p = s.conf.join("10-calico.conflist");
+    let base = fs::read_to_string(&p).unwrap();
+    assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
+    let mut codes = vec![];
+    for attempt in 1..=5 {
+        // The runtime loads our copy; the primary writes before the ADD.
+        let ran = s.stdin_from_ours();
+        fs::write(
+            &p,
+            base.replace("\"mtu\": 0", &format!("\"mtu\": {}", 1400 + attempt)),
+        )
+        .unwrap();
+        let o = common::run(&common::exempt_env("ADD"), &ran);
+        if o.status.success() {
+            break;
+        }
+        let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        assert_eq!(err["code"], 11, "{}", text(&o));
+        codes.push(11);
+    }
+    assert_eq!(
+        codes.len(),
+        2,
+        "retries before the ADD was accepted: {codes:?}"
+    );
+    // The copy follows the primary all the same.
+    let ours = fs::read_to_string(s.conf.join(OURS)).unwrap();
+    assert!(ours.contains("\"mtu\": 1403"), "{ours}");
+}

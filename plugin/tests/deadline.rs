@@ -10,10 +10,9 @@
 mod common;
 
 use std::fs::File;
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
@@ -22,7 +21,7 @@ use testkit::iptables::nat_table;
 use testkit::objects::Pod;
 use testkit::{FakeApiServer, TempDir, TestNetns};
 
-use common::{BIN, cni_env, netconf, stderr, stdout_json};
+use common::{cni_env, netconf, stderr, stdout_json};
 
 const XTABLES_LOCK: &str = "/run/xtables.lock";
 /// The deadline under test.
@@ -34,38 +33,16 @@ const GRACE: Duration = Duration::from_secs(4);
 /// Runs the plugin in a private mount namespace in which `lock` is bind
 /// mounted over the machine's xtables lock file.
 fn run_plugin_with_lock(lock: &Path, env: &[(String, String)], conf: &Value) -> Output {
-    testkit::require_root("runs the plugin in a private mount namespace with a bind mount");
     assert!(
         Path::new(XTABLES_LOCK).exists() || File::create(XTABLES_LOCK).is_ok(),
         "cannot create {XTABLES_LOCK} (the bind-mount target): this test needs root"
     );
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-        .arg(r#"mount --bind "$1" /run/xtables.lock && exec "$2""#)
-        .arg("sh")
-        .arg(lock)
-        .arg(BIN)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot run unshare (util-linux): this test needs it, and root");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(
-        !stderr(&o).contains("unshare failed") && !stderr(&o).contains("mount:"),
-        "cannot set up the private mount namespace (needs root): {}",
-        stderr(&o)
-    );
-    o
+    common::run_in_mount_ns(
+        r#"mount --bind "$1" /run/xtables.lock"#,
+        &[lock.as_os_str()],
+        env,
+        conf,
+    )
 }
 
 /// ADD of the pod `emojivoto/web-0` in `netns`, with `lock` as the
@@ -153,7 +130,12 @@ fn held_xtables_lock_ends_at_the_deadline() {
     held.lock().expect("flock on the test's own lock file");
     let ns = TestNetns::new("lcni-deadline-lock").unwrap();
     let before = nat_table(&ns, "iptables-legacy-save");
-    let mut conf = netconf(&kubeconfig, json!({"use-wait-flag": true}));
+    // The xtables lock is legacy iptables' (nft has none): that backend,
+    // whatever the manifest's default.
+    let mut conf = netconf(
+        &kubeconfig,
+        json!({"use-wait-flag": true, "iptables-mode": "legacy"}),
+    );
     conf["add_deadline_seconds"] = json!(DEADLINE_SECONDS);
     let e = add_past_deadline(&lock, ns.path(), &conf);
     let msg = e["msg"].as_str().unwrap_or_default();

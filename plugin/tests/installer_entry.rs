@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use linkerd_cni::config::PluginConfig;
+use linkerd_cni::config::{IptablesMode, PluginConfig};
 use linkerd_cni_chain::Entry;
 
 /// The `cni_network_config` block of the deploy manifest's ConfigMap.
@@ -36,6 +36,8 @@ fn the_chart_entry_as_rendered_is_a_plugin_config() {
         .unwrap();
     let c = PluginConfig::from_map(&entry).unwrap();
     assert_eq!(c.cni_conf_dir, Path::new("/etc/cni/net.d"));
+    // The linkerd2-cni chart's default iptablesMode.
+    assert_eq!(c.proxy.iptables_mode, IptablesMode::Nft);
     assert_eq!(
         c.kubeconfig.as_deref(),
         Some(Path::new("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"))

@@ -273,6 +273,30 @@ fn wrong_token_is_refused() {
     assert!(why.contains("HTTP 401"), "{why}");
 }
 
+/// The client's buffers are small, so a long token (a request head larger
+/// than the smallest buffer) and a large pod (an answer many times the
+/// buffer) must still go through whole.
+#[test]
+fn long_tokens_and_large_pods_fit_the_small_buffers() {
+    let c = cluster();
+    let mut pod = Pod::meshed("emojivoto", "web-0");
+    let big = "v".repeat(64 << 10);
+    for i in 0..32 {
+        pod = pod.annotation(&format!("example.com/filler-{i}"), &big);
+    }
+    pod = pod.annotation(annotation::PROXY_UID, "2103");
+    c.api.add_pod(&pod);
+    c.api.add_namespace("emojivoto", &[]);
+    let token = "t".repeat(40 << 10);
+    c.api.accept_token(&token);
+    let text = std::fs::read_to_string(&c.kubeconfig)
+        .unwrap()
+        .replace(c.api.token(), &token);
+    std::fs::write(&c.kubeconfig, text).unwrap();
+    let plan = mesh(c.decide("emojivoto", "web-0").unwrap());
+    assert_eq!(plan.spec.proxy_uid, 2103);
+}
+
 #[test]
 fn unknown_ca_is_a_tls_error() {
     let c = cluster();

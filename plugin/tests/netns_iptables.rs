@@ -1,6 +1,7 @@
-//! The rules in real network namespaces (root): applied with iptables-legacy
-//! and iptables-nft through the library, compared with `iptables-save` byte
-//! for byte apart from counters, re-applied, and verified.
+//! The rules in real network namespaces (root): applied through the
+//! library's driver in legacy mode (iptables-legacy-restore) and nft mode
+//! (nf_tables over netlink), compared with `iptables-save` byte for byte
+//! apart from counters, re-applied, and verified.
 
 use linkerd_cni::config::IptablesMode;
 use linkerd_cni::iptables::rules::{self, RedirectSpec, RuleSet};

@@ -4,7 +4,7 @@
 //! `_POD_NAME`), its kubeconfig flags, and this controller's own settings,
 //! each with a `LINKERD_CNI_REPAIR_CONTROLLER_*` variable.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -54,6 +54,12 @@ pub struct Args {
         default_value = "0.0.0.0:9990"
     )]
     pub admin_addr: SocketAddr,
+
+    /// Listen on this address, with `--admin-addr`'s port. deploy/ sets the
+    /// node's IP (`status.hostIP`): on the host network `0.0.0.0` would
+    /// open the port on every address of the node.
+    #[arg(long, env = "LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_IP")]
+    pub admin_ip: Option<IpAddr>,
 
     /// The node's CNI conf dir as mounted in this container. While the chain
     /// there is broken, no pod is deleted. When the directory does not
@@ -120,6 +126,16 @@ pub struct Args {
     pub user: Option<String>,
 }
 
+impl Args {
+    /// Where the admin server listens.
+    pub fn admin_listen(&self) -> SocketAddr {
+        match self.admin_ip {
+            Some(ip) => SocketAddr::new(ip, self.admin_addr.port()),
+            None => self.admin_addr,
+        }
+    }
+}
+
 /// `500ms`, `2s`, `5m`, or bare seconds (`1.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -177,6 +193,21 @@ mod tests {
         assert_eq!(a.node_name, "n1");
         assert_eq!(a.controller_pod_name, "linkerd-cni-abcde");
         assert_eq!(a.cni_net_dir, PathBuf::from("/host/etc/cni/net.d"));
+        assert_eq!(a.admin_ip, None);
+        assert_eq!(a.admin_listen(), "[::]:9990".parse().unwrap());
+    }
+
+    #[test]
+    fn the_admin_ip_replaces_the_address_not_the_port() {
+        let a = Args::try_parse_from([
+            "linkerd-cni-repair-controller",
+            "--node-name=n1",
+            "--controller-pod-name=p",
+            "--admin-addr=0.0.0.0:9990",
+            "--admin-ip=fd00::7",
+        ])
+        .unwrap();
+        assert_eq!(a.admin_listen(), "[fd00::7]:9990".parse().unwrap());
     }
 
     #[test]

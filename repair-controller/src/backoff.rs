@@ -1,4 +1,5 @@
-//! Per-pod backoff between deletions.
+//! Backoff: per pod between deletions ([`Backoff`]), and for the watch
+//! while the API server fails ([`Retry`]).
 //!
 //! Keyed by namespace and name, not by UID: a StatefulSet recreates a pod
 //! under the same name, and if that pod fails again (the validator can fail
@@ -96,12 +97,68 @@ impl<K: std::hash::Hash + Eq + Clone> Backoff<K> {
 
     /// The wait after `attempts` deletions.
     fn delay(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(31);
-        self.policy
-            .initial
-            .saturating_mul(1u32 << doublings)
-            .min(self.policy.max)
+        self.policy.nominal(attempts)
     }
+}
+
+impl Policy {
+    /// `initial` doubled for each attempt after the first, at most `max`.
+    fn nominal(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(31);
+        self.initial.saturating_mul(1u32 << doublings).min(self.max)
+    }
+}
+
+/// The waits between retries of the watch while the API server fails:
+/// [`Policy::nominal`] of the consecutive failures, each cut to a random
+/// point between half and all of it, so that the controllers of every node
+/// do not hit a recovering API server in step. Reset by the caller on
+/// progress (a listed pod, a watch event), not on the watcher's `Init`,
+/// which comes before every list attempt.
+#[derive(Debug)]
+pub struct Retry {
+    policy: Policy,
+    failures: u32,
+}
+
+impl Retry {
+    /// For the watch: from 1 s, as client-go's reflector starts, to 30 s.
+    pub const WATCH: Policy = Policy {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(30),
+    };
+
+    pub fn new(policy: Policy) -> Self {
+        Retry {
+            policy,
+            failures: 0,
+        }
+    }
+
+    /// Records a failure; the wait before the next attempt.
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        jittered(self.policy.nominal(self.failures), random_fraction())
+    }
+
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// `nominal` scaled to between half and all of it, by `fraction` in [0, 1].
+fn jittered(nominal: Duration, fraction: f64) -> Duration {
+    nominal.mul_f64(0.5 + 0.5 * fraction.clamp(0.0, 1.0))
+}
+
+/// A fraction in [0, 1] that differs between calls and processes: std's
+/// hasher keys are random per process and change with each `RandomState`.
+/// Jitter needs no better randomness, nor a dependency for it.
+fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -145,6 +202,36 @@ mod tests {
             b.ready_at(&"a", later),
             later + Duration::from_secs(10),
             "starts over at the initial delay"
+        );
+    }
+
+    #[test]
+    fn retries_double_with_jitter_up_to_the_cap_and_reset() {
+        let mut r = Retry::new(policy());
+        for nominal in [10, 20, 40, 60, 60, 60] {
+            let nominal = Duration::from_secs(nominal);
+            let d = r.failed();
+            assert!(d >= nominal / 2 && d <= nominal, "{d:?} for {nominal:?}");
+        }
+        r.reset();
+        let d = r.failed();
+        assert!(d >= Duration::from_secs(5) && d <= Duration::from_secs(10));
+        assert_eq!(
+            jittered(Duration::from_secs(8), 0.0),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            jittered(Duration::from_secs(8), 1.0),
+            Duration::from_secs(8)
+        );
+        // Random: 53 bits each; equal draws would be a broken source.
+        let draws: std::collections::HashSet<u64> =
+            (0..16).map(|_| random_fraction().to_bits()).collect();
+        assert!(draws.len() > 1);
+        assert!(
+            (0..100)
+                .map(|_| random_fraction())
+                .all(|f| (0.0..1.0).contains(&f))
         );
     }
 

@@ -3,9 +3,11 @@
 //!
 //! A pod deleted while the chain is broken comes back on the same node
 //! without rules and fails the same way: deletions wait until the chain
-//! check the plugin and `linkerd-cni chain status` use says healthy. This
-//! module is the only user of the chain library in this crate, so that
-//! the library's home can change in one place.
+//! library's one judgement of health (the one the plugin, the installer's
+//! `check` and `linkerd-cni chain status` use), in the entry's mode, says
+//! the runtime's active file holds linkerd-cni. This module is the only
+//! user of the chain library in this crate, so that the library's home can
+//! change in one place.
 
 use std::path::Path;
 
@@ -60,12 +62,15 @@ pub fn check(conf_dir: &Path) -> Verdict {
         }
         Err(e) => return Verdict::Broken(e.to_string()),
     };
-    match chain::diagnose(conf_dir, &desired) {
-        Ok(d) if d.state == chain::ChainState::Healthy => Verdict::Healthy,
-        Ok(d) => Verdict::Broken(match &d.active {
-            Some(active) => format!("{}: {}", active.display(), d.state),
-            None => d.state.to_string(),
-        }),
+    let mode = match chain::ModeChoice::of_entry(&desired) {
+        Ok(m) => m,
+        Err(e) => return Verdict::Broken(e.to_string()),
+    };
+    // Read-only: the budget bounds nothing here.
+    let ctx = chain::Context::new(conf_dir, desired, mode, std::time::Duration::ZERO);
+    match chain::health(&ctx) {
+        Ok(h) if h.is_chained() => Verdict::Healthy,
+        Ok(h) => Verdict::Broken(h.summary()),
         Err(e) => Verdict::Broken(e.to_string()),
     }
 }
@@ -104,6 +109,39 @@ mod tests {
         assert!(!v.allows_repair());
 
         std::fs::write(&active, conflist(&[r#"{"type":"ptp"}"#, ENTRY])).unwrap();
+        assert_eq!(check(dir.path()), Verdict::Healthy);
+    }
+
+    /// Owned mode: our entry lives in linkerd-cni's own file, not in the
+    /// primary's, and the node is chained.
+    #[test]
+    fn owned_mode_verdicts() {
+        let dir = testkit::TempDir::new("repair-gate-owned").unwrap();
+        let entry = ENTRY.replacen('{', r#"{"chain_mode":"owned","#, 1);
+        std::fs::write(dir.path().join(chain::ENTRY_FILE), &entry).unwrap();
+        std::fs::write(
+            dir.path().join("10-ptp.conflist"),
+            conflist(&[r#"{"type":"ptp"}"#]),
+        )
+        .unwrap();
+        // Not chained yet: no file of ours.
+        assert!(!check(dir.path()).allows_repair());
+        let desired = chain::Entry::parse(entry.as_bytes(), "test").unwrap();
+        let mode = chain::ModeChoice::of_entry(&desired).unwrap();
+        let ctx = chain::Context::new(
+            dir.path(),
+            desired,
+            mode,
+            std::time::Duration::from_secs(30),
+        );
+        chain::keep(&ctx, &mut chain::NoLimit).unwrap();
+        assert!(
+            dir.path().join("10-ptp-linkerd-cni.conflist").exists(),
+            "the keeper wrote our own file"
+        );
+        // The primary's file holds no entry of ours, and that is healthy.
+        let primary = std::fs::read_to_string(dir.path().join("10-ptp.conflist")).unwrap();
+        assert!(!primary.contains("linkerd-cni"), "{primary}");
         assert_eq!(check(dir.path()), Verdict::Healthy);
     }
 }

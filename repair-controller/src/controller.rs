@@ -2,7 +2,10 @@
 //!
 //! One task does everything, in order: it applies watch events to the set
 //! of pods waiting for a repair, and when one is due (its backoff elapsed)
-//! and the node's chain allows it, deletes it and publishes an Event. Pods
+//! and the node's chain allows it, deletes it and publishes an Event. A pod
+//! without a controller owner reference is never deleted (nothing would
+//! create it again): it is reported once instead, with a Warning Event, a
+//! metric and a log line telling the operator to recreate it. Pods
 //! are kept in a set keyed by namespace and name, not in a queue: a pod
 //! that fails again and again is one entry, and a burst of watch events
 //! cannot crowd out other pods.
@@ -15,8 +18,12 @@
 //! case it does not recover from by itself, a watch request answered with
 //! an HTTP 410 status (rather than a 410 event in the stream), is handled
 //! here by starting a new watcher, which lists again.
+//!
+//! The waits between attempts are this module's ([`Retry`]), not the
+//! watcher's own backoff: that one is reset by the `Init` event the
+//! watcher sends before each list, so during an outage it never grew.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,14 +36,14 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
-use crate::backoff::{self, Backoff};
+use crate::backoff::{self, Backoff, Retry};
 use crate::chain_gate::{self, Verdict};
 use crate::metrics::Metrics;
-use crate::pod::{DATA_PLANE_LABEL, needs_repair};
+use crate::pod::{DATA_PLANE_LABEL, controller_of, needs_repair};
 
 /// `reportingController` of the Events, as upstream's controller names it.
 pub const REPORTER: &str = "linkerd-cni-repair-controller";
@@ -44,6 +51,8 @@ pub const REPORTER: &str = "linkerd-cni-repair-controller";
 pub const EVENT_REASON: &str = "LinkerdCNINotConfigured";
 /// Event action, as upstream's.
 pub const EVENT_ACTION: &str = "Deleting";
+/// Event action for a pod left in place: nothing would create it again.
+pub const EVENT_ACTION_UNOWNED: &str = "NotDeleting";
 
 /// At most this many pods wait for a repair; more are dropped and counted
 /// in `queue_overflow` (a node runs a few hundred pods at most; a pod
@@ -70,6 +79,16 @@ type Key = (String, String);
 struct Candidate {
     uid: Option<String>,
     reference: ObjectReference,
+    /// It has a controller owner reference: deleting it repairs it.
+    owned: bool,
+}
+
+/// A (re-)list in progress: the pods needing a repair, and the UIDs of
+/// every pod listed.
+#[derive(Debug, Default)]
+struct Relist {
+    pending: BTreeMap<Key, Candidate>,
+    seen: HashSet<String>,
 }
 
 enum Deletion {
@@ -87,9 +106,12 @@ pub struct Controller {
     ready: Arc<AtomicBool>,
     pending: BTreeMap<Key, Candidate>,
     /// Filled between `Init` and `InitDone` of a (re-)list.
-    relist: Option<BTreeMap<Key, Candidate>>,
+    relist: Option<Relist>,
     backoff: Backoff<Key>,
     deleted: HashMap<String, Instant>,
+    /// UIDs of pods without a controller that were reported: once each,
+    /// for as long as they exist.
+    reported: HashSet<String>,
     /// While the chain holds repairs back: when to look again.
     chain_recheck_at: Option<Instant>,
     last_verdict: Option<Verdict>,
@@ -112,6 +134,7 @@ impl Controller {
             relist: None,
             backoff,
             deleted: HashMap::new(),
+            reported: HashSet::new(),
             chain_recheck_at: None,
             last_verdict: None,
         }
@@ -122,13 +145,16 @@ impl Controller {
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
             .fields(&format!("spec.nodeName={}", self.settings.node_name));
-        watcher(api, config).default_backoff().boxed()
+        watcher(api, config).boxed()
     }
 
     /// Runs until `shutdown` completes.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut events = self.watch();
+        let mut retry = Retry::new(Retry::WATCH);
+        // While set, the watch is not polled: the next attempt waits.
+        let mut resume_at: Option<Instant> = None;
         tracing::info!(
             node = %self.settings.node_name,
             conf_dir = %self.settings.cni_net_dir.display(),
@@ -136,26 +162,37 @@ impl Controller {
         );
         loop {
             let now = Instant::now();
-            let wake = self
-                .next_wake(now)
-                .unwrap_or(now + Duration::from_secs(3600));
+            let far = now + Duration::from_secs(3600);
+            let wake = self.next_wake(now).unwrap_or(far);
             tokio::select! {
                 () = &mut shutdown => return,
-                ev = events.next() => match ev {
-                    Some(Ok(ev)) => self.on_event(ev),
+                ev = events.next(), if resume_at.is_none() => match ev {
+                    Some(Ok(ev)) => {
+                        if !matches!(ev, watcher::Event::Init) {
+                            retry.reset();
+                        }
+                        self.on_event(ev);
+                    }
                     Some(Err(e)) => {
+                        let wait = retry.failed();
+                        resume_at = Some(Instant::now() + wait);
                         if gone_at_watch_start(&e) {
-                            tracing::info!("watch resource version expired: listing again");
+                            tracing::info!(retry_in = ?wait, "watch resource version expired: listing again");
                             events = self.watch();
                         } else {
-                            tracing::warn!(error = %e, "watch of this node's pods failed; resuming");
+                            tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch this node's pods; trying again");
                         }
                     }
                     None => {
-                        tracing::warn!("watch of this node's pods ended; starting again");
+                        let wait = retry.failed();
+                        resume_at = Some(Instant::now() + wait);
+                        tracing::warn!(retry_in = ?wait, "watch of this node's pods ended; starting again");
                         events = self.watch();
                     }
                 },
+                () = tokio::time::sleep_until(resume_at.unwrap_or(far)), if resume_at.is_some() => {
+                    resume_at = None;
+                }
                 () = tokio::time::sleep_until(wake) => self.repair_due().await,
             }
         }
@@ -163,17 +200,19 @@ impl Controller {
 
     fn on_event(&mut self, ev: watcher::Event<Pod>) {
         match ev {
-            watcher::Event::Init => self.relist = Some(BTreeMap::new()),
+            watcher::Event::Init => self.relist = Some(Relist::default()),
             watcher::Event::InitApply(pod) => {
-                if let Some(mut set) = self.relist.take() {
-                    self.classify(&mut set, &pod);
-                    self.relist = Some(set);
+                if let Some(mut list) = self.relist.take() {
+                    self.classify(&mut list.pending, &pod);
+                    list.seen.extend(pod.metadata.uid.clone());
+                    self.relist = Some(list);
                 }
             }
             watcher::Event::InitDone => {
-                if let Some(set) = self.relist.take() {
-                    tracing::debug!(pods = set.len(), "listed this node's pods");
-                    self.pending = set;
+                if let Some(list) = self.relist.take() {
+                    tracing::debug!(pods = list.pending.len(), "listed this node's pods");
+                    self.pending = list.pending;
+                    self.reported.retain(|uid| list.seen.contains(uid));
                 }
                 if !self.ready.swap(true, Ordering::SeqCst) {
                     tracing::info!(waiting = self.pending.len(), "initial list done");
@@ -186,6 +225,9 @@ impl Controller {
             }
             watcher::Event::Delete(pod) => {
                 self.pending.remove(&key_of(&pod));
+                if let Some(uid) = &pod.metadata.uid {
+                    self.reported.remove(uid);
+                }
             }
         }
         self.metrics.pods_pending.set(self.pending.len() as i64);
@@ -195,8 +237,10 @@ impl Controller {
     fn classify(&self, set: &mut BTreeMap<Key, Candidate>, pod: &Pod) {
         let key = key_of(pod);
         let uid = pod.metadata.uid.clone();
-        let already_deleted = uid.as_ref().is_some_and(|u| self.deleted.contains_key(u));
-        if !needs_repair(pod, &self.settings.node_name) || already_deleted {
+        let already_done = uid
+            .as_ref()
+            .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
+        if !needs_repair(pod, &self.settings.node_name) || already_done {
             set.remove(&key);
             return;
         }
@@ -216,6 +260,7 @@ impl Controller {
             Candidate {
                 uid,
                 reference: pod.object_ref(&()),
+                owned: controller_of(pod).is_some(),
             },
         );
     }
@@ -256,6 +301,11 @@ impl Controller {
             let Some(c) = self.pending.get(&key).cloned() else {
                 continue;
             };
+            if !c.owned {
+                self.pending.remove(&key);
+                self.report_unowned(&key, &c).await;
+                continue;
+            }
             let outcome = self.delete(&key, &c).await;
             // From the end of the attempt: the next one then reaches the
             // API server at least one backoff after this one did.
@@ -266,7 +316,8 @@ impl Controller {
                     if let Some(uid) = &c.uid {
                         self.deleted.insert(uid.clone(), Instant::now());
                     }
-                    self.publish(&key, &c.reference).await;
+                    let event = event_for(&c.reference, &self.settings.controller_pod_name);
+                    self.publish(&key, event).await;
                 }
                 Deletion::Moot => {
                     self.pending.remove(&key);
@@ -353,9 +404,25 @@ impl Controller {
         }
     }
 
-    async fn publish(&self, (ns, name): &Key, regarding: &ObjectReference) {
+    /// A pod that needs a repair but that nothing would create again:
+    /// left in place, and the operator told what to do.
+    async fn report_unowned(&mut self, key: &Key, c: &Candidate) {
+        let (ns, name) = key;
+        if let Some(uid) = &c.uid {
+            self.reported.insert(uid.clone());
+        }
+        self.metrics.pods_unowned.inc();
+        tracing::warn!(
+            namespace = %ns,
+            pod = %name,
+            "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
+        );
+        let event = unowned_event_for(&c.reference, &self.settings.controller_pod_name);
+        self.publish(key, event).await;
+    }
+
+    async fn publish(&self, (ns, name): &Key, event: K8sEvent) {
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), ns);
-        let event = event_for(regarding, &self.settings.controller_pod_name);
         let t0 = Instant::now();
         match tokio::time::timeout(
             self.settings.api_timeout,
@@ -369,11 +436,11 @@ impl Controller {
                 .observe(t0.elapsed().as_secs_f64()),
             Ok(Err(e)) => {
                 self.metrics.events_publish_errors.inc();
-                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot publish the Event of a deletion");
+                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot publish the Event about this pod");
             }
             Err(_) => {
                 self.metrics.events_publish_timeouts.inc();
-                tracing::warn!(namespace = %ns, pod = %name, "publishing the Event of a deletion timed out");
+                tracing::warn!(namespace = %ns, pod = %name, "publishing the Event about this pod timed out");
             }
         }
     }
@@ -393,6 +460,34 @@ fn gone_at_watch_start(e: &watcher::Error) -> bool {
 /// Always a new Event (never a patch of an earlier series), so that the
 /// chart's RBAC (`create` only) suffices.
 pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
+    event(
+        regarding,
+        instance,
+        "Normal",
+        EVENT_ACTION,
+        "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again",
+    )
+}
+
+/// The Warning Event about `regarding`, a pod that needs a repair but has
+/// no controller to create it again.
+pub fn unowned_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
+    event(
+        regarding,
+        instance,
+        "Warning",
+        EVENT_ACTION_UNOWNED,
+        "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it has no controller owner to create it again. Now that the node's chain is healthy, delete it and create it again",
+    )
+}
+
+fn event(
+    regarding: &ObjectReference,
+    instance: &str,
+    type_: &str,
+    action: &str,
+    note: &str,
+) -> K8sEvent {
     let now = k8s_openapi::jiff::Timestamp::now();
     let pod = regarding.name.clone().unwrap_or_default();
     K8sEvent {
@@ -401,13 +496,10 @@ pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
             namespace: regarding.namespace.clone(),
             ..ObjectMeta::default()
         },
-        action: Some(EVENT_ACTION.into()),
+        action: Some(action.into()),
         reason: Some(EVENT_REASON.into()),
-        note: Some(
-            "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again"
-                .into(),
-        ),
-        type_: Some("Normal".into()),
+        note: Some(note.into()),
+        type_: Some(type_.into()),
         event_time: Some(MicroTime(now)),
         regarding: Some(regarding.clone()),
         reporting_controller: Some(REPORTER.into()),
@@ -441,6 +533,11 @@ mod tests {
             e.note.unwrap().len() <= 1024,
             "the API limits notes to 1 kB"
         );
-        assert_eq!(e.regarding, Some(pod));
+        assert_eq!(e.regarding, Some(pod.clone()));
+
+        let w = unowned_event_for(&pod, "linkerd-cni-x1");
+        assert_eq!(w.type_.as_deref(), Some("Warning"));
+        assert_eq!(w.action.as_deref(), Some(EVENT_ACTION_UNOWNED));
+        assert!(w.note.unwrap().len() <= 1024);
     }
 }

@@ -6,7 +6,9 @@
 //! meshed pods in CNI mode; it exits 95 when outbound traffic is not
 //! redirected, i.e. when the pod's network was set up without linkerd-cni
 //! (the node was not chained yet, or the chain was broken). Such a pod
-//! crash-loops forever; deleting it is the repair.
+//! crash-loops forever; deleting it is the repair when a controller (its
+//! ReplicaSet, StatefulSet, DaemonSet, Job...) creates it again. A pod
+//! without one is left in place and reported: deleting it would lose it.
 //!
 //! The crate owns:
 //!
@@ -18,7 +20,8 @@
 //!   that uses linkerd-cni's chain library);
 //! - [`backoff`]: per-pod backoff between deletions;
 //! - [`controller`]: the watch of this node's pods and the repair loop;
-//! - [`metrics`] and [`admin`]: Prometheus metrics, `/live` and `/ready`;
+//! - [`metrics`], [`process`] and [`admin`]: Prometheus metrics (the
+//!   controller's and the standard `process_*` ones), `/live` and `/ready`;
 //! - [`logging`]: plain or JSON logs on stderr.
 
 pub mod admin;
@@ -29,3 +32,4 @@ pub mod controller;
 pub mod logging;
 pub mod metrics;
 pub mod pod;
+pub mod process;

@@ -6,12 +6,13 @@ use std::sync::atomic::AtomicBool;
 
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use linkerd_cni_repair_controller::admin::{self, AdminState};
+use linkerd_cni_repair_controller::admin::{self, AdminState, Limits};
 use linkerd_cni_repair_controller::args::Args;
 use linkerd_cni_repair_controller::backoff::Policy;
 use linkerd_cni_repair_controller::controller::{Controller, Settings};
 use linkerd_cni_repair_controller::logging;
 use linkerd_cni_repair_controller::metrics::Metrics;
+use linkerd_cni_repair_controller::process;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -47,20 +48,24 @@ async fn run(args: Args) -> Result<(), String> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    process::register(&mut registry);
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = admin::bind(args.admin_addr)
+    let admin_addr = args.admin_listen();
+    let listener = admin::bind(admin_addr)
         .await
-        .map_err(|e| format!("cannot listen on --admin-addr {}: {e}", args.admin_addr))?;
+        .map_err(|e| format!("cannot listen on {admin_addr} (--admin-addr, --admin-ip): {e}"))?;
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the admin address: {e}"))?;
     tracing::info!(addr = %local, "admin server listening");
+    let limits = Limits::default().for_fd_limit(process::max_fds());
     tokio::spawn(admin::serve(
         listener,
         AdminState {
             ready: ready.clone(),
             registry: Arc::new(registry),
         },
+        limits,
     ));
 
     let mut term =
@@ -100,7 +105,7 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
         cluster: args.cluster.clone(),
         user: args.user.clone(),
     };
-    let config = match &args.kubeconfig {
+    let mut config = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
@@ -120,5 +125,9 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
             format!("cannot configure the Kubernetes client (no kubeconfig and not in a pod?): {e}")
         })?,
     };
+    // One retry policy per call, the controller's: the watch's backoff
+    // and the per-pod one for deletions. kube's own layer would retry a
+    // 503 fifteen times, from 5 ms, below them.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| format!("cannot create the Kubernetes client: {e}"))
 }

@@ -29,6 +29,9 @@ pub struct Metrics {
     pub pods_pending: Gauge,
     /// 1 while the node's chain holds repairs back.
     pub chain_broken: Gauge,
+    /// Pods that needed a repair but were left in place: no controller
+    /// would create them again.
+    pub pods_unowned: Counter,
 }
 
 impl Metrics {
@@ -46,6 +49,7 @@ impl Metrics {
             events_publish_timeouts: Counter::default(),
             pods_pending: Gauge::default(),
             chain_broken: Gauge::default(),
+            pods_unowned: Counter::default(),
         };
         reg.register(
             "queue_overflow",
@@ -96,6 +100,11 @@ impl Metrics {
             "chain_broken",
             "1 while this node's chain is broken and repairs wait",
             m.chain_broken.clone(),
+        );
+        reg.register(
+            "pods_unowned",
+            "Pods that started without linkerd-cni's rules but were not deleted because no controller owns them; recreate them by hand",
+            m.pods_unowned.clone(),
         );
         m
     }

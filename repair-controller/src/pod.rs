@@ -1,7 +1,9 @@
 //! Which pods need a repair: a meshed pod of this node whose network
-//! validator found no redirect, and that nobody is deleting yet.
+//! validator found no redirect, and that nobody is deleting yet; and which
+//! of them a deletion repairs (a controller creates them again).
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// The init container linkerd's injector adds to meshed pods in CNI mode.
 pub const VALIDATOR_CONTAINER: &str = "linkerd-network-validator";
@@ -42,6 +44,18 @@ pub fn needs_repair(pod: &Pod, node: &str) -> bool {
         .filter(|c| c.name == VALIDATOR_CONTAINER)
         .filter_map(|c| c.last_state.as_ref()?.terminated.as_ref())
         .any(|t| t.exit_code == VALIDATOR_FAILED_EXIT_CODE)
+}
+
+/// The controller that creates `pod` again once it is deleted: its owner
+/// reference marked `controller` (a ReplicaSet, StatefulSet, DaemonSet,
+/// Job...). Without one (a bare pod, `kubectl run`, a pod a script made, or
+/// one whose owners merely reference it) a deletion loses the pod for good.
+pub fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))
 }
 
 #[cfg(test)]
@@ -118,6 +132,31 @@ mod tests {
         let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
         p.status = None;
         assert!(!needs_repair(&p, "n1"));
+    }
+
+    #[test]
+    fn only_a_controller_reference_counts_as_an_owner() {
+        let reference = |controller| OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: "web-5d8f".into(),
+            uid: "u".into(),
+            controller,
+            block_owner_deletion: None,
+        };
+        let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
+        assert!(controller_of(&p).is_none());
+        p.metadata.owner_references = Some(vec![reference(None), reference(Some(false))]);
+        assert!(controller_of(&p).is_none());
+        p.metadata
+            .owner_references
+            .as_mut()
+            .unwrap()
+            .push(reference(Some(true)));
+        assert_eq!(
+            controller_of(&p).map(|o| o.kind.as_str()),
+            Some("ReplicaSet")
+        );
     }
 
     #[test]

@@ -209,6 +209,27 @@ fn the_deployed_container_runs_what_the_image_holds() {
 }
 
 #[test]
+fn the_deployed_container_is_unprivileged_and_listens_on_the_node_ip_only() {
+    let c = deployed_container();
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true, "{sc:#}");
+    assert!(sc["runAsUser"].as_i64().is_some_and(|u| u > 0), "{sc:#}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(sc["capabilities"].get("add").is_none(), "{sc:#}");
+    // The admin address's IP comes from the downward API: the host
+    // network's 0.0.0.0 would be every address of the node.
+    let ip_var = env_of("admin_ip");
+    let env = c["env"].as_array().unwrap();
+    let ip = env
+        .iter()
+        .find(|e| e["name"] == ip_var.as_str())
+        .unwrap_or_else(|| panic!("no {ip_var} in {env:#?}"));
+    assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
+}
+
+#[test]
 fn the_upstream_charts_container_runs_what_the_image_holds() {
     for c in upstream_containers() {
         check_container(&c, "the linkerd2-cni chart");

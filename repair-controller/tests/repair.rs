@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use testkit::api_watch::{GoneStyle, WatchApiServer};
-use testkit::objects::{Pod, being_deleted, on_node, with_init_status};
+use testkit::objects::{Pod, being_deleted, on_node, owned_by, with_init_status};
 use testkit::{TempDir, wait_until};
 
 const NODE: &str = "node-a";
@@ -20,8 +20,14 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 const ENTRY: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"}}"#;
 
-/// A meshed pod of `node` whose validator last exited with `exit`.
+/// A meshed pod of `node` whose validator last exited with `exit`, made
+/// by a ReplicaSet (which creates it again once deleted).
 fn pod(ns: &str, name: &str, node: &str, exit: Option<i32>) -> Value {
+    owned_by(bare(ns, name, node, exit), "ReplicaSet", "web-5d8f", true)
+}
+
+/// The same without any owner: nothing creates it again.
+fn bare(ns: &str, name: &str, node: &str, exit: Option<i32>) -> Value {
     let p = Pod::meshed(ns, name).label("linkerd.io/control-plane-ns", "linkerd");
     with_init_status(on_node(p.json(), node), VALIDATOR, exit)
 }
@@ -284,6 +290,80 @@ fn deletes_a_broken_pod_once_and_publishes_an_event_leaving_the_others() {
 }
 
 #[test]
+fn deletes_only_pods_that_a_controller_creates_again() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let owned = [
+        ("ReplicaSet", "web-5d8f", "web-5d8f-x2x7q"),
+        ("StatefulSet", "db", "db-0"),
+        ("DaemonSet", "agent", "agent-k8v2p"),
+        ("Job", "migrate", "migrate-9xk2w"),
+    ];
+    for (kind, owner, name) in owned {
+        api.put_pod(owned_by(
+            bare("shop", name, NODE, Some(95)),
+            kind,
+            owner,
+            true,
+        ));
+    }
+    // `kubectl run`, and a pod whose only owner is not its controller.
+    api.put_pod(bare("shop", "debug", NODE, Some(95)));
+    api.put_pod(owned_by(
+        bare("shop", "adopted", NODE, Some(95)),
+        "ReplicaSet",
+        "web-5d8f",
+        false,
+    ));
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait("four deletions and six events", || {
+        api.deletions().len() == 4 && api.events().len() == 6
+    });
+    let mut deleted = deleted_names(&api);
+    deleted.sort();
+    let mut expected: Vec<String> = owned.iter().map(|(_, _, n)| format!("shop/{n}")).collect();
+    expected.sort();
+    assert_eq!(deleted, expected);
+    let events = api.events();
+    for name in ["debug", "adopted"] {
+        assert!(api.pod("shop", name).is_some(), "{name} was deleted");
+        let e = event_for(&events, "shop", name).expect("an Event");
+        let field = |p: &str| e.pointer(p).and_then(Value::as_str).unwrap_or("");
+        assert_eq!(field("/type"), "Warning");
+        assert_eq!(field("/reason"), "LinkerdCNINotConfigured");
+        assert_eq!(field("/action"), "NotDeleting");
+        assert!(
+            field("/note").contains("delete it and create it again"),
+            "{e:#}"
+        );
+    }
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_pending"),
+        Some(0.0)
+    );
+    let log = ctl.log_text();
+    assert!(
+        log.contains("pod=debug") && log.contains("delete it and create it again"),
+        "{log}"
+    );
+
+    // Its validator fails again: reported once, not on every restart. The
+    // deletion of a later pod shows the update was handled.
+    api.put_pod(bare("shop", "debug", NODE, Some(95)));
+    api.put_pod(broken("shop", "web-2"));
+    ctl.wait("the deletion of web-2", || api.events().len() == 7);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(2.0)
+    );
+}
+
+#[test]
 fn waits_while_the_chain_is_broken_and_repairs_once_it_is_healthy() {
     let api = WatchApiServer::start();
     let conf = ConfDir::new(false);
@@ -310,6 +390,37 @@ fn waits_while_the_chain_is_broken_and_repairs_once_it_is_healthy() {
         deleted_names(&api) == ["shop/web-1"]
     });
     ctl.wait("the event", || api.events().len() == 1);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_chain_broken"),
+        Some(0.0)
+    );
+}
+
+/// Owned mode: linkerd-cni's own file holds the chain, the primary's file
+/// holds no entry of ours. The gate judges it healthy and the failing pod
+/// is repaired.
+#[test]
+fn repairs_on_an_owned_mode_node() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(false);
+    let entry = ENTRY.replacen('{', r#"{"chain_mode":"owned","#, 1);
+    std::fs::write(conf.path().join("ZZZ-linkerd-cni-entry"), &entry).unwrap();
+    // As the installer keeps it.
+    let desired = linkerd_cni_chain::Entry::parse(entry.as_bytes(), "test").unwrap();
+    let mode = linkerd_cni_chain::ModeChoice::of_entry(&desired).unwrap();
+    let ctx = linkerd_cni_chain::Context::new(conf.path(), desired, mode, DEADLINE);
+    linkerd_cni_chain::keep(&ctx, &mut linkerd_cni_chain::NoLimit).unwrap();
+    let ours = std::fs::read_to_string(conf.path().join("10-ptp-linkerd-cni.conflist")).unwrap();
+    assert!(ours.contains("owned_copy_of"), "{ours}");
+    let primary = std::fs::read_to_string(conf.path().join("10-ptp.conflist")).unwrap();
+    assert!(!primary.contains("linkerd-cni"), "{primary}");
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    api.put_pod(broken("shop", "web-1"));
+    ctl.wait("the deletion on the owned-mode node", || {
+        deleted_names(&api) == ["shop/web-1"]
+    });
     assert_eq!(
         ctl.metric("linkerd_cni_repair_controller_chain_broken"),
         Some(0.0)
@@ -469,6 +580,163 @@ fn resumes_after_api_errors() {
     ctl.wait("the deletion", || deleted_names(&api) == ["shop/web-1"]);
     let failed = api.requests().iter().filter(|r| r.status >= 500).count();
     assert_eq!(failed, 5);
+}
+
+#[test]
+fn exposes_the_standard_process_metrics() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let value = |name: &str| {
+        ctl.metric(name)
+            .unwrap_or_else(|| panic!("no {name} in:\n{}", ctl.get("/metrics").1))
+    };
+    for name in [
+        "process_cpu_seconds_total",
+        "process_virtual_memory_max_bytes",
+        "process_heap_bytes",
+        "process_uptime_seconds_total",
+    ] {
+        assert!(value(name) >= 0.0, "{name}");
+    }
+    let open = value("process_open_fds");
+    assert!(open >= 3.0 && value("process_max_fds") >= open);
+    let rss = value("process_resident_memory_bytes");
+    assert!(rss > 0.0 && value("process_virtual_memory_bytes") >= rss);
+    assert!(value("process_threads") >= 1.0);
+    // Started after the test asked for it (the boot time /proc counts
+    // from has whole seconds), before the clock it reports.
+    let start = value("process_start_time_seconds");
+    assert!(start + 1.0 >= before, "{start} < {before}");
+    assert!(start <= value("process_clock_time_seconds") + 1.0);
+}
+
+#[test]
+fn backs_off_while_the_api_server_fails() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    // An outage: the first four lists fail.
+    api.fail_next(4, 503);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    let lists: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+        .collect();
+    assert_eq!(lists.len(), 5, "{lists:#?}");
+    // The waits double from a second, each between half and all of its
+    // nominal length (jitter): at least 0.5, 1, 2 and 4 s. A constant
+    // retry would list again after the same short wait every time.
+    let gaps: Vec<Duration> = lists.windows(2).map(|w| w[1].at - w[0].at).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let least = Duration::from_millis(500 << i);
+        assert!(
+            *gap >= least,
+            "retry {i} after {gap:?}, at least {least:?}: {gaps:?}"
+        );
+    }
+    // One line per failure, saying when the next attempt comes.
+    let log = ctl.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("cannot list or watch this node's pods") && l.contains("retry_in="))
+        .count();
+    assert_eq!(lines, 4, "{log}");
+}
+
+/// Whether the server closed `s` (EOF or reset) by `deadline`.
+fn closed_by_server(s: &mut TcpStream, deadline: std::time::Instant) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .is_err()
+        {
+            return false;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // An answer (408 and the like) before the close.
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_admin_server_closes_slow_and_idle_connections() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    // Slowloris: a head that never ends, from several peers (the per-peer
+    // cap is not what closes them).
+    let mut slow: Vec<TcpStream> = (2..12)
+        .map(|i| {
+            let mut s = testkit::connect_from([127, 0, 0, i].into(), ctl.admin).unwrap();
+            s.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\nX-Slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Kept alive after one answered request, then idle.
+    let mut idle = TcpStream::connect(ctl.admin).unwrap();
+    idle.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    idle.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let deadline = std::time::Instant::now() + DEADLINE;
+    for (i, s) in slow.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(s, deadline),
+            "slow connection {i} still open"
+        );
+    }
+    assert!(
+        closed_by_server(&mut idle, deadline),
+        "idle connection still open"
+    );
+}
+
+#[test]
+fn the_admin_server_caps_connections_and_keeps_answering_probes() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    ctl.wait_ready();
+    // One peer opens 100 connections and sends nothing.
+    let flood = [127, 0, 0, 2].into();
+    let mut held: Vec<TcpStream> = (0..100)
+        .map(|_| testkit::connect_from(flood, ctl.admin).unwrap())
+        .collect();
+    // The kubelet, from another address, is still answered.
+    assert_eq!(ctl.get("/live").0, 200, "{}", ctl.log_text());
+    // All but the peer's few were closed at once, and the log says why,
+    // once.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let closed = held
+        .iter_mut()
+        .map(|s| closed_by_server(s, deadline))
+        .filter(|c| *c)
+        .count();
+    assert_eq!(closed, 100, "the held ones close at the header timeout");
+    ctl.wait("the warning", || {
+        ctl.log_text().contains("connection limit")
+    });
+    let warnings = ctl.log_text().matches("connection limit").count();
+    assert_eq!(warnings, 1, "{}", ctl.log_text());
 }
 
 #[test]

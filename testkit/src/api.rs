@@ -360,6 +360,11 @@ impl FakeApiServer {
         t
     }
 
+    /// Accepts `token` too (e.g. one of an unusual length).
+    pub fn accept_token(&self, token: &str) {
+        lock(&self.state.extra_tokens).push(token.to_string());
+    }
+
     /// From now on `token` gets 401, as a pod-bound token once its pod is
     /// deleted.
     pub fn revoke_token(&self, token: &str) {
@@ -461,8 +466,22 @@ impl FakeApiServer {
         )
     }
 
-    /// Writes [`Self::kubeconfig_yaml`] to `<dir>/ZZZ-linkerd-cni-kubeconfig`
-    /// (mode 0600) and returns its path.
+    /// The same kubeconfig as JSON, as the installer writes it now.
+    pub fn kubeconfig_json(&self) -> String {
+        crate::kubeconfig::installer_json(
+            &format!("https://[{}]:{}", self.addr.ip(), self.addr.port()),
+            (
+                "certificate-authority-data",
+                base64::engine::general_purpose::STANDARD
+                    .encode(self.pki.ca_pem.as_bytes())
+                    .into(),
+            ),
+            &self.token,
+        )
+    }
+
+    /// Writes [`Self::kubeconfig_json`] (the installer's format) to
+    /// `<dir>/ZZZ-linkerd-cni-kubeconfig` (mode 0600) and returns its path.
     pub fn write_kubeconfig(&self, dir: &Path) -> std::io::Result<PathBuf> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join("ZZZ-linkerd-cni-kubeconfig");
@@ -472,7 +491,7 @@ impl FakeApiServer {
             .truncate(true)
             .mode(0o600)
             .open(&path)?;
-        f.write_all(self.kubeconfig_yaml().as_bytes())?;
+        f.write_all(self.kubeconfig_json().as_bytes())?;
         Ok(path)
     }
 }

@@ -61,6 +61,8 @@ pub struct RequestRecord {
     pub query: Vec<(String, String)>,
     /// The status it was answered with.
     pub status: u16,
+    /// When it was read.
+    pub at: Instant,
 }
 
 impl RequestRecord {
@@ -435,6 +437,7 @@ fn serve_connection(
         let Some(req) = read_request(&mut stream)? else {
             return Ok(());
         };
+        let at = Instant::now();
         let answer = answer(state, &req, token);
         let status = match &answer {
             Answer::Json(s, _) => *s,
@@ -445,6 +448,7 @@ fn serve_connection(
             path: req.path.clone(),
             query: req.query.clone(),
             status,
+            at,
         });
         match answer {
             Answer::Json(status, body) => write_json(stream.get_mut(), status, &body)?,

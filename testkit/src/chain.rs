@@ -123,3 +123,31 @@ pub fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out.sort();
     out
 }
+
+/// The file a runtime loads from `dir` (the first `*.conf`, `*.conflist`
+/// or `*.json` by bytewise name, directories skipped, as containerd picks
+/// it) and the `type` of its chain's last plugin ("?" when it has none),
+/// judged without the chain library.
+pub fn runtime_active(dir: &Path) -> Option<(String, String)> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            n.rfind('.')
+                .is_some_and(|i| [".conf", ".conflist", ".json"].contains(&&n[i..]))
+        })
+        .collect();
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let first = names.first()?.clone();
+    let text = std::fs::read_to_string(dir.join(&first)).unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let last = v["plugins"]
+        .as_array()
+        .and_then(|p| p.last())
+        .and_then(|p| p["type"].as_str())
+        .unwrap_or("?")
+        .to_string();
+    Some((first, last))
+}

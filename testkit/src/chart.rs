@@ -44,6 +44,17 @@ pub fn rendered(kubeconfig: &str, conf_dir: &str) -> Value {
     e
 }
 
+/// The iptables backend the template's `iptables-mode` selects (the
+/// chart's default is `nft`; no mode is the plugin's `legacy`): what the
+/// nat tables of pods added with it are read with.
+pub fn backend() -> crate::iptables::Backend {
+    match template_json()["linkerd"]["iptables-mode"].as_str() {
+        Some("nft") => crate::iptables::Backend::Nft,
+        Some("legacy" | "") | None => crate::iptables::Backend::Legacy,
+        Some(other) => panic!("the manifest's iptables-mode {other:?} has no backend here"),
+    }
+}
+
 /// The lines of the `key: |-` literal block in `yaml`, de-indented.
 fn block_scalar(yaml: &str, key: &str) -> Option<String> {
     let mut lines = yaml.lines();
@@ -81,6 +92,7 @@ mod tests {
         assert_eq!(t["type"], "linkerd-cni");
         assert_eq!(t["kubernetes"]["kubeconfig"], KUBECONFIG_PLACEHOLDER);
         assert_eq!(t["linkerd"]["proxy-uid"], 2102);
+        assert_eq!(backend(), crate::iptables::Backend::Nft, "iptablesMode");
         assert!(t.get("cni_conf_dir").is_none());
     }
 }

@@ -74,7 +74,22 @@ pub fn nat_table(ns: &TestNetns, save_bin: &str) -> String {
 /// from `chain` in `ns`, with `bin` (e.g. `iptables-nft`): to simulate
 /// another agent tampering with the rules.
 pub fn delete_rule(ns: &TestNetns, bin: &str, chain: &str, spec: &str) {
-    let mut argv = vec![bin, "-t", "nat", "-D", chain];
+    rule_command(ns, bin, "-D", chain, spec);
+}
+
+/// Whether `bin -t nat -C` finds the rule (`spec` as `iptables-save`
+/// prints it) in `chain` of `ns`: iptables decoding the kernel's rules and
+/// comparing them with its own reading of the text.
+pub fn has_rule(ns: &TestNetns, bin: &str, chain: &str, spec: &str) -> bool {
+    let words = shell_words(spec);
+    let mut argv = vec![bin, "-t", "nat", "-C", chain];
+    argv.extend(words.iter().map(String::as_str));
+    ns.exec(&argv).status.success()
+}
+
+/// `bin -t nat <op> <chain> <spec>` in `ns`, which must succeed.
+fn rule_command(ns: &TestNetns, bin: &str, op: &str, chain: &str, spec: &str) {
+    let mut argv = vec![bin, "-t", "nat", op, chain];
     let words = shell_words(spec);
     argv.extend(words.iter().map(String::as_str));
     ns.exec_ok(&argv);

@@ -102,3 +102,46 @@ pub fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A TCP connection to `to` from the local address `source` (any of
+/// 127.0.0.0/8 works on loopback): for servers that tell peers apart by
+/// address.
+pub fn connect_from(
+    source: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, socket,
+    };
+    let family = if source.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(std::net::SocketAddr::new(source, 0)),
+    )?;
+    connect(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(to),
+    )?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
+/// Runs `f` on a thread of its own: its result, or a panic naming `what`
+/// when it has not returned within `within` (for calls that must not block
+/// forever, such as opening a FIFO; the blocked thread is left behind).
+pub fn bounded<T: Send + 'static>(
+    what: &str,
+    within: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("{what}: still blocked after {within:?}"))
+}

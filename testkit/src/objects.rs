@@ -289,3 +289,28 @@ pub fn daemonset_pod(namespace: &str, name: &str, daemonset: &str, uid: &str) ->
         "status": {"phase": "Running"},
     })
 }
+
+/// `pod` with an owner reference to `kind` `name` (`apps/v1` for the
+/// workload controllers, `batch/v1` for Jobs and CronJobs, else `v1`);
+/// `controller` marks it as the pod's managing controller.
+pub fn owned_by(mut pod: Value, kind: &str, name: &str, controller: bool) -> Value {
+    let api_version = match kind {
+        "ReplicaSet" | "StatefulSet" | "DaemonSet" | "Deployment" => "apps/v1",
+        "Job" | "CronJob" => "batch/v1",
+        _ => "v1",
+    };
+    let reference = json!({
+        "apiVersion": api_version, "kind": kind, "name": name,
+        "uid": format!("owner-uid-{}", name), "controller": controller,
+        "blockOwnerDeletion": true,
+    });
+    if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
+        let list = meta
+            .entry("ownerReferences")
+            .or_insert_with(|| Value::Array(vec![]));
+        if let Some(list) = list.as_array_mut() {
+            list.push(reference);
+        }
+    }
+    pod
+}

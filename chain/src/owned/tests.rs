@@ -6,10 +6,9 @@ use std::fs;
 
 use serde_json::Value;
 
+use super::super::inline::{remove_entries, repair};
 use super::super::testutil::{TempDir, desired};
-use super::super::{
-    ChainState, RepairOptions, diagnose as inline_diagnose, remove_entries, repair,
-};
+use super::super::{ChainState, RepairOptions, diagnose as inline_diagnose};
 use super::*;
 
 const CALICO: &str = r#"{
@@ -128,7 +127,7 @@ fn the_copy_keeps_the_primary_and_puts_us_last_and_our_file_becomes_active() {
     let head = head.trim_end();
     assert!(ours.starts_with(head), "{ours}");
     // The file the runtime loads is ours, and it is recognised by content.
-    let listing = scan::list(d.path(), RepairOptions::default().link_rule()).unwrap();
+    let listing = list(d.path(), RepairOptions::default().link_rule()).unwrap();
     assert_eq!(listing.owned.len(), 1);
     assert_eq!(
         listing.configs.first().unwrap().file_name().unwrap(),
@@ -349,8 +348,18 @@ fn switching_from_inline_then_back_never_leaves_the_active_file_unchained() {
     // The digest ignores our entry: the same chain with or without it.
     assert_eq!(digest_inline, sha256::hex(CALICO.as_bytes()));
     // inline -> owned: our file first, then the entry out of the primary.
-    let r = sync(d.path(), &owned, &opts()).unwrap();
-    assert!(r.summary.contains("took inline"), "{}", r.summary);
+    let r = crate::keep(
+        &crate::Context::new(
+            d.path(),
+            owned.clone(),
+            crate::ModeChoice::of_entry(&owned).unwrap(),
+            std::time::Duration::from_secs(30),
+        ),
+        &mut crate::NoLimit,
+    )
+    .unwrap();
+    let summary = r.to_string();
+    assert!(summary.contains("took inline"), "{summary}");
     assert_eq!(d.read("10-calico.conflist"), CALICO);
     assert!(diagnose(d.path(), &owned).unwrap().is_current());
     // owned -> inline: the entry back into the primary first (inline
@@ -458,4 +467,56 @@ fn a_symlinked_primary_is_read_as_the_host_resolves_it() {
             .is_symlink()
     );
     assert!(diagnose_with(&conf, &want, &opts).unwrap().is_current());
+}
+
+#[test]
+fn a_file_with_a_forged_marker_is_not_ours_and_never_removed() {
+    // Named like ours, holding our entry with a marker whose digest is not
+    // that of the chain in it: someone else's config, left alone.
+    let d = TempDir::new("owned-forged");
+    d.write("10-calico.conflist", CALICO);
+    let forged = CALICO.replace(
+        "\"snat\": true, \"capabilities\": {\"portMappings\": true}}",
+        "\"snat\": true, \"capabilities\": {\"portMappings\": true}},\n    {\"type\": \"linkerd-cni\", \"owned_copy_of\": {\"file\": \"20-x.conflist\", \"sha256\": \"0000\"}}",
+    );
+    assert!(forged.contains("owned_copy_of"), "the fixture changed");
+    d.write("20-x-linkerd-cni.conflist", &forged);
+    let r = sync(d.path(), &owned_desired(), &opts()).unwrap();
+    assert!(r.changed, "{r:?}");
+    assert_eq!(d.read("20-x-linkerd-cni.conflist"), forged);
+    let listing = list(d.path(), RepairOptions::default().link_rule()).unwrap();
+    assert_eq!(
+        listing
+            .owned
+            .iter()
+            .map(|o| o.path.clone())
+            .collect::<Vec<_>>(),
+        [d.path().join("10-calico-linkerd-cni.conflist")]
+    );
+}
+
+#[test]
+fn a_file_of_ours_that_cannot_be_read_is_never_taken_for_the_primary() {
+    // A FIFO stands for any read failure (too many open files, EIO): what
+    // it is cannot be told, so nothing is written and the reason is given.
+    let d = TempDir::new("owned-unreadable");
+    d.write("10-calico.conflist", CALICO);
+    nix::unistd::mkfifo(
+        &d.path().join("05-x-linkerd-cni.conflist"),
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .unwrap();
+    let diag = diagnose(d.path(), &owned_desired()).unwrap();
+    match &diag.state {
+        OwnedState::PrimaryInvalid { reason } => {
+            assert!(reason.contains("cannot tell"), "{reason}")
+        }
+        s => panic!("{s:?}"),
+    }
+    let r = sync(d.path(), &owned_desired(), &opts()).unwrap();
+    assert!(!r.changed, "{r:?}");
+    assert_eq!(
+        d.names(),
+        ["05-x-linkerd-cni.conflist", "10-calico.conflist"]
+    );
 }

@@ -95,13 +95,18 @@ pub struct SandboxNetns {
     name: String,
 }
 
-/// `*-save` tools: (tool, the one linkerd-cni's default config uses).
-const SAVE_TOOLS: [(&str, bool); 4] = [
-    ("iptables-legacy-save", true),
-    ("iptables-nft-save", false),
-    ("ip6tables-legacy-save", false),
-    ("ip6tables-nft-save", false),
+/// Every backend's and family's `*-save` tool.
+const SAVE_TOOLS: [&str; 4] = [
+    "iptables-legacy-save",
+    "iptables-nft-save",
+    "ip6tables-legacy-save",
+    "ip6tables-nft-save",
 ];
+
+/// The one the shipped entry's `iptables-mode` writes IPv4 rules with.
+fn ours() -> &'static str {
+    testkit::chart::backend().save_tool(testkit::iptables::Family::V4)
+}
 
 impl SandboxNetns {
     fn attach(pid: u32) -> SandboxNetns {
@@ -135,7 +140,7 @@ impl SandboxNetns {
     pub fn nat_tables(&self) -> Vec<(&'static str, String)> {
         SAVE_TOOLS
             .iter()
-            .map(|(tool, _)| (*tool, self.nat_table(tool)))
+            .map(|tool| (*tool, self.nat_table(tool)))
             .collect()
     }
 
@@ -161,11 +166,11 @@ impl SandboxNetns {
             .any(|(_, t)| t.contains("PROXY_INIT"))
     }
 
-    /// The reference rules for linkerd's defaults, exactly, in the legacy
-    /// IPv4 table, and no rule anywhere else.
+    /// The reference rules for linkerd's defaults, exactly, in the IPv4
+    /// table of the shipped entry's backend, and no rule anywhere else.
     pub fn expect_reference_rules(&self) {
-        for ((tool, ours), (_, table)) in SAVE_TOOLS.iter().zip(self.nat_tables()) {
-            if *ours {
+        for (tool, table) in self.nat_tables() {
+            if tool == ours() {
                 assert_eq!(table, default_save(), "{tool} in the sandbox");
             } else {
                 assert!(!table.contains("\n-A "), "{tool} in the sandbox:\n{table}");

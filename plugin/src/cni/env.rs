@@ -177,11 +177,6 @@ impl Env {
             args,
         })
     }
-
-    /// The process environment.
-    pub fn from_process() -> Result<Env, CniError> {
-        Env::from_lookup(|k| std::env::var_os(k))
-    }
 }
 
 /// `CNI_COMMAND`, which every invocation needs.

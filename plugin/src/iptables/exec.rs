@@ -5,12 +5,17 @@
 //! ships. When the configured mode's binaries are missing, we fall back in
 //! upstream's order (nft, plain, legacy) and say so in the log.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::libc;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use thiserror::Error;
 
 use super::rules::Family;
@@ -186,11 +191,33 @@ fn run(
 }
 
 fn run_limited(
+    cmd: Command,
+    bin: &Path,
+    input: Option<&[u8]>,
+    timeout: Duration,
+    max_output: usize,
+) -> Result<Vec<u8>, ExecError> {
+    run_child(cmd, bin, input, timeout, max_output, Exit::Pidfd)
+}
+
+/// How the end of a child is noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// Its pidfd, where the kernel has them (Linux 5.3 and later).
+    Pidfd,
+    /// Polling for it once its pipes are closed: what happens on older
+    /// kernels, whose path the tests take on any kernel.
+    #[cfg_attr(not(test), expect(dead_code, reason = "chosen by tests only"))]
+    Polled,
+}
+
+fn run_child(
     mut cmd: Command,
     bin: &Path,
     input: Option<&[u8]>,
     timeout: Duration,
     max_output: usize,
+    exit: Exit,
 ) -> Result<Vec<u8>, ExecError> {
     let name = bin.display().to_string();
     cmd.stdin(if input.is_some() {
@@ -204,79 +231,244 @@ fn run_limited(
         bin: name.clone(),
         source,
     })?;
-
-    // Pipes are drained on their own threads so that neither a large batch
-    // nor a chatty child can block the wait below.
-    let stdin = child.stdin.take();
-    let input = input.map(<[u8]>::to_vec);
-    let writer = std::thread::spawn(move || {
-        if let (Some(mut s), Some(data)) = (stdin, input) {
-            // A child that exits early closes the pipe; its status says why.
-            let _ = s.write_all(&data);
-        }
+    let deadline = Instant::now() + timeout;
+    let outcome = Pipes::new(&mut child, input, max_output, exit).and_then(|mut pipes| {
+        let exited = pipes.pump(&mut child, deadline)?;
+        Ok((exited, pipes))
     });
-    let stdout = reader(child.stdout.take(), max_output);
-    let stderr = reader(child.stderr.take(), MAX_STDERR_READ);
-
-    let status = wait_until(&mut child, Instant::now() + timeout);
-    let _ = writer.join();
-    let (out, overflow) = stdout.join().unwrap_or_default();
-    let (err, _) = stderr.join().unwrap_or_default();
+    let (status, pipes) = match outcome {
+        Ok((Some(status), pipes)) => (status, pipes),
+        Ok((None, _)) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::TimedOut {
+                bin: name,
+                after: timeout,
+            });
+        }
+        Err(source) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::Spawn { bin: name, source });
+        }
+    };
     match status {
-        Some(Ok(_)) if overflow => Err(ExecError::TooMuchOutput {
+        _ if pipes.stdout.overflow => Err(ExecError::TooMuchOutput {
             bin: name,
             limit: max_output,
         }),
-        Some(Ok(status)) if status.success() => Ok(out),
-        Some(Ok(status)) => Err(ExecError::Failed {
+        status if status.success() => Ok(pipes.stdout.buf),
+        status => Err(ExecError::Failed {
             bin: name,
             status,
-            stderr: excerpt(&err),
-        }),
-        Some(Err(source)) => Err(ExecError::Spawn { bin: name, source }),
-        None => Err(ExecError::TimedOut {
-            bin: name,
-            after: timeout,
+            stderr: excerpt(&pipes.stderr.buf),
         }),
     }
 }
 
-/// Reads up to `limit` bytes; the rest is drained (so the child never
-/// blocks on a full pipe) and dropped. True when there was more.
-fn reader<R: Read + Send + 'static>(
-    r: Option<R>,
+/// A child's pipes and its pidfd, served by one `poll` loop in the calling
+/// thread: the batch is written while the output is read, so neither a
+/// large batch nor a chatty child can block the other side, and the child's
+/// exit wakes the loop at once (no thread per pipe, no sleeping).
+struct Pipes<'a> {
+    stdin: Option<ChildStdin>,
+    input: &'a [u8],
+    stdout: Capture<ChildStdout>,
+    stderr: Capture<ChildStderr>,
+    /// None on kernels before 5.3 (no `pidfd_open`): the exit is then
+    /// polled for once the output pipes are closed.
+    pidfd: Option<OwnedFd>,
+}
+
+/// One output pipe, read up to a limit; the rest is drained (so the child
+/// never blocks on a full pipe) and dropped.
+struct Capture<R> {
+    pipe: Option<R>,
+    buf: Vec<u8>,
     limit: usize,
-) -> std::thread::JoinHandle<(Vec<u8>, bool)> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let mut overflow = false;
-        if let Some(mut r) = r {
-            let _ = r.by_ref().take(limit as u64).read_to_end(&mut buf);
-            overflow = std::io::copy(&mut r, &mut std::io::sink()).is_ok_and(|n| n > 0);
-        }
-        (buf, overflow)
-    })
+    /// The child wrote more than `limit`.
+    overflow: bool,
 }
 
-/// Waits for `child` until `deadline`; on expiry kills and reaps it and
-/// returns None.
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::io::Result<ExitStatus>> {
-    let mut pause = Duration::from_micros(500);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(Ok(status)),
-            Ok(None) => {}
-            Err(e) => return Some(Err(e)),
+impl<R: Read + AsFd> Capture<R> {
+    fn new(pipe: Option<R>, limit: usize) -> std::io::Result<Capture<R>> {
+        if let Some(p) = &pipe {
+            nonblocking(p.as_fd())?;
         }
-        let now = Instant::now();
-        if now >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(20));
+        Ok(Capture {
+            pipe,
+            buf: Vec::new(),
+            limit,
+            overflow: false,
+        })
     }
+
+    /// Reads what is there; closes the pipe at EOF.
+    fn read_available(&mut self) -> std::io::Result<()> {
+        let Some(pipe) = &mut self.pipe else {
+            return Ok(());
+        };
+        loop {
+            let room = self.limit - self.buf.len();
+            // Straight into the buffer's spare capacity, which std's
+            // read_to_end does not zero (a zeroed scratch buffer per wake-up
+            // cost more than the reads).
+            let read = if room > 0 {
+                let before = self.buf.len();
+                pipe.by_ref()
+                    .take(room as u64)
+                    .read_to_end(&mut self.buf)
+                    .map(|_| self.buf.len() - before)
+            } else {
+                let mut drain = [0u8; 512];
+                pipe.read(&mut drain).inspect(|&n| self.overflow |= n > 0)
+            };
+            match read {
+                // EOF (when the take's limit was not what stopped it).
+                Ok(n) if n < room || (room == 0 && n == 0) => {
+                    self.pipe = None;
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl<'a> Pipes<'a> {
+    fn new(
+        child: &mut Child,
+        input: Option<&'a [u8]>,
+        max_output: usize,
+        exit: Exit,
+    ) -> std::io::Result<Self> {
+        let stdin = child.stdin.take();
+        if let Some(s) = &stdin {
+            nonblocking(s.as_fd())?;
+        }
+        Ok(Pipes {
+            stdin,
+            input: input.unwrap_or_default(),
+            stdout: Capture::new(child.stdout.take(), max_output)?,
+            stderr: Capture::new(child.stderr.take(), MAX_STDERR_READ)?,
+            pidfd: (exit == Exit::Pidfd)
+                .then(|| pidfd_open(child.id()))
+                .flatten(),
+        })
+    }
+
+    /// Feeds stdin, reads stdout and stderr, until the child has exited and
+    /// closed both; None when `deadline` came first.
+    fn pump(
+        &mut self,
+        child: &mut Child,
+        deadline: Instant,
+    ) -> std::io::Result<Option<ExitStatus>> {
+        let mut status = None;
+        // Without a pidfd, the exit is polled for with a back-off once the
+        // pipes are closed.
+        let mut pause = Duration::from_micros(200);
+        loop {
+            if self.stdin.is_some() && self.input.is_empty() {
+                // EOF for the child.
+                self.stdin = None;
+            }
+            if status.is_none() {
+                status = child.try_wait()?;
+            }
+            let open =
+                self.stdin.is_some() || self.stdout.pipe.is_some() || self.stderr.pipe.is_some();
+            if status.is_some() && !open {
+                return Ok(status);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let left = deadline - now;
+            let pidfd = self.pidfd.as_ref().filter(|_| status.is_none());
+            if !open && pidfd.is_none() {
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(20));
+                continue;
+            }
+            self.wait(pidfd, left)?;
+            self.write_available()?;
+            self.stdout.read_available()?;
+            self.stderr.read_available()?;
+        }
+    }
+
+    /// Blocks until a pipe is ready, `pidfd`'s process exits, or `left`
+    /// passes.
+    fn wait(&self, pidfd: Option<&OwnedFd>, left: Duration) -> std::io::Result<()> {
+        let mut fds = Vec::with_capacity(4);
+        if let Some(s) = &self.stdin {
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT));
+        }
+        if let Some(p) = &self.stdout.pipe {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(p) = &self.stderr.pipe {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(p) = pidfd {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        // Rounded up, so that a wait never ends just before the deadline and
+        // spins.
+        let ms = left.as_micros().div_ceil(1000);
+        let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes as much of the batch as the pipe takes.
+    fn write_available(&mut self) -> std::io::Result<()> {
+        let Some(s) = &mut self.stdin else {
+            return Ok(());
+        };
+        while !self.input.is_empty() {
+            match s.write(self.input) {
+                Ok(n) => self.input = &self.input[n..],
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // A child that exits early closes the pipe; its status says
+                // why.
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                    self.input = &[];
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn nonblocking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// A pidfd for the (not yet reaped) child `pid`: readable once it exits.
+/// None where the kernel lacks `pidfd_open` (before Linux 5.3).
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new file
+    // descriptor or -1; it touches no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = std::os::fd::RawFd::try_from(fd)
+        .ok()
+        .filter(|fd| *fd >= 0)?;
+    // SAFETY: the syscall just returned this descriptor, which nothing else
+    // owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn excerpt(stderr: &[u8]) -> String {
@@ -452,5 +644,69 @@ mod tests {
             e.to_string()
                 .starts_with("cannot run /nonexistent/iptables")
         );
+    }
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn a_large_batch_and_output_flow_at_once_with_either_exit_watch() {
+        // More than any pipe buffer in both directions: a runner that wrote
+        // all of stdin before reading stdout would deadlock with `cat`.
+        let batch: Vec<u8> = (0..3 << 20).map(|i| (i % 251) as u8).collect();
+        for exit in [Exit::Pidfd, Exit::Polled] {
+            let out = run_child(
+                sh("cat; echo done >&2"),
+                Path::new("/bin/sh"),
+                Some(&batch),
+                Duration::from_secs(60),
+                MAX_OUTPUT,
+                exit,
+            )
+            .unwrap();
+            assert!(out == batch, "{exit:?}: {} bytes back", out.len());
+        }
+    }
+
+    #[test]
+    fn a_child_that_ignores_its_input_reports_its_own_status() {
+        let batch = vec![b'x'; 1 << 20];
+        for exit in [Exit::Pidfd, Exit::Polled] {
+            let e = run_child(
+                sh("echo refused >&2; exit 2"),
+                Path::new("/bin/sh"),
+                Some(&batch),
+                Duration::from_secs(60),
+                MAX_OUTPUT,
+                exit,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&e, ExecError::Failed { status, stderr, .. }
+                    if status.code() == Some(2) && stderr == "refused"),
+                "{exit:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_exited_child_whose_pipe_lives_on_times_out() {
+        // The grandchild keeps stdout open: the output is not complete, so
+        // it is not used, and the wait still ends at the deadline.
+        for exit in [Exit::Pidfd, Exit::Polled] {
+            let e = run_child(
+                sh("sleep 3 & echo partial"),
+                Path::new("/bin/sh"),
+                None,
+                Duration::from_millis(300),
+                MAX_OUTPUT,
+                exit,
+            )
+            .unwrap_err();
+            assert!(matches!(e, ExecError::TimedOut { .. }), "{exit:?}: {e}");
+        }
     }
 }

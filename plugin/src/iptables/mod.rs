@@ -2,12 +2,19 @@
 //!
 //! - [`rules`]: the typed model (what the rules are, upstream's exact text).
 //! - [`table`]: the live nat table, the restore batch, the differences.
+//! - [`nft`]: `iptables-mode: nft` in-process, over netlink.
 //! - [`exec`]: the node's iptables binaries, run with a time bound.
+//! - [`legacy`]: whether a legacy nat table is empty, read in-process.
 //!
-//! Each address family is programmed with ONE `*-restore --noflush` call, in
-//! the pod's netns, after reading the table with `*-save` there.
+//! Each address family is programmed with ONE transaction in the pod's
+//! netns: in nft mode an nf_tables batch over netlink, the same rules
+//! `iptables-nft-restore` would install (its binary is the fallback when
+//! netlink is refused); otherwise ONE `*-restore --noflush` call, after
+//! reading the table with `*-save` (skipped when the table is known empty).
 
 pub mod exec;
+pub mod legacy;
+pub mod nft;
 pub mod rules;
 pub mod table;
 
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 pub use exec::{ExecError, Tools};
+pub use nft::NftError;
 pub use rules::{Family, RedirectSpec, RuleSet};
 pub use table::NatTable;
 
@@ -67,26 +75,14 @@ impl Driver {
         }
     }
 
-    fn tools(&self, sets: &[RuleSet]) -> Result<Vec<Tools>, IptablesError> {
-        sets.iter()
-            .map(|s| Tools::find(self.mode, s.family, &self.dirs).map_err(IptablesError::Exec))
-            .collect()
-    }
-
     /// Makes the netns at `netns` hold exactly each set's chains and jumps.
     pub fn apply(&self, netns: &Path, sets: &[RuleSet]) -> Result<(), IptablesError> {
-        let tools = self.tools(sets)?;
         netns::run_in(netns, || -> Result<(), IptablesError> {
-            for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.step_timeout())?);
-                let batch = table::restore_batch(set, &current);
-                log::debug!(
-                    "{} --noflush{} in {}:\n{batch}",
-                    t.restore.display(),
-                    if self.wait { " -w" } else { "" },
-                    netns.display()
-                );
-                t.restore(&batch, self.wait, self.step_timeout())?;
+            for set in sets {
+                let in_process = || nft::apply(set, self.timeout, self.deadline);
+                if let Err(t) = self.in_process_or_binaries(set.family, in_process)? {
+                    self.restore(netns, set, &t)?;
+                }
             }
             Ok(())
         })?
@@ -94,15 +90,83 @@ impl Driver {
 
     /// How the netns at `netns` differs from the sets; empty when it matches.
     pub fn verify(&self, netns: &Path, sets: &[RuleSet]) -> Result<Vec<String>, IptablesError> {
-        let tools = self.tools(sets)?;
         netns::run_in(netns, || -> Result<Vec<String>, IptablesError> {
             let mut diffs = Vec::new();
-            for (set, t) in sets.iter().zip(&tools) {
-                let current = NatTable::parse(&t.save(self.step_timeout())?);
-                diffs.extend(table::differences(set, &current));
+            for set in sets {
+                let in_process = || nft::verify(set, self.timeout, self.deadline);
+                match self.in_process_or_binaries(set.family, in_process)? {
+                    Ok(d) => diffs.extend(d),
+                    Err(t) => diffs.extend(table::differences(set, &self.current(&t)?)),
+                }
             }
             Ok(diffs)
         })?
+    }
+
+    /// In nft mode, what `in_process` gives; otherwise, or when it fails,
+    /// the binaries to do it with instead.
+    fn in_process_or_binaries<T>(
+        &self,
+        family: Family,
+        in_process: impl FnOnce() -> Result<T, NftError>,
+    ) -> Result<Result<T, Tools>, IptablesError> {
+        if self.mode != IptablesMode::Nft {
+            return Ok(Err(Tools::find(self.mode, family, &self.dirs)?));
+        }
+        match in_process() {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) => self.fallback(family, e).map(Err),
+        }
+    }
+
+    /// The binaries to use when nf_tables cannot be programmed over
+    /// netlink (e.g. a kernel or a sandbox refusing NETLINK_NETFILTER).
+    fn fallback(&self, family: Family, netlink: NftError) -> Result<Tools, IptablesError> {
+        match Tools::find(self.mode, family, &self.dirs) {
+            Ok(t) => {
+                log::warn!(
+                    "{family} rules over netlink failed ({netlink}); using {} instead",
+                    t.restore.display()
+                );
+                Ok(t)
+            }
+            Err(exec) => Err(IptablesError::Netlink {
+                family,
+                netlink,
+                exec,
+            }),
+        }
+    }
+
+    /// One `*-restore --noflush` batch bringing the table to `set`.
+    fn restore(&self, netns: &Path, set: &RuleSet, t: &Tools) -> Result<(), IptablesError> {
+        let batch = table::restore_batch(set, &self.current(t)?);
+        log::debug!(
+            "{} --noflush{} in {}:\n{batch}",
+            t.restore.display(),
+            if self.wait { " -w" } else { "" },
+            netns.display()
+        );
+        t.restore(&batch, self.wait, self.step_timeout())?;
+        Ok(())
+    }
+
+    /// The nat table as `*-save` prints it. When the table is known, read
+    /// in-process, to hold no rule and no chain of its own (a new pod's),
+    /// `*-save` is not run: it would print nothing more.
+    fn current(&self, t: &Tools) -> Result<NatTable, IptablesError> {
+        let empty = match t.mode {
+            IptablesMode::Legacy => legacy::nat_is_empty(t.family).ok(),
+            IptablesMode::Nft => {
+                nft::nat_is_empty(t.family, self.step_timeout(), self.deadline).ok()
+            }
+            // `iptables` may be either backend.
+            IptablesMode::Plain => None,
+        };
+        if empty == Some(true) {
+            return Ok(NatTable::default());
+        }
+        Ok(NatTable::parse(&t.save(self.step_timeout())?))
     }
 }
 
@@ -112,4 +176,71 @@ pub enum IptablesError {
     Netns(#[from] NetnsError),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error(
+        "cannot program the {family} rules over netlink ({netlink}), and cannot fall back on the node's binaries: {exec}"
+    )]
+    Netlink {
+        family: Family,
+        netlink: NftError,
+        exec: ExecError,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn driver(mode: IptablesMode, dirs: Vec<PathBuf>) -> Driver {
+        Driver {
+            dirs,
+            ..Driver::new(mode, false)
+        }
+    }
+
+    fn refused() -> Result<(), NftError> {
+        Err(NftError::Socket(nix::errno::Errno::EPROTONOSUPPORT))
+    }
+
+    #[test]
+    fn a_refused_netlink_falls_back_on_the_nft_binaries() {
+        let d = testkit::TempDir::new("fallback").unwrap();
+        for n in ["iptables-nft-save", "iptables-nft-restore"] {
+            let p = d.path().join(n);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let nft = driver(IptablesMode::Nft, vec![d.path().to_path_buf()]);
+        // In-process when it works: no binary is looked up.
+        assert!(matches!(
+            nft.in_process_or_binaries(Family::V4, || Ok(7)),
+            Ok(Ok(7))
+        ));
+        let t = nft
+            .in_process_or_binaries(Family::V4, refused)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(t.restore, d.path().join("iptables-nft-restore"));
+        // Legacy never tries netlink.
+        let legacy = driver(IptablesMode::Legacy, vec![d.path().to_path_buf()]);
+        let ran = std::cell::Cell::new(false);
+        let r = legacy.in_process_or_binaries(Family::V4, || {
+            ran.set(true);
+            Ok(())
+        });
+        assert!(!ran.get());
+        // Only nft binaries here: the fallback order finds them.
+        assert_eq!(r.unwrap().unwrap_err().mode, IptablesMode::Nft);
+
+        // Neither netlink nor binaries (IPv6 has none here): both causes.
+        let e = nft.in_process_or_binaries(Family::V6, refused).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, IptablesError::Netlink { .. }), "{msg}");
+        assert!(
+            msg.contains("over netlink")
+                && msg.contains("netfilter netlink socket")
+                && msg.contains("install iptables on the node"),
+            "{msg}"
+        );
+    }
 }

@@ -279,49 +279,52 @@ fn comment(c: impl fmt::Display) -> String {
 }
 
 impl Rule {
-    /// The rule as `iptables-save` prints it, after `-A <chain> `.
-    pub fn spec(&self) -> String {
+    /// The rule's comment, after upstream's `proxy-init/` prefix.
+    pub fn comment(&self) -> String {
         match self {
-            Rule::IgnorePorts(ports) => {
-                let list = ports
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",");
-                format!(
-                    "-p tcp -m multiport --dports {list} {} -j RETURN",
-                    comment(format_args!("ignore-port-{list}"))
-                )
-            }
-            Rule::IgnoreSubnet(s) => format!(
-                "-s {}/{} {} -j RETURN",
-                s.network,
-                s.prefix,
-                comment(format_args!("ignore-subnet-{}", s.given))
-            ),
-            Rule::RedirectPort { port, to } => format!(
-                "-p tcp -m tcp --dport {port} {} -j REDIRECT --to-ports {to}",
-                comment(format_args!("redirect-port-{port}-to-proxy-port"))
-            ),
-            Rule::RedirectAllIncoming { to } => format!(
-                "-p tcp {} -j REDIRECT --to-ports {to}",
-                comment("redirect-all-incoming-to-proxy-port")
-            ),
-            Rule::IgnoreUid(uid) => format!(
-                "-m owner --uid-owner {uid} {} -j RETURN",
-                comment("ignore-proxy-user-id")
-            ),
-            Rule::IgnoreGid(gid) => format!(
-                "-m owner --gid-owner {gid} {} -j RETURN",
-                comment("ignore-proxy-group-id")
-            ),
-            Rule::IgnoreLoopback => format!("-o lo {} -j RETURN", comment("ignore-loopback")),
-            Rule::RedirectAllOutgoing { to } => format!(
-                "-p tcp {} -j REDIRECT --to-ports {to}",
-                comment("redirect-all-outgoing-to-proxy-port")
-            ),
+            Rule::IgnorePorts(ports) => format!("ignore-port-{}", port_list(ports)),
+            Rule::IgnoreSubnet(s) => format!("ignore-subnet-{}", s.given),
+            Rule::RedirectPort { port, .. } => format!("redirect-port-{port}-to-proxy-port"),
+            Rule::RedirectAllIncoming { .. } => "redirect-all-incoming-to-proxy-port".into(),
+            Rule::IgnoreUid(_) => "ignore-proxy-user-id".into(),
+            Rule::IgnoreGid(_) => "ignore-proxy-group-id".into(),
+            Rule::IgnoreLoopback => "ignore-loopback".into(),
+            Rule::RedirectAllOutgoing { .. } => "redirect-all-outgoing-to-proxy-port".into(),
         }
     }
+
+    /// The rule as `iptables-save` prints it, after `-A <chain> `.
+    pub fn spec(&self) -> String {
+        let c = comment(self.comment());
+        match self {
+            Rule::IgnorePorts(ports) => format!(
+                "-p tcp -m multiport --dports {} {c} -j RETURN",
+                port_list(ports)
+            ),
+            // iptables drops a match-everything source: `-s 0.0.0.0/0`
+            // reads back as no `-s` at all.
+            Rule::IgnoreSubnet(s) if s.prefix == 0 => format!("{c} -j RETURN"),
+            Rule::IgnoreSubnet(s) => format!("-s {}/{} {c} -j RETURN", s.network, s.prefix),
+            Rule::RedirectPort { port, to } => {
+                format!("-p tcp -m tcp --dport {port} {c} -j REDIRECT --to-ports {to}")
+            }
+            Rule::RedirectAllIncoming { to } | Rule::RedirectAllOutgoing { to } => {
+                format!("-p tcp {c} -j REDIRECT --to-ports {to}")
+            }
+            Rule::IgnoreUid(uid) => format!("-m owner --uid-owner {uid} {c} -j RETURN"),
+            Rule::IgnoreGid(gid) => format!("-m owner --gid-owner {gid} {c} -j RETURN"),
+            Rule::IgnoreLoopback => format!("-o lo {c} -j RETURN"),
+        }
+    }
+}
+
+/// Ports as multiport lists them: `a,b:c`.
+fn port_list(ports: &[PortRange]) -> String {
+    ports
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A jump from a built-in chain into one of ours.
@@ -333,6 +336,11 @@ pub struct Jump {
 }
 
 impl Jump {
+    /// The jump's comment, after upstream's `proxy-init/` prefix.
+    pub fn comment(&self) -> &'static str {
+        self.comment
+    }
+
     pub fn spec(&self) -> String {
         format!("{} -j {}", comment(self.comment), self.to)
     }
@@ -638,6 +646,28 @@ mod tests {
             set.redirect[3],
             Rule::RedirectAllIncoming { to: 4143 }
         ));
+    }
+
+    #[test]
+    fn a_zero_prefix_has_no_source_match() {
+        let spec = RedirectSpec {
+            subnets_to_ignore: subnets("0.0.0.0/0,::/0"),
+            ..RedirectSpec::default()
+        };
+        for family in [Family::V4, Family::V6] {
+            let set = RuleSet::build(&spec, family);
+            assert_eq!(
+                set.redirect[1].spec(),
+                format!(
+                    "-m comment --comment \"proxy-init/ignore-subnet-{}\" -j RETURN",
+                    if family == Family::V4 {
+                        "0.0.0.0/0"
+                    } else {
+                        "::/0"
+                    }
+                )
+            );
+        }
     }
 
     #[test]

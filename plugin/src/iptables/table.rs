@@ -67,6 +67,16 @@ impl NatTable {
         t
     }
 
+    /// Declares `chain` (a view of a table read otherwise than from `*-save`).
+    pub fn add_chain(&mut self, chain: &str) {
+        self.chains.push(chain.to_string());
+    }
+
+    /// Appends `spec` to `chain`'s rules.
+    pub fn add_rule(&mut self, chain: &str, spec: String) {
+        self.rules.entry(chain.to_string()).or_default().push(spec);
+    }
+
     pub fn has_chain(&self, chain: &str) -> bool {
         self.chains.iter().any(|c| c == chain)
     }

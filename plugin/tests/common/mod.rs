@@ -136,6 +136,46 @@ pub fn run<K: AsRef<OsStr>, V: AsRef<OsStr>>(vars: &[(K, V)], stdin: &[u8]) -> O
     child.wait_with_output().unwrap()
 }
 
+/// Runs the plugin binary in a private mount namespace after `setup`
+/// (shell, `$1`.. being `args`), with exactly `env` plus a standard PATH
+/// and `conf` on stdin: for a node whose files differ from this machine's.
+pub fn run_in_mount_ns(
+    setup: &str,
+    args: &[&OsStr],
+    env: &[(String, String)],
+    conf: &Value,
+) -> Output {
+    testkit::require_root("runs the plugin in a private mount namespace");
+    let n = args.len() + 1;
+    let mut child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+        .arg(format!("{setup} && exec \"${{{n}}}\""))
+        .arg("sh")
+        .args(args)
+        .arg(BIN)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run unshare (util-linux): this test needs it, and root");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !stderr(&o).contains("unshare failed") && !stderr(&o).contains("mount:"),
+        "cannot set up the private mount namespace (needs root): {}",
+        stderr(&o)
+    );
+    o
+}
+
 /// [`run`] with `conf` on stdin.
 pub fn run_plugin(env: &[(String, String)], conf: &Value) -> Output {
     run(env, conf.to_string().as_bytes())

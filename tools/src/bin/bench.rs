@@ -3,7 +3,7 @@
 //! more than two) so that the machine's slow phases hit all of them.
 //!
 //! ```text
-//! bash scripts/tool.sh bench [--quick]
+//! bash scripts/tool.sh bench [--modes | --add] [--quick] [--baseline PLUGIN_DIR]
 //! ```
 //!
 //! Run as root (throwaway network namespaces, as the conformance tests);
@@ -15,7 +15,12 @@
 //! The sections, in the order printed (`// N ---` below): 1. a meshed ADD
 //! through libcni with and without linkerd-cni; 2. pass-through ADDs vs
 //! Debian's `tuning`; 3. the healthy chain check's cost; 4. heal times;
-//! 5. throughput of concurrent ADDs.
+//! 5. throughput of concurrent ADDs; 7. a meshed ADD's instructions per
+//! process; 8. its wall time run directly; 9. upstream's per-pod command
+//! sequence vs ours; 10. a meshed ADD in nft mode in-process vs the restore
+//! path (then the chain modes, `mode_bench`; 6 is `cri_bench`'s). `--nft` prints 10 only; `--add` prints
+//! 2, 3, 7, 8 and 9 only; `--baseline` adds another build's plugin (e.g.
+//! main's) to 7 and 8, interleaved with this one.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,9 @@ use std::time::{Duration, Instant};
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
 use conformance::{Completed, Node, PodSpec, artifacts};
+use linkerd_cni::config::IptablesMode;
+use linkerd_cni::iptables::Driver;
+use linkerd_cni::iptables::rules::{Family as IptFamily, RedirectSpec, RuleSet};
 use linkerd_cni_tools::mode_bench;
 use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
@@ -86,32 +94,63 @@ fn main() -> ExitCode {
     linkerd_cni_tools::main("bench", story)
 }
 
+/// Which sections a run prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sections {
+    All,
+    /// `--modes`: only the chain modes' side-by-side figures.
+    Modes,
+    /// `--add`: only what one ADD costs (sections 2, 3, 7, 8, 9).
+    Add,
+    /// `--nft`: only nft mode in-process vs the restore path (section 10).
+    Nft,
+}
+
+const USAGE: &str = "usage: bench [--modes | --add | --nft] [--quick] [--baseline PLUGIN_DIR]";
+
 fn story() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let plan = match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
-        [] | ["--modes"] => Plan::full(),
-        ["--quick"] | ["--modes", "--quick"] => Plan::quick(),
-        _ => {
-            eprintln!("usage: bench [--modes] [--quick]");
-            return ExitCode::from(2);
+    let (mut sections, mut quick, mut baseline) = (Sections::All, false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--modes" => sections = Sections::Modes,
+            "--add" => sections = Sections::Add,
+            "--nft" => sections = Sections::Nft,
+            "--quick" => quick = true,
+            // The directory of another build's plugin (e.g. the main
+            // branch's), measured interleaved with this one in 7 and 8.
+            "--baseline" => match it.next() {
+                Some(dir) => baseline = Some(PathBuf::from(dir)),
+                None => {
+                    eprintln!("{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
         }
-    };
-    // `--modes`: only the chain modes' side-by-side figures.
-    let only_modes = args.first().is_some_and(|a| a == "--modes");
+    }
+    let plan = if quick { Plan::quick() } else { Plan::full() };
+    if let Some(dir) = &baseline
+        && !dir.join("linkerd-cni").is_file()
+    {
+        eprintln!("bench: no linkerd-cni in {}", dir.display());
+        return ExitCode::from(2);
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("bench: run me as root: I create network namespaces");
         return ExitCode::from(2);
     }
-    let result = if only_modes {
-        stop::run_story(|| run_modes(&plan))
-    } else {
-        stop::run_story(|| run(&plan))
+    let baseline = baseline.as_deref();
+    let result = match sections {
+        Sections::Modes => stop::run_story(|| run_modes(&plan)),
+        Sections::Add => stop::run_story(|| run_add(&plan, baseline)),
+        Sections::Nft => stop::run_story(|| run_nft(&plan)),
+        Sections::All => stop::run_story(|| run(&plan, baseline)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -144,7 +183,7 @@ fn fail(s: impl Into<String>) -> Stop {
     Stop::failed(s)
 }
 
-fn run(plan: &Plan) -> Result<(), Stop> {
+fn run(plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
     let bins = Binaries::find().map_err(fail)?;
@@ -165,10 +204,44 @@ fn run(plan: &Plan) -> Result<(), Stop> {
     plugin_repair(&bench, plan)?;
     progress("5/5 concurrent ADDs");
     throughput(&bench, plan)?;
+    add_cost(&bench, plan, baseline)?;
+    progress("nft mode: in-process vs the restore path");
+    nft_mode(&bench, plan)?;
     modes(plan)?;
 
     footer(&load_before, started);
     Ok(())
+}
+
+/// Sections 2, 3, 7, 8 and 9 alone (`--add`).
+fn run_add(plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
+    let started = Instant::now();
+    let cpus = pin_two_cpus();
+    let bins = Binaries::find().map_err(fail)?;
+    let load_before = loadavg();
+    print_machine(&cpus, &bins);
+    if let Some(dir) = baseline {
+        println!(
+            "| baseline plugin | {} |",
+            dir.join("linkerd-cni").display()
+        );
+    }
+    let bench = BenchNode::new(&bins)?;
+    progress("2/5 + 3/5 pass-through ADDs and the healthy chain check");
+    pass_through(&bench, plan)?;
+    add_cost(&bench, plan, baseline)?;
+    footer(&load_before, started);
+    Ok(())
+}
+
+/// Sections 7, 8 and 9: where a meshed ADD goes.
+fn add_cost(bench: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
+    progress("7 instructions of a meshed ADD, per process");
+    add_instructions(bench, plan, baseline)?;
+    progress("8 wall time of a direct meshed ADD");
+    add_wall_time(bench, plan, baseline)?;
+    progress("9 upstream's command sequence vs ours");
+    upstream_sequence(bench, plan)
 }
 
 /// The run's last line: the load around it and its length.
@@ -192,13 +265,22 @@ fn modes(plan: &Plan) -> Result<(), Stop> {
 }
 
 fn run_modes(plan: &Plan) -> Result<(), Stop> {
+    standalone(|_| modes(plan))
+}
+
+fn run_nft(plan: &Plan) -> Result<(), Stop> {
+    standalone(|bins| nft_mode(&BenchNode::new(bins)?, plan))
+}
+
+/// One section alone, between the machine's description and the footer.
+fn standalone(section: impl FnOnce(&Binaries) -> Result<(), Stop>) -> Result<(), Stop> {
     let started = Instant::now();
     let cpus = pin_two_cpus();
     let bins = Binaries::find().map_err(fail)?;
     let _ = artifacts::cnidriver();
     let load_before = loadavg();
     print_machine(&cpus, &bins);
-    modes(plan)?;
+    section(&bins)?;
     footer(&load_before, started);
     Ok(())
 }
@@ -255,6 +337,18 @@ impl BenchNode {
     /// One direct ADD of `program` with `conf` (the plugin's entry) as
     /// libcni would run it for `direct_pod` in pod `ns/name`.
     fn invocation(&self, program: &Path, conf: &Value, ns: &str, name: &str) -> Invocation {
+        self.invocation_in(&self.direct_pod, program, conf, ns, name)
+    }
+
+    /// The same, for the pod netns of `pod`.
+    fn invocation_in(
+        &self,
+        pod: &conformance::Pod,
+        program: &Path,
+        conf: &Value,
+        ns: &str,
+        name: &str,
+    ) -> Invocation {
         let mut stdin = conf.clone();
         if let Some(m) = stdin.as_object_mut() {
             m.insert("cniVersion".into(), "1.0.0".into());
@@ -265,14 +359,8 @@ impl BenchNode {
             program: program.to_path_buf(),
             env: vec![
                 ("CNI_COMMAND".into(), "ADD".into()),
-                (
-                    "CNI_CONTAINERID".into(),
-                    self.direct_pod.container_id().into(),
-                ),
-                (
-                    "CNI_NETNS".into(),
-                    self.direct_pod.netns_path().display().to_string(),
-                ),
+                ("CNI_CONTAINERID".into(), pod.container_id().into()),
+                ("CNI_NETNS".into(), pod.netns_path().display().to_string()),
                 ("CNI_IFNAME".into(), "eth0".into()),
                 (
                     "CNI_ARGS".into(),
@@ -429,7 +517,9 @@ fn meshed_add_works(node: &Node) -> Result<(), Stop> {
     let pod = node.pod(PodSpec::kubernetes("bench", "meshed"));
     node.add(WITH, &pod)
         .map_err(|f| fail(format!("ADD failed: {f}")))?;
-    let lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    let lines = pod
+        .nat(testkit::chart::backend(), Family::V4)
+        .linkerd_lines();
     if lines.len() != 9 {
         return Err(fail(format!(
             "the meshed pod did not get linkerd's 9 nat lines: {lines:?}"
@@ -549,12 +639,15 @@ fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
 
     let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     report_pass_through(&names, &samples, rounds);
+    let unmeshed_off = b.invocation(&b.plugin, &heal_off_entry, "bench", "plain");
     callgrind(
         node,
         plan,
         &[
-            ("chain check on", &variants[0].1),
-            ("chain check off", &variants[1].1),
+            ("exempt pod, chain check on", &variants[0].1),
+            ("exempt pod, chain check off", &variants[1].1),
+            ("unmeshed pod (one GET), chain check on", &variants[2].1),
+            ("unmeshed pod, chain check off", &unmeshed_off),
         ],
     )?;
     Ok(())
@@ -644,12 +737,15 @@ fn callgrind(node: &Node, plan: &Plan, variants: &[(&str, &Invocation)]) -> Resu
     for ((name, _), s) in variants.iter().zip(&counts) {
         println!("| {name} | {:.0} |", s.median());
     }
-    if let [on, off] = counts.as_slice() {
+    if let [on, off, unmeshed_on, unmeshed_off] = counts.as_slice() {
+        let check = on.median() - off.median();
+        let unmeshed_check = unmeshed_on.median() - unmeshed_off.median();
         println!();
         println!(
-            "The check costs {:.0} instructions ({:.1}% of the exempt ADD).",
-            on.median() - off.median(),
-            100.0 * (on.median() - off.median()) / on.median()
+            "The check costs {check:.0} instructions ({:.1}% of the exempt ADD); in the \
+             unmeshed ADD {unmeshed_check:.0} ({:.1}% of it).",
+            100.0 * check / on.median(),
+            100.0 * unmeshed_check / unmeshed_on.median()
         );
     }
     Ok(())
@@ -942,6 +1038,200 @@ fn throughput(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     Ok(())
 }
 
+// nft --------------------------------------------------------------------
+
+/// A meshed ADD per iptables mode, each on a fresh pod netns: nft mode
+/// programming nf_tables in-process, against the restore path for the
+/// same nf_tables rules (mode `plain`, where Debian's `iptables` is
+/// iptables-nft: `iptables-nft-save` then `iptables-nft-restore`, what nft
+/// mode ran before), and legacy for reference. Wall time spawn to exit,
+/// rounds rotated; instructions across the process tree (the plugin and
+/// every iptables it runs) under callgrind.
+fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let iptables = std::fs::canonicalize("/usr/sbin/iptables").unwrap_or_default();
+    if !iptables.ends_with("xtables-nft-multi") {
+        return Err(fail(format!(
+            "/usr/sbin/iptables is {}, not iptables-nft: mode plain would not be nft's restore path",
+            iptables.display()
+        )));
+    }
+    let variants = [
+        ("nft, in-process (netlink)", "nft"),
+        (
+            "restore path: `iptables-nft-save` + `iptables-nft-restore` (mode plain)",
+            "plain",
+        ),
+        ("legacy: `iptables-legacy-restore`", "legacy"),
+    ];
+    let entries: Vec<Value> = variants
+        .iter()
+        .map(|(_, mode)| {
+            let mut e = b.entry.clone();
+            e["linkerd"]["iptables-mode"] = (*mode).into();
+            e
+        })
+        .collect();
+    let invocation = |k: usize, ns: &testkit::TestNetns| {
+        let mut inv = b.invocation(&b.plugin, &entries[k], "bench", "meshed");
+        for (key, v) in &mut inv.env {
+            if key == "CNI_NETNS" {
+                *v = ns.path().display().to_string();
+            }
+        }
+        inv
+    };
+    let backend = |k: usize| {
+        if variants[k].1 == "legacy" {
+            Backend::Legacy
+        } else {
+            Backend::Nft
+        }
+    };
+    let n = variants.len();
+    let rounds = plan.direct_rounds / 4;
+    let samples: Vec<Samples> = b.node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for i in 0..rounds + 2 {
+            checkpoint()?;
+            for k in 0..n {
+                let v = (i + k) % n;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
+                if i == 0 {
+                    let lines =
+                        conformance::NatTable::read(&ns, backend(v), Family::V4).linkerd_lines();
+                    if lines.len() != 9 {
+                        return Err(fail(format!(
+                            "{}: not linkerd's 9 nat lines: {lines:?}",
+                            variants[v].0
+                        )));
+                    }
+                }
+                // Two warm-up rounds.
+                if i >= 2 {
+                    s[v].push_duration(d);
+                }
+            }
+        }
+        Ok::<_, Stop>(s)
+    })?;
+    println!();
+    println!("## 10. Meshed ADD: nft mode in-process vs the restore path");
+    println!();
+    println!(
+        "{rounds} rounds, order rotated, a fresh pod netns per ADD. The plugin spawned \
+         directly in the node (GET pod + namespace from the fake API server, then the rules), \
+         timed from spawn to exit."
+    );
+    println!();
+    println!("| iptables-mode | median [p10–p90] | vs nft in-process |");
+    println!("|---|---|---|");
+    for ((name, _), smp) in variants.iter().zip(&samples) {
+        println!(
+            "| {name} | {} | {:.2}× |",
+            smp.summary("ms"),
+            ratio(smp, &samples[0])
+        );
+    }
+    println!();
+    println!(
+        "Per-round difference restore path − in-process: {}.",
+        paired_differences(&samples[1], &samples[0]).summary("ms")
+    );
+
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_arg = format!(
+        "--callgrind-out-file={}",
+        b.node.dir().join("nft.%p.callgrind").display()
+    );
+    let counts: Vec<(Samples, Samples, usize)> = b.node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (k, (name, _)) in variants.iter().enumerate() {
+            let (mut tree, mut plugin) = (Samples::new(), Samples::new());
+            let mut processes = 0;
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
+                let inv = invocation(k, &ns);
+                let cmd = inv.command(&[
+                    &valgrind,
+                    "--tool=callgrind",
+                    "--trace-children=yes",
+                    &out_arg,
+                ]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
+                }
+                // One output file per process (children's valgrind
+                // output goes to the pipes the plugin reads): its command
+                // and its total.
+                let (mut sum, mut own) = (0.0, 0.0);
+                let outputs = callgrind_outputs(b.node.dir());
+                processes = outputs.len();
+                for (cmd, total) in outputs {
+                    sum += total;
+                    if cmd.contains("linkerd-cni") {
+                        own += total;
+                    }
+                }
+                tree.push(sum);
+                plugin.push(own);
+            }
+            all.push((tree, plugin, processes));
+        }
+        Ok::<_, Stop>(all)
+    })?;
+    println!();
+    println!(
+        "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
+        plan.callgrind_runs
+    );
+    println!();
+    println!(
+        "| iptables-mode | processes | whole process tree | the plugin process | vs nft in-process (tree) |"
+    );
+    println!("|---|---|---|---|---|");
+    for ((name, _), (tree, plugin, processes)) in variants.iter().zip(&counts) {
+        println!(
+            "| {name} | {processes} | {:.0} | {:.0} | {:.2}× |",
+            tree.median(),
+            plugin.median(),
+            tree.median() / counts[0].0.median()
+        );
+    }
+    Ok(())
+}
+
+/// The `(cmd, total instructions)` of every `*.callgrind` file in `dir`,
+/// each removed once read.
+fn callgrind_outputs(dir: &Path) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().ends_with(".callgrind") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let _ = std::fs::remove_file(e.path());
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let total = field("totals:")
+            .or_else(|| field("summary:"))
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        out.push((field("cmd:").unwrap_or_default().to_string(), total));
+    }
+    out
+}
+
 // machine ----------------------------------------------------------------
 
 /// Restricts this process (and so every child) to two CPUs of those it may
@@ -1046,4 +1336,396 @@ impl XorShift {
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
+}
+
+// 7, 8, 9 ----------------------------------------------------------------
+
+/// The plugin builds a meshed ADD is measured with: this tree's, and with
+/// `--baseline DIR` the one in DIR (e.g. the main branch's), interleaved.
+fn plugin_variants(b: &BenchNode, baseline: Option<&Path>) -> Vec<(&'static str, PathBuf)> {
+    let mut v = vec![("this build", b.plugin.clone())];
+    if let Some(dir) = baseline {
+        v.push(("baseline", dir.join("linkerd-cni")));
+    }
+    v
+}
+
+/// A fresh pod netns and the direct meshed ADD of `program` into it.
+fn fresh_meshed(b: &BenchNode, program: &Path) -> (conformance::Pod, Invocation) {
+    let pod = b.node.pod(PodSpec::kubernetes("bench", "meshed"));
+    let inv = b.invocation_in(&pod, program, &b.entry, "bench", "meshed");
+    (pod, inv)
+}
+
+/// linkerd's nat lines in `pod`, which must be the 9 of a meshed pod.
+fn meshed_lines(pod: &conformance::Pod, what: &str) -> Result<Vec<String>, Stop> {
+    // The upstream sequence programs legacy tables; the plugin, the
+    // manifest's backend.
+    let mut lines = pod.nat(Backend::Legacy, Family::V4).linkerd_lines();
+    if lines.is_empty() {
+        lines = pod.nat(Backend::Nft, Family::V4).linkerd_lines();
+    }
+    if lines.len() != 9 {
+        return Err(fail(format!(
+            "{what}: the pod did not get linkerd's 9 nat lines: {lines:?}"
+        )));
+    }
+    Ok(lines)
+}
+
+/// 7: instructions of a meshed ADD, per process of the tree the plugin
+/// starts (`valgrind --tool=callgrind --trace-children=yes`).
+fn add_instructions(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let variants = plugin_variants(b, baseline);
+    let dir = b.node.dir().join("callgrind-tree");
+    // Per variant: (process, median instructions), in the order they ran.
+    let mut tables: Vec<Vec<(String, f64)>> = Vec::new();
+    for (name, program) in &variants {
+        let mut runs: Vec<Vec<(String, u64)>> = Vec::new();
+        for _ in 0..plan.callgrind_runs {
+            checkpoint()?;
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
+            let (pod, inv) = fresh_meshed(b, program);
+            let out_arg = format!("--callgrind-out-file={}/cg.%p", dir.display());
+            let cmd = inv.command(&[
+                &valgrind.display().to_string(),
+                "--tool=callgrind",
+                "--trace-children=yes",
+                &out_arg,
+            ]);
+            let out = b.node.enter(|| spawn_with_stdin(cmd, &inv.stdin))?;
+            if !out.status.success() {
+                return Err(fail(format!(
+                    "callgrind of the {name} meshed ADD failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+            meshed_lines(&pod, name)?;
+            runs.push(process_counts(&dir)?);
+            keep_callgrind_files(&dir, name)?;
+        }
+        tables.push(median_parts(&runs));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!();
+    println!("## 7. Where a meshed ADD's instructions go");
+    println!();
+    println!(
+        "A direct meshed ADD (pod + namespace GET, rules into a fresh pod netns, legacy \
+         mode) under `valgrind --tool=callgrind --trace-children=yes`: instructions per \
+         process of the tree, median of {} run(s). Unlike wall time, the count does not \
+         depend on the machine's load.",
+        plan.callgrind_runs
+    );
+    println!();
+    let header: Vec<&str> = variants.iter().map(|(n, _)| *n).collect();
+    println!("| process | {} |", header.join(" | "));
+    println!("|---|{}", "---|".repeat(header.len()));
+    let mut names: Vec<String> = Vec::new();
+    for t in &tables {
+        for (p, _) in t {
+            if !names.contains(p) {
+                names.push(p.clone());
+            }
+        }
+    }
+    // The plugin first, then its children (pid order can wrap).
+    names.sort_by_key(|p| p != "linkerd-cni");
+    let cell = |t: &Vec<(String, f64)>, p: &str| {
+        t.iter()
+            .find(|(q, _)| q == p)
+            .map_or("–".to_string(), |(_, n)| format!("{:.2} M", n / 1e6))
+    };
+    for p in &names {
+        let cells: Vec<String> = tables.iter().map(|t| cell(t, p)).collect();
+        println!("| `{p}` | {} |", cells.join(" | "));
+    }
+    let totals: Vec<f64> = tables
+        .iter()
+        .map(|t| t.iter().map(|(_, n)| n).sum())
+        .collect();
+    println!(
+        "| **whole ADD** | {} |",
+        totals
+            .iter()
+            .map(|n| format!("**{:.2} M**", n / 1e6))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    if let [now, base] = totals.as_slice() {
+        println!();
+        println!("This build / baseline: {:.2}×.", now / base);
+    }
+    Ok(())
+}
+
+/// With `BENCH_CALLGRIND_DIR` set, the run's callgrind files are copied
+/// there (prefixed with the variant), for `callgrind_annotate` (of a build
+/// with symbols: the release profile strips them).
+fn keep_callgrind_files(dir: &Path, variant: &str) -> Result<(), Stop> {
+    let Some(keep) = std::env::var_os("BENCH_CALLGRIND_DIR") else {
+        return Ok(());
+    };
+    let keep = PathBuf::from(keep);
+    let copy = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&keep)?;
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = format!(
+                "{}.{}",
+                variant.replace(' ', "-"),
+                e.file_name().to_string_lossy()
+            );
+            std::fs::copy(e.path(), keep.join(name))?;
+        }
+        Ok(())
+    };
+    copy().map_err(|e| {
+        fail(format!(
+            "cannot keep the callgrind files in {}: {e}",
+            keep.display()
+        ))
+    })
+}
+
+/// (program, instructions) of each callgrind output file in `dir`, one per
+/// process, in pid order.
+fn process_counts(dir: &Path) -> Result<Vec<(String, u64)>, Stop> {
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| fail(e.to_string()))?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.strip_prefix("cg.")?.parse().ok()?;
+            Some((pid, e.path()))
+        })
+        .collect();
+    files.sort();
+    let mut counts = Vec::new();
+    for (_, path) in files {
+        let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key));
+        let program = field("cmd: ")
+            .and_then(|c| c.split_whitespace().next())
+            .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+            .ok_or_else(|| fail(format!("{}: no cmd line", path.display())))?;
+        let n = field("summary: ")
+            .or_else(|| field("totals: "))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| fail(format!("{}: no instruction total", path.display())))?;
+        counts.push((program, n));
+    }
+    Ok(counts)
+}
+
+/// Per process name (summed over processes of one name), the median over
+/// runs.
+fn median_parts(runs: &[Vec<(String, u64)>]) -> Vec<(String, f64)> {
+    let mut names: Vec<String> = Vec::new();
+    for r in runs {
+        for (p, _) in r {
+            if !names.contains(p) {
+                names.push(p.clone());
+            }
+        }
+    }
+    names
+        .into_iter()
+        .map(|p| {
+            let mut s = Samples::new();
+            for r in runs {
+                s.push(
+                    r.iter()
+                        .filter(|(q, _)| *q == p)
+                        .map(|(_, n)| *n as f64)
+                        .sum(),
+                );
+            }
+            (p, s.median())
+        })
+        .collect()
+}
+
+/// 8: wall time of a direct meshed ADD, this build vs the baseline,
+/// interleaved.
+fn add_wall_time(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
+    let variants = plugin_variants(b, baseline);
+    let n = variants.len();
+    let mut samples = vec![Samples::new(); n];
+    let warmup = 1;
+    for i in 0..plan.direct_rounds / 2 + warmup {
+        checkpoint()?;
+        for k in 0..n {
+            let v = (i + k) % n;
+            let (name, program) = &variants[v];
+            let (pod, inv) = fresh_meshed(b, program);
+            let (d, _) = b.node.enter(|| inv.run_ok(name))?;
+            meshed_lines(&pod, name)?;
+            if i >= warmup {
+                samples[v].push_duration(d);
+            }
+        }
+    }
+    println!();
+    println!("## 8. Meshed ADD, run directly");
+    println!();
+    println!(
+        "{} rounds, order alternated: a direct meshed ADD (spawn to exit; pod + namespace \
+         GET over TLS, the rules into a fresh pod netns, legacy mode).",
+        samples[0].len()
+    );
+    println!();
+    println!("| plugin | median [p10–p90] |");
+    println!("|---|---|");
+    for ((name, _), s) in variants.iter().zip(&samples) {
+        println!("| {name} | {} |", s.summary("ms"));
+    }
+    if let [now, base] = samples.as_slice() {
+        println!();
+        println!(
+            "This build / baseline: **{:.2}×**; per-pair difference {}.",
+            ratio(now, base),
+            paired_differences(now, base).summary("ms")
+        );
+    }
+    Ok(())
+}
+
+/// Upstream's command sequence for `set` in the netns at `netns`, as its
+/// proxy-init package runs it in CNI mode: `*-save`, one `iptables` per
+/// chain and rule, `*-save` again, each through `nsenter`.
+fn upstream_commands(set: &RuleSet, netns: &Path) -> Vec<Command> {
+    let mut argvs: Vec<Vec<String>> = vec![vec![
+        "iptables-legacy-save".into(),
+        "-t".into(),
+        "nat".into(),
+    ]];
+    let ipt = |args: &[&str], spec: &str| {
+        let mut v: Vec<String> = ["iptables-legacy", "-t", "nat"]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect();
+        // Comments have no spaces: the spec splits like a shell would.
+        v.extend(
+            spec.split_whitespace()
+                .map(|w| w.trim_matches('"').to_string()),
+        );
+        v
+    };
+    for ((chain, specs), jump) in set.chains().iter().zip(set.jumps()) {
+        argvs.push(ipt(&["-N", *chain], ""));
+        for spec in specs {
+            argvs.push(ipt(&["-A", *chain], spec));
+        }
+        argvs.push(ipt(&["-A", jump.from], &jump.spec()));
+    }
+    argvs.push(argvs[0].clone());
+    argvs
+        .into_iter()
+        .map(|argv| {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", netns.display()))
+                .arg("--")
+                .args(argv)
+                .env("PATH", child_path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c
+        })
+        .collect()
+}
+
+/// 9: upstream's per-pod command sequence vs ours, same rules, same run.
+fn upstream_sequence(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let set = RuleSet::build(&RedirectSpec::default(), IptFamily::V4);
+    let driver = Driver::new(IptablesMode::Legacy, false);
+    // What each variant leaves must be what the plugin's ADD leaves.
+    let (pod, inv) = fresh_meshed(b, &b.plugin);
+    b.node.enter(|| inv.run_ok("meshed ADD"))?;
+    let want = meshed_lines(&pod, "the plugin")?;
+    drop(pod);
+
+    let names = [
+        "ours: `*-save` + one `*-restore` in the pod netns (the plugin's code, in-process)",
+        "upstream: 11 `nsenter` processes, one iptables command each",
+        "our whole meshed ADD (process, API calls, rules)",
+    ];
+    let mut samples = vec![Samples::new(); names.len()];
+    let warmup = 1;
+    for i in 0..plan.direct_rounds / 2 + warmup {
+        checkpoint()?;
+        for k in 0..names.len() {
+            let v = (i + k) % names.len();
+            let pod = b.node.pod(PodSpec::kubernetes("bench", "meshed"));
+            let d = match v {
+                0 => {
+                    let t0 = Instant::now();
+                    driver
+                        .apply(pod.netns_path(), std::slice::from_ref(&set))
+                        .map_err(|e| fail(format!("{}: {e}", names[v])))?;
+                    t0.elapsed()
+                }
+                1 => {
+                    let mut cmds = upstream_commands(&set, pod.netns_path());
+                    let t0 = Instant::now();
+                    for c in &mut cmds {
+                        let out = c.output().map_err(|e| fail(format!("nsenter: {e}")))?;
+                        if !out.status.success() {
+                            return Err(fail(format!(
+                                "{:?}: {}",
+                                c.get_args().collect::<Vec<_>>(),
+                                String::from_utf8_lossy(&out.stderr)
+                            )));
+                        }
+                    }
+                    t0.elapsed()
+                }
+                _ => {
+                    let inv = b.invocation_in(&pod, &b.plugin, &b.entry, "bench", "meshed");
+                    b.node.enter(|| inv.run_ok(names[v]))?.0
+                }
+            };
+            let got = meshed_lines(&pod, names[v])?;
+            if got != want {
+                return Err(fail(format!(
+                    "{}: other rules than the plugin's: {got:?} vs {want:?}",
+                    names[v]
+                )));
+            }
+            if i >= warmup {
+                samples[v].push_duration(d);
+            }
+        }
+    }
+    println!();
+    println!("## 9. Upstream's per-pod command sequence vs ours");
+    println!();
+    println!(
+        "{} rounds, order rotated, each on a fresh pod netns; all three leave the same 9 \
+         nat lines (checked after every run). Upstream's linkerd-cni runs proxy-init's \
+         sequence: `iptables-legacy-save -t nat`, one `iptables-legacy -t nat -N/-A` per \
+         chain and rule, `iptables-legacy-save -t nat` again, each as `nsenter --net=NETNS \
+         -- ...`.",
+        samples[0].len()
+    );
+    println!();
+    println!("| variant | median [p10–p90] |");
+    println!("|---|---|");
+    for (name, s) in names.iter().zip(&samples) {
+        println!("| {name} | {} |", s.summary("ms"));
+    }
+    println!();
+    println!(
+        "Upstream's sequence / our netns work: **{:.1}×**; / our whole ADD: **{:.1}×**.",
+        ratio(&samples[1], &samples[0]),
+        ratio(&samples[1], &samples[2])
+    );
+    Ok(())
 }

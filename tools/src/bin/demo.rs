@@ -15,7 +15,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use conformance::iptables::{Backend, Family, NatTable};
+use conformance::iptables::{Family, NatTable};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts};
 use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions, InstallerPod};
 use linkerd_cni_tools::stop::{self, Stop, checkpoint};
@@ -243,9 +243,13 @@ fn step3_two_pods(
         pod_ip(&done),
         before.since(api)
     ));
-    o.say("Its nat table (the chart's default iptables-mode is legacy):");
+    let save = testkit::chart::backend().save_tool(Family::V4);
+    o.say(&format!(
+        "Its nat table (iptables-mode {}, the linkerd2-cni chart's default, as in deploy/):",
+        testkit::chart::backend().mode()
+    ));
     o.cmd(&format!(
-        "ip netns exec {} iptables-legacy-save -t nat",
+        "ip netns exec {} {save} -t nat",
         web.netns().name()
     ));
     show_nat(o, &web, n);
@@ -266,7 +270,7 @@ fn step3_two_pods(
         before.since(api)
     ));
     o.cmd(&format!(
-        "ip netns exec {} iptables-legacy-save -t nat",
+        "ip netns exec {} {save} -t nat",
         batch.netns().name()
     ));
     show_nat(o, &batch, n);
@@ -373,10 +377,10 @@ fn start_as(
 fn kubeconfig_subject(node: &Node, own: &str) -> String {
     let text = std::fs::read_to_string(node.conf_dir().join("ZZZ-linkerd-cni-kubeconfig"))
         .unwrap_or_default();
-    let token = text
-        .lines()
-        .find_map(|l| l.strip_prefix("    token: "))
-        .and_then(|t| serde_json::from_str::<String>(t).ok())
+    // The installer writes the kubeconfig as JSON.
+    let token = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|d| d["users"][0]["user"]["token"].as_str().map(str::to_string))
         .unwrap_or_default();
     if token == own {
         return "the installer pod's own token".into();
@@ -699,7 +703,7 @@ fn show_status(o: &Out, node: &Node, bins: &Binaries, n: &Names) {
 }
 
 fn show_nat(o: &Out, pod: &Pod, n: &Names) {
-    let t = NatTable::read(pod.netns(), Backend::Legacy, Family::V4);
+    let t = NatTable::read(pod.netns(), testkit::chart::backend(), Family::V4);
     let text: Vec<&str> = t.text.lines().filter(|l| !l.starts_with('#')).collect();
     o.out(&text.join("\n"), n);
 }
@@ -708,7 +712,7 @@ fn show_nat(o: &Out, pod: &Pod, n: &Names) {
 /// defaults, as upstream linkerd2-proxy-init's iptables package writes them.
 fn expect_reference_rules(o: &Out, pod: &Pod) -> Result<(), Stop> {
     let mut got = pod
-        .nat(Backend::Legacy, Family::V4)
+        .nat(testkit::chart::backend(), Family::V4)
         .linkerd_lines()
         .join("\n");
     got.push('\n');

@@ -22,61 +22,18 @@
 use std::fs::{self, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::plan;
-use super::scan::{self, Kind, LinkRule, Listing};
-use super::write::{self, Intent, parent};
-use super::{ChainError, ChainState, Entry, diagnose_listing, lock};
-
-/// Bounds and conditions for one repair.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RepairOptions {
-    /// The most to wait for the conf-dir lock.
-    pub lock_timeout: Duration,
-    /// The whole repair ends by then (it never leaves a half-done change).
-    pub deadline: Option<Instant>,
-    /// Repair only while this file exists, checked under the lock. The
-    /// plugin passes its kubeconfig: uninstall removes the kubeconfig and
-    /// then sweeps the entries once more under the lock, so an ADD already
-    /// in flight cannot chain the node again to a binary about to be removed.
-    pub requires: Option<PathBuf>,
-    /// Where the host's `/` is in this process: absolute symlink targets in
-    /// the conf dir are resolved under it. `/` for the plugin; the host
-    /// mount (`CONTAINER_MOUNT_PREFIX`) for the installer, whose own `/` is
-    /// the container's.
-    pub host_root: PathBuf,
-    /// Whether to write through a symlinked config to a file outside the
-    /// conf dir. Off by default: such a file is outside the conf dir's
-    /// lock and belongs to whoever made the link, so the repair is refused
-    /// with the reason in the diagnosis.
-    pub write_outside_conf_dir: bool,
-}
-
-impl Default for RepairOptions {
-    fn default() -> Self {
-        RepairOptions {
-            lock_timeout: Duration::from_secs(2),
-            deadline: None,
-            requires: None,
-            host_root: PathBuf::from("/"),
-            write_outside_conf_dir: false,
-        }
-    }
-}
-
-impl RepairOptions {
-    pub(crate) fn link_rule(&self) -> LinkRule<'_> {
-        LinkRule {
-            host_root: &self.host_root,
-            outside: self.write_outside_conf_dir,
-        }
-    }
-}
+use super::diagnose_listing;
+use crate::names::Kind;
+use crate::recover::{read_in, recover};
+use crate::scan::{self, Listing};
+use crate::write::{self, Intent, parent};
+use crate::{ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
 
 /// What a repair did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RepairReport {
+pub(crate) struct RepairReport {
     /// The config file written (`None`: no config was written).
     pub file: Option<PathBuf>,
     /// Whether a config file's content changed.
@@ -85,6 +42,12 @@ pub struct RepairReport {
     pub before: ChainState,
     /// One line for logs: what changed and why.
     pub summary: String,
+    /// The file whose absence withheld the repair ([`RepairOptions::requires`]).
+    pub withheld: Option<PathBuf>,
+    /// Leftover temp files of a killed write removed.
+    pub leftovers: usize,
+    /// What recovery put back, one note each.
+    pub restored: Vec<String>,
 }
 
 /// Re-diagnoses after someone else's write this many times at most.
@@ -114,7 +77,8 @@ fn file_name(p: &Path) -> String {
 /// Repairs the active config under the conf-dir lock. Never writes when
 /// nothing would change, never writes a linkerd-only config, never touches
 /// an active file it cannot parse. Leftover temp files are removed.
-pub fn repair(
+#[cfg(test)]
+pub(crate) fn repair(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,
@@ -126,7 +90,7 @@ pub fn repair(
 /// the caller records about the repair (the plugin's fight history) is
 /// read and written in the same critical section as the repair itself: a
 /// record made after the lock is released races with the next repair's.
-pub fn repair_locked(
+pub(crate) fn repair_locked(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,
@@ -143,51 +107,26 @@ fn repair_under(
     if let Some(req) = &opts.requires
         && !req.exists()
     {
-        let (diag, _) = diagnose_listing(&scan::list(conf_dir, opts.link_rule())?, desired);
-        return Ok(RepairReport {
-            file: None,
-            changed: false,
-            before: diag.state,
-            summary: format!(
-                "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-                req.display()
-            ),
-        });
+        let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts.link_rule())?, desired);
+        let summary = format!(
+            "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
+            req.display()
+        );
+        let mut r = Recovered::default().report(None, diag.state, summary);
+        r.withheld = Some(req.clone());
+        return Ok(r);
     }
+    let mut done = Recovered::default();
     let mut before = None;
-    let mut notes = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
-        let mut listing = scan::list(conf_dir, opts.link_rule())?;
-        let recovery = recover(conf_dir, &listing, &opts.host_root)?;
-        if recovery.removed > 0 {
-            notes.push(format!(
-                "removed {} leftover temp file(s)",
-                recovery.removed
-            ));
-        }
-        if !recovery.restored.is_empty() {
-            // Files came back: look again before deciding anything.
-            notes.extend(recovery.restored);
-            listing = scan::list(conf_dir, opts.link_rule())?;
-        }
+        let listing = recovered_listing(conf_dir, opts, &mut done)?;
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
         let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
         else {
-            let mut summary = match &diag.active {
-                Some(a) => format!("{}: {}; nothing written", a.display(), diag.state),
-                None => format!("{}: {}; nothing written", conf_dir.display(), diag.state),
-            };
-            for n in &notes {
-                summary.push_str("; ");
-                summary.push_str(n);
-            }
-            return Ok(RepairReport {
-                file: None,
-                changed: false,
-                before,
-                summary,
-            });
+            let at = diag.active.as_deref().unwrap_or(conf_dir);
+            let summary = format!("{}: {}; nothing written", at.display(), diag.state);
+            return Ok(done.report(None, before, summary));
         };
         if past(opts.deadline) {
             return Err(ChainError::Deadline {
@@ -195,37 +134,80 @@ fn repair_under(
             });
         }
         let (outcome, file, how) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
-        match outcome {
-            Replacement::Superseded => {
-                notes.push(format!(
-                    "{} changed while being repaired; looked again",
-                    file_name(active)
-                ));
-                continue;
-            }
-            Replacement::Written => {
-                let mut summary = format!(
-                    "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
-                    file.display(),
-                    diag.state
-                );
-                for n in &notes {
-                    summary.push_str("; ");
-                    summary.push_str(n);
-                }
-                return Ok(RepairReport {
-                    file: Some(file),
-                    changed: true,
-                    before,
-                    summary,
-                });
-            }
+        if let Replacement::Superseded = outcome {
+            done.notes.push(format!(
+                "{} changed while being repaired; looked again",
+                file_name(active)
+            ));
+            continue;
         }
+        let summary = format!(
+            "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
+            file.display(),
+            diag.state
+        );
+        return Ok(done.report(Some(file), before, summary));
     }
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
         attempts: MAX_ATTEMPTS,
     })
+}
+
+/// What one repair's recovery did, and its notes for the summary.
+#[derive(Default)]
+struct Recovered {
+    leftovers: usize,
+    restored: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Recovered {
+    fn report(
+        self,
+        file: Option<PathBuf>,
+        before: ChainState,
+        mut summary: String,
+    ) -> RepairReport {
+        for n in &self.notes {
+            summary.push_str("; ");
+            summary.push_str(n);
+        }
+        RepairReport {
+            changed: file.is_some(),
+            file,
+            before,
+            summary,
+            withheld: None,
+            leftovers: self.leftovers,
+            restored: self.restored,
+        }
+    }
+}
+
+/// The listing after recovery (leftovers removed, displaced content put
+/// back, both recorded in `done`).
+fn recovered_listing(
+    conf_dir: &Path,
+    opts: &RepairOptions,
+    done: &mut Recovered,
+) -> Result<Listing, ChainError> {
+    let listing = owned::list(conf_dir, opts.link_rule())?;
+    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+    if recovery.removed > 0 {
+        done.leftovers += recovery.removed;
+        done.notes.push(format!(
+            "removed {} leftover temp file(s)",
+            recovery.removed
+        ));
+    }
+    if recovery.restored.is_empty() {
+        return Ok(listing);
+    }
+    // Files came back: look again before deciding anything.
+    done.restored.extend(recovery.restored.iter().cloned());
+    done.notes.extend(recovery.restored);
+    owned::list(conf_dir, opts.link_rule())
 }
 
 /// Writes the repair of `active` from `base`: a list in place, a single
@@ -261,14 +243,17 @@ fn write_repair(
 /// once converted from a `.conf` stays a `.conflist`. A file that would be
 /// left with no plugin, or a single-plugin file of ours, is left alone and
 /// logged: it is not a primary's config.
-pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
+pub(crate) fn remove_entries(
+    conf_dir: &Path,
+    opts: &RepairOptions,
+) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let mut listing = scan::list(conf_dir, opts.link_rule())?;
+    let mut listing = owned::list(conf_dir, opts.link_rule())?;
     if !recover(conf_dir, &listing, &opts.host_root)?
         .restored
         .is_empty()
     {
-        listing = scan::list(conf_dir, opts.link_rule())?;
+        listing = owned::list(conf_dir, opts.link_rule())?;
     }
     let mut rewritten = Vec::new();
     for path in &listing.configs {
@@ -312,186 +297,6 @@ pub fn remove_entries(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathB
         }
     }
     Ok(rewritten)
-}
-
-/// What [`recover`] did.
-#[derive(Debug, Default)]
-pub(crate) struct Recovery {
-    /// Temp files removed: our unfinished writes, and displaced content
-    /// already superseded.
-    pub removed: usize,
-    /// What was put back, one note each.
-    pub restored: Vec<String>,
-}
-
-/// Deals with the temp files a killed repair left, before anything else is
-/// decided: our own unfinished writes are removed, and content that is not
-/// ours (a primary's write displaced by an exchange, a single-plugin config
-/// retired by a conversion) is put back when nothing newer has replaced it
-/// since, and only removed once something has. The lock guarantees that no
-/// live repair owns any of them. `listing.leftovers` is every place a temp
-/// file can be.
-pub(crate) fn recover(
-    conf_dir: &Path,
-    listing: &Listing,
-    host_root: &Path,
-) -> Result<Recovery, ChainError> {
-    let mut done = Recovery::default();
-    let mut touched = vec![conf_dir.to_path_buf()];
-    for p in &listing.leftovers {
-        let name = p.file_name().unwrap_or_default();
-        let restored = match Intent::of(name) {
-            None => None,
-            Some(Intent::Swap {
-                back,
-                target,
-                expected,
-                put,
-            }) => recover_swap(p, back, target, expected, put)?,
-            Some(Intent::Grave {
-                json,
-                list,
-                base,
-                content,
-            }) => recover_grave(p, host_root, json, list, base, content)?,
-        };
-        match restored {
-            Some(note) => {
-                log::warn!("{note}");
-                done.restored.push(note);
-            }
-            None => match fs::remove_file(p) {
-                Ok(()) => done.removed += 1,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
-            },
-        }
-        let dir = parent(p).to_path_buf();
-        if !touched.contains(&dir) {
-            touched.push(dir);
-        }
-    }
-    if done.removed > 0 || !done.restored.is_empty() {
-        for dir in &touched {
-            write::fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))?;
-        }
-    }
-    Ok(done)
-}
-
-/// The digest of a file's content (`None`: unreadable or absent).
-fn content_digest(path: &Path) -> Option<u64> {
-    scan::read_file(path).ok().map(|b| write::digest(&b))
-}
-
-/// The file in `dir` whose name has digest `name` (not a temp file).
-fn named(dir: &Path, name: u64) -> Option<PathBuf> {
-    fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-        let n = e.file_name();
-        (!write::is_temp_name(&n) && write::digest(n.as_encoded_bytes()) == name).then(|| e.path())
-    })
-}
-
-/// A temp file left around an exchange with `target`: `Some(note)` when it
-/// held someone else's content, which is now back in place (or, rarely,
-/// kept for the next pass); `None` when it is to be removed.
-fn recover_swap(
-    p: &Path,
-    back: bool,
-    target: u64,
-    expected: u64,
-    put: Option<u64>,
-) -> Result<Option<String>, ChainError> {
-    let held = content_digest(p);
-    // Which content the temp file holds, and which content must be in
-    // place for it to be the newest there is.
-    let must_be_in_place = if held == put {
-        // The exchange did not happen: it holds what we were putting in.
-        if !back {
-            return Ok(None); // our own unfinished write
-        }
-        Some(expected)
-    } else if held == Some(expected) {
-        // The exchange happened and it holds exactly what we meant to
-        // replace: superseded by what we put in.
-        return Ok(None);
-    } else {
-        // The exchange happened and it holds what someone wrote in the
-        // instant before.
-        put
-    };
-    let dir = parent(p);
-    let Some(real) = named(dir, target) else {
-        log::warn!(
-            "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
-            p.display()
-        );
-        return Ok(None);
-    };
-    let now = content_digest(&real);
-    if now != must_be_in_place {
-        log::warn!(
-            "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
-            p.display(),
-            real.display()
-        );
-        return Ok(None);
-    }
-    // Put it back, the very inode, and see what comes out.
-    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
-    if content_digest(p) == now {
-        let _ = fs::remove_file(p);
-        return Ok(Some(format!(
-            "put back {}'s content that an interrupted repair had displaced",
-            real.display()
-        )));
-    }
-    // Rewritten in the meantime: theirs is the newest, ours to keep for now.
-    write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
-    Ok(Some(format!(
-        "{} changed while a displaced version of it was being put back; kept {} for the next pass",
-        real.display(),
-        p.display()
-    )))
-}
-
-/// A single-plugin config retired by an interrupted conversion: `Some(note)`
-/// when it was rewritten by its owner before being retired and is now back
-/// (as the live conversion does); `None` when it is to be removed.
-fn recover_grave(
-    p: &Path,
-    host_root: &Path,
-    json: bool,
-    list: u64,
-    base: u64,
-    content: u64,
-) -> Result<Option<String>, ChainError> {
-    if read_in(host_root, p).ok().map(|b| write::digest(&b)) == Some(base) {
-        // What the conversion was computed from: the list holds it.
-        return Ok(None);
-    }
-    let Some(list) = named(parent(p), list) else {
-        log::warn!(
-            "{} holds a config retired by an interrupted conversion, whose list is gone since: removed",
-            p.display()
-        );
-        return Ok(None);
-    };
-    let original = list.with_extension(if json { "json" } else { "conf" });
-    match write::rename_noreplace(p, &original) {
-        Ok(()) => {}
-        // An even newer one is there already.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
-        Err(e) => return Err(ChainError::io("restore", &original, e)),
-    }
-    // The list built from the older content is ours to take back.
-    if content_digest(&list) == Some(content) {
-        let _ = fs::remove_file(&list);
-    }
-    Ok(Some(format!(
-        "put back {}, rewritten by its owner while an interrupted repair was converting it",
-        original.display()
-    )))
 }
 
 /// What to put at the target next.
@@ -725,15 +530,6 @@ fn writable(listing: &Listing, path: &Path) -> Result<PathBuf, ChainError> {
         return Err(refused(why));
     }
     listing.real(path).map_err(refused)
-}
-
-/// Reads `path`, resolving it under `host_root` when it is a symlink.
-fn read_in(host_root: &Path, path: &Path) -> io::Result<Vec<u8>> {
-    if fs::symlink_metadata(path)?.file_type().is_symlink() {
-        scan::read_file(&scan::resolve_in(host_root, path)?)
-    } else {
-        scan::read_file(path)
-    }
 }
 
 /// Turns the single-plugin `active` into a `.conflist` of the same base

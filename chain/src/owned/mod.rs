@@ -15,15 +15,14 @@
 //!   before the primary's name would itself be the primary;
 //! - recognising our files by the marker in our entry ([`MARKER_KEY`]: the
 //!   primary's file name and the SHA-256 of its chain as copied), never by
-//!   name alone: a file that merely looks like ours is a config like any
-//!   other;
+//!   name alone, and only when the marker verifies ([`mod@marker`]);
 //! - the copy ([`copy_of`]): the primary's chain (`name`, `cniVersion`,
 //!   plugins, unknown fields, byte for byte where the inline repair keeps
 //!   them) minus any linkerd-cni entry, our entry last; a single-plugin
 //!   `.conf` primary gives a conflist copy;
-//! - keeping it in sync ([`sync`]), under the conf-dir lock, written in the
+//! - keeping it in sync (`sync`, sequenced by [`crate::keep`]), under the conf-dir lock, written in the
 //!   conf dir (temp file + rename), only when its content changes; removing
-//!   our files whose primary is gone, at once ([`retire`]);
+//!   our files whose primary is gone, at once;
 //! - telling an ADD that ran a stale copy ([`OwnedDiagnosis::stale`]): the
 //!   runtime hands the plugin its entry as loaded, marker included;
 //! - when owned mode does not apply and inline repair takes over
@@ -32,20 +31,28 @@
 //!   primary holding nothing but linkerd-cni, and another agent that renames
 //!   our file away (Cilium with `cni.exclusive=true`).
 //!
-//! The primary's file is only read, except once when switching from inline
-//! mode: our old entry is taken out of it after our file is in place.
+//! The primary's file is only read here. Switching from inline mode, the
+//! keeper ([`crate::keep`]) takes our old entry out of it once our file is
+//! in place.
 
-use std::ffi::{OsStr, OsString};
+mod marker;
+
 use std::fmt;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use super::scan::{self, Kind, Listing};
-use super::{ChainError, Entry, RepairOptions, lock, plan, repair, sha256, write};
+use crate::names::{Kind, owned_name};
+use crate::recover::recover;
+use crate::scan::{self, Listing};
+use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, lock, plan, sha256, write};
+
+pub use crate::names::{OWNED_SUFFIX, owned_name as name_for};
+pub use marker::Marker;
+pub(crate) use marker::list;
 
 /// The entry key that selects the chain mode: `"inline"` (the default when
 /// absent) or `"owned"`.
@@ -54,9 +61,6 @@ pub const MODE_KEY: &str = "chain_mode";
 /// The key of our entry in an owned file: `{"file": <the primary's file
 /// name>, "sha256": <digest of the primary's chain as copied>}`.
 pub const MARKER_KEY: &str = "owned_copy_of";
-
-/// Our file is the primary's stem followed by this.
-pub const OWNED_SUFFIX: &str = "-linkerd-cni.conflist";
 
 /// How linkerd-cni keeps itself in the runtime's active config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,86 +111,6 @@ pub fn mode_of(entry: &Entry) -> Result<ChainMode, ChainError> {
             },
         }),
     }
-}
-
-/// What the marker of an owned file's entry records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Marker {
-    /// The primary's file name (no directory).
-    pub file: String,
-    /// SHA-256 of the primary's chain as copied (see [`chain_digest`]).
-    pub sha256: String,
-}
-
-impl Marker {
-    /// The marker of an entry (as in our file, or on the plugin's stdin).
-    pub fn of(entry: &Map<String, Value>) -> Option<Marker> {
-        let m = entry.get(MARKER_KEY)?.as_object()?;
-        Some(Marker {
-            file: m.get("file")?.as_str()?.to_string(),
-            sha256: m.get("sha256")?.as_str()?.to_string(),
-        })
-    }
-
-    fn to_value(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("file".into(), Value::String(self.file.clone()));
-        m.insert("sha256".into(), Value::String(self.sha256.clone()));
-        Value::Object(m)
-    }
-}
-
-/// Our file's name for a primary named `primary`: its stem (up to its last
-/// `.`) followed by [`OWNED_SUFFIX`].
-pub fn owned_name(primary: &OsStr) -> OsString {
-    let b = primary.as_bytes();
-    let stem = match b.iter().rposition(|&c| c == b'.') {
-        Some(i) => b.get(..i).unwrap_or_default(),
-        None => b,
-    };
-    let mut name = stem.to_vec();
-    name.extend_from_slice(OWNED_SUFFIX.as_bytes());
-    OsString::from_vec(name)
-}
-
-/// Whether a config name has the shape of ours (to be confirmed by the
-/// marker inside).
-pub(crate) fn is_owned_name(name: &OsStr) -> bool {
-    name.as_bytes().ends_with(OWNED_SUFFIX.as_bytes())
-}
-
-/// Whether a name that is no config looks like one of our files renamed by
-/// appending something (`…-linkerd-cni.conflist.cilium_bak`).
-pub(crate) fn is_renamed_owned_name(name: &OsStr) -> bool {
-    let b = name.as_bytes();
-    let s = OWNED_SUFFIX.as_bytes();
-    b.windows(s.len())
-        .position(|w| w == s)
-        .is_some_and(|i| b.len() > i + s.len())
-}
-
-/// Whether `path` is one of our owned files: a conflist holding one of our
-/// entries with a marker.
-pub(crate) fn is_owned_file(path: &Path) -> bool {
-    let Ok(bytes) = scan::read_file(path) else {
-        return false;
-    };
-    marker_in(&bytes).is_some()
-}
-
-fn marker_in(bytes: &[u8]) -> Option<Marker> {
-    if !bytes
-        .windows(MARKER_KEY.len())
-        .any(|w| w == MARKER_KEY.as_bytes())
-    {
-        return None;
-    }
-    let top = plan::parse(Kind::List, bytes).ok()?;
-    top.get("plugins")?
-        .as_array()?
-        .iter()
-        .filter(|p| plan::is_ours(p))
-        .find_map(|p| p.as_object().and_then(Marker::of))
 }
 
 /// Plugin types that delegate to other networks: never shadowed.
@@ -240,9 +164,19 @@ pub enum NotTaken {
 /// switch) does not change it.
 fn primary_chain(kind: Kind, bytes: &[u8]) -> Vec<u8> {
     match kind {
-        Kind::List => plan::without_entries(bytes).unwrap_or_else(|| bytes.to_vec()),
-        Kind::Single => bytes.to_vec(),
+        Kind::List if mentions_us(bytes) => {
+            plan::without_entries(bytes).unwrap_or_else(|| bytes.to_vec())
+        }
+        _ => bytes.to_vec(),
     }
+}
+
+/// Whether `bytes` name linkerd-cni at all: a file that does not holds no
+/// entry of ours, and is not parsed to find one.
+fn mentions_us(bytes: &[u8]) -> bool {
+    bytes
+        .windows(PLUGIN_TYPE.len())
+        .any(|w| w == PLUGIN_TYPE.as_bytes())
 }
 
 /// The digest recorded in the marker for a primary holding `bytes`.
@@ -264,23 +198,26 @@ pub fn copy_of(
     }
     let chain = primary_chain(kind, bytes);
     let marker = Marker {
-        file: primary
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        file: file_name(primary),
         sha256: sha256::hex(&chain),
     };
     let mut entry = desired.as_map().clone();
     entry.insert(MARKER_KEY.into(), marker.to_value());
     match plan::analyze(kind, &chain, &entry).state {
-        super::ChainState::NoPrimaryPlugin => return Err(NotTaken::NoPrimaryPlugin),
-        super::ChainState::Invalid { reason } => return Err(NotTaken::Invalid(reason)),
+        ChainState::NoPrimaryPlugin => return Err(NotTaken::NoPrimaryPlugin),
+        ChainState::Invalid { reason } => return Err(NotTaken::Invalid(reason)),
         _ => {}
     }
     match plan::repaired(kind, &chain, &entry) {
         Some(content) => Ok((content, marker)),
         None => Err(NotTaken::Invalid("cannot be copied".into())),
     }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Owned mode's view of the conf dir.
@@ -365,10 +302,7 @@ impl OwnedDiagnosis {
         let Some(primary) = &self.primary else {
             return Some(format!("the primary's config {} is gone", ran.file));
         };
-        let name = primary
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = file_name(primary);
         if name != ran.file {
             return Some(format!(
                 "the primary's config is now {name}, the chain that ran was copied from {}",
@@ -417,23 +351,18 @@ impl fmt::Display for OwnedDiagnosis {
 }
 
 /// Diagnosis from a listing (the plugin's ADD and [`sync`] share one).
+///
+/// The healthy path parses only our file (read once, by the listing's
+/// classification): the primary's chain is compared with our copy through
+/// the marker's digest, and our entry with the desired one. The copy is
+/// rebuilt only when it must be written.
 pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagnosis {
     let mut d = OwnedDiagnosis {
         primary: listing.configs.first().cloned(),
         ours: None,
         state: OwnedState::NoPrimary,
-        owned: listing.owned.clone(),
-        renamed: listing
-            .renamed
-            .iter()
-            .filter(|p| {
-                scan::read_file(p)
-                    .ok()
-                    .and_then(|b| marker_in(&b))
-                    .is_some()
-            })
-            .cloned()
-            .collect(),
+        owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
+        renamed: listing.renamed.clone(),
         inline_entry: false,
         marker: None,
         expected: None,
@@ -442,7 +371,16 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         return d;
     };
     let dir = write::parent(&primary);
-    d.ours = Some(dir.join(owned_name(primary.file_name().unwrap_or_default())));
+    let ours = dir.join(owned_name(primary.file_name().unwrap_or_default()));
+    d.ours = Some(ours.clone());
+    if let Some((_, why)) = listing.unreadable.iter().find(|(p, _)| *p == primary) {
+        d.state = OwnedState::PrimaryInvalid {
+            reason: format!(
+                "cannot read it ({why}), so cannot tell whether it is linkerd-cni's own file or the primary's; nothing is changed until it can be read"
+            ),
+        };
+        return d;
+    }
     // Through its symlink as the host resolves it: only read, never written.
     let bytes = match listing.read(&primary) {
         Ok(b) => b,
@@ -453,7 +391,9 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
             return d;
         }
     };
-    d.inline_entry = Kind::of(&primary) == Kind::List && plan::without_entries(&bytes).is_some();
+    let kind = Kind::of(&primary);
+    d.inline_entry =
+        kind == Kind::List && mentions_us(&bytes) && plan::without_entries(&bytes).is_some();
     if let Some(r) = d.renamed.first() {
         d.state = OwnedState::Fallback {
             reason: format!(
@@ -465,7 +405,44 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         };
         return d;
     }
-    match copy_of(&primary, &bytes, desired) {
+    let have = listing.owned.iter().find(|o| o.path == ours);
+    let chain = primary_chain(kind, &bytes);
+    // Our copy holding these very bytes: its verified digest is theirs.
+    let known = have
+        .filter(|o| o.chain.as_deref() == Some(&chain[..]))
+        .and_then(|o| Marker::of(&o.entry));
+    let marker = Marker {
+        file: file_name(&primary),
+        sha256: known.map_or_else(|| sha256::hex(&chain), |m| m.sha256),
+    };
+    if let Some(o) = have
+        && Marker::of(&o.entry).is_some_and(|m| m == marker)
+        && same_entry(&o.entry, desired)
+    {
+        // The primary's content is the one copied (and checked) then.
+        d.marker = Some(marker);
+        d.state = if d.owned.len() == 1 {
+            OwnedState::Current
+        } else {
+            OwnedState::Outdated
+        };
+        return d;
+    }
+    let ours_present = have.is_some() || ours.exists();
+    copy_state(&mut d, &primary, &bytes, desired, ours_present);
+    d
+}
+
+/// The state of our copy when it is not the current one: why the primary
+/// is not taken over, or what our file must hold.
+fn copy_state(
+    d: &mut OwnedDiagnosis,
+    primary: &Path,
+    bytes: &[u8],
+    desired: &Entry,
+    ours_present: bool,
+) {
+    match copy_of(primary, bytes, desired) {
         Err(NotTaken::Invalid(reason)) => d.state = OwnedState::PrimaryInvalid { reason },
         Err(NotTaken::Meta(why)) => {
             d.state = OwnedState::Fallback {
@@ -482,76 +459,100 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         }
         Ok((content, marker)) => {
             d.marker = Some(marker);
-            let ours = d.ours.clone().unwrap_or_default();
-            d.state = match scan::read_file(&ours) {
-                Ok(have) if same_copy(&have, &content, desired) && d.owned == [ours.clone()] => {
-                    OwnedState::Current
-                }
-                Ok(_) => OwnedState::Outdated,
-                Err(_) => OwnedState::Missing,
+            d.state = match ours_present {
+                true => OwnedState::Outdated,
+                false => OwnedState::Missing,
             };
             d.expected = Some(content);
         }
     }
-    d
 }
 
 /// Keys a runtime sets in every plugin's config: an entry rebuilt from the
 /// plugin's stdin cannot know their value in the file.
 const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
 
-/// Whether our file's content `have` is the copy `want`: the same JSON
-/// (formatting aside), our entry's runtime-set keys compared only when the
-/// desired entry has them. A copy that means the same is never rewritten.
-fn same_copy(have: &[u8], want: &[u8], desired: &Entry) -> bool {
-    let parse = |b: &[u8]| -> Option<Value> {
-        let mut v: Value = serde_json::from_slice(b).ok()?;
-        if let Some(last) = v
-            .get_mut("plugins")
-            .and_then(Value::as_array_mut)
-            .and_then(|p| p.last_mut())
-            .and_then(Value::as_object_mut)
-        {
-            for k in RUNTIME_SET {
-                if !desired.contains_key(k) {
-                    last.remove(k);
-                }
-            }
-        }
-        Some(v)
+/// Whether our entry as read (its marker aside) is the desired one; its
+/// runtime-set keys compared only when the desired entry has them. A copy
+/// that means the same is never rewritten.
+fn same_entry(have: &Map<String, Value>, desired: &Entry) -> bool {
+    let strip = |m: &Map<String, Value>| -> Map<String, Value> {
+        m.iter()
+            .filter(|(k, _)| k.as_str() != MARKER_KEY)
+            .filter(|(k, _)| !RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     };
-    have == want || parse(have).is_some_and(|h| Some(h) == parse(want))
+    strip(have) == strip(desired.as_map())
 }
 
-/// Read-only diagnosis in owned mode (no lock, no write).
-pub fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<OwnedDiagnosis, ChainError> {
+/// Read-only diagnosis in owned mode (no lock, no write), with default
+/// options.
+#[cfg(test)]
+pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<OwnedDiagnosis, ChainError> {
     diagnose_with(conf_dir, desired, &RepairOptions::default())
 }
 
-/// [`diagnose`] as [`sync`] with `opts` sees the conf dir (a symlinked
-/// primary resolved under `opts.host_root`).
+/// Read-only diagnosis in owned mode (no lock, no write), as a sync with
+/// `opts` sees the conf dir (a symlinked primary resolved under
+/// `opts.host_root`).
 pub fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<OwnedDiagnosis, ChainError> {
     Ok(diagnose_listing(
-        &scan::list(conf_dir, opts.link_rule())?,
+        &list(conf_dir, opts.link_rule())?,
         desired,
     ))
 }
 
+/// One thing [`sync`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncAction {
+    /// Our file was written from the primary's (`created`: where none was).
+    Wrote {
+        file: PathBuf,
+        from: PathBuf,
+        created: bool,
+    },
+    /// One of our files removed: its primary is gone or replaced.
+    Removed { file: PathBuf, primary_gone: bool },
+    /// Leftover temp files of a killed write removed.
+    Leftovers(usize),
+    /// Someone's content displaced by a killed write put back.
+    Restored(String),
+}
+
 /// What [`sync`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncReport {
-    /// Whether anything in the conf dir changed.
+pub(crate) struct SyncReport {
+    /// What changed in the conf dir, in order.
+    pub actions: Vec<SyncAction>,
+    /// Whether anything in the conf dir changed (more than leftovers).
     pub changed: bool,
     /// Our file was written where none was (for fight detection).
     pub created: bool,
     /// The state after the sync.
     pub after: OwnedState,
-    /// One line for logs.
-    pub summary: String,
+    /// Why nothing was written although the copy is missing or outdated.
+    pub withheld: Option<String>,
+}
+
+impl SyncReport {
+    fn new(actions: Vec<SyncAction>, after: OwnedState, withheld: Option<String>) -> SyncReport {
+        SyncReport {
+            changed: actions
+                .iter()
+                .any(|a| !matches!(a, SyncAction::Leftovers(_))),
+            created: actions
+                .iter()
+                .any(|a| matches!(a, SyncAction::Wrote { created: true, .. })),
+            actions,
+            after,
+            withheld,
+        }
+    }
 }
 
 /// Rewrites the primary's chain this many times at most when it keeps
@@ -559,166 +560,153 @@ pub struct SyncReport {
 const MAX_ROUNDS: u32 = 8;
 
 /// Brings the conf dir to owned mode's state, under the conf-dir lock:
-/// writes our file when its content changes, removes our files whose
-/// primary is gone or replaced, and then takes inline mode's entry out of
-/// the primary's file. In [`OwnedState::Fallback`] and
-/// [`OwnedState::PrimaryInvalid`] it writes nothing: the caller falls back
+/// writes our file when its content changes, and removes our files whose
+/// primary is gone or replaced. In [`OwnedState::Fallback`] and
+/// [`OwnedState::PrimaryInvalid`] it writes nothing: the keeper falls back
 /// to inline repair, or waits.
-pub fn sync(
+pub(crate) fn sync(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<SyncReport, ChainError> {
-    let mut report = {
-        let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-        sync_locked(conf_dir, desired, opts)?
-    };
-    if report.after == OwnedState::Current {
-        let listing = scan::list(conf_dir, opts.link_rule())?;
-        if diagnose_listing(&listing, desired).inline_entry {
-            // Our file is in place: the primary's file is no longer loaded,
-            // and our entry in it only matters to runtimes that load every
-            // file. Taken out with the inline repair's write discipline.
-            let files = repair::remove_entries(conf_dir, opts)?;
-            if !files.is_empty() {
-                report.changed = true;
-                report.summary.push_str(&format!(
-                    "; took inline mode's linkerd-cni entry out of {}",
-                    files
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-            }
-        }
-    }
-    Ok(report)
-}
-
-fn sync_locked(
-    conf_dir: &Path,
-    desired: &Entry,
-    opts: &RepairOptions,
-) -> Result<SyncReport, ChainError> {
-    let mut changed = false;
-    let mut created = false;
-    let mut notes: Vec<String> = Vec::new();
+    let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
+    let mut actions = Vec::new();
     for _ in 0..MAX_ROUNDS {
-        let mut listing = scan::list(conf_dir, opts.link_rule())?;
-        // Before anything is decided, as the inline repair does: a killed
-        // repair's leftovers go, and a primary's write it displaced comes
-        // back (it is what we must copy).
-        let recovery = repair::recover(conf_dir, &listing, &opts.host_root)?;
-        if recovery.removed > 0 {
-            notes.push(format!(
-                "removed {} leftover temp file(s)",
-                recovery.removed
-            ));
-        }
-        if !recovery.restored.is_empty() {
-            notes.extend(recovery.restored);
-            changed = true;
-            listing = scan::list(conf_dir, opts.link_rule())?;
-        }
+        let listing = recovered_listing(conf_dir, opts, &mut actions)?;
         let d = diagnose_listing(&listing, desired);
-        let writing_allowed = opts.requires.as_ref().is_none_or(|r| r.exists());
-        match (&d.state, &d.ours, &d.expected) {
-            (OwnedState::Missing | OwnedState::Outdated, Some(ours), Some(content))
-                if writing_allowed =>
-            {
-                if opts
-                    .deadline
-                    .is_some_and(|t| std::time::Instant::now() >= t)
-                {
-                    return Err(ChainError::Deadline { path: ours.clone() });
-                }
-                let existed = ours.exists();
-                let differs = scan::read_file(ours).ok().as_deref() != Some(&content[..]);
-                if differs {
-                    let like = d.primary.as_ref().and_then(|p| fs::metadata(p).ok());
-                    put(conf_dir, ours, content, like.as_ref())?;
-                    changed = true;
-                    created |= !existed;
-                    notes.push(format!(
-                        "wrote {} from {}",
-                        ours.display(),
-                        d.primary
-                            .as_ref()
-                            .map_or(String::new(), |p| p.display().to_string())
-                    ));
-                }
-                let removed = remove_all(conf_dir, d.owned.iter().filter(|o| *o != ours))?;
-                changed |= !removed.is_empty();
-                for r in removed {
-                    notes.push(format!(
-                        "removed {} (its primary is gone or replaced)",
-                        r.display()
-                    ));
-                }
-                // The primary may have changed while we copied it: look again.
-                continue;
-            }
-            (OwnedState::Missing | OwnedState::Outdated, _, _) => {
-                return Ok(SyncReport {
-                    changed,
-                    created,
-                    after: d.state.clone(),
-                    summary: match &opts.requires {
-                        Some(r) => format!(
-                            "not writing our config: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-                            r.display()
-                        ),
-                        None => "our config cannot be written".into(),
-                    },
-                });
-            }
-            (OwnedState::NoPrimary, _, _) => {
-                let removed = remove_all(conf_dir, d.owned.iter())?;
-                changed |= !removed.is_empty();
-                for r in removed {
-                    notes.push(format!(
-                        "removed {}: the primary's config is gone, so must be its copy",
-                        r.display()
-                    ));
-                }
-            }
-            (OwnedState::Current, Some(ours), _) => {
-                let removed = remove_all(conf_dir, d.owned.iter().filter(|o| *o != ours))?;
-                changed |= !removed.is_empty();
-                for r in removed {
-                    notes.push(format!(
-                        "removed {} (its primary is gone or replaced)",
-                        r.display()
-                    ));
-                }
-            }
-            _ => {}
+        match sync_step(conf_dir, &d, opts, &mut actions)? {
+            Step::Again => continue,
+            Step::Withheld(why) => return Ok(SyncReport::new(actions, d.state, Some(why))),
+            Step::Done => {}
         }
-        let after = if changed {
-            diagnose_listing(&scan::list(conf_dir, opts.link_rule())?, desired).state
+        let after = if actions
+            .iter()
+            .any(|a| !matches!(a, SyncAction::Leftovers(_)))
+        {
+            diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
         } else {
-            d.state.clone()
+            d.state
         };
-        let mut summary = if notes.is_empty() {
-            format!("owned config: {after}; nothing written")
-        } else {
-            notes.join("; ")
-        };
-        if changed {
-            summary.push_str(&format!("; now {after}"));
-        }
-        return Ok(SyncReport {
-            changed,
-            created,
-            after,
-            summary,
-        });
+        return Ok(SyncReport::new(actions, after, None));
     }
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
         attempts: MAX_ROUNDS,
     })
+}
+
+/// The listing after recovery, as the inline repair does before deciding
+/// anything: a killed write's leftovers go, and a primary's write it
+/// displaced comes back (it is what we must copy).
+fn recovered_listing(
+    conf_dir: &Path,
+    opts: &RepairOptions,
+    actions: &mut Vec<SyncAction>,
+) -> Result<Listing, ChainError> {
+    let listing = list(conf_dir, opts.link_rule())?;
+    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+    if recovery.removed > 0 {
+        actions.push(SyncAction::Leftovers(recovery.removed));
+    }
+    if recovery.restored.is_empty() {
+        return Ok(listing);
+    }
+    actions.extend(recovery.restored.into_iter().map(SyncAction::Restored));
+    list(conf_dir, opts.link_rule())
+}
+
+/// How one round of [`sync`] ended.
+enum Step {
+    /// Our file was written: the primary may have changed meanwhile.
+    Again,
+    /// Nothing to write, or done.
+    Done,
+    /// The copy is due but may not be written now.
+    Withheld(String),
+}
+
+fn sync_step(
+    conf_dir: &Path,
+    d: &OwnedDiagnosis,
+    opts: &RepairOptions,
+    actions: &mut Vec<SyncAction>,
+) -> Result<Step, ChainError> {
+    match (&d.state, &d.ours) {
+        (OwnedState::Missing | OwnedState::Outdated, Some(ours)) => {
+            if let Some(r) = opts.requires.as_ref().filter(|r| !r.exists()) {
+                return Ok(Step::Withheld(format!(
+                    "not writing our config: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
+                    r.display()
+                )));
+            }
+            if let Some(content) = &d.expected {
+                write_copy(conf_dir, d, ours, content, opts, actions)?;
+            }
+            let others = d.owned.iter().filter(|o| *o != ours);
+            remove_stale(conf_dir, others, false, actions)?;
+            // Written: the primary may have changed while we copied it, so
+            // look again. Only stale files removed: done.
+            Ok(if d.expected.is_some() {
+                Step::Again
+            } else {
+                Step::Done
+            })
+        }
+        (OwnedState::NoPrimary, _) => {
+            remove_stale(conf_dir, d.owned.iter(), true, actions)?;
+            Ok(Step::Done)
+        }
+        (OwnedState::Current, Some(ours)) => {
+            let others = d.owned.iter().filter(|o| *o != ours);
+            remove_stale(conf_dir, others, false, actions)?;
+            Ok(Step::Done)
+        }
+        _ => Ok(Step::Done),
+    }
+}
+
+fn write_copy(
+    conf_dir: &Path,
+    d: &OwnedDiagnosis,
+    ours: &Path,
+    content: &[u8],
+    opts: &RepairOptions,
+    actions: &mut Vec<SyncAction>,
+) -> Result<(), ChainError> {
+    // Nothing is written where it could never be renamed into place (every
+    // write wakes the runtime).
+    if fs::symlink_metadata(ours).is_ok_and(|m| m.is_dir()) {
+        return Err(ChainError::Refused {
+            path: ours.to_path_buf(),
+            reason: "a directory has its name; remove it".into(),
+        });
+    }
+    if opts.deadline.is_some_and(|t| Instant::now() >= t) {
+        return Err(ChainError::Deadline {
+            path: ours.to_path_buf(),
+        });
+    }
+    let existed = ours.exists();
+    let like = d.primary.as_ref().and_then(|p| fs::metadata(p).ok());
+    put(conf_dir, ours, content, like.as_ref())?;
+    actions.push(SyncAction::Wrote {
+        file: ours.to_path_buf(),
+        from: d.primary.clone().unwrap_or_default(),
+        created: !existed,
+    });
+    Ok(())
+}
+
+fn remove_stale<'a>(
+    conf_dir: &Path,
+    files: impl Iterator<Item = &'a PathBuf>,
+    primary_gone: bool,
+    actions: &mut Vec<SyncAction>,
+) -> Result<(), ChainError> {
+    for file in remove_all(conf_dir, files)? {
+        actions.push(SyncAction::Removed { file, primary_gone });
+    }
+    Ok(())
 }
 
 /// Writes our file: a temp file in the conf dir, then a rename (never a
@@ -758,77 +746,16 @@ fn remove_all<'a>(
 
 /// Removes every file of ours (uninstall; switching to inline mode once the
 /// primary's file holds our entry; a fallback). Returns the files removed.
-pub fn retire(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
+pub(crate) fn retire(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let mut listing = scan::list(conf_dir, opts.link_rule())?;
-    if !repair::recover(conf_dir, &listing, &opts.host_root)?
+    let mut listing = list(conf_dir, opts.link_rule())?;
+    if !recover(conf_dir, &listing, &opts.host_root)?
         .restored
         .is_empty()
     {
-        listing = scan::list(conf_dir, opts.link_rule())?;
+        listing = list(conf_dir, opts.link_rule())?;
     }
-    remove_all(conf_dir, listing.owned.iter())
-}
-
-/// Whether the conf dir holds any file of ours (a cheap look: names first).
-pub fn has_owned(conf_dir: &Path) -> Result<bool, ChainError> {
-    let rule = RepairOptions::default();
-    Ok(!scan::list(conf_dir, rule.link_rule())?.owned.is_empty())
-}
-
-/// What [`converge`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Converged {
-    pub changed: bool,
-    /// One line for logs.
-    pub summary: String,
-}
-
-/// Brings the conf dir to what `desired`'s mode asks, in the order that
-/// never leaves the runtime a chain without linkerd-cni: in inline mode the
-/// entry goes into the primary's file before our files go; in owned mode
-/// our file goes in before the entry leaves the primary's; when owned mode
-/// falls back, inline repair runs first. For the installer without its fight
-/// detection, and the `chain repair` command.
-pub fn converge(
-    conf_dir: &Path,
-    desired: &Entry,
-    opts: &RepairOptions,
-) -> Result<Converged, ChainError> {
-    let inline = |notes: &mut Vec<String>| -> Result<bool, ChainError> {
-        let r = repair::repair(conf_dir, desired, opts)?;
-        notes.push(r.summary);
-        let mut changed = r.changed;
-        if super::diagnose(conf_dir, desired)?.state == super::ChainState::Healthy {
-            for f in retire(conf_dir, opts)? {
-                changed = true;
-                notes.push(format!(
-                    "removed {} (inline mode keeps no file of its own)",
-                    f.display()
-                ));
-            }
-        }
-        Ok(changed)
-    };
-    let mut notes = Vec::new();
-    let changed = match mode_of(desired)? {
-        ChainMode::Inline => inline(&mut notes)?,
-        ChainMode::Owned => {
-            let r = sync(conf_dir, desired, opts)?;
-            notes.push(r.summary);
-            match r.after {
-                OwnedState::Fallback { reason } => {
-                    notes.push(reason);
-                    inline(&mut notes)? || r.changed
-                }
-                _ => r.changed,
-            }
-        }
-    };
-    Ok(Converged {
-        changed,
-        summary: notes.join("; "),
-    })
+    remove_all(conf_dir, listing.owned.iter().map(|o| &o.path))
 }
 
 #[cfg(test)]

@@ -1,0 +1,446 @@
+//! `iptables-mode: nft` without the node's binaries: linkerd's chains
+//! programmed over netlink (NETLINK_NETFILTER, one nf_tables transaction
+//! per family), in the calling thread's network namespace.
+//!
+//! What lands in the kernel is what `iptables-nft-restore --noflush` makes
+//! of the batch [`super::table::restore_batch`] writes: table `nat` of
+//! family ip/ip6, our chains created (or flushed when they exist) and
+//! refilled, base chains PREROUTING/OUTPUT with iptables-nft's hooks and
+//! priorities created when a jump needs them, and the jumps appended only
+//! when absent. The decisions are taken on the same [`NatTable`] view the
+//! restore path reads from `*-save`, so both paths agree by construction;
+//! expressions are in [`expr`].
+//!
+//! The table is read and written under its generation id: a concurrent
+//! change between the two makes the kernel refuse the batch whole, and
+//! the read and write are redone.
+
+pub mod expr;
+pub mod netlink;
+
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use thiserror::Error;
+
+use self::expr::{CommentTooLong, Expr, NftRule};
+use self::netlink::{
+    Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETTABLE,
+    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
+    NLM_F_EXCL, NLM_F_REQUEST, Socket, Writer,
+};
+use super::rules::{Family, Jump, RuleSet};
+use super::table::{self, NatTable};
+
+/// The table iptables-nft keeps `-t nat` in.
+pub const TABLE: &str = "nat";
+
+/// How often a read-and-commit is redone when the table keeps changing
+/// under it (each is bounded by the deadline too).
+const MAX_ATTEMPTS: usize = 8;
+
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_HANDLE: u16 = 3;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NFTA_RULE_COMPAT: u16 = 5;
+const NFTA_RULE_COMPAT_PROTO: u16 = 1;
+const NFTA_RULE_COMPAT_FLAGS: u16 = 2;
+const NF_ACCEPT: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum NftError {
+    #[error("cannot open a netfilter netlink socket: {0}")]
+    Socket(Errno),
+    #[error("netlink {what}: {errno}")]
+    Io { what: &'static str, errno: Errno },
+    #[error("netlink {what}: no answer in time")]
+    TimedOut { what: &'static str },
+    #[error("nf_tables refused {what}: {errno}")]
+    Refused { what: String, errno: Errno },
+    #[error("netlink {what}: malformed answer")]
+    Malformed { what: &'static str },
+    #[error("the nat table changed while it was being read or written")]
+    Changed,
+    #[error("comment {:?} is longer than the comment match takes (255 bytes)", .0.0)]
+    Comment(CommentTooLong),
+}
+
+/// The nf_tables family of an address family.
+fn nfproto(f: Family) -> u8 {
+    match f {
+        Family::V4 => 2,
+        Family::V6 => 10,
+    }
+}
+
+/// The hook and priority iptables-nft gives the nat base chain `name`
+/// (`NF_INET_PRE_ROUTING`/`NF_INET_LOCAL_OUT` at `NF_IP_PRI_NAT_DST`).
+fn base_hook(name: &str) -> Option<(u32, i32)> {
+    match name {
+        "PREROUTING" => Some((0, -100)),
+        "INPUT" => Some((1, 100)),
+        "OUTPUT" => Some((3, -100)),
+        "POSTROUTING" => Some((4, 100)),
+        _ => None,
+    }
+}
+
+/// A chain of the table as the kernel lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainInfo {
+    pub name: String,
+    /// Base chains: hook number, priority, policy and type.
+    pub hook: Option<(u32, i32, u32, String)>,
+}
+
+/// A rule of the table as the kernel dumps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleInfo {
+    pub chain: String,
+    pub handle: u64,
+    pub exprs: Vec<Expr>,
+    /// `NFTA_RULE_EXPRESSIONS` byte for byte, counter values zeroed.
+    pub raw: Vec<u8>,
+}
+
+/// The nat table of one family: its chains and rules in kernel order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub genid: u32,
+    pub table: bool,
+    pub chains: Vec<ChainInfo>,
+    pub rules: Vec<RuleInfo>,
+}
+
+impl Listing {
+    /// No rule and no chain but base chains: what `*-save` would show as
+    /// an empty table.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.chains.iter().all(|c| c.hook.is_some())
+    }
+}
+
+/// Reads the nat table of `family`, again when a dump was interrupted by
+/// a concurrent change.
+fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match list_once(sock, family) {
+            Err(NftError::Changed) if attempt < MAX_ATTEMPTS => {}
+            r => return r,
+        }
+    }
+}
+
+fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
+    let fam = nfproto(family);
+    let genid = sock.generation()?;
+    let table = sock
+        .get(
+            NFT_MSG_GETTABLE,
+            fam,
+            |w| w.put_str(NFTA_TABLE_NAME, TABLE),
+            "table query",
+        )?
+        .is_some();
+    let mut l = Listing {
+        genid,
+        table,
+        ..Listing::default()
+    };
+    if !table {
+        return Ok(l);
+    }
+    for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
+        if m.msg != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
+            continue;
+        }
+        let a = m.attrs();
+        let Some(name) = a.find(NFTA_CHAIN_NAME).and_then(|a| a.str()) else {
+            continue;
+        };
+        let hook = a.find(NFTA_CHAIN_HOOK).map(|h| {
+            let h = h.nested();
+            (
+                h.find(NFTA_HOOK_HOOKNUM).and_then(|a| a.u32()).unwrap_or(0),
+                h.find(NFTA_HOOK_PRIORITY)
+                    .and_then(|a| a.u32())
+                    .unwrap_or(0) as i32,
+                a.find(NFTA_CHAIN_POLICY).and_then(|a| a.u32()).unwrap_or(0),
+                a.find(NFTA_CHAIN_TYPE)
+                    .and_then(|a| a.str())
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        });
+        l.chains.push(ChainInfo {
+            name: name.to_string(),
+            hook,
+        });
+    }
+    let dumped = sock.dump(
+        NFT_MSG_GETRULE,
+        fam,
+        |w| w.put_str(NFTA_RULE_TABLE, TABLE),
+        "rule dump",
+    )?;
+    for m in dumped {
+        if m.msg != NFT_MSG_NEWRULE || table_of(&m, NFTA_RULE_TABLE) != Some(TABLE) {
+            continue;
+        }
+        let a = m.attrs();
+        let chain = a
+            .find(NFTA_RULE_CHAIN)
+            .and_then(|a| a.str())
+            .unwrap_or_default()
+            .to_string();
+        let handle = a.find(NFTA_RULE_HANDLE).and_then(|a| a.u64()).unwrap_or(0);
+        let (exprs, raw) = match a.find(NFTA_RULE_EXPRESSIONS) {
+            Some(list) => (expr::decode(list.nested()), zero_counters(list.data)),
+            None => (vec![], vec![]),
+        };
+        l.rules.push(RuleInfo {
+            chain,
+            handle,
+            exprs,
+            raw,
+        });
+    }
+    Ok(l)
+}
+
+fn table_of(m: &Message, ty: u16) -> Option<&str> {
+    m.attrs().find(ty).and_then(|a| a.str())
+}
+
+/// A copy of an expression list with every counter's values set to 0.
+pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
+    let mut out = list.to_vec();
+    let base = list.as_ptr() as usize;
+    for elem in Attrs(list) {
+        let a = elem.nested();
+        if a.find(1).and_then(|n| n.str()) != Some("counter") {
+            continue;
+        }
+        if let Some(data) = a.find(2) {
+            for v in data.nested() {
+                let at = v.data.as_ptr() as usize - base;
+                out[at..at + v.data.len()].fill(0);
+            }
+        }
+    }
+    out
+}
+
+/// Our rules and jumps in nf_tables form, with their `*-save` text.
+struct Expected {
+    chains: Vec<(&'static str, Vec<(String, NftRule)>)>,
+    jumps: Vec<(Jump, NftRule)>,
+}
+
+impl Expected {
+    fn of(set: &RuleSet) -> Result<Expected, NftError> {
+        let chain = |rules: &[super::rules::Rule]| -> Result<Vec<(String, NftRule)>, NftError> {
+            rules
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.spec(),
+                        expr::rule(r, set.family).map_err(NftError::Comment)?,
+                    ))
+                })
+                .collect()
+        };
+        let [(rc, _), (oc, _)] = set.chains();
+        Ok(Expected {
+            chains: vec![(rc, chain(&set.redirect)?), (oc, chain(&set.output)?)],
+            jumps: set.jumps().iter().map(|j| (*j, expr::jump(j))).collect(),
+        })
+    }
+
+    /// The `*-save` text of a dumped rule: ours when its expressions are
+    /// exactly one of ours, else a placeholder naming it (never equal to
+    /// any of our specs).
+    fn spec_of(&self, r: &RuleInfo) -> String {
+        let ours = self
+            .chains
+            .iter()
+            .flat_map(|(_, rules)| rules.iter().map(|(s, n)| (s.clone(), n)))
+            .chain(self.jumps.iter().map(|(j, n)| (j.spec(), n)));
+        for (spec, n) in ours {
+            if n.exprs == r.exprs {
+                return spec;
+            }
+        }
+        match expr::comment_of(&r.exprs) {
+            Some(c) => format!(
+                "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
+                r.handle
+            ),
+            None => format!("(a rule linkerd-cni did not write, handle {})", r.handle),
+        }
+    }
+
+    /// The listing as the restore path would read it from `*-save`.
+    fn view(&self, l: &Listing) -> NatTable {
+        let mut t = NatTable::default();
+        for c in &l.chains {
+            t.add_chain(&c.name);
+        }
+        for r in &l.rules {
+            t.add_rule(&r.chain, self.spec_of(r));
+        }
+        t
+    }
+}
+
+fn socket(timeout: Duration, deadline: Option<Instant>) -> Result<Socket, NftError> {
+    Socket::open(timeout, deadline)
+}
+
+/// The nat table of `family` in this thread's network namespace.
+pub fn dump(family: Family, timeout: Duration) -> Result<Listing, NftError> {
+    let mut sock = socket(timeout, None)?;
+    list(&mut sock, family)
+}
+
+/// Whether the nat table of `family` holds nothing `*-save` would print
+/// but base chains.
+pub fn nat_is_empty(
+    family: Family,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<bool, NftError> {
+    let mut sock = socket(timeout, deadline)?;
+    Ok(list(&mut sock, family)?.is_empty())
+}
+
+/// How the nat table differs from `set`, as [`table::differences`] says.
+pub fn verify(
+    set: &RuleSet,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<Vec<String>, NftError> {
+    let want = Expected::of(set)?;
+    let mut sock = socket(timeout, deadline)?;
+    let l = list(&mut sock, set.family)?;
+    Ok(table::differences(set, &want.view(&l)))
+}
+
+/// Makes the nat table hold exactly `set`'s chains and jumps.
+pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Result<(), NftError> {
+    let want = Expected::of(set)?;
+    let mut sock = socket(timeout, deadline)?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let l = list(&mut sock, set.family)?;
+        let current = want.view(&l);
+        let (w, begin, commands) = batch(set.family, &want, &l, &current, sock.writer());
+        match sock.commit(&w, begin, &commands, "rule batch") {
+            Err(NftError::Changed) if attempt < MAX_ATTEMPTS => {
+                log::debug!(
+                    "{} nat table changed under us: reading it again",
+                    set.family
+                );
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The transaction: what `iptables-nft-restore --noflush` sends for
+/// [`table::restore_batch`]'s text on `current`, in its order.
+fn batch(
+    family: Family,
+    want: &Expected,
+    l: &Listing,
+    current: &NatTable,
+    mut w: Writer,
+) -> (Writer, u32, Vec<(u32, String)>) {
+    let fam = nfproto(family);
+    let begin = w.batch_begin(l.genid);
+    let mut commands = Vec::new();
+    let ack = NLM_F_REQUEST | NLM_F_ACK;
+    if !l.table {
+        let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
+        w.put_str(NFTA_TABLE_NAME, TABLE);
+        w.end();
+        commands.push((s, format!("creating table {TABLE}")));
+    }
+    for (chain, _) in &want.chains {
+        let s = if current.has_chain(chain) {
+            let s = w.begin(NFT_MSG_DELRULE, ack, fam);
+            w.put_str(NFTA_RULE_TABLE, TABLE);
+            w.put_str(NFTA_RULE_CHAIN, chain);
+            s
+        } else {
+            let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_EXCL, fam);
+            w.put_str(NFTA_CHAIN_TABLE, TABLE);
+            w.put_str(NFTA_CHAIN_NAME, chain);
+            s
+        };
+        w.end();
+        commands.push((s, format!("declaring chain {chain}")));
+    }
+    for (chain, rules) in &want.chains {
+        for (spec, r) in rules {
+            let s = new_rule(&mut w, fam, chain, r);
+            commands.push((s, format!("-A {chain} {spec}")));
+        }
+    }
+    for (jump, r) in &want.jumps {
+        let spec = jump.spec();
+        if current.rules(jump.from).contains(&spec) {
+            continue;
+        }
+        if !current.has_chain(jump.from)
+            && let Some((hook, prio)) = base_hook(jump.from)
+        {
+            let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_CREATE, fam);
+            w.put_str(NFTA_CHAIN_TABLE, TABLE);
+            w.put_str(NFTA_CHAIN_NAME, jump.from);
+            let h = w.nest(NFTA_CHAIN_HOOK);
+            w.put_u32(NFTA_HOOK_HOOKNUM, hook);
+            w.put_u32(NFTA_HOOK_PRIORITY, prio as u32);
+            w.nest_end(h);
+            w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+            w.put_str(NFTA_CHAIN_TYPE, "nat");
+            w.end();
+            commands.push((s, format!("creating base chain {}", jump.from)));
+        }
+        let s = new_rule(&mut w, fam, jump.from, r);
+        commands.push((s, format!("-A {} {spec}", jump.from)));
+    }
+    w.batch_end();
+    (w, begin, commands)
+}
+
+fn new_rule(w: &mut Writer, fam: u8, chain: &str, r: &NftRule) -> u32 {
+    let s = w.begin(
+        NFT_MSG_NEWRULE,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
+        fam,
+    );
+    w.put_str(NFTA_RULE_TABLE, TABLE);
+    w.put_str(NFTA_RULE_CHAIN, chain);
+    let e = w.nest(NFTA_RULE_EXPRESSIONS);
+    expr::encode(w, &r.exprs);
+    w.nest_end(e);
+    let c = w.nest(NFTA_RULE_COMPAT);
+    w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
+    w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);
+    w.nest_end(c);
+    w.end();
+    s
+}

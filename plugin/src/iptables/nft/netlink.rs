@@ -1,0 +1,549 @@
+//! A minimal NETLINK_NETFILTER client for nf_tables: message and attribute
+//! encoding, a socket whose every send and receive is bounded in time,
+//! dumps, and transaction batches with their acknowledgements.
+//!
+//! Only what programming one table needs is here; the nf_tables message
+//! types and attribute numbers are the kernel's uapi
+//! (`linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    self, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, setsockopt, sockopt,
+};
+use nix::sys::time::TimeVal;
+
+use super::NftError;
+
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_MULTI: u16 = 0x2;
+pub const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_CREATE: u16 = 0x400;
+pub const NLM_F_APPEND: u16 = 0x800;
+pub const NLM_F_DUMP: u16 = 0x300;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 16;
+const NFNL_MSG_BATCH_END: u16 = 17;
+const NFNL_BATCH_GENID: u16 = 1;
+
+pub const NFT_MSG_NEWTABLE: u16 = 0;
+pub const NFT_MSG_GETTABLE: u16 = 1;
+pub const NFT_MSG_NEWCHAIN: u16 = 3;
+pub const NFT_MSG_GETCHAIN: u16 = 4;
+pub const NFT_MSG_NEWRULE: u16 = 6;
+pub const NFT_MSG_GETRULE: u16 = 7;
+pub const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
+
+/// The largest datagram read: dumps come in skbs of at most 32 KiB.
+const RECV_BUF: usize = 64 << 10;
+
+/// Netlink messages being built into one buffer (a request or a batch).
+#[derive(Debug, Default)]
+pub struct Writer {
+    buf: Vec<u8>,
+    msg_start: usize,
+    seq: u32,
+}
+
+impl Writer {
+    pub fn new(first_seq: u32) -> Writer {
+        Writer {
+            buf: Vec::with_capacity(4096),
+            msg_start: 0,
+            seq: first_seq,
+        }
+    }
+
+    /// Starts an nf_tables message (`nfgenmsg` header for `family`);
+    /// returns its sequence number.
+    pub fn begin(&mut self, msg: u16, flags: u16, family: u8) -> u32 {
+        self.begin_raw((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, family, 0)
+    }
+
+    fn begin_raw(&mut self, ty: u16, flags: u16, family: u8, res_id: u16) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.msg_start = self.buf.len();
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(&flags.to_ne_bytes());
+        self.buf.extend_from_slice(&self.seq.to_ne_bytes());
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        // nfgenmsg: family, version 0, res_id (big-endian).
+        self.buf.push(family);
+        self.buf.push(0);
+        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        self.seq
+    }
+
+    /// Closes the message begun last.
+    pub fn end(&mut self) {
+        let len = (self.buf.len() - self.msg_start) as u32;
+        self.buf[self.msg_start..self.msg_start + 4].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    /// The batch header: what follows is one transaction, refused whole
+    /// when the ruleset's generation is no longer `genid`.
+    pub fn batch_begin(&mut self, genid: u32) -> u32 {
+        let seq = self.begin_raw(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+        self.put_u32(NFNL_BATCH_GENID, genid);
+        self.end();
+        seq
+    }
+
+    pub fn batch_end(&mut self) -> u32 {
+        let seq = self.begin_raw(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+        self.end();
+        seq
+    }
+
+    pub fn put(&mut self, ty: u16, data: &[u8]) {
+        let len = 4 + data.len();
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(data);
+        self.pad();
+    }
+
+    /// A big-endian u32, as nf_tables takes its numbers.
+    pub fn put_u32(&mut self, ty: u16, v: u32) {
+        self.put(ty, &v.to_be_bytes());
+    }
+
+    pub fn put_u64(&mut self, ty: u16, v: u64) {
+        self.put(ty, &v.to_be_bytes());
+    }
+
+    /// A NUL-terminated string.
+    pub fn put_str(&mut self, ty: u16, s: &str) {
+        let len = 4 + s.len() + 1;
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(s.as_bytes());
+        self.buf.push(0);
+        self.pad();
+    }
+
+    /// Opens a nested attribute; close it with [`Writer::nest_end`].
+    pub fn nest(&mut self, ty: u16) -> usize {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        at
+    }
+
+    pub fn nest_end(&mut self, at: usize) {
+        let len = (self.buf.len() - at) as u16;
+        self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn pad(&mut self) {
+        while !self.buf.len().is_multiple_of(4) {
+            self.buf.push(0);
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub fn last_seq(&self) -> u32 {
+        self.seq
+    }
+}
+
+/// One attribute as read: its type (flags masked off) and payload.
+#[derive(Debug, Clone, Copy)]
+pub struct Attr<'a> {
+    pub ty: u16,
+    pub data: &'a [u8],
+}
+
+impl<'a> Attr<'a> {
+    pub fn u32(&self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.data.get(..4)?.try_into().ok()?))
+    }
+
+    pub fn u64(&self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.data.get(..8)?.try_into().ok()?))
+    }
+
+    /// A NUL-terminated string (the NUL and anything after it dropped).
+    pub fn str(&self) -> Option<&'a str> {
+        let end = self
+            .data
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.data.len());
+        std::str::from_utf8(&self.data[..end]).ok()
+    }
+
+    pub fn nested(&self) -> Attrs<'a> {
+        Attrs(self.data)
+    }
+}
+
+/// The attributes of a payload, in order. Stops at the first malformed one.
+#[derive(Debug, Clone, Copy)]
+pub struct Attrs<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for Attrs<'a> {
+    type Item = Attr<'a>;
+
+    fn next(&mut self) -> Option<Attr<'a>> {
+        let b = self.0;
+        if b.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > b.len() {
+            self.0 = &[];
+            return None;
+        }
+        let data = &b[4..len];
+        let next = len.next_multiple_of(4).min(b.len());
+        self.0 = &b[next..];
+        Some(Attr { ty, data })
+    }
+}
+
+impl<'a> Attrs<'a> {
+    pub fn find(self, ty: u16) -> Option<Attr<'a>> {
+        Iterator::find(&mut self.clone(), |a: &Attr<'a>| a.ty == ty)
+    }
+}
+
+/// One received message: its nf_tables type, flags and attributes.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The nf_tables message type (`NFT_MSG_*`).
+    pub msg: u16,
+    pub flags: u16,
+    /// The attributes after the nfgenmsg header.
+    pub payload: Vec<u8>,
+}
+
+impl Message {
+    pub fn attrs(&self) -> Attrs<'_> {
+        Attrs(&self.payload)
+    }
+}
+
+/// One message as received: netlink header fields and what follows it.
+struct Raw {
+    ty: u16,
+    flags: u16,
+    seq: u32,
+    body: Vec<u8>,
+}
+
+/// A NETLINK_NETFILTER socket in the calling thread's network namespace.
+pub struct Socket {
+    fd: OwnedFd,
+    seq: u32,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    buf: Vec<u8>,
+    /// Messages received but not yet asked for.
+    queued: Vec<Raw>,
+}
+
+impl Socket {
+    /// Opens the socket; no operation on it takes longer than `timeout`
+    /// nor ends after `deadline`.
+    pub fn open(timeout: Duration, deadline: Option<Instant>) -> Result<Socket, NftError> {
+        let fd = socket::socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkNetFilter,
+        )
+        .map_err(NftError::Socket)?;
+        // Any start will do on a fresh socket; the pid makes a trace
+        // readable.
+        let seq = std::process::id().wrapping_mul(1 << 12);
+        Ok(Socket {
+            fd,
+            seq,
+            timeout,
+            deadline,
+            buf: vec![0; RECV_BUF],
+            queued: Vec::new(),
+        })
+    }
+
+    pub fn writer(&self) -> Writer {
+        Writer::new(self.seq)
+    }
+
+    /// The time left for the next step, never zero (a zero timeval would
+    /// mean "block forever").
+    fn arm(&self, what: &'static str) -> Result<(), NftError> {
+        let left = match self.deadline {
+            Some(d) => self
+                .timeout
+                .min(d.saturating_duration_since(Instant::now())),
+            None => self.timeout,
+        };
+        if left.is_zero() {
+            return Err(NftError::TimedOut { what });
+        }
+        let tv = TimeVal::new(left.as_secs() as _, left.subsec_micros().max(1) as _);
+        let io = |errno| NftError::Io { what, errno };
+        setsockopt(&self.fd, sockopt::ReceiveTimeout, &tv).map_err(io)?;
+        setsockopt(&self.fd, sockopt::SendTimeout, &tv).map_err(io)?;
+        Ok(())
+    }
+
+    fn send(&mut self, w: &Writer, what: &'static str) -> Result<(), NftError> {
+        self.seq = w.last_seq();
+        self.arm(what)?;
+        let sent = loop {
+            match socket::send(self.fd.as_raw_fd(), w.bytes(), MsgFlags::empty()) {
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
+                Err(errno) => return Err(NftError::Io { what, errno }),
+                Ok(n) => break n,
+            }
+        };
+        if sent != w.bytes().len() {
+            return Err(NftError::Malformed { what });
+        }
+        Ok(())
+    }
+
+    /// Reads one datagram and splits it into (type, flags, seq, body).
+    fn recv(&mut self, what: &'static str) -> Result<Vec<Raw>, NftError> {
+        self.recv_flags(what, MsgFlags::empty())
+    }
+
+    fn recv_flags(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
+        self.arm(what)?;
+        let n = loop {
+            match socket::recv(
+                self.fd.as_raw_fd(),
+                &mut self.buf,
+                MsgFlags::MSG_TRUNC | flags,
+            ) {
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
+                Err(errno) => return Err(NftError::Io { what, errno }),
+                Ok(n) => break n,
+            }
+        };
+        if n > self.buf.len() {
+            return Err(NftError::Malformed { what });
+        }
+        let mut out = Vec::new();
+        let mut b = &self.buf[..n];
+        while b.len() >= 16 {
+            let len = u32::from_ne_bytes(b[0..4].try_into().unwrap_or_default()) as usize;
+            if len < 16 || len > b.len() {
+                return Err(NftError::Malformed { what });
+            }
+            let ty = u16::from_ne_bytes([b[4], b[5]]);
+            let flags = u16::from_ne_bytes([b[6], b[7]]);
+            let seq = u32::from_ne_bytes(b[8..12].try_into().unwrap_or_default());
+            out.push(Raw {
+                ty,
+                flags,
+                seq,
+                body: b[16..len].to_vec(),
+            });
+            b = &b[len.next_multiple_of(4).min(b.len())..];
+        }
+        Ok(out)
+    }
+
+    /// Sends one request; returns its sequence number.
+    fn request(
+        &mut self,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut Writer),
+        what: &'static str,
+    ) -> Result<u32, NftError> {
+        let mut w = self.writer();
+        let seq = w.begin(msg, flags, family);
+        attrs(&mut w);
+        w.end();
+        self.send(&w, what)?;
+        Ok(seq)
+    }
+
+    /// The next answer to request `seq` (others are dropped: a fresh
+    /// socket has no other request outstanding).
+    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Raw, NftError> {
+        loop {
+            if let Some(at) = self.queued.iter().position(|r| r.seq == seq) {
+                let r = self.queued.remove(at);
+                self.queued.retain(|q| q.seq == seq);
+                return Ok(r);
+            }
+            self.queued = self.recv(what)?;
+        }
+    }
+
+    /// The ruleset's generation: a batch sent with it is refused if
+    /// anything changed since.
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        let what = "generation query";
+        self.get(NFT_MSG_GETGEN, 0, |_| {}, what)?
+            .and_then(|m| m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32()))
+            .ok_or(NftError::Malformed { what })
+    }
+
+    /// A non-dump GET: the object, or None when the kernel says ENOENT.
+    pub fn get(
+        &mut self,
+        msg: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut Writer),
+        what: &'static str,
+    ) -> Result<Option<Message>, NftError> {
+        let seq = self.request(msg, NLM_F_REQUEST, family, attrs, what)?;
+        let Raw {
+            ty, flags, body, ..
+        } = self.answer(seq, what)?;
+        if ty != NLMSG_ERROR {
+            return Ok(Some(message(ty, flags, body)));
+        }
+        match error_of(&body, what)? {
+            Some(NftError::Refused {
+                errno: Errno::ENOENT,
+                ..
+            }) => Ok(None),
+            Some(e) => Err(e),
+            None => Err(NftError::Malformed { what }),
+        }
+    }
+
+    /// A dump: every message up to NLMSG_DONE. Errs with
+    /// [`NftError::Changed`] when the kernel flags it as interrupted by a
+    /// concurrent change.
+    pub fn dump(
+        &mut self,
+        msg: u16,
+        family: u8,
+        attrs: impl FnOnce(&mut Writer),
+        what: &'static str,
+    ) -> Result<Vec<Message>, NftError> {
+        let seq = self.request(msg, NLM_F_REQUEST | NLM_F_DUMP, family, attrs, what)?;
+        let mut out = Vec::new();
+        let mut interrupted = false;
+        loop {
+            let Raw {
+                ty, flags, body, ..
+            } = self.answer(seq, what)?;
+            interrupted |= flags & NLM_F_DUMP_INTR != 0;
+            match ty {
+                NLMSG_DONE if interrupted => return Err(NftError::Changed),
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    return match error_of(&body, what)? {
+                        Some(e) => Err(e),
+                        None => Ok(out),
+                    };
+                }
+                _ => out.push(message(ty, flags, body)),
+            }
+        }
+    }
+
+    /// Sends a batch (begun with [`Writer::batch_begin`], every command
+    /// flagged `NLM_F_ACK`) and waits for each command's answer. The
+    /// kernel applies all or nothing; [`NftError::Changed`] means the
+    /// generation moved and nothing was applied.
+    pub fn commit(
+        &mut self,
+        w: &Writer,
+        begin_seq: u32,
+        commands: &[(u32, String)],
+        what: &'static str,
+    ) -> Result<(), NftError> {
+        self.send(w, what)?;
+        let mut pending: Vec<u32> = commands.iter().map(|(s, _)| *s).collect();
+        let mut first_error = None;
+        while !pending.is_empty() {
+            // The kernel handles a batch within the send, so once it has
+            // refused a command, whatever else it answers is already
+            // queued: read that without waiting.
+            let flags = if first_error.is_some() {
+                MsgFlags::MSG_DONTWAIT
+            } else {
+                MsgFlags::empty()
+            };
+            let got = match self.recv_flags(what, flags) {
+                Ok(got) => got,
+                Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
+                Err(e) => return Err(e),
+            };
+            for Raw {
+                ty, seq: s, body, ..
+            } in got
+            {
+                if ty != NLMSG_ERROR {
+                    continue;
+                }
+                let err = error_of(&body, what)?;
+                if s == begin_seq {
+                    return Err(match err {
+                        Some(NftError::Refused {
+                            errno: Errno::ERESTART,
+                            ..
+                        }) => NftError::Changed,
+                        Some(e) => e,
+                        None => NftError::Malformed { what },
+                    });
+                }
+                pending.retain(|&p| p != s);
+                if let (Some(NftError::Refused { errno, .. }), None) = (err, &first_error) {
+                    let cmd = commands
+                        .iter()
+                        .find(|(c, _)| *c == s)
+                        .map_or("a command", |(_, d)| d.as_str());
+                    first_error = Some(NftError::Refused {
+                        what: cmd.to_string(),
+                        errno,
+                    });
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+fn message(ty: u16, flags: u16, body: Vec<u8>) -> Message {
+    Message {
+        msg: ty & 0xff,
+        flags,
+        payload: body.get(4..).unwrap_or_default().to_vec(),
+    }
+}
+
+/// The error an NLMSG_ERROR carries; None for an acknowledgement.
+fn error_of(body: &[u8], what: &'static str) -> Result<Option<NftError>, NftError> {
+    let code = body
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(i32::from_ne_bytes)
+        .ok_or(NftError::Malformed { what })?;
+    Ok((code != 0).then(|| NftError::Refused {
+        what: what.to_string(),
+        errno: Errno::from_raw(-code),
+    }))
+}
