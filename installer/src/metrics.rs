@@ -790,7 +790,7 @@ mod tests {
         std::fs::write(tmp.path().join("token"), format!("{token}\n")).unwrap();
         std::fs::write(
             tmp.path().join("kubeconfig"),
-            format!("users:\n- name: x\n  user:\n    token: \"{token}\"\n"),
+            format!(r#"{{"users":[{{"name":"x","user":{{"token":"{token}"}}}}]}}"#),
         )
         .unwrap();
 
