@@ -26,7 +26,9 @@
 //! - the way out on uninstall ([`unchain`]);
 //! - the installer's heartbeat in the plugin's state dir, which tells the
 //!   plugin whether an installer is alive to rewrite rejected credentials
-//!   ([`heartbeat`]).
+//!   ([`heartbeat`]);
+//! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
+//!   which the installer exports.
 
 mod entry;
 mod error;
@@ -37,6 +39,7 @@ mod keeper;
 mod lock;
 pub mod names;
 mod options;
+pub mod outcomes;
 pub mod owned;
 mod plan;
 mod recover;

@@ -14,6 +14,9 @@
 //! The process runs in the node namespace and is killed on drop (also when
 //! the test fails, when its log is printed).
 
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
@@ -120,6 +123,17 @@ pub fn template(node: &Node) -> String {
     serde_json::to_string_pretty(&t).unwrap_or_default()
 }
 
+/// [`template`] with `add_deadline_seconds` (e.g. short, so that an ADD
+/// whose credentials are rejected ends soon in code 11), and what the
+/// installer renders from it.
+pub fn template_with_deadline(node: &Node, seconds: u64) -> (String, Value) {
+    let mut t: Value = serde_json::from_str(&template(node)).unwrap_or_default();
+    t["add_deadline_seconds"] = seconds.into();
+    let mut desired = expected_entry(node);
+    desired["add_deadline_seconds"] = seconds.into();
+    (t.to_string(), desired)
+}
+
 /// What the installer must render from [`template`] for this node: host
 /// paths, not the container's.
 pub fn expected_entry(node: &Node) -> Value {
@@ -138,4 +152,39 @@ fn symlink(target: &Path, link: &Path) {
             target.display()
         )
     });
+}
+
+/// The address an installer started with `LINKERD_CNI_METRICS_ADDR`
+/// (port 0: any) says it serves `/metrics` on, once it has said so.
+pub fn metrics_addr(inst: &Installer, within: Duration) -> SocketAddr {
+    let needle = "serving /metrics on http://";
+    assert!(inst.wait_log(needle, within), "{}", inst.log());
+    let log = inst.log();
+    let rest = &log[log.find(needle).unwrap_or_default() + needle.len()..];
+    rest[..rest.find("/metrics").unwrap_or_default()]
+        .parse()
+        .unwrap_or_else(|e| panic!("the address in {rest:?}: {e}"))
+}
+
+/// One scrape of `/metrics` from inside `node` (where the installer
+/// listens): each sample as `name{labels}` -> value.
+pub fn scrape(node: &Node, addr: SocketAddr) -> BTreeMap<String, f64> {
+    let text = node.enter(|| {
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+            .and_then(|()| {
+                let mut text = String::new();
+                s.read_to_string(&mut text).map(|_| text)
+            })
+            .unwrap_or_else(|e| panic!("GET /metrics from {addr}: {e}"))
+    });
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{text}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }

@@ -38,7 +38,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 23] = [
+pub const VARIABLES: [&str; 25] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -61,6 +61,8 @@ pub const VARIABLES: [&str; 23] = [
     "LINKERD_CNI_POD_NAMESPACE",
     "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
     "LINKERD_CNI_CHAIN_MODE",
+    "LINKERD_CNI_METRICS_ADDR",
+    "LINKERD_CNI_EVENTS",
     "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
 ];
 
@@ -146,6 +148,12 @@ pub struct Config {
     /// `LINKERD_CNI_CHAIN_MODE`: decides the entry's `chain_mode`; when
     /// unset the template's own key (if any) decides, else inline mode.
     pub chain_mode: Option<ModeChoice>,
+    /// `LINKERD_CNI_METRICS_ADDR`: where to serve `/metrics` (`IP:PORT`,
+    /// the node's IP from the downward API); None: no metrics, no socket.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `LINKERD_CNI_EVENTS` (default true): Kubernetes Events on the Node
+    /// named by `LINKERD_CNI_NODE_NAME` (none without a node name).
+    pub events: bool,
     /// `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`: the ServiceAccount (in this
     /// pod's namespace) whose token goes into the node's kubeconfig.
     pub plugin_service_account: String,
@@ -257,6 +265,8 @@ impl Config {
             false,
         )?;
         let chain_mode = chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?;
+        let metrics_addr = metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?;
+        let events = boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?;
         let plugin_service_account =
             plugin_service_account(var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"))?;
 
@@ -282,6 +292,8 @@ impl Config {
             pod_namespace,
             chain_write_outside_conf_dir,
             chain_mode,
+            metrics_addr,
+            events,
             plugin_service_account,
         };
         // Fail at start on a template that can never render.
@@ -558,6 +570,23 @@ fn k8s_port(value: Option<String>) -> Result<u16, ConfigError> {
                 format!("expected a port number 1-65535, got {port:?}"),
             )
         })
+}
+
+/// `LINKERD_CNI_METRICS_ADDR`: an IP literal and a port, never a name (no
+/// resolver call at start, and no doubt about which interface listens).
+fn metrics_addr(value: Option<String>) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    let Some(v) = value.map(|v| v.trim().to_string()) else {
+        return Ok(None);
+    };
+    v.parse().map(Some).map_err(|_| {
+        ConfigError::new(
+            "LINKERD_CNI_METRICS_ADDR",
+            format!(
+                "expected IP:PORT (e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with the node's IP \
+                 from the downward API's status.hostIP, or [IPv6]:PORT), got {v:?}"
+            ),
+        )
+    })
 }
 
 fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
@@ -916,6 +945,25 @@ mod tests {
             let e = env(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var, "{var}={value}: {e}");
             assert!(e.to_string().contains(var), "{e}");
+        }
+    }
+
+    #[test]
+    fn metrics_addr_is_an_ip_and_port() {
+        assert_eq!(env(&[]).unwrap().metrics_addr, None);
+        let c = env(&[("LINKERD_CNI_METRICS_ADDR", "192.0.2.7:9995")]).unwrap();
+        assert_eq!(c.metrics_addr, Some("192.0.2.7:9995".parse().unwrap()));
+        let c = env(&[("LINKERD_CNI_METRICS_ADDR", "[2001:db8::7]:9995")]).unwrap();
+        assert_eq!(c.metrics_addr, Some("[2001:db8::7]:9995".parse().unwrap()));
+        for bad in [
+            "node-1:9995",
+            "192.0.2.7",
+            ":9995",
+            "$(LINKERD_CNI_NODE_IP):9995",
+        ] {
+            let e = env(&[("LINKERD_CNI_METRICS_ADDR", bad)]).unwrap_err();
+            assert_eq!(e.var, "LINKERD_CNI_METRICS_ADDR");
+            assert!(e.reason.contains("IP:PORT"), "{e}");
         }
     }
 

@@ -23,6 +23,7 @@ use crate::credential::{self, Credential};
 use crate::entry::Entry;
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigState};
+use crate::metrics::{self, Telemetry};
 use crate::notes::Notes;
 
 /// The longest a pass may spend repairing the chain: a pass must stay short
@@ -54,6 +55,8 @@ pub struct Installer {
     /// it), the time it is allowed again: the loop wakes then rather than
     /// at the next resync.
     retry_at: Option<Instant>,
+    /// What the passes did, for `/metrics` (records nothing when off).
+    telemetry: Telemetry,
     /// The plugin's token for the kubeconfig.
     credential: Credential,
 }
@@ -69,7 +72,43 @@ impl Installer {
             chained_last_pass: false,
             kubeconfig_current: false,
             retry_at: None,
+            telemetry: Telemetry::off(),
             credential: Credential::default(),
+        }
+    }
+
+    /// Records what each pass does into `t` from now on.
+    pub fn set_telemetry(&mut self, t: Telemetry) {
+        self.telemetry = t;
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// The entry the template renders now, else the last that rendered.
+    pub fn current_entry(&self) -> Entry {
+        self.cfg
+            .desired_entry()
+            .unwrap_or_else(|_| self.last_entry.clone())
+    }
+
+    /// What a scrape reads besides the passes' state: the plugin's state
+    /// dir (the entry's `state_dir`, on the host) and the token.
+    pub fn metrics_sources(&self) -> metrics::Sources {
+        let state_dir = self
+            .last_entry
+            .get("state_dir")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR);
+        metrics::Sources {
+            plugin_state_dir: crate::config::under_prefix(
+                &self.cfg.mount_prefix,
+                Path::new(state_dir),
+            ),
+            token_file: self.cfg.service_account_dir.join("token"),
+            kubeconfig: self.cfg.kubeconfig_path(),
         }
     }
 
@@ -85,7 +124,7 @@ impl Installer {
     /// The chain library's options for this installer: symlinks in the conf
     /// dir resolve as on the host (absolute targets under the host mount,
     /// not the container's root).
-    fn repair_options(&self) -> RepairOptions {
+    pub fn repair_options(&self) -> RepairOptions {
         RepairOptions {
             host_root: self.cfg.mount_prefix.clone(),
             write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,
@@ -340,10 +379,26 @@ impl Installer {
     /// once per change.
     fn reconcile_chain(&mut self, entry: &Entry) {
         let ctx = self.context(entry);
+        self.telemetry.before_keep(&ctx.conf_dir);
         match chain::keep(&ctx, &mut self.fights) {
             Ok(report) => self.log_report(&ctx, &report),
             Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
         }
+    }
+
+    /// After each pass, however it ended: what `/metrics` shows of it (the
+    /// chain as the pass left it, diagnosed only when metrics are on) and
+    /// what Events report.
+    pub fn after_pass(&self) {
+        if self.telemetry.metrics_on() {
+            let v = metrics::verdict(
+                &self.cfg.conf_dir(),
+                &self.last_entry,
+                &self.repair_options(),
+            );
+            self.telemetry.chain(&v);
+        }
+        self.telemetry.pass_done();
     }
 
     fn log_report(&mut self, ctx: &Context, r: &Report) {
@@ -351,6 +406,7 @@ impl Installer {
         for a in &r.actions {
             log::info!("{a}");
         }
+        self.telemetry.report(r, ctx.mode.mode);
         match (&r.layout, ctx.mode.mode) {
             (Layout::Fallback(why), _) => {
                 self.notes

@@ -194,7 +194,12 @@ pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
 /// The token in the kubeconfig on disk, as [`Rendered::text`] writes it
 /// (another layout has none this installer would keep).
 pub fn file_token(cfg: &Config) -> Option<String> {
-    let bytes = fsutil::read_optional(&cfg.kubeconfig_path()).ok()??;
+    token_in(&cfg.kubeconfig_path())
+}
+
+/// [`file_token`] of the kubeconfig at `path`.
+pub fn token_in(path: &std::path::Path) -> Option<String> {
+    let bytes = fsutil::read_optional(path).ok()??;
     let text = String::from_utf8(bytes).ok()?;
     let doc: Value = serde_json::from_str(&text).ok()?;
     let token = doc["users"][0]["user"]["token"].as_str()?;

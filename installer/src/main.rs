@@ -6,15 +6,19 @@ mod binaries;
 mod config;
 mod credential;
 mod entry;
+mod events;
 mod fsutil;
 mod installer;
 mod kubeconfig;
 mod logging;
+mod metrics;
 mod notes;
 mod owner;
 mod run;
 mod runtime;
+mod serve;
 mod signals;
+mod status;
 mod taint;
 mod watch;
 
@@ -35,6 +39,12 @@ USAGE:
     linkerd-cni-installer check      exit 0 when the node is ready (readiness
                                      probe); otherwise print why and exit 1;
                                      either way, the chain mode and why
+    linkerd-cni-installer status     the node's state for a person: chain mode
+                                     (and why), health, readiness, the
+                                     credential, the plugin's ADD outcomes,
+                                     and the running installer's repairs
+                                     from its /metrics when that is on
+                                     (exit 0 healthy, 1 not, 2 error)
     linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
                                      config, then the kubeconfig and the
                                      persisted entry, then the binaries
@@ -51,6 +61,7 @@ fn main() -> ExitCode {
     let command = match args.as_slice() {
         [] | ["run"] => Command::Run,
         ["check"] => Command::Check,
+        ["status"] => Command::Status,
         ["uninstall"] => Command::Uninstall,
         ["version" | "--version" | "-V"] => {
             println!("linkerd-cni-installer {}", env!("CARGO_PKG_VERSION"));
@@ -68,7 +79,7 @@ fn main() -> ExitCode {
     // `check` runs every few seconds as a probe: its stdout says why the
     // node is not ready, and routine log lines would only add noise.
     let level = match command {
-        Command::Check => LevelFilter::Warn,
+        Command::Check | Command::Status => LevelFilter::Warn,
         _ => LevelFilter::Info,
     };
     logging::init(level);
@@ -101,6 +112,15 @@ fn main() -> ExitCode {
             }
             code
         }
+        Command::Status => {
+            let (text, healthy) = status::report(&installer);
+            print!("{text}");
+            if healthy {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Uninstall => match installer.uninstall() {
             Ok(()) => {
                 log::info!("uninstalled");
@@ -117,6 +137,7 @@ fn main() -> ExitCode {
 enum Command {
     Run,
     Check,
+    Status,
     Uninstall,
 }
 

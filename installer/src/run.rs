@@ -131,6 +131,7 @@ pub fn run(mut inst: Installer) -> ExitCode {
     );
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
+    crate::metrics::setup(&mut inst);
 
     let mut debounce = Debounce::default();
     let mut full = true;
@@ -151,9 +152,13 @@ pub fn run(mut inst: Installer) -> ExitCode {
             inst.reconcile();
             inst.beat();
             taint.after_pass(&inst);
+            if let Some(how) = taint.removed() {
+                inst.telemetry().taint_removed(&how);
+            }
         } else {
             inst.reconcile_chain_now();
         }
+        inst.after_pass();
         // A repair held back by the rate limit is retried as soon as the
         // limit allows, not a whole resync later.
         let resync = last_full + cfg.resync;
@@ -200,6 +205,7 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
         },
     };
     log::info!("{sig}: uninstalling ({why})");
+    inst.telemetry().uninstalling(&why);
     match inst.uninstall() {
         Ok(()) => {
             log::info!("uninstalled; exiting");

@@ -69,6 +69,8 @@ pub struct StartupTaint {
     key: String,
     cfg: Config,
     state: State,
+    /// What the removal did, until the caller reports it ([`Self::removed`]).
+    removed: Option<String>,
 }
 
 impl StartupTaint {
@@ -95,6 +97,7 @@ impl StartupTaint {
             key: cfg.startup_taint.clone(),
             cfg: cfg.clone(),
             state,
+            removed: None,
         }
     }
 
@@ -130,6 +133,11 @@ impl StartupTaint {
         self.record(answer);
     }
 
+    /// The taint's removal, once, after the pass that removed it.
+    pub fn removed(&mut self) -> Option<String> {
+        self.removed.take()
+    }
+
     /// One removal: Err is the failure's kind and what to say about it.
     fn remove(&self) -> Result<TaintOutcome, (Failure, String)> {
         // Names go into an API path: refuse anything that could change it.
@@ -155,6 +163,9 @@ impl StartupTaint {
                     TaintOutcome::Absent { .. } => "absent",
                 };
                 log::info!("startup taint: {word}: {outcome}");
+                if let TaintOutcome::Removed { .. } = outcome {
+                    self.removed = Some(format!("startup taint: {outcome}"));
+                }
                 self.state = State::Done;
                 return;
             }

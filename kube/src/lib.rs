@@ -4,10 +4,11 @@
 //! ([`client`]), and the fields of the objects they read ([`objects`]);
 //! for the installer, whether its DaemonSet is gone ([`owner`]), removing a
 //! startup taint from a node ([`taint`]), minting the plugin's token
-//! ([`token`]) and the self reviews that corroborate a refusal
-//! ([`review`]).
+//! ([`token`]), the self reviews that corroborate a refusal ([`review`])
+//! and Events about its node ([`events`]).
 
 pub mod client;
+pub mod events;
 pub mod kubeconfig;
 pub mod names;
 pub mod objects;

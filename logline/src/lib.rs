@@ -36,10 +36,21 @@ pub fn line(
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
 pub fn rfc3339(secs: u64, millis: u32) -> String {
+    format!("{}.{millis:03}Z", seconds(secs))
+}
+
+/// UTC time with microseconds, `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`: a Kubernetes
+/// `MicroTime` (an Event's `eventTime`).
+pub fn rfc3339_micros(secs: u64, micros: u32) -> String {
+    format!("{}.{micros:06}Z", seconds(secs))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of `secs` since the epoch, in UTC.
+fn seconds(secs: u64) -> String {
     let rem = secs % 86_400;
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60

@@ -20,7 +20,7 @@ use linkerd_cni_chain::{
     ChainError, Context, Entry, ModeChoice, PersistedFights, RepairOptions, keep, load_entry,
 };
 
-use crate::cni::{CniError, NetConf, code};
+use crate::cni::{CniError, NetConf};
 use crate::config::PluginConfig;
 
 /// Keys a runtime adds to a plugin's config when invoking it: not part of
@@ -180,8 +180,8 @@ pub fn chain_on_add(
         }
         Some(why) => {
             log::warn!("the chain that ran was stale ({why}); asking the runtime to retry");
-            Err(CniError::new(
-                code::TRY_AGAIN_LATER,
+            Err(CniError::try_again(
+                linkerd_cni_chain::outcomes::RetryCause::StaleOwnedCopy,
                 "the network config this ADD ran is out of date; try again",
                 format!(
                     "linkerd-cni owned mode: {why}; linkerd-cni's config now follows the primary's, so a retry runs the current chain"

@@ -14,6 +14,7 @@
 //!   with upstream's.
 //! - [`plugin`]: what each CNI command does.
 //! - [`logging`]: stderr and syslog logging, never stdout.
+//! - [`outcome`]: how each ADD ended, counted in the state dir.
 //! - [`pod`]: the per-pod work of ADD and CHECK, built on `linkerd_cni_kube` (the
 //!   Kubernetes API), [`iptables`] (the redirect rules) and [`netns`]
 //!   (entering the pod's network namespace).
@@ -24,5 +25,6 @@ pub mod heal;
 pub mod iptables;
 pub mod logging;
 pub mod netns;
+pub mod outcome;
 pub mod plugin;
 pub mod pod;

@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::cni::{self, CniError, Env, Invocation, NetConf};
 use crate::config::PluginConfig;
 use crate::logging;
+use crate::outcome;
 use crate::pod;
 
 /// The linkerd-cni plugin.
@@ -29,19 +30,15 @@ impl cni::Plugin for LinkerdCni {
         logging::set_level(level);
     }
 
-    /// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain
-    /// comes first, with the smaller of its own budget and the deadline:
-    /// healing the node matters whatever happens to this pod, and a slow API
-    /// server or a held xtables lock must not starve it. An ADD that ran a
-    /// stale owned copy is sent back (code 11) without the pod's work.
+    /// Every ADD's outcome is counted in the state dir (see
+    /// [`crate::outcome`]).
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
-        let config = PluginConfig::from_netconf(&inv.conf)?;
-        let deadline = Instant::now() + config.add_deadline;
-        let mut heal = config.clone();
-        heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
-        crate::heal::chain_on_add(&inv.conf, &heal, inv.env.container_id.as_deref())?;
-        pod::add_until(inv, &config, deadline)?;
-        Ok(inv.conf.pass_through_result())
+        let config = PluginConfig::from_netconf(&inv.conf).inspect_err(|e| {
+            outcome::count(&outcome::state_dir_of(&inv.conf.raw), &Err(e.clone()))
+        })?;
+        let added = add_pod(inv, &config);
+        outcome::count(&config.state_dir, &added);
+        added.map(|_| inv.conf.pass_through_result())
     }
 
     /// A chained plugin's CHECK verifies against the ADD result the runtime
@@ -68,4 +65,17 @@ impl cni::Plugin for LinkerdCni {
         }
         Ok(())
     }
+}
+
+/// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain
+/// comes first, with the smaller of its own budget and the deadline:
+/// healing the node matters whatever happens to this pod, and a slow API
+/// server or a held xtables lock must not starve it. An ADD that ran a
+/// stale owned copy is sent back (code 11) without the pod's work.
+fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<pod::Added, CniError> {
+    let deadline = Instant::now() + config.add_deadline;
+    let mut heal = config.clone();
+    heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
+    crate::heal::chain_on_add(&inv.conf, &heal, inv.env.container_id.as_deref())?;
+    pod::add_until(inv, config, deadline)
 }

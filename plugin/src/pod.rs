@@ -34,6 +34,7 @@ use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
+use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 use linkerd_cni_kube::objects::{Pod, PodSpec};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
 
@@ -75,10 +76,40 @@ pub mod annotation {
 /// What to do for one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Nothing: pass the result through. Says why.
-    PassThrough(String),
+    /// Nothing: pass the result through.
+    PassThrough(Skipped),
     /// Install (or verify) these rules.
     Mesh(Plan),
+}
+
+/// A pod left without rules: why, for the log and for the ADD's outcome
+/// counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub cause: Skip,
+    pub why: String,
+}
+
+/// The kinds of [`Skipped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// No pod in CNI_ARGS, or an exempt namespace.
+    Exempt,
+    /// No linkerd proxy, or an init container of its own.
+    Unmeshed,
+    /// Cannot tell whether it is meshed: passed through.
+    CannotTell(PassCause),
+}
+
+/// What ADD did for the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    Meshed,
+    Skipped(Skip),
+}
+
+fn skip(cause: Skip, why: String) -> Stop {
+    Stop::PassThrough(Skipped { cause, why })
 }
 
 /// The rules for a meshed pod.
@@ -98,11 +129,11 @@ pub fn add_until(
     inv: &Invocation,
     config: &PluginConfig,
     deadline: Instant,
-) -> Result<(), CniError> {
+) -> Result<Added, CniError> {
     let plan = match decide_until(inv, config, deadline)? {
-        Decision::PassThrough(why) => {
-            log::info!("ADD: nothing to do: {why}");
-            return Ok(());
+        Decision::PassThrough(s) => {
+            log::info!("ADD: nothing to do: {}", s.why);
+            return Ok(Added::Skipped(s.cause));
         }
         Decision::Mesh(plan) => plan,
     };
@@ -115,7 +146,7 @@ pub fn add_until(
                 table::restore_batch(set, &Default::default())
             );
         }
-        return Ok(());
+        return Ok(Added::Meshed);
     }
     let netns = netns_of(inv)?;
     driver(config)
@@ -130,15 +161,15 @@ pub fn add_until(
         plan.pod,
         netns.display()
     );
-    Ok(())
+    Ok(Added::Meshed)
 }
 
 /// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
 /// installs.
 pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let plan = match decide(inv, config)? {
-        Decision::PassThrough(why) => {
-            log::debug!("CHECK: nothing to verify: {why}");
+        Decision::PassThrough(s) => {
+            log::debug!("CHECK: nothing to verify: {}", s.why);
             return Ok(());
         }
         Decision::Mesh(plan) => plan,
@@ -194,7 +225,7 @@ pub fn decide_until(
 ) -> Result<Decision, CniError> {
     match plan(inv, config, deadline) {
         Ok(plan) => Ok(Decision::Mesh(plan)),
-        Err(Stop::PassThrough(why)) => Ok(Decision::PassThrough(why)),
+        Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
         Err(Stop::Failed(e)) => Err(e),
     }
 }
@@ -202,7 +233,7 @@ pub fn decide_until(
 /// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
 /// cannot be told to be), or something failed.
 enum Stop {
-    PassThrough(String),
+    PassThrough(Skipped),
     Failed(CniError),
 }
 
@@ -293,14 +324,16 @@ fn get_pod(
 /// invocation is not for a Kubernetes pod or its namespace is exempt.
 fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Err(Stop::PassThrough(
+        return Err(skip(
+            Skip::Exempt,
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Err(Stop::PassThrough(format!(
-            "namespace {namespace:?} is exempt (exempt-namespaces)"
-        )));
+        return Err(skip(
+            Skip::Exempt,
+            format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
+        ));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !valid_name(value) {
@@ -336,7 +369,7 @@ fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<
             path.display()
         );
         log::error!("{why}");
-        return Err(Stop::PassThrough(why));
+        return Err(skip(Skip::CannotTell(PassCause::KubeconfigMissing), why));
     }
     let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -352,18 +385,22 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Err(Stop::PassThrough(format!(
-            "pod {pod_id} has no {PROXY_CONTAINER} container"
-        )));
+        return Err(skip(
+            Skip::Unmeshed,
+            format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
+        ));
     }
     if spec
         .init_containers
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Err(Stop::PassThrough(format!(
-            "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
-        )));
+        return Err(skip(
+            Skip::Unmeshed,
+            format!(
+                "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
+            ),
+        ));
     }
     Ok(())
 }
@@ -622,12 +659,12 @@ fn kubeconfig_error(e: KubeconfigError) -> CniError {
 /// `what`: what was being read, e.g. "pod ns/name". An unreachable, slow
 /// or overloaded server is "try again later" (code 11), which is what it is.
 fn api_error(what: &str, e: ApiError) -> CniError {
-    let code = if e.transient() {
-        code::TRY_AGAIN_LATER
+    let msg = format!("cannot get {what}: {e}");
+    if e.transient() {
+        CniError::try_again(RetryCause::ApiUnavailable, msg, e.hint())
     } else {
-        code::KUBERNETES
-    };
-    CniError::new(code, format!("cannot get {what}: {e}"), e.hint())
+        CniError::new(code::KUBERNETES, msg, e.hint())
+    }
 }
 
 /// `e`, or, when the ADD's deadline has passed, the error that says so
@@ -636,8 +673,8 @@ fn past_deadline(config: &PluginConfig, deadline: Instant, doing: &str, e: CniEr
     if Instant::now() < deadline {
         return e;
     }
-    CniError::new(
-        code::TRY_AGAIN_LATER,
+    CniError::try_again(
+        RetryCause::Deadline,
         format!(
             "linkerd-cni's ADD deadline of {} s (add_deadline_seconds) ran out while {doing}",
             config.add_deadline.as_secs_f32()

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use common::{BIN, exempt_env, run, stdout_json};
 use serde_json::Value;
+use testkit::TempDir;
 
 fn add_env() -> Vec<(&'static str, &'static str)> {
     exempt_env("ADD")
@@ -16,13 +17,14 @@ fn add_env() -> Vec<(&'static str, &'static str)> {
 /// A literal, not built from testkit's chart template: it is the runtime's
 /// bytes, and the test judges that stdout keeps their key order and number
 /// spelling (`0.30000000000000000004`), which a value built in memory would
-/// not show.
+/// not show. `@STATE@`: the state dir ([`calico_add`]).
 const CALICO_ADD: &str = r#"{
   "cniVersion": "0.3.1",
   "name": "k8s-pod-network",
   "type": "linkerd-cni",
   "log_level": "debug",
   "chain_heal": false,
+  "state_dir": "@STATE@",
   "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
   "linkerd": {"incoming-proxy-port": 4143, "outgoing-proxy-port": 4140, "proxy-uid": 2102,
               "inbound-ports-to-ignore": ["4191","4190"], "iptables-mode": "legacy"},
@@ -35,6 +37,12 @@ const CALICO_ADD: &str = r#"{
     "x-vendor": {"ratio": 0.30000000000000000004, "big": 123456789012345678901234567890}
   }
 }"#;
+
+/// [`CALICO_ADD`] with a state dir of the test's own (where the ADD's
+/// outcome is counted), not the machine's.
+fn calico_add(state: &TempDir) -> String {
+    CALICO_ADD.replace("@STATE@", state.path().to_str().unwrap())
+}
 
 #[test]
 fn version_lists_all_seven() {
@@ -52,13 +60,15 @@ fn version_lists_all_seven() {
 
 #[test]
 fn add_prints_calico_prev_result_unchanged() {
-    let o = run(&add_env(), CALICO_ADD.as_bytes());
+    let state = TempDir::new("binary").unwrap();
+    let add = calico_add(&state);
+    let o = run(&add_env(), add.as_bytes());
     assert!(
         o.status.success(),
         "stderr: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let conf: Value = serde_json::from_str(CALICO_ADD).unwrap();
+    let conf: Value = serde_json::from_str(&add).unwrap();
     // preserve_order + arbitrary_precision: equal text means equal order and numbers.
     assert_eq!(
         serde_json::to_string(&stdout_json(&o)).unwrap(),
@@ -68,13 +78,9 @@ fn add_prints_calico_prev_result_unchanged() {
 
 #[test]
 fn garbage_stdin_is_a_cni_error_and_nothing_else() {
-    for garbage in [
-        &b"{{{"[..],
-        b"\xff\xfe",
-        b"[]",
-        b"42",
-        br#"{"linkerd":"x"}"#,
-    ] {
+    let state = TempDir::new("binary").unwrap();
+    let bad_key = format!(r#"{{"linkerd":"x","state_dir":{:?}}}"#, state.path());
+    for garbage in [&b"{{{"[..], b"\xff\xfe", b"[]", b"42", bad_key.as_bytes()] {
         let o = run(&add_env(), garbage);
         assert!(!o.status.success());
         let v = stdout_json(&o);
@@ -110,7 +116,8 @@ fn del_succeeds_without_netns_or_prev_result() {
 fn log_lines_name_the_container_and_the_pod() {
     // Chain healing is off in CALICO_ADD and the pod is exempt: the lines
     // are the ADD's own.
-    let o = run(&add_env(), CALICO_ADD.as_bytes());
+    let state = TempDir::new("binary").unwrap();
+    let o = run(&add_env(), calico_add(&state).as_bytes());
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -126,7 +133,8 @@ fn log_lines_name_the_container_and_the_pod() {
 #[test]
 fn logs_never_reach_stdout() {
     // log_level debug in the config: plenty to log, none of it on stdout.
-    let o = run(&add_env(), CALICO_ADD.as_bytes());
+    let state = TempDir::new("binary").unwrap();
+    let o = run(&add_env(), calico_add(&state).as_bytes());
     let out = String::from_utf8(o.stdout).unwrap();
     assert!(out.trim_start().starts_with('{') && out.trim_end().ends_with('}'));
     assert_eq!(out.lines().count(), 1);

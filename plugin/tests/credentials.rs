@@ -67,13 +67,13 @@ fn decide(c: &Cluster, extra: Value) -> Result<Decision, CniError> {
 fn meshed(d: Decision) {
     match d {
         Decision::Mesh(p) => assert_eq!(p.pod, "emojivoto/web-0"),
-        Decision::PassThrough(why) => panic!("expected a meshed pod, got pass-through: {why}"),
+        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
     }
 }
 
 fn passed(d: Decision) -> String {
     match d {
-        Decision::PassThrough(why) => why,
+        Decision::PassThrough(s) => s.why,
         Decision::Mesh(p) => panic!("expected pass-through, got a plan for {}", p.pod),
     }
 }

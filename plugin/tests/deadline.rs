@@ -15,6 +15,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
 use serde_json::{Value, json};
 use testkit::iptables::nat_table;
 use testkit::objects::Pod;
@@ -105,6 +106,13 @@ fn black_holed_api_server_ends_at_the_deadline() {
     let details = e["details"].as_str().unwrap_or_default();
     assert!(details.contains("emojivoto/web-0"), "{e}");
     assert_eq!(api.total_requests(), 0);
+    // Counted as a retry on the deadline, once, and as nothing else.
+    let counted: Vec<_> = outcomes::read(Path::new(conf["state_dir"].as_str().unwrap()))
+        .unwrap()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(counted, vec![(Outcome::TryAgain(RetryCause::Deadline), 1)]);
     drop(hole);
 }
 

@@ -37,13 +37,13 @@ impl Cluster {
 fn mesh(d: Decision) -> Plan {
     match d {
         Decision::Mesh(p) => p,
-        Decision::PassThrough(why) => panic!("expected a meshed pod, got pass-through: {why}"),
+        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
     }
 }
 
 fn pass(d: Decision) -> String {
     match d {
-        Decision::PassThrough(why) => why,
+        Decision::PassThrough(s) => s.why,
         Decision::Mesh(p) => panic!("expected pass-through, got a plan for {}", p.pod),
     }
 }

@@ -20,7 +20,8 @@
 //! (RBAC with `get` but not `patch`, as the linkerd2-cni chart grants on
 //! nodes), and [`FakeApiServer::change_before_next_patch`] stands in for
 //! another writer that changes the object between a client's read and its
-//! patch.
+//! patch. `events.k8s.io/v1` Events POSTed are kept, for
+//! [`FakeApiServer::events`].
 //!
 //! Tokens and reviews: `POST .../serviceaccounts/{name}/token` (the
 //! TokenRequest API) mints a JWT-shaped token for that ServiceAccount, with
@@ -41,8 +42,8 @@
 //! for tests that run the plugin in a "node" namespace whose loopback is
 //! not the host's.
 //!
-//! A deliberately small HTTP/1.1 server: GET, PATCH and those POSTs only,
-//! keep-alive, one thread per connection.
+//! A deliberately small HTTP/1.1 server: GET, PATCH and those POSTs (and
+//! Events') only, keep-alive, one thread per connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -89,6 +90,8 @@ struct State {
     /// Paths answered with 403.
     forbidden: Mutex<Vec<String>>,
     writes: Writes,
+    /// `events.k8s.io/v1` Events POSTed, as received.
+    events: Mutex<Vec<Value>>,
     tokens: Mutex<Tokens>,
     /// Per path: statuses for its next requests.
     fail_path: Mutex<HashMap<String, VecDeque<u16>>>,
@@ -197,6 +200,7 @@ impl FakeApiServer {
             revoked: Mutex::new(Vec::new()),
             forbidden: Mutex::new(Vec::new()),
             writes: Writes::default(),
+            events: Mutex::new(Vec::new()),
             tokens: Mutex::new(Tokens::default()),
             fail_path: Mutex::new(HashMap::new()),
             fail_raw: Mutex::new(VecDeque::new()),
@@ -406,6 +410,11 @@ impl FakeApiServer {
     /// between the client's GET and its PATCH.
     pub fn change_before_next_patch(&self, path: &str, object: Value) {
         lock(&self.state.writes.races).insert(path.to_string(), object);
+    }
+
+    /// The `events.k8s.io/v1` Events created so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        lock(&self.state.events).clone()
     }
 
     /// Requests received for `path` (whatever the answer).
@@ -621,6 +630,22 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     }
     if req.method == "PATCH" {
         return patch(state, req);
+    }
+    if req.method == "POST"
+        && let ["apis", "events.k8s.io", "v1", "namespaces", _, "events"] = req
+            .path
+            .trim_matches('/')
+            .split('/')
+            .collect::<Vec<_>>()
+            .as_slice()
+    {
+        return match serde_json::from_slice::<Value>(&req.body) {
+            Ok(ev) => {
+                lock(&state.events).push(ev.clone());
+                (201, ev)
+            }
+            Err(_) => (400, status_json(400, "the body is not JSON")),
+        };
     }
     if req.method != "GET" {
         return (405, status_json(405, "method not allowed"));

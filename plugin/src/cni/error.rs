@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use linkerd_cni_chain::outcomes::RetryCause;
 use serde_json::{Map, Value};
 
 /// Error codes from the CNI specification, plus ours from 100 up.
@@ -44,6 +45,9 @@ pub struct CniError {
     pub code: u32,
     pub msg: String,
     pub details: String,
+    /// For code 11, why: what the ADD's outcome counter records (never
+    /// sent to the runtime).
+    pub retry_cause: Option<RetryCause>,
 }
 
 impl CniError {
@@ -52,6 +56,19 @@ impl CniError {
             code,
             msg: msg.into(),
             details: details.into(),
+            retry_cause: None,
+        }
+    }
+
+    /// Code 11 ("try again later") for `cause`.
+    pub fn try_again(
+        cause: RetryCause,
+        msg: impl Into<String>,
+        details: impl Into<String>,
+    ) -> Self {
+        CniError {
+            retry_cause: Some(cause),
+            ..CniError::new(code::TRY_AGAIN_LATER, msg, details)
         }
     }
 

@@ -23,9 +23,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::heartbeat::{self, Liveness};
+use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 
 use super::Stop;
-use crate::cni::{CniError, code};
+use crate::cni::CniError;
 use crate::config::PluginConfig;
 
 /// Why the plugin's credentials gave no answer about a pod: what the pod
@@ -161,14 +162,18 @@ impl Retry {
                     kubeconfig.display()
                 );
                 log::error!("{why}");
+                let counted = match status {
+                    403 => PassCause::Forbidden,
+                    _ => PassCause::Unauthorized,
+                };
                 (
                     CredentialCause::RejectedInstallerGone,
-                    Stop::PassThrough(why),
+                    super::skip(super::Skip::CannotTell(counted), why),
                 )
             }
             Liveness::Alive { age, .. } => {
-                let e = CniError::new(
-                    code::TRY_AGAIN_LATER,
+                let e = CniError::try_again(
+                    RetryCause::CredentialsRejected,
                     format!(
                         "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
                          rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \

@@ -1,0 +1,341 @@
+//! The plugin's ADD outcomes, counted: how every ADD on the node ended
+//! (meshed, unmeshed, exempt, passed through and why, sent back with code 11
+//! and why, failed and with which code), so that the installer can export
+//! what no single short-lived plugin process remembers.
+//!
+//! One file in the plugin's state dir (tmpfs, never the conf dir, where any
+//! write makes runtimes reload): [`OUTCOMES_FILE`], [`SLOTS`] little-endian
+//! `u64` counters at fixed offsets, nothing else. An ADD adds one to one
+//! slot under an exclusive `flock` of the file: one read and one aligned
+//! 8-byte write in place, so concurrent ADDs never lose a count and no reader
+//! (who takes the lock shared) sees a half-updated slot. The file is never
+//! replaced, so there is no temp file to leave behind; a slot's meaning
+//! never changes once shipped (new causes take free slots, and a newer
+//! layout takes a new file name), so plugins of different versions on one
+//! node count into the same file.
+//!
+//! Counting is best effort: a state dir that cannot be written, or a lock
+//! held past [`LOCK_WAIT`], loses that one count and never fails the ADD.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The counters file in the plugin's state dir. The version is in the name:
+/// a different layout is a different file.
+pub const OUTCOMES_FILE: &str = "add-outcomes.v1";
+/// Slots in the file (a fixed size, so creating it is one `ftruncate`).
+pub const SLOTS: usize = 64;
+const FILE_LEN: u64 = (SLOTS * 8) as u64;
+/// The longest an ADD waits for another's count: each holds the lock for
+/// two system calls, so only a stopped process holds it longer.
+pub const LOCK_WAIT: Duration = Duration::from_millis(50);
+
+/// Why a pod was passed through without rules although it may be meshed:
+/// the plugin could not tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PassCause {
+    /// The kubeconfig does not exist (an uninstall, or no installer yet).
+    KubeconfigMissing,
+    /// HTTP 401 on the pod GET: a dead token.
+    Unauthorized,
+    /// HTTP 403 on the pod GET: RBAC without pods.
+    Forbidden,
+    /// A cause this table does not name (a newer plugin's).
+    Other,
+}
+
+/// Why an ADD answered code 11 ("try again later").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryCause {
+    /// Owned mode: the ADD ran a stale copy of the primary's chain.
+    StaleOwnedCopy,
+    /// The API server was unreachable, slow or overloaded.
+    ApiUnavailable,
+    /// The ADD's deadline (`add_deadline_seconds`) ran out.
+    Deadline,
+    /// The API server rejected the plugin's credentials while an installer
+    /// is alive to renew them.
+    CredentialsRejected,
+    /// A cause this table does not name.
+    Other,
+}
+
+/// How one ADD ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Rules installed (or, with `simulate`, would have been).
+    Meshed,
+    /// No `linkerd-proxy`, or its own `linkerd-init`: not ours to redirect.
+    Unmeshed,
+    /// An exempt namespace, or not a Kubernetes pod at all.
+    Exempt,
+    PassedThrough(PassCause),
+    TryAgain(RetryCause),
+    /// Any other CNI error, by code.
+    Failed(u32),
+}
+
+/// The error codes with a slot of their own; others count as `other`.
+const FAILED_CODES: [u32; 12] = [1, 2, 3, 4, 5, 6, 7, 100, 101, 102, 103, 199];
+
+impl Outcome {
+    /// The outcome's slot in the file. Shipped slots never move.
+    fn slot(self) -> usize {
+        match self {
+            Outcome::Meshed => 0,
+            Outcome::Unmeshed => 1,
+            Outcome::Exempt => 2,
+            Outcome::PassedThrough(c) => {
+                8 + match c {
+                    PassCause::KubeconfigMissing => 0,
+                    PassCause::Unauthorized => 1,
+                    PassCause::Forbidden => 2,
+                    PassCause::Other => 7,
+                }
+            }
+            Outcome::TryAgain(c) => {
+                16 + match c {
+                    RetryCause::StaleOwnedCopy => 0,
+                    RetryCause::ApiUnavailable => 1,
+                    RetryCause::Deadline => 2,
+                    RetryCause::CredentialsRejected => 3,
+                    RetryCause::Other => 15,
+                }
+            }
+            Outcome::Failed(code) => match FAILED_CODES.iter().position(|&c| c == code) {
+                Some(i) => 32 + i,
+                None => SLOTS - 1,
+            },
+        }
+    }
+
+    /// Every outcome with a slot, in slot order.
+    pub fn all() -> Vec<Outcome> {
+        let mut v = vec![Outcome::Meshed, Outcome::Unmeshed, Outcome::Exempt];
+        v.extend(
+            [
+                PassCause::KubeconfigMissing,
+                PassCause::Unauthorized,
+                PassCause::Forbidden,
+                PassCause::Other,
+            ]
+            .map(Outcome::PassedThrough),
+        );
+        v.extend(
+            [
+                RetryCause::StaleOwnedCopy,
+                RetryCause::ApiUnavailable,
+                RetryCause::Deadline,
+                RetryCause::CredentialsRejected,
+                RetryCause::Other,
+            ]
+            .map(Outcome::TryAgain),
+        );
+        v.extend(FAILED_CODES.map(Outcome::Failed));
+        v.push(Outcome::Failed(0));
+        v
+    }
+
+    /// The outcome's kind: `meshed`, `unmeshed`, `exempt`,
+    /// `passed_through`, `try_again` or `failed`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Outcome::Meshed => "meshed",
+            Outcome::Unmeshed => "unmeshed",
+            Outcome::Exempt => "exempt",
+            Outcome::PassedThrough(_) => "passed_through",
+            Outcome::TryAgain(_) => "try_again",
+            Outcome::Failed(_) => "failed",
+        }
+    }
+
+    /// The cause within the kind (the code for `failed`, `other` for a
+    /// code without a slot); empty for the kinds without causes.
+    pub fn cause(self) -> String {
+        match self {
+            Outcome::Meshed | Outcome::Unmeshed | Outcome::Exempt => String::new(),
+            Outcome::PassedThrough(c) => match c {
+                PassCause::KubeconfigMissing => "kubeconfig_missing",
+                PassCause::Unauthorized => "unauthorized",
+                PassCause::Forbidden => "forbidden",
+                PassCause::Other => "other",
+            }
+            .into(),
+            Outcome::TryAgain(c) => match c {
+                RetryCause::StaleOwnedCopy => "stale_owned_copy",
+                RetryCause::ApiUnavailable => "api_unavailable",
+                RetryCause::Deadline => "deadline",
+                RetryCause::CredentialsRejected => "credentials_rejected",
+                RetryCause::Other => "other",
+            }
+            .into(),
+            Outcome::Failed(code) if FAILED_CODES.contains(&code) => code.to_string(),
+            Outcome::Failed(_) => "other".into(),
+        }
+    }
+}
+
+/// Adds one to `outcome`'s counter in `state_dir`, creating the dir (0700)
+/// and the file (0600) when missing.
+pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
+    let path = state_dir.join(OUTCOMES_FILE);
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+    };
+    let file = match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(state_dir)?;
+            open()?
+        }
+        r => r?,
+    };
+    lock(&file, true)?;
+    let off = (outcome.slot() * 8) as u64;
+    let mut b = [0u8; 8];
+    // A slot past the end: a file just created (or cut short), extended
+    // with zeros, which a reader sees as zero counts either way. No stat
+    // first: one system call fewer on every ADD.
+    if file.read_at(&mut b, off)? < b.len() {
+        file.set_len(FILE_LEN)?;
+        b = [0; 8];
+    }
+    let n = u64::from_le_bytes(b).wrapping_add(1);
+    file.write_all_at(&n.to_le_bytes(), off)
+}
+
+/// Every counter in `state_dir`, in slot order; all zero when the file
+/// does not exist yet.
+pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
+    let mut buf = [0u8; FILE_LEN as usize];
+    match File::open(state_dir.join(OUTCOMES_FILE)) {
+        Ok(file) => {
+            lock(&file, false)?;
+            let mut got = 0;
+            while got < buf.len() {
+                match file.read_at(&mut buf[got..], got as u64)? {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(Outcome::all()
+        .into_iter()
+        .map(|o| {
+            let i = o.slot() * 8;
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[i..i + 8]);
+            (o, u64::from_le_bytes(b))
+        })
+        .collect())
+}
+
+/// Takes the file's lock (exclusive or shared), waiting at most
+/// [`LOCK_WAIT`]; released when the file is closed.
+fn lock(file: &File, exclusive: bool) -> io::Result<()> {
+    let end = Instant::now() + LOCK_WAIT;
+    loop {
+        let r = if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(TryLockError::WouldBlock) if Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{OUTCOMES_FILE} stayed locked for {LOCK_WAIT:?}"),
+                ));
+            }
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_outcome_has_its_own_slot_and_label() {
+        let all = Outcome::all();
+        let slots: HashSet<usize> = all.iter().map(|o| o.slot()).collect();
+        assert_eq!(slots.len(), all.len());
+        assert!(slots.iter().all(|&s| s < SLOTS));
+        let labels: HashSet<(&str, String)> = all.iter().map(|o| (o.kind(), o.cause())).collect();
+        assert_eq!(labels.len(), all.len());
+        // A code without a slot shares `other`.
+        assert_eq!(Outcome::Failed(42).slot(), Outcome::Failed(0).slot());
+        assert_eq!(Outcome::Failed(42).cause(), "other");
+    }
+
+    #[test]
+    fn counts_add_up_across_threads_and_a_missing_dir() {
+        let tmp = testkit::TempDir::new("outcomes").unwrap();
+        let dir = tmp.path().join("state");
+        assert!(read(&dir).unwrap().iter().all(|(_, n)| *n == 0));
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let dir = &dir;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        let o = if t % 2 == 0 {
+                            Outcome::Meshed
+                        } else {
+                            Outcome::TryAgain(RetryCause::Deadline)
+                        };
+                        count(dir, o).unwrap();
+                    }
+                });
+            }
+        });
+        count(&dir, Outcome::Failed(101)).unwrap();
+        let got: Vec<(Outcome, u64)> = read(&dir)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Outcome::Meshed, 200),
+                (Outcome::TryAgain(RetryCause::Deadline), 200),
+                (Outcome::Failed(101), 1),
+            ]
+        );
+        let len = std::fs::metadata(dir.join(OUTCOMES_FILE)).unwrap().len();
+        assert_eq!(len, FILE_LEN);
+    }
+
+    #[test]
+    fn a_short_file_reads_as_zeros_and_is_extended() {
+        let tmp = testkit::TempDir::new("outcomes").unwrap();
+        std::fs::write(tmp.path().join(OUTCOMES_FILE), 5u64.to_le_bytes()).unwrap();
+        let first = read(tmp.path()).unwrap();
+        assert_eq!(first[0], (Outcome::Meshed, 5));
+        assert!(first[1..].iter().all(|(_, n)| *n == 0));
+        count(tmp.path(), Outcome::Exempt).unwrap();
+        let after = read(tmp.path()).unwrap();
+        assert_eq!(after[0].1, 5);
+        assert_eq!(after[2], (Outcome::Exempt, 1));
+    }
+}

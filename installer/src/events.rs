@@ -1,0 +1,243 @@
+//! Kubernetes Events on the installer's Node, for what an operator must
+//! know about it without reading its log: a fight with another agent (and
+//! with what), owned mode falling back to inline, the plugin's credential
+//! rejected, the startup taint removed, and the uninstall decided at
+//! SIGTERM (and why).
+//!
+//! Each kind is rate-limited on its own: at most one Event per
+//! [`INTERVAL`]; occurrences in between are counted and the next Event says
+//! how many were not reported. Events are sent by a thread of their own
+//! (started with the first one) through a small queue, so an API server
+//! that is slow or down never delays a pass; the uninstall's Event is sent
+//! at once, within [`API_TIMEOUT`], since the process exits right after.
+//! With the installer's own credential (its service-account token, as the
+//! taint removal uses); a failure is logged and that Event is lost.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use linkerd_cni_kube::Client;
+use linkerd_cni_kube::events::{NodeEvent, create_node_event};
+
+/// At most one Event of a kind per this long.
+pub const INTERVAL: Duration = Duration::from_secs(600);
+/// The most one Event's API call may take.
+pub const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// Events waiting for the sender; more are dropped (and logged).
+const QUEUE: usize = 8;
+
+/// What an Event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Fight,
+    OwnedFallback,
+    CredentialRejected,
+    TaintRemoved,
+    Uninstall,
+}
+
+impl Kind {
+    fn reason(self) -> &'static str {
+        match self {
+            Kind::Fight => "LinkerdCNIChainFight",
+            Kind::OwnedFallback => "LinkerdCNIOwnedModeFallback",
+            Kind::CredentialRejected => "LinkerdCNICredentialRejected",
+            Kind::TaintRemoved => "LinkerdCNIStartupTaintRemoved",
+            Kind::Uninstall => "LinkerdCNIUninstall",
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Kind::Fight => "LimitRepairs",
+            Kind::OwnedFallback => "UseInlineMode",
+            Kind::CredentialRejected => "PassThroughPods",
+            Kind::TaintRemoved => "RemoveTaint",
+            Kind::Uninstall => "Uninstall",
+        }
+    }
+
+    fn warning(self) -> bool {
+        !matches!(self, Kind::TaintRemoved | Kind::Uninstall)
+    }
+}
+
+/// Where Events go: the API server, or a test's list.
+pub trait Sink: Send + Sync {
+    fn create(&self, event: &NodeEvent) -> Result<(), String>;
+}
+
+/// The API server, with the installer's own credential (its
+/// service-account token, read at each Event: the kubelet rotates it).
+pub struct ApiSink {
+    pub cfg: crate::config::Config,
+    pub node: String,
+    /// `reportingInstance`: the installer's pod.
+    pub instance: String,
+}
+
+impl Sink for ApiSink {
+    fn create(&self, event: &NodeEvent) -> Result<(), String> {
+        let api = crate::kubeconfig::own_api(&self.cfg)?;
+        create_node_event(
+            &Client::new(api, API_TIMEOUT),
+            &self.node,
+            &self.instance,
+            event,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Per kind: when the last Event was sent, and how many occurrences since
+/// were not.
+#[derive(Debug, Default)]
+struct Limiter {
+    last: HashMap<Kind, (Instant, u32)>,
+}
+
+impl Limiter {
+    /// `Some(n)`: send, with `n` occurrences unreported since the last
+    /// one; `None`: within the interval, counted.
+    fn admit(&mut self, kind: Kind, now: Instant) -> Option<u32> {
+        match self.last.get_mut(&kind) {
+            Some((at, skipped)) if now.duration_since(*at) < INTERVAL => {
+                *skipped += 1;
+                None
+            }
+            Some((at, skipped)) => {
+                let n = std::mem::take(skipped);
+                *at = now;
+                Some(n)
+            }
+            None => {
+                self.last.insert(kind, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The installer's Events.
+pub struct Events {
+    sink: Arc<dyn Sink>,
+    limiter: Mutex<Limiter>,
+    queue: Mutex<Option<SyncSender<NodeEvent>>>,
+}
+
+impl Events {
+    pub fn new(sink: Arc<dyn Sink>) -> Events {
+        Events {
+            sink,
+            limiter: Mutex::default(),
+            queue: Mutex::new(None),
+        }
+    }
+
+    /// The Event for `kind`, unless one was sent within [`INTERVAL`].
+    fn admitted(&self, kind: Kind, note: String) -> Option<NodeEvent> {
+        let skipped = crate::metrics::lock(&self.limiter).admit(kind, Instant::now())?;
+        let note = match skipped {
+            0 => note,
+            n => format!(
+                "{note} ({n} more like this since the last such Event, not reported: at most one per {} min)",
+                INTERVAL.as_secs() / 60
+            ),
+        };
+        Some(NodeEvent {
+            reason: kind.reason(),
+            action: kind.action(),
+            warning: kind.warning(),
+            note,
+        })
+    }
+
+    /// Queues the Event for `kind` (rate-limited); never waits.
+    pub fn emit(&self, kind: Kind, note: String) {
+        let Some(event) = self.admitted(kind, note) else {
+            return;
+        };
+        let mut queue = crate::metrics::lock(&self.queue);
+        let tx = queue.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::sync_channel::<NodeEvent>(QUEUE);
+            let sink = self.sink.clone();
+            let spawned = std::thread::Builder::new()
+                .name("events".into())
+                .spawn(move || {
+                    for e in rx {
+                        send(sink.as_ref(), &e);
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("cannot start the thread that sends Events: {e}");
+            }
+            tx
+        });
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) => {
+                log::warn!("Event {} not sent: the queue is full", e.reason)
+            }
+        }
+    }
+
+    /// Sends the Event for `kind` (rate-limited) now, within
+    /// [`API_TIMEOUT`]: for the last thing the process does.
+    pub fn emit_now(&self, kind: Kind, note: String) {
+        if let Some(event) = self.admitted(kind, note) {
+            send(self.sink.as_ref(), &event);
+        }
+    }
+}
+
+fn send(sink: &dyn Sink, e: &NodeEvent) {
+    match sink.create(e) {
+        Ok(()) => log::debug!("Event {} created", e.reason),
+        Err(err) => log::warn!("cannot create Event {} on this node: {err}", e.reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct List(Mutex<Vec<NodeEvent>>);
+    impl Sink for List {
+        fn create(&self, event: &NodeEvent) -> Result<(), String> {
+            self.0.lock().unwrap().push(event.clone());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_event_per_kind_per_interval_and_the_skipped_ones_said() {
+        let mut l = Limiter::default();
+        let t0 = Instant::now();
+        assert_eq!(l.admit(Kind::Fight, t0), Some(0));
+        assert_eq!(l.admit(Kind::Fight, t0 + Duration::from_secs(1)), None);
+        assert_eq!(
+            l.admit(Kind::Fight, t0 + INTERVAL - Duration::from_millis(1)),
+            None
+        );
+        // Another kind has its own limit.
+        assert_eq!(l.admit(Kind::TaintRemoved, t0), Some(0));
+        assert_eq!(l.admit(Kind::Fight, t0 + INTERVAL), Some(2));
+        assert_eq!(l.admit(Kind::Fight, t0 + INTERVAL * 2), Some(0));
+    }
+
+    #[test]
+    fn emit_now_sends_once_within_the_interval() {
+        let list = Arc::new(List::default());
+        let events = Events::new(list.clone());
+        events.emit_now(Kind::Uninstall, "the DaemonSet is gone".into());
+        events.emit_now(Kind::Uninstall, "again".into());
+        let sent = list.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].reason, "LinkerdCNIUninstall");
+        assert_eq!(sent[0].note, "the DaemonSet is gone");
+        assert!(!sent[0].warning);
+    }
+}

@@ -1,0 +1,873 @@
+//! What the node is doing, for operators: the facts each pass records
+//! ([`Telemetry`]), and their rendering in Prometheus' text format
+//! ([`render`]), which the `/metrics` endpoint ([`crate::serve`]) and
+//! `linkerd-cni-installer status` share.
+//!
+//! Opt-in (`LINKERD_CNI_METRICS_ADDR`): with metrics off the installer holds
+//! a [`Telemetry`] that records nothing, so a pass does no extra work.
+//! With metrics on, a pass updates a few fields under a mutex; everything
+//! else (the plugin's ADD counters, the credential's age) is read when
+//! scraped, never per pass, and nothing is ever written.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
+use linkerd_cni_chain::owned::{self, ChainMode, OwnedState};
+use linkerd_cni_chain::{ChainState, Entry, RepairOptions};
+
+use crate::events::{Events, Kind};
+
+/// Upper bounds of the heal-latency histogram's buckets, in seconds: a
+/// watch-driven repair takes milliseconds, one found by the resync seconds.
+pub const HEAL_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The causes a repair counts under, each exported from the start (at 0).
+pub const REPAIR_CAUSES: [&str; 7] = [
+    "missing",
+    "not_last",
+    "duplicated",
+    "stale",
+    "single_conf",
+    "owned_missing",
+    "owned_outdated",
+];
+
+/// The cause an inline repair of a chain found in `state` counts under.
+pub fn repair_cause(state: &ChainState) -> &'static str {
+    match state {
+        ChainState::Missing => "missing",
+        ChainState::NotLast { .. } => "not_last",
+        ChainState::Duplicated { .. } => "duplicated",
+        ChainState::Stale { .. } => "stale",
+        ChainState::SingleConf => "single_conf",
+        // Not repairable: never counted, but a name all the same.
+        ChainState::Healthy
+        | ChainState::NoPrimaryConfig
+        | ChainState::NoPrimaryPlugin
+        | ChainState::Invalid { .. } => "other",
+    }
+}
+
+/// The chain's state in a conf dir, as `/metrics` and `status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The mode the entry asks for.
+    pub configured: ChainMode,
+    /// The mode the chain is kept in: inline where owned mode does not
+    /// apply.
+    pub selected: ChainMode,
+    /// Why `selected` is not `configured`.
+    pub reason: Option<String>,
+    /// What keeps the chain from being healthy; `None`: healthy.
+    pub problem: Option<String>,
+}
+
+impl Verdict {
+    pub fn healthy(&self) -> bool {
+        self.problem.is_none()
+    }
+}
+
+/// The chain in `dir` for `entry`, healthy as the readiness check judges
+/// it.
+pub fn verdict(dir: &Path, entry: &Entry, opts: &RepairOptions) -> Verdict {
+    let configured = owned::mode_of(entry).unwrap_or(ChainMode::Inline);
+    let inline = |reason: Option<String>| Verdict {
+        configured,
+        selected: ChainMode::Inline,
+        reason,
+        problem: match linkerd_cni_chain::diagnose_with(dir, entry, opts) {
+            Ok(d) if d.is_healthy() => None,
+            Ok(d) => Some(d.state.to_string()),
+            Err(e) => Some(e.to_string()),
+        },
+    };
+    if configured == ChainMode::Inline {
+        return inline(None);
+    }
+    let owned = |problem: Option<String>| Verdict {
+        configured,
+        selected: ChainMode::Owned,
+        reason: None,
+        problem,
+    };
+    match owned::diagnose_with(dir, entry, opts) {
+        Ok(d) => match &d.state {
+            OwnedState::Fallback { reason } => inline(Some(reason.clone())),
+            OwnedState::Current if d.is_current() => owned(None),
+            state => owned(Some(state.to_string())),
+        },
+        Err(e) => owned(Some(e.to_string())),
+    }
+}
+
+/// A cumulative histogram over [`HEAL_BUCKETS`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative here).
+    buckets: [u64; HEAL_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = HEAL_BUCKETS.iter().position(|&b| v <= b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+}
+
+/// The node's state as the last passes saw it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeState {
+    /// The mode the entry asks for.
+    pub configured: Option<ChainMode>,
+    /// The mode the last pass kept the chain in, and whether it was healthy
+    /// at the end of the pass.
+    pub selected: Option<ChainMode>,
+    pub healthy: Option<bool>,
+    /// Why `selected` differs from `configured` (or why it was chosen).
+    pub reason: Option<String>,
+    pub repairs: BTreeMap<&'static str, u64>,
+    pub fights: u64,
+    pub held_back: u64,
+    pub heal_latency: Histogram,
+    pub passes: u64,
+    pub last_pass: Option<SystemTime>,
+}
+
+/// Where the pass records what it did, for `/metrics` and for Events;
+/// nothing at all (no lock, no allocation) when both are off.
+#[derive(Clone, Default)]
+pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
+
+struct Inner {
+    /// Whether `/metrics` is served (`state` is kept).
+    metrics: bool,
+    state: NodeState,
+    events: Option<Events>,
+    /// The plugin's state dir, for its credential rejections (Events).
+    plugin_state_dir: PathBuf,
+    seen: Seen,
+    /// The config files' mtimes before the keeper ran (metrics on): when
+    /// the write it repaired was made.
+    written: BTreeMap<PathBuf, SystemTime>,
+}
+
+/// What was reported already, so that each occurrence counts (and makes an
+/// Event) once, however many passes see it.
+#[derive(Default)]
+struct Seen {
+    /// The repair (file and content) in a fight now.
+    fighting: Option<String>,
+    /// The repair held back now.
+    holding: Option<String>,
+    /// Why owned mode does not apply now.
+    fallback: Option<String>,
+    /// The plugin's credential rejections counted so far (None: not read
+    /// yet; those before the installer started are not news).
+    rejections: Option<u64>,
+}
+
+impl Telemetry {
+    /// Records nothing.
+    pub fn off() -> Telemetry {
+        Telemetry(None)
+    }
+
+    /// Keeps the metrics (`metrics`) and sends `events`; off when neither.
+    pub fn new(metrics: bool, events: Option<Events>, plugin_state_dir: PathBuf) -> Telemetry {
+        if !metrics && events.is_none() {
+            return Telemetry::off();
+        }
+        Telemetry(Some(Arc::new(Mutex::new(Inner {
+            metrics,
+            state: NodeState::default(),
+            events,
+            plugin_state_dir,
+            seen: Seen::default(),
+            written: BTreeMap::new(),
+        }))))
+    }
+
+    /// Metrics only, for tests.
+    #[cfg(test)]
+    pub fn on() -> Telemetry {
+        Telemetry::new(true, None, PathBuf::new())
+    }
+
+    /// Whether `/metrics` is served.
+    pub fn metrics_on(&self) -> bool {
+        self.0.as_ref().is_some_and(|i| lock(i).metrics)
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Some(i) = &self.0 {
+            f(&mut lock(i));
+        }
+    }
+
+    /// [`Self::with`] on the metrics' state, when they are on.
+    fn metric(&self, f: impl FnOnce(&mut NodeState)) {
+        self.with(|i| {
+            if i.metrics {
+                f(&mut i.state);
+            }
+        });
+    }
+
+    fn event(i: &Inner, kind: Kind, note: String) {
+        if let Some(e) = &i.events {
+            e.emit(kind, note);
+        }
+    }
+
+    /// A copy of the state (default when off).
+    pub fn snapshot(&self) -> NodeState {
+        self.0
+            .as_ref()
+            .map(|i| lock(i).state.clone())
+            .unwrap_or_default()
+    }
+
+    /// The chain at the end of the pass.
+    pub fn chain(&self, v: &Verdict) {
+        self.metric(|s| {
+            s.configured = Some(v.configured);
+            s.selected = Some(v.selected);
+            s.healthy = Some(v.healthy());
+            s.reason = v.reason.clone();
+        });
+    }
+
+    /// A repair that rewrote `file`: counted under `cause`, and its heal
+    /// latency observed from the file's last write before the repair
+    /// (`written`: its mtime then; the primary's write) to now.
+    pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
+        self.with(|i| {
+            i.seen.holding = None;
+            if !i.metrics {
+                return;
+            }
+            let s = &mut i.state;
+            *s.repairs.entry(cause).or_default() += 1;
+            if let Some(w) = written {
+                let latency = SystemTime::now().duration_since(w).unwrap_or_default();
+                s.heal_latency.observe(latency.as_secs_f64());
+            }
+        });
+    }
+
+    /// Repairs of `what` (a file and the content they start from) are a
+    /// fight, as `warning` says: counted (and an Event) once until
+    /// [`Self::no_fight`].
+    pub fn fight(&self, what: &str, warning: &str) {
+        self.with(|i| {
+            if i.seen.fighting.as_deref() == Some(what) {
+                return;
+            }
+            i.seen.fighting = Some(what.to_string());
+            if i.metrics {
+                i.state.fights += 1;
+            }
+            Self::event(i, Kind::Fight, warning.to_string());
+        });
+    }
+
+    /// A repair that was not a fight.
+    pub fn no_fight(&self) {
+        self.with(|i| i.seen.fighting = None);
+    }
+
+    /// The repair of `what` held back by the fight limit: counted once
+    /// until a repair is made.
+    pub fn held_back(&self, what: &str) {
+        self.with(|i| {
+            if i.seen.holding.as_deref() == Some(what) {
+                return;
+            }
+            i.seen.holding = Some(what.to_string());
+            if i.metrics {
+                i.state.held_back += 1;
+            }
+        });
+    }
+
+    /// The entry asks for owned mode, which does not apply here (`why`):
+    /// the inline repair keeps the chain. An Event once per reason.
+    pub fn owned_fallback(&self, why: &str) {
+        self.with(|i| {
+            if i.seen.fallback.as_deref() == Some(why) {
+                return;
+            }
+            i.seen.fallback = Some(why.to_string());
+            Self::event(
+                i,
+                Kind::OwnedFallback,
+                format!("owned chain mode does not apply on this node, inline repair keeps linkerd-cni chained: {why}"),
+            );
+        });
+    }
+
+    /// Owned mode applies again.
+    pub fn owned_applies(&self) {
+        self.with(|i| i.seen.fallback = None);
+    }
+
+    /// The startup taint is gone from the node (`how`).
+    pub fn taint_removed(&self, how: &str) {
+        self.with(|i| Self::event(i, Kind::TaintRemoved, how.to_string()));
+    }
+
+    /// SIGTERM: the node is being uninstalled, `why`. Sent before the
+    /// uninstall starts, within the Event's API timeout.
+    pub fn uninstalling(&self, why: &str) {
+        self.with(|i| {
+            if let Some(e) = &i.events {
+                e.emit_now(
+                    Kind::Uninstall,
+                    format!("linkerd-cni is being removed from this node: {why}"),
+                );
+            }
+        });
+    }
+
+    /// After each pass: the pass count and time (metrics), and, for
+    /// Events, whether the plugin's credential was rejected since the last
+    /// pass (one read of its counters file).
+    pub fn pass_done(&self) {
+        self.with(|i| {
+            if i.metrics {
+                i.state.passes += 1;
+                i.state.last_pass = Some(SystemTime::now());
+            }
+            if i.events.is_some() {
+                plugin_rejections(i);
+            }
+        });
+    }
+
+    /// Before the keeper runs on `dir`: the config files' mtimes, when
+    /// metrics are on (a listing and a stat each), for the heal latency.
+    pub fn before_keep(&self, dir: &Path) {
+        if !self.metrics_on() {
+            return;
+        }
+        let written: BTreeMap<PathBuf, SystemTime> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| linkerd_cni_chain::is_config_name(&e.file_name()))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
+            .collect();
+        self.with(|i| i.written = written);
+    }
+
+    /// What the keeper did in this pass, from its report (in `mode`).
+    pub fn report(&self, r: &linkerd_cni_chain::Report, mode: ChainMode) {
+        use linkerd_cni_chain::{Action, HoldCause, Layout};
+        let written = |f: &Path| {
+            self.0
+                .as_ref()
+                .and_then(|i| lock(i).written.get(f).copied())
+        };
+        for a in &r.actions {
+            match a {
+                Action::Repaired { file, cause } => {
+                    let w = written(file);
+                    self.repaired(repair_cause(cause), w);
+                }
+                Action::Copied { from, created, .. } => match created {
+                    true => self.repaired("owned_missing", None),
+                    false => self.repaired("owned_outdated", written(from)),
+                },
+                _ => {}
+            }
+        }
+        match r.fights.first() {
+            Some(w) => self.fight(w, w),
+            None if r.changed() => self.no_fight(),
+            None => {}
+        }
+        for h in &r.held_back {
+            if let HoldCause::Fight { .. } = h.cause {
+                self.held_back(&h.file.display().to_string());
+            }
+        }
+        match (&r.layout, mode) {
+            (Layout::Fallback(why), _) => self.owned_fallback(why),
+            (_, ChainMode::Owned) => self.owned_applies(),
+            _ => {}
+        }
+    }
+}
+
+/// ADDs whose pod GET the API server refused the plugin's credentials for.
+fn plugin_rejections(i: &mut Inner) {
+    let Ok(counts) = outcomes::read(&i.plugin_state_dir) else {
+        return;
+    };
+    let rejected = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::PassedThrough(PassCause::Unauthorized | PassCause::Forbidden)
+                | Outcome::TryAgain(RetryCause::CredentialsRejected)
+        )
+    };
+    let now: u64 = counts
+        .iter()
+        .filter(|(o, _)| rejected(o))
+        .map(|(_, n)| n)
+        .sum();
+    let before = i.seen.rejections.replace(now);
+    if let Some(before) = before
+        && now > before
+    {
+        Telemetry::event(
+            i,
+            Kind::CredentialRejected,
+            format!(
+                "the Kubernetes API rejected linkerd-cni's credentials (HTTP 401 or 403) for {} \
+                 pod ADD(s) since the installer's last pass: those pods were passed through \
+                 without linkerd's rules or retried; check that the token in the node's \
+                 kubeconfig is current and that its RBAC allows get on pods",
+                now - before
+            ),
+        );
+    }
+}
+
+/// The mutex's data, also after a panic elsewhere: what it guards are
+/// counters, not invariants.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The installer's credential: when it was issued and when it is
+/// refreshed next, when known.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Credential {
+    pub issued: SystemTime,
+    pub next_refresh: Option<SystemTime>,
+}
+
+/// What a scrape reads besides the pass's state.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The plugin's state dir (container view), for its ADD counters.
+    pub plugin_state_dir: PathBuf,
+    /// The installer's own service-account token.
+    pub token_file: PathBuf,
+    /// The node's kubeconfig, whose token the plugin uses.
+    pub kubeconfig: PathBuf,
+}
+
+impl Sources {
+    /// The credential the plugin uses now (the token in the node's
+    /// kubeconfig), from the token's own claims. Minted for the plugin, the
+    /// installer replaces it past half its lifetime; the installer's own
+    /// projected token (the fallback) is refreshed by the kubelet once 80%
+    /// of its lifetime has passed, or after 24 hours.
+    pub fn credential(&self) -> Option<Credential> {
+        let token = crate::kubeconfig::token_in(&self.kubeconfig)?;
+        let (iat, exp) = token_times(&token)?;
+        let own = std::fs::read_to_string(&self.token_file).is_ok_and(|t| t.trim() == token);
+        let ttl = exp.saturating_sub(iat);
+        let refresh = match own {
+            true => iat + (ttl * 8 / 10).min(24 * 3600),
+            false => iat + ttl / 2,
+        };
+        Some(Credential {
+            issued: UNIX_EPOCH + Duration::from_secs(iat),
+            next_refresh: Some(UNIX_EPOCH + Duration::from_secs(refresh)),
+        })
+    }
+}
+
+/// `iat` and `exp` of a JWT's payload (not verified: they only inform).
+pub fn token_times(token: &str) -> Option<(u64, u64)> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
+}
+
+fn mode_name(m: Option<ChainMode>) -> &'static str {
+    match m {
+        Some(ChainMode::Inline) => "inline",
+        Some(ChainMode::Owned) => "owned",
+        None => "unknown",
+    }
+}
+
+/// What the installer reports, as configured: with
+/// `LINKERD_CNI_METRICS_ADDR` set, binds it and serves `/metrics` on a
+/// thread of its own; with a node name (and `LINKERD_CNI_EVENTS` not
+/// false), Events on the Node. Neither: nothing (no socket, no thread, no
+/// recording). A port that cannot be bound is logged, and the installer
+/// runs on without metrics: keeping the node chained matters more.
+pub fn setup(inst: &mut crate::installer::Installer) {
+    let cfg = inst.config().clone();
+    let sources = inst.metrics_sources();
+    let events = || match (&cfg.node_name, cfg.events) {
+        (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
+            cfg: cfg.clone(),
+            node: node.clone(),
+            instance: cfg
+                .pod_name
+                .clone()
+                .unwrap_or_else(|| "linkerd-cni-installer".into()),
+        }))),
+        _ => None,
+    };
+    let dir = sources.plugin_state_dir.clone();
+    let Some(addr) = cfg.metrics_addr else {
+        inst.set_telemetry(Telemetry::new(false, events(), dir));
+        return;
+    };
+    let telemetry = Telemetry::new(true, events(), dir.clone());
+    let state = telemetry.clone();
+    let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
+    match crate::serve::start(addr, page) {
+        Ok((local, _)) => {
+            log::info!("serving /metrics on http://{local}/metrics");
+            inst.set_telemetry(telemetry);
+        }
+        Err(e) => {
+            log::error!(
+                "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
+                 without metrics: set it to this node's IP (status.hostIP) and a free port"
+            );
+            inst.set_telemetry(Telemetry::new(false, events(), dir));
+        }
+    }
+}
+
+/// A label value, escaped as the text format wants.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// A family's HELP and TYPE lines.
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Every metric, in Prometheus' text exposition format (version 0.0.4).
+pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
+    let mut o = String::new();
+    family(
+        &mut o,
+        "linkerd_cni_chain_healthy",
+        "gauge",
+        "Whether linkerd-cni was chained at the end of the last pass, in the mode it was kept in.",
+    );
+    if let (Some(m), Some(h)) = (s.selected, s.healthy) {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_healthy{{mode=\"{}\"}} {}",
+            mode_name(Some(m)),
+            u8::from(h)
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_mode",
+        "gauge",
+        "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
+    );
+    if s.selected.is_some() {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_mode{{configured=\"{}\",selected=\"{}\",reason=\"{}\"}} 1",
+            mode_name(s.configured),
+            mode_name(s.selected),
+            label(s.reason.as_deref().unwrap_or(""))
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_repairs_total",
+        "counter",
+        "Repairs of the chain by this installer, by what the repair found.",
+    );
+    for cause in REPAIR_CAUSES {
+        let n = s.repairs.get(cause).copied().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_repairs_total{{cause=\"{cause}\"}} {n}"
+        );
+    }
+    family(
+        &mut o,
+        "linkerd_cni_chain_fights_total",
+        "counter",
+        "Times another agent was found undoing the same repair again and again.",
+    );
+    let _ = writeln!(o, "linkerd_cni_chain_fights_total {}", s.fights);
+    family(
+        &mut o,
+        "linkerd_cni_chain_repairs_held_back_total",
+        "counter",
+        "Repairs postponed by the fight rate limit.",
+    );
+    let _ = writeln!(
+        o,
+        "linkerd_cni_chain_repairs_held_back_total {}",
+        s.held_back
+    );
+    family(
+        &mut o,
+        "linkerd_cni_chain_heal_latency_seconds",
+        "histogram",
+        "From the write that unchained a config (its mtime) to the repair that chained it again.",
+    );
+    let mut cumulative = 0;
+    for (b, n) in HEAL_BUCKETS.iter().zip(s.heal_latency.buckets) {
+        cumulative += n;
+        let _ = writeln!(
+            o,
+            "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{b}\"}} {cumulative}"
+        );
+    }
+    let h = &s.heal_latency;
+    let _ = writeln!(
+        o,
+        "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"+Inf\"}} {}\n\
+         linkerd_cni_chain_heal_latency_seconds_sum {}\n\
+         linkerd_cni_chain_heal_latency_seconds_count {}",
+        h.count, h.sum, h.count
+    );
+    if let Some(c) = sources.credential() {
+        family(
+            &mut o,
+            "linkerd_cni_credential_age_seconds",
+            "gauge",
+            "Age of the token in the plugin's kubeconfig.",
+        );
+        let age = now.duration_since(c.issued).unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "linkerd_cni_credential_age_seconds {}",
+            age.as_secs_f64()
+        );
+        if let Some(r) = c.next_refresh {
+            family(
+                &mut o,
+                "linkerd_cni_credential_next_refresh_timestamp_seconds",
+                "gauge",
+                "When that token is refreshed next (Unix time).",
+            );
+            let _ = writeln!(
+                o,
+                "linkerd_cni_credential_next_refresh_timestamp_seconds {}",
+                secs(r)
+            );
+        }
+    }
+    family(
+        &mut o,
+        "linkerd_cni_passes_total",
+        "counter",
+        "Reconcile passes since the installer started.",
+    );
+    let _ = writeln!(o, "linkerd_cni_passes_total {}", s.passes);
+    if let Some(t) = s.last_pass {
+        family(
+            &mut o,
+            "linkerd_cni_last_pass_timestamp_seconds",
+            "gauge",
+            "When the last reconcile pass ended (Unix time).",
+        );
+        let _ = writeln!(o, "linkerd_cni_last_pass_timestamp_seconds {}", secs(t));
+    }
+    render_plugin(&mut o, &sources.plugin_state_dir);
+    o
+}
+
+/// The plugin's ADD counters, each exported (at 0 before any ADD); nothing
+/// when its state dir cannot be read.
+fn render_plugin(o: &mut String, dir: &Path) {
+    let counts = match outcomes::read(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(
+                o,
+                "# the plugin's ADD counters in {} cannot be read: {}",
+                dir.display(),
+                label(&e.to_string())
+            );
+            return;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "# HELP linkerd_cni_plugin_adds_total ADDs the plugin answered on this node, by outcome \
+         (meshed, unmeshed, exempt, passed_through, try_again, failed) and cause (the CNI error code for failed).\n\
+         # TYPE linkerd_cni_plugin_adds_total counter"
+    );
+    for (outcome, n) in counts {
+        let _ = writeln!(
+            o,
+            "linkerd_cni_plugin_adds_total{{outcome=\"{}\",cause=\"{}\"}} {n}",
+            outcome.kind(),
+            outcome.cause()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(dir: &Path) -> Sources {
+        Sources {
+            plugin_state_dir: dir.join("state"),
+            token_file: dir.join("token"),
+            kubeconfig: dir.join("kubeconfig"),
+        }
+    }
+
+    #[test]
+    fn off_records_nothing() {
+        let t = Telemetry::off();
+        t.repaired("missing", Some(SystemTime::now()));
+        t.fight("f", "w");
+        t.pass_done();
+        assert_eq!(t.snapshot(), NodeState::default());
+    }
+
+    #[test]
+    fn rendering_names_every_family_with_its_values() {
+        let tmp = testkit::TempDir::new("metrics").unwrap();
+        let t = Telemetry::on();
+        t.chain(&Verdict {
+            configured: ChainMode::Owned,
+            selected: ChainMode::Inline,
+            reason: Some("a \"multus\" primary".into()),
+            problem: None,
+        });
+        let ago = SystemTime::now() - Duration::from_millis(30);
+        t.repaired("missing", Some(ago));
+        t.repaired("not_last", None);
+        // One fight and one held-back repair, however many passes see them.
+        for _ in 0..3 {
+            t.fight("f@1", "w");
+            t.held_back("f@1");
+        }
+        t.pass_done();
+        outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
+        // A token issued an hour ago for 10 hours: refreshed at 8 h.
+        use base64::Engine;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let claims = format!(r#"{{"iat":{},"exp":{}}}"#, now - 3600, now - 3600 + 36000);
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        // The installer's own token, in the kubeconfig too (the fallback).
+        let token = format!("h.{b64}.s");
+        std::fs::write(tmp.path().join("token"), format!("{token}\n")).unwrap();
+        std::fs::write(
+            tmp.path().join("kubeconfig"),
+            format!(r#"{{"users":[{{"name":"x","user":{{"token":"{token}"}}}}]}}"#),
+        )
+        .unwrap();
+
+        let text = render(&t.snapshot(), &sources(tmp.path()), SystemTime::now());
+        for line in [
+            "linkerd_cni_chain_healthy{mode=\"inline\"} 1",
+            "linkerd_cni_chain_mode{configured=\"owned\",selected=\"inline\",reason=\"a \\\"multus\\\" primary\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"missing\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"not_last\"} 1",
+            "linkerd_cni_chain_repairs_total{cause=\"stale\"} 0",
+            "linkerd_cni_chain_fights_total 1",
+            "linkerd_cni_chain_repairs_held_back_total 1",
+            "linkerd_cni_chain_heal_latency_seconds_bucket{le=\"0.025\"} 0",
+            "linkerd_cni_chain_heal_latency_seconds_bucket{le=\"+Inf\"} 1",
+            "linkerd_cni_chain_heal_latency_seconds_count 1",
+            "linkerd_cni_passes_total 1",
+            "linkerd_cni_plugin_adds_total{outcome=\"failed\",cause=\"101\"} 1",
+            "linkerd_cni_plugin_adds_total{outcome=\"meshed\",cause=\"\"} 0",
+            "linkerd_cni_plugin_adds_total{outcome=\"try_again\",cause=\"stale_owned_copy\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        let bucket = |le: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!(
+                        "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{le}\"}} "
+                    ))
+                })
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(bucket("60"), "1");
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("linkerd_cni_credential_age_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((3600.0..3700.0).contains(&age), "{age}");
+        let refresh: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("linkerd_cni_credential_next_refresh_timestamp_seconds "))
+            .unwrap()
+            .parse::<f64>()
+            .unwrap() as u64;
+        assert_eq!(refresh, now - 3600 + 28800);
+        // Every sample line belongs to a family declared before it.
+        let mut declared = vec![];
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                declared.push(rest.split(' ').next().unwrap().to_string());
+            } else if !l.starts_with('#') {
+                let name = l.split(['{', ' ']).next().unwrap();
+                assert!(declared.iter().any(|d| name.starts_with(d.as_str())), "{l}");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_before_the_first_pass_and_no_credential_without_a_token() {
+        let tmp = testkit::TempDir::new("metrics").unwrap();
+        let text = render(
+            &NodeState::default(),
+            &sources(tmp.path()),
+            SystemTime::now(),
+        );
+        assert!(!text.contains("linkerd_cni_chain_healthy{"), "{text}");
+        assert!(
+            !text.contains("linkerd_cni_credential_age_seconds"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("linkerd_cni_last_pass_timestamp_seconds "),
+            "{text}"
+        );
+        assert!(text.contains("linkerd_cni_chain_repairs_total{cause=\"missing\"} 0"));
+        assert!(text.contains("linkerd_cni_plugin_adds_total{outcome=\"meshed\",cause=\"\"} 0"));
+    }
+}

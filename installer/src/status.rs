@@ -1,0 +1,256 @@
+//! `linkerd-cni-installer status`: the node's state for a person, in the
+//! style of `linkerd-cni chain status`. What is on disk is read here (the
+//! chain in its mode, readiness, the plugin's ADD counters, the
+//! credential); what only the running installer knows (its repairs, fights,
+//! last pass) comes from its own `/metrics` when that is on, the same
+//! numbers a scraper sees.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use linkerd_cni_chain::outcomes;
+use linkerd_cni_chain::owned::ChainMode;
+
+use crate::installer::Installer;
+use crate::metrics::{self, REPAIR_CAUSES, Verdict};
+
+/// The most a scrape of the running installer may take.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The report, and whether the node is healthy (chained and ready).
+pub fn report(inst: &Installer) -> (String, bool) {
+    let cfg = inst.config();
+    let entry = inst.current_entry();
+    let v = metrics::verdict(&cfg.conf_dir(), &entry, &inst.repair_options());
+    let problems = inst.check();
+    let sources = inst.metrics_sources();
+    let mut o = String::new();
+    let line = |o: &mut String, key: &str, value: &str| {
+        let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
+    };
+    line(&mut o, "mode", &mode_line(&v));
+    line(
+        &mut o,
+        "chain",
+        &match &v.problem {
+            None => "healthy: linkerd-cni is chained".to_string(),
+            Some(p) => format!("NOT healthy: {p}"),
+        },
+    );
+    line(
+        &mut o,
+        "ready",
+        &match problems.first() {
+            None => "yes".to_string(),
+            Some(p) => format!(
+                "no: {}",
+                p.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+            ),
+        },
+    );
+    let now = SystemTime::now();
+    line(
+        &mut o,
+        "credential",
+        &match sources.credential() {
+            Some(c) => {
+                let age = now.duration_since(c.issued).unwrap_or_default();
+                let mut s = format!("token issued {} ago", human(age));
+                if let Some(r) = c.next_refresh {
+                    match r.duration_since(now) {
+                        Ok(d) => {
+                            let _ = write!(s, ", refreshed in {}", human(d));
+                        }
+                        Err(_) => s.push_str(", refresh overdue"),
+                    }
+                }
+                s
+            }
+            None => format!(
+                "unknown (no token with iat/exp claims in {})",
+                sources.kubeconfig.display()
+            ),
+        },
+    );
+    line(
+        &mut o,
+        "plugin ADDs",
+        &plugin_line(&sources.plugin_state_dir),
+    );
+    line(&mut o, "installer", &installer_line(cfg.metrics_addr, now));
+    (o, v.healthy() && problems.is_empty())
+}
+
+fn mode_line(v: &Verdict) -> String {
+    let name = |m: ChainMode| m.as_str().to_string();
+    match (&v.reason, v.configured == v.selected) {
+        (_, true) => name(v.selected),
+        (Some(why), false) => format!(
+            "{} (the entry asks for {}: {why})",
+            name(v.selected),
+            name(v.configured)
+        ),
+        (None, false) => format!(
+            "{} (the entry asks for {})",
+            name(v.selected),
+            name(v.configured)
+        ),
+    }
+}
+
+/// The plugin's counters by outcome, each with its causes.
+fn plugin_line(dir: &std::path::Path) -> String {
+    let counts = match outcomes::read(dir) {
+        Ok(c) => c,
+        Err(e) => return format!("cannot read {}: {e}", dir.display()),
+    };
+    let mut by_kind: Vec<(&'static str, u64, Vec<String>)> = Vec::new();
+    for (o, n) in counts {
+        let i = match by_kind.iter().position(|(k, ..)| *k == o.kind()) {
+            Some(i) => i,
+            None => {
+                by_kind.push((o.kind(), 0, vec![]));
+                by_kind.len() - 1
+            }
+        };
+        by_kind[i].1 += n;
+        if n > 0 && !o.cause().is_empty() {
+            by_kind[i].2.push(format!("{} {n}", o.cause()));
+        }
+    }
+    let parts: Vec<String> = by_kind
+        .into_iter()
+        .map(|(k, n, causes)| match causes.is_empty() {
+            true => format!("{} {n}", k.replace('_', " ")),
+            false => format!("{} {n} ({})", k.replace('_', " "), causes.join(", ")),
+        })
+        .collect();
+    format!(
+        "{} (counted in {})",
+        parts.join(", "),
+        dir.join(outcomes::OUTCOMES_FILE).display()
+    )
+}
+
+/// What the running installer reports on its `/metrics`.
+fn installer_line(addr: Option<SocketAddr>, now: SystemTime) -> String {
+    let Some(addr) = addr else {
+        return "metrics off (LINKERD_CNI_METRICS_ADDR unset): its repairs, fights and passes \
+                are in its log"
+            .into();
+    };
+    let m = match scrape(addr) {
+        Ok(m) => m,
+        Err(e) => return format!("cannot read http://{addr}/metrics: {e}"),
+    };
+    let get = |k: &str| m.get(k).copied().unwrap_or_default();
+    let repairs: Vec<String> = REPAIR_CAUSES
+        .iter()
+        .filter_map(|c| {
+            let n = get(&format!("linkerd_cni_chain_repairs_total{{cause=\"{c}\"}}"));
+            (n > 0.0).then(|| format!("{c} {n}"))
+        })
+        .collect();
+    let total: f64 = REPAIR_CAUSES
+        .iter()
+        .map(|c| get(&format!("linkerd_cni_chain_repairs_total{{cause=\"{c}\"}}")))
+        .sum();
+    let last = m
+        .get("linkerd_cni_last_pass_timestamp_seconds")
+        .map(|t| {
+            let at = UNIX_EPOCH + Duration::from_secs_f64(*t);
+            format!(
+                "last pass {} ago",
+                human(now.duration_since(at).unwrap_or_default())
+            )
+        })
+        .unwrap_or_else(|| "no pass yet".into());
+    let mut s = format!(
+        "{} passes, {last}; repairs {total}",
+        get("linkerd_cni_passes_total")
+    );
+    if !repairs.is_empty() {
+        let _ = write!(s, " ({})", repairs.join(", "));
+    }
+    let _ = write!(
+        s,
+        "; fights {}; repairs held back {} (from http://{addr}/metrics)",
+        get("linkerd_cni_chain_fights_total"),
+        get("linkerd_cni_chain_repairs_held_back_total")
+    );
+    s
+}
+
+/// One GET of the running installer's page, each sample as
+/// `name{labels}` -> value.
+fn scrape(addr: SocketAddr) -> std::io::Result<BTreeMap<String, f64>> {
+    let mut s = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT)?;
+    s.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
+    s.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: status\r\n\r\n")?;
+    let mut text = String::new();
+    s.take(4 << 20).read_to_string(&mut text)?;
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return Err(std::io::Error::other("no HTTP answer"));
+    };
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(
+            head.lines().next().unwrap_or_default().to_string(),
+        ));
+    }
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect())
+}
+
+/// `d` as a person reads it: `42 s`, `5 min`, `3 h 20 min`, `2 d 4 h`.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..120 => format!("{s} s"),
+        120..7200 => format!("{} min", s / 60),
+        7200..172_800 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_for_people() {
+        assert_eq!(human(Duration::from_secs(42)), "42 s");
+        assert_eq!(human(Duration::from_secs(300)), "5 min");
+        assert_eq!(human(Duration::from_secs(12_000)), "3 h 20 min");
+        assert_eq!(human(Duration::from_secs(187_200)), "2 d 4 h");
+    }
+
+    #[test]
+    fn plugin_counts_by_outcome_with_causes() {
+        let tmp = testkit::TempDir::new("status").unwrap();
+        for o in [
+            outcomes::Outcome::Meshed,
+            outcomes::Outcome::Meshed,
+            outcomes::Outcome::TryAgain(outcomes::RetryCause::StaleOwnedCopy),
+            outcomes::Outcome::Failed(101),
+        ] {
+            outcomes::count(tmp.path(), o).unwrap();
+        }
+        let l = plugin_line(tmp.path());
+        assert!(
+            l.starts_with(
+                "meshed 2, unmeshed 0, exempt 0, passed through 0, try again 1 (stale_owned_copy 1), failed 1 (101 1)"
+            ),
+            "{l}"
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! Counting how each ADD ended, in the plugin's state dir (see
+//! `linkerd_cni_chain::outcomes`, which owns the file): the mapping from
+//! an ADD's result to its counter.
+
+use std::path::{Path, PathBuf};
+
+use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
+use serde_json::{Map, Value};
+
+use crate::cni::{CniError, code};
+use crate::config::DEFAULT_STATE_DIR;
+use crate::pod::{Added, Skip};
+
+/// The counter `result` adds to.
+pub fn of(result: &Result<Added, CniError>) -> Outcome {
+    match result {
+        Ok(Added::Meshed) => Outcome::Meshed,
+        Ok(Added::Skipped(Skip::Unmeshed)) => Outcome::Unmeshed,
+        Ok(Added::Skipped(Skip::Exempt)) => Outcome::Exempt,
+        Ok(Added::Skipped(Skip::CannotTell(c))) => Outcome::PassedThrough(*c),
+        Err(e) if e.code == code::TRY_AGAIN_LATER => {
+            Outcome::TryAgain(e.retry_cause.unwrap_or(RetryCause::Other))
+        }
+        Err(e) => Outcome::Failed(e.code),
+    }
+}
+
+/// Adds `result` to the counters in `state_dir`. Never fails the ADD: a
+/// count that cannot be made is logged at debug level and lost.
+pub fn count(state_dir: &Path, result: &Result<Added, CniError>) {
+    if let Err(e) = outcomes::count(state_dir, of(result)) {
+        log::debug!(
+            "cannot count this ADD's outcome in {}: {e}",
+            state_dir.join(outcomes::OUTCOMES_FILE).display()
+        );
+    }
+}
+
+/// The state dir of a config that did not parse: its `state_dir` string
+/// when it has one, else the default.
+pub fn state_dir_of(raw: &Map<String, Value>) -> PathBuf {
+    match raw.get("state_dir") {
+        Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
+        _ => PathBuf::from(DEFAULT_STATE_DIR),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkerd_cni_chain::outcomes::PassCause;
+
+    #[test]
+    fn results_map_to_their_counters() {
+        let cases = [
+            (Ok(Added::Meshed), Outcome::Meshed),
+            (Ok(Added::Skipped(Skip::Unmeshed)), Outcome::Unmeshed),
+            (Ok(Added::Skipped(Skip::Exempt)), Outcome::Exempt),
+            (
+                Ok(Added::Skipped(Skip::CannotTell(PassCause::Forbidden))),
+                Outcome::PassedThrough(PassCause::Forbidden),
+            ),
+            (
+                Err(CniError::try_again(RetryCause::Deadline, "m", "d")),
+                Outcome::TryAgain(RetryCause::Deadline),
+            ),
+            (
+                Err(CniError::new(code::TRY_AGAIN_LATER, "m", "d")),
+                Outcome::TryAgain(RetryCause::Other),
+            ),
+            (
+                Err(CniError::new(code::IPTABLES, "m", "d")),
+                Outcome::Failed(101),
+            ),
+        ];
+        for (r, want) in cases {
+            assert_eq!(of(&r), want, "{r:?}");
+        }
+    }
+}
