@@ -70,10 +70,6 @@ fn main() -> ExitCode {
 /// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error.
 fn chain_cli(args: &[&str]) -> ExitCode {
     logging::init("linkerd-cni", log::LevelFilter::Warn);
-    let fail = |msg: &str| {
-        eprintln!("linkerd-cni chain: {msg}");
-        ExitCode::from(2)
-    };
     let Some((&cmd, mut rest)) = args.split_first() else {
         return fail(&format!("expected status or repair\n\n{USAGE}"));
     };
@@ -106,20 +102,43 @@ fn chain_cli(args: &[&str]) -> ExitCode {
         PluginConfig::from_map(&ctx.desired).is_ok_and(|c| c.chain_write_outside_conf_dir);
     match cmd {
         "status" => status(&ctx),
-        "repair" => match chain::keep(&ctx, &mut NoLimit) {
-            Ok(r) => {
-                println!("{r}");
-                if let Some(e) = r.errors.first() {
-                    return fail(&e.to_string());
-                }
-                status(&ctx)
+        "repair" => {
+            // An operator's repair first waits for a repair in flight (an
+            // ADD's or the installer's) to finish, as it always has: between
+            // a writer's exchange and its put-back the conf dir shows a
+            // state nobody wrote, and a lock-free look at it would judge
+            // (and race) that instead of the settled result.
+            match chain::lock_dir(&conf_dir, CLI_BUDGET, Some(ctx.deadline)) {
+                // Released at once: the keeper takes the lock itself.
+                Ok(in_flight_done) => drop(in_flight_done),
+                Err(e) => return fail(&e.to_string()),
             }
-            Err(e) => fail(&e.to_string()),
-        },
+            repair(&ctx)
+        }
         other => fail(&format!(
             "unknown chain command {other:?}: expected status or repair"
         )),
     }
+}
+
+/// `chain repair`: the keeper without a repair limit, then the status.
+fn repair(ctx: &Context) -> ExitCode {
+    match chain::keep(ctx, &mut NoLimit) {
+        Ok(r) => {
+            println!("{r}");
+            if let Some(e) = r.errors.first() {
+                return fail(&e.to_string());
+            }
+            status(ctx)
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// A `chain` CLI error: said on stderr, exit 2.
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("linkerd-cni chain: {msg}");
+    ExitCode::from(2)
 }
 
 /// How long `chain repair` waits for the conf-dir lock and works, at most.
