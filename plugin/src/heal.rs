@@ -60,7 +60,7 @@ fn desired(conf: &NetConf, config: &PluginConfig) -> Result<Entry, ChainError> {
     }
 }
 
-/// How many times one sandbox is sent back (code 11) for having run a
+/// How many times one pod is sent back (code 11) for having run a
 /// stale owned copy before its ADD is accepted on the copy it ran. That
 /// copy always holds linkerd-cni (the pod gets its rules); only the
 /// primary's chain in it is older, by one rewrite. Without a bound, a
@@ -68,20 +68,33 @@ fn desired(conf: &NetConf, config: &PluginConfig) -> Result<Entry, ChainError> {
 /// starting, each retry costing it a kubelet back-off.
 const MAX_STALE_RETRIES: u64 = 2;
 
-/// The sandboxes sent back, in the plugin's state dir.
+/// The pods sent back, in the plugin's state dir.
 const STALE_RETRIES_FILE: &str = "owned-retries.json";
 
-/// Entries older than this are forgotten: a sandbox is retried within
-/// seconds to minutes.
+/// Entries older than this are forgotten: a pod's sandbox is retried
+/// within seconds to minutes.
 const STALE_RETRIES_WINDOW: Duration = Duration::from_secs(600);
 
-/// Whether `sandbox` may be sent back once more for a stale copy (and
-/// counts it), or has been sent back enough and is let through. Best
-/// effort: a history that cannot be read or saved sends the ADD back, as
+/// Longest wait for the state dir's lock around the history's update:
+/// concurrent ADDs of other pods each count their own retry (without the
+/// lock, one could overwrite another's and a pod be sent back again).
+const STALE_RETRIES_LOCK: Duration = Duration::from_secs(1);
+
+/// Whether `pod` may be sent back once more for a stale copy (and counts
+/// it), or has been sent back enough and is let through. Best effort: a
+/// history that cannot be locked, read or saved sends the ADD back, as
 /// before any bound.
-fn send_back_again(config: &PluginConfig, sandbox: Option<&str>) -> bool {
-    let Some(id) = sandbox else { return true };
+fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
+    let Some(id) = pod else { return true };
     let path = config.state_dir.join(STALE_RETRIES_FILE);
+    let _lock = std::fs::create_dir_all(&config.state_dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            linkerd_cni_chain::lock_dir(&config.state_dir, STALE_RETRIES_LOCK, None)
+                .map_err(|e| e.to_string())
+        })
+        .inspect_err(|e| log::warn!("retry history updated without its lock: {e}"))
+        .ok();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -105,14 +118,11 @@ fn send_back_again(config: &PluginConfig, sandbox: Option<&str>) -> bool {
     } else {
         seen.remove(id);
     }
-    let saved = std::fs::create_dir_all(&config.state_dir).and_then(|()| {
-        linkerd_cni_chain::write::write_atomic(
-            &path,
-            Value::Object(seen).to_string().as_bytes(),
-            0o600,
-        )
-        .map_err(std::io::Error::other)
-    });
+    let saved = linkerd_cni_chain::write::write_atomic(
+        &path,
+        Value::Object(seen).to_string().as_bytes(),
+        0o600,
+    );
     if let Err(e) = saved {
         log::debug!("cannot save {}: {e}", path.display());
     }
@@ -120,13 +130,14 @@ fn send_back_again(config: &PluginConfig, sandbox: Option<&str>) -> bool {
 }
 
 /// Keeps the chain within `config.chain_repair_budget`. `Err` (code 11)
-/// only when the ADD of `sandbox` ran a stale owned copy, at most
-/// [`MAX_STALE_RETRIES`] times per sandbox; any other trouble is logged and
+/// only when the ADD of `pod` (its uid, else namespace/name) ran a stale
+/// owned copy, at most [`MAX_STALE_RETRIES`] times per pod; any other
+/// trouble is logged and
 /// the ADD goes on.
 pub fn chain_on_add(
     conf: &NetConf,
     config: &PluginConfig,
-    sandbox: Option<&str>,
+    pod: Option<&str>,
 ) -> Result<(), CniError> {
     if !config.chain_heal {
         return Ok(());
@@ -172,9 +183,9 @@ pub fn chain_on_add(
     }
     match report.stale {
         None => Ok(()),
-        Some(why) if !send_back_again(config, sandbox) => {
+        Some(why) if !send_back_again(config, pod) => {
             log::warn!(
-                "the chain that ran was stale ({why}); accepted after {MAX_STALE_RETRIES} retries of this sandbox: linkerd-cni ran, and its config now follows the primary's"
+                "the chain that ran was stale ({why}); accepted after {MAX_STALE_RETRIES} retries of this pod: linkerd-cni ran, and its config now follows the primary's"
             );
             Ok(())
         }

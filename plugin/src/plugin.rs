@@ -76,6 +76,11 @@ fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<pod::Added, CniErr
     let deadline = Instant::now() + config.add_deadline;
     let mut heal = config.clone();
     heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);
-    crate::heal::chain_on_add(&inv.conf, &heal, inv.env.container_id.as_deref())?;
+    let pod = inv
+        .env
+        .args
+        .pod_key()
+        .or_else(|| inv.env.container_id.clone());
+    crate::heal::chain_on_add(&inv.conf, &heal, pod.as_deref())?;
     pod::add_until(inv, config, deadline)
 }

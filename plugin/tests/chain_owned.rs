@@ -167,9 +167,11 @@ fn a_fallback_keeps_our_file_until_the_primary_holds_us() {
 }
 
 /// The primary rewrites its file (new content each time) faster than a
-/// pod starts: each retry of the sandbox runs a copy that is stale again.
-/// After a bounded number of retries, the ADD is accepted on the copy it
-/// ran (which holds linkerd-cni): the pod starts.
+/// pod starts: each retry of the pod's sandbox runs a copy that is stale
+/// again. Each retry is a new sandbox with a new container id, as the
+/// kubelet's RunPodSandbox retries are; the pod is the same. After a
+/// bounded number of retries, the ADD is accepted on the copy it ran (which
+/// holds linkerd-cni): the pod starts.
 #[test]
 fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
     let s = setup("owned-storm");
@@ -187,7 +189,11 @@ fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
             base.replace("\"mtu\": 0", &format!("\"mtu\": {}", 1400 + attempt)),
         )
         .unwrap();
-        let o = common::run(&common::exempt_env("ADD"), &ran);
+        let sandbox = format!("sandbox-{attempt}");
+        let mut env = common::exempt_env("ADD");
+        env.retain(|(k, _)| *k != "CNI_CONTAINERID");
+        env.push(("CNI_CONTAINERID", &sandbox));
+        let o = common::run(&env, &ran);
         if o.status.success() {
             break;
         }
@@ -203,4 +209,127 @@ fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
     // The copy follows the primary all the same.
     let ours = fs::read_to_string(s.conf.join(OURS)).unwrap();
     assert!(ours.contains("\"mtu\": 1403"), "{ours}");
+}
+
+/// Pods (exempt ones: no API call) whose ADDs all ran the same stale copy,
+/// at once: each pod is sent
+/// back exactly as often as the bound says, no more (concurrent ADDs each
+/// count their own pod's retry, none overwrites another's).
+#[test]
+fn concurrent_pods_each_keep_their_own_retry_count() {
+    const PODS: usize = 8;
+    let s = setup("owned-concurrent");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let ran = s.stdin_from_ours();
+    let p = s.conf.join("10-calico.conflist");
+    let newer = fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"mtu\": 0", "\"mtu\": 1450");
+    assert!(newer.contains("1450"), "the fixture's MTU changed");
+    fs::write(&p, newer).unwrap();
+    let retries: Vec<usize> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..PODS)
+            .map(|pod| {
+                let ran = &ran;
+                scope.spawn(move || {
+                    let args = format!(
+                        "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-{pod}"
+                    );
+                    let mut sent_back = 0;
+                    for attempt in 0..6 {
+                        let sandbox = format!("pod-{pod}-sandbox-{attempt}");
+                        let mut env = common::exempt_env("ADD");
+                        env.retain(|(k, _)| *k != "CNI_CONTAINERID" && *k != "CNI_ARGS");
+                        env.push(("CNI_CONTAINERID", &sandbox));
+                        env.push(("CNI_ARGS", &args));
+                        let o = common::run(&env, ran);
+                        if o.status.success() {
+                            return sent_back;
+                        }
+                        let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                        assert_eq!(err["code"], 11, "{}", text(&o));
+                        sent_back += 1;
+                    }
+                    sent_back
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(retries, vec![2; PODS], "retries per pod");
+}
+
+/// The primary renames new content into place every 100 ms for 10 s, and
+/// pods start one after another meanwhile, each retry a new sandbox of the
+/// same pod. Each ADD runs 150 ms after the runtime loaded the copy it
+/// runs (a sandbox's set-up before linkerd-cni), longer than the primary
+/// takes to write again, so the copy it ran is almost always stale. Every
+/// pod starts within the plugin's bound of two retries, and every copy it
+/// ran holds linkerd-cni. Before the bound, no pod started while the
+/// primary rewrote faster than an ADD completed.
+#[test]
+fn every_pod_starts_during_a_rename_storm() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    let s = setup("owned-rename-storm");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let p = s.conf.join("10-calico.conflist");
+    let base = fs::read_to_string(&p).unwrap();
+    assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
+    let stop = AtomicBool::new(false);
+    let (pods, retries) = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let start = Instant::now();
+            let mut version = 0u32;
+            while start.elapsed() < Duration::from_secs(10) {
+                version += 1;
+                let staged = s.conf.join(format!(".storm-{version}.tmp"));
+                let text = base.replace("\"mtu\": 0", &format!("\"mtu\": {}", 1000 + version));
+                fs::write(&staged, text).unwrap();
+                fs::rename(&staged, &p).unwrap();
+                let due = start + Duration::from_millis(100) * version;
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let mut pods = 0;
+        let mut retries: Vec<usize> = vec![];
+        while !stop.load(Ordering::Relaxed) {
+            pods += 1;
+            let args =
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-{pods}");
+            let mut sent_back = 0;
+            for attempt in 0..4 {
+                let (active, ours) = runtime_active_holds_us(s.conf.path());
+                assert!(ours, "the runtime would load {active}, without linkerd-cni");
+                let ran = s.stdin_from_ours();
+                std::thread::sleep(Duration::from_millis(150));
+                let sandbox = format!("pod-{pods}-sandbox-{attempt}");
+                let mut env = common::exempt_env("ADD");
+                env.retain(|(k, _)| *k != "CNI_CONTAINERID" && *k != "CNI_ARGS");
+                env.push(("CNI_CONTAINERID", &sandbox));
+                env.push(("CNI_ARGS", &args));
+                let o = common::run(&env, &ran);
+                if o.status.success() {
+                    break;
+                }
+                let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+                assert_eq!(err["code"], 11, "{}", text(&o));
+                sent_back += 1;
+            }
+            retries.push(sent_back);
+        }
+        writer.join().unwrap();
+        (pods, retries)
+    });
+    assert!(pods > 0);
+    let most = retries.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "{pods} pods during the storm, {} retries in all, at most {most} for one pod",
+        retries.iter().sum::<usize>()
+    );
+    assert!(most <= 2, "retries per pod: {retries:?}");
 }

@@ -103,6 +103,17 @@ impl CniArgs {
     pub fn pod_name(&self) -> Option<&str> {
         self.get("K8S_POD_NAME").filter(|s| !s.is_empty())
     }
+
+    /// What names the pod across its sandboxes: `K8S_POD_UID` when given,
+    /// else `namespace/name`. A runtime gives every RunPodSandbox attempt
+    /// a new container id, so the container id cannot follow one pod
+    /// through the kubelet's retries.
+    pub fn pod_key(&self) -> Option<String> {
+        if let Some(uid) = self.get("K8S_POD_UID").filter(|s| !s.is_empty()) {
+            return Some(format!("uid:{uid}"));
+        }
+        Some(format!("{}/{}", self.pod_namespace()?, self.pod_name()?))
+    }
 }
 
 /// The parsed environment of one invocation.
@@ -327,6 +338,21 @@ mod tests {
         assert!(!valid_container_id("-abc"));
         assert!(!valid_container_id("a/b"));
         assert!(!valid_container_id(""));
+    }
+
+    #[test]
+    fn a_pod_is_named_by_its_uid_else_by_namespace_and_name() {
+        let key = |s: &str| CniArgs::parse(s).unwrap().pod_key();
+        assert_eq!(
+            key("K8S_POD_NAMESPACE=a;K8S_POD_NAME=b;K8S_POD_UID=u-1;K8S_POD_INFRA_CONTAINER_ID=c"),
+            Some("uid:u-1".into())
+        );
+        assert_eq!(
+            key("K8S_POD_NAMESPACE=a;K8S_POD_NAME=b;K8S_POD_UID="),
+            Some("a/b".into())
+        );
+        assert_eq!(key("K8S_POD_NAME=b"), None);
+        assert_eq!(key(""), None);
     }
 
     #[test]
