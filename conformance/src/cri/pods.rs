@@ -8,7 +8,7 @@ use std::process::Command;
 
 use testkit::iptables::{default_save, normalize_save};
 
-use super::api::SandboxStatus;
+use super::api::{SandboxSpec, SandboxStatus};
 use super::containerd::CriNode;
 use super::grpc::GrpcError;
 use crate::sys;
@@ -25,9 +25,14 @@ impl CriNode {
     /// `RunPodSandbox` for pod `namespace/name`, as the kubelet calls it:
     /// the CNI ADD of the node's active chain runs inside.
     pub fn run_pod(&self, namespace: &str, name: &str) -> Result<Sandbox<'_>, GrpcError> {
-        let id = self
-            .cri()
-            .run_pod_sandbox(&self.sandbox_spec(namespace, name))?;
+        self.run_pod_spec(&self.sandbox_spec(namespace, name))
+    }
+
+    /// `RunPodSandbox` for `spec`: the kubelet retrying a pod's sandbox
+    /// sends the same pod (name, namespace, uid) again, and the runtime
+    /// gives each attempt a new sandbox id.
+    pub fn run_pod_spec(&self, spec: &SandboxSpec) -> Result<Sandbox<'_>, GrpcError> {
+        let id = self.cri().run_pod_sandbox(spec)?;
         Ok(Sandbox {
             node: self,
             id,
