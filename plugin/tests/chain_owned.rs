@@ -333,3 +333,24 @@ fn every_pod_starts_during_a_rename_storm() {
     );
     assert!(most <= 2, "retries per pod: {retries:?}");
 }
+
+/// The primary rewrites its file with the same chain in other bytes (its
+/// own serializer, another indentation): an ADD that ran the copy made
+/// before is accepted, not sent back; the copy follows the new bytes all
+/// the same.
+#[test]
+fn a_reformatting_rewrite_does_not_send_the_pod_back() {
+    let s = setup("owned-reformat");
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let ran = s.stdin_from_ours();
+    let p = s.conf.join("10-calico.conflist");
+    let before = fs::read_to_string(&p).unwrap();
+    let compact = serde_json::from_str::<Value>(&before).unwrap().to_string();
+    assert_ne!(compact, before, "the fixture is already compact");
+    fs::write(&p, &compact).unwrap();
+    let o = common::run(&common::exempt_env("ADD"), &ran);
+    assert!(o.status.success(), "{}", text(&o));
+    let ours = fs::read_to_string(s.conf.join(OURS)).unwrap();
+    assert!(ours.starts_with(&compact[..compact.len() - 2]), "{ours}");
+}

@@ -20,6 +20,9 @@ use crate::{ChainError, plan, sha256, text};
 
 use super::MARKER_KEY;
 
+/// The marker's key for [`Marker::meaning`].
+const MEANING_KEY: &str = "meaning_sha256";
+
 /// What the marker of an owned file's entry records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {
@@ -27,6 +30,11 @@ pub struct Marker {
     pub file: String,
     /// SHA-256 of the primary's chain as copied (see [`super::chain_digest`]).
     pub sha256: String,
+    /// SHA-256 of that chain's meaning (see [`super::meaning_digest`]):
+    /// what tells a primary's rewrite that only reformats its file from
+    /// one that changes the chain. Absent in copies made before it was
+    /// recorded.
+    pub meaning: Option<String>,
 }
 
 impl Marker {
@@ -36,13 +44,26 @@ impl Marker {
         Some(Marker {
             file: m.get("file")?.as_str()?.to_string(),
             sha256: m.get("sha256")?.as_str()?.to_string(),
+            meaning: m
+                .get(MEANING_KEY)
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
+    }
+
+    /// Whether both record a copy of the same file's same bytes (the
+    /// meaning follows from those).
+    pub fn copies_the_same(&self, other: &Marker) -> bool {
+        self.file == other.file && self.sha256 == other.sha256
     }
 
     pub(crate) fn to_value(&self) -> Value {
         let mut m = Map::new();
         m.insert("file".into(), Value::String(self.file.clone()));
         m.insert("sha256".into(), Value::String(self.sha256.clone()));
+        if let Some(meaning) = &self.meaning {
+            m.insert(MEANING_KEY.into(), Value::String(meaning.clone()));
+        }
         Value::Object(m)
     }
 }

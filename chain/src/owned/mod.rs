@@ -184,6 +184,54 @@ pub fn chain_digest(primary: &Path, bytes: &[u8]) -> String {
     sha256::hex(&primary_chain(Kind::of(primary), bytes))
 }
 
+/// The digest of what a primary holding `bytes` means to a runtime: its
+/// chain parsed and written again in one canonical form (object keys
+/// sorted, no whitespace), so that a rewrite that only reindents the file
+/// or reorders its keys has the digest of the chain before it. `None` when
+/// the chain is not JSON.
+pub fn meaning_digest(primary: &Path, bytes: &[u8]) -> Option<String> {
+    meaning_of(&primary_chain(Kind::of(primary), bytes))
+}
+
+fn meaning_of(chain: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(chain).ok()?;
+    let mut out = String::with_capacity(chain.len());
+    canonical(&v, &mut out);
+    Some(sha256::hex(out.as_bytes()))
+}
+
+/// `v` as compact JSON with every object's keys in byte order. Strings
+/// and numbers are written as serde_json writes them.
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical(&m[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, e) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(e, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 /// The content of our file for the primary `primary` holding `bytes`, and
 /// the marker it records; or why the primary is not taken over.
 pub fn copy_of(
@@ -200,6 +248,7 @@ pub fn copy_of(
     let marker = Marker {
         file: file_name(primary),
         sha256: sha256::hex(&chain),
+        meaning: meaning_of(&chain),
     };
     let mut entry = desired.as_map().clone();
     entry.insert(MARKER_KEY.into(), marker.to_value());
@@ -309,14 +358,22 @@ impl OwnedDiagnosis {
                 ran.file
             ));
         }
-        let now = match &self.marker {
-            Some(m) => m.sha256.clone(),
-            None => match scan::read_file(primary) {
-                Ok(bytes) => chain_digest(primary, &bytes),
-                Err(e) => return Some(format!("{name} cannot be read: {e}")),
-            },
+        if self.marker.as_ref().is_some_and(|m| m.sha256 == ran.sha256) {
+            return None;
+        }
+        let bytes = match scan::read_file(primary) {
+            Ok(bytes) => bytes,
+            Err(e) => return Some(format!("{name} cannot be read: {e}")),
         };
-        (now != ran.sha256).then(|| format!("{name} changed after the runtime loaded its copy"))
+        if chain_digest(primary, &bytes) == ran.sha256 {
+            return None;
+        }
+        // Other bytes, maybe the same chain: a rewrite that only reformats
+        // the file is no reason for a pod to start again.
+        if ran.meaning.is_some() && meaning_digest(primary, &bytes) == ran.meaning {
+            return None;
+        }
+        Some(format!("{name} changed after the runtime loaded its copy"))
     }
 }
 
@@ -411,12 +468,20 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     let known = have
         .filter(|o| o.chain.as_deref() == Some(&chain[..]))
         .and_then(|o| Marker::of(&o.entry));
-    let marker = Marker {
-        file: file_name(&primary),
-        sha256: known.map_or_else(|| sha256::hex(&chain), |m| m.sha256),
-    };
+    let marker = known
+        .map(|m| Marker {
+            file: file_name(&primary),
+            ..m
+        })
+        .unwrap_or_else(|| Marker {
+            file: file_name(&primary),
+            sha256: sha256::hex(&chain),
+            // Computed where it is used (a stale ADD, a new copy): the
+            // healthy check does not pay for it.
+            meaning: None,
+        });
     if let Some(o) = have
-        && Marker::of(&o.entry).is_some_and(|m| m == marker)
+        && Marker::of(&o.entry).is_some_and(|m| m.copies_the_same(&marker))
         && same_entry(&o.entry, desired)
     {
         // The primary's content is the one copied (and checked) then.

@@ -214,6 +214,52 @@ fn a_change_of_the_primary_makes_the_copy_stale_and_sync_follows() {
     assert_eq!(diag.state, OwnedState::Outdated);
 }
 
+/// A rewrite that only reformats the primary's file (indentation, key
+/// order) leaves the chain that ran current: the copy follows the new
+/// bytes, but an ADD that ran the old copy is not sent back. A change of
+/// meaning still is, and so is any change when the copy that ran records
+/// no meaning (a copy made before it was recorded).
+#[test]
+fn a_reformatted_primary_is_no_stale_chain_a_changed_one_is() {
+    let d = TempDir::new("owned-reformat");
+    d.write("10-calico.conflist", CALICO);
+    let want = owned_desired();
+    sync(d.path(), &want, &opts()).unwrap();
+    let ran = Marker::of(
+        json(&d.read("10-calico-linkerd-cni.conflist"))["plugins"][2]
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(ran.meaning.is_some(), "{ran:?}");
+    let reformatted = r#"{"cniVersion":"0.3.1","name":"k8s-pod-network",
+      "plugins":[{"ipam":{"type":"calico-ipam"},"mtu":1440,"type":"calico"},
+                 {"capabilities":{"portMappings":true},"snat":true,"type":"portmap"}],
+      "unknownTop":{"kept":[1,2.50]}}"#;
+    let tmp = d.write("tmp", reformatted);
+    fs::rename(tmp, d.path().join("10-calico.conflist")).unwrap();
+    let diag = diagnose(d.path(), &want).unwrap();
+    assert_eq!(diag.state, OwnedState::Outdated, "the bytes changed");
+    assert_eq!(diag.stale(&ran), None);
+    let old_copy = Marker {
+        meaning: None,
+        ..ran.clone()
+    };
+    assert!(diag.stale(&old_copy).is_some());
+    // A plugin's order is meaning.
+    let reordered = r#"{"cniVersion":"0.3.1","name":"k8s-pod-network",
+      "plugins":[{"capabilities":{"portMappings":true},"snat":true,"type":"portmap"},
+                 {"ipam":{"type":"calico-ipam"},"mtu":1440,"type":"calico"}],
+      "unknownTop":{"kept":[1,2.50]}}"#;
+    let tmp = d.write("tmp", reordered);
+    fs::rename(tmp, d.path().join("10-calico.conflist")).unwrap();
+    let why = diagnose(d.path(), &want)
+        .unwrap()
+        .stale(&ran)
+        .expect("stale");
+    assert!(why.contains("changed"), "{why}");
+}
+
 #[test]
 fn the_primary_gone_takes_our_file_with_it() {
     let d = TempDir::new("owned-gone");
