@@ -112,13 +112,16 @@ enum Sections {
     All,
     /// `--modes`: only the chain modes' side-by-side figures.
     Modes,
+    /// `--spacing`: only their heal times per write at each spacing.
+    Spacing,
     /// `--add`: only what one ADD costs (sections 2, 3, 7, 8, 9).
     Add,
     /// `--nft`: only nft mode in-process vs the restore path (section 10).
     Nft,
 }
 
-const USAGE: &str = "usage: bench [--modes | --add | --nft] [--quick] [--baseline PLUGIN_DIR]";
+const USAGE: &str =
+    "usage: bench [--modes | --spacing | --add | --nft] [--quick] [--baseline PLUGIN_DIR]";
 
 fn story() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -127,6 +130,7 @@ fn story() -> ExitCode {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--modes" => sections = Sections::Modes,
+            "--spacing" => sections = Sections::Spacing,
             "--add" => sections = Sections::Add,
             "--nft" => sections = Sections::Nft,
             "--quick" => quick = true,
@@ -160,6 +164,7 @@ fn story() -> ExitCode {
     let baseline = baseline.as_deref();
     let result = match sections {
         Sections::Modes => stop::run_story(|| run_modes(&plan)),
+        Sections::Spacing => stop::run_story(|| standalone(|_| spacing(&plan))),
         Sections::Add => stop::run_story(|| run_add(&plan, baseline)),
         Sections::Nft => stop::run_story(|| run_nft(&plan)),
         Sections::All => stop::run_story(|| run(&plan, baseline)),
@@ -270,12 +275,16 @@ fn footer(load_before: &str, started: Instant) {
 fn modes(plan: &Plan) -> Result<(), Stop> {
     progress("chain modes: heal latency, inline vs owned, watch vs resync");
     mode_bench::heal_latency(plan.installer_heals, RESYNC)?;
-    progress("chain modes: heal time per write at 50, 100, 200 and 500 ms spacing");
-    mode_bench::heal_at_spacing(&SPACINGS, plan.spacing_bursts, 10)?;
+    spacing(plan)?;
     progress("chain modes: the healthy check per ADD, inline vs owned");
     mode_bench::check_cost(plan.repair_pairs)?;
     progress("chain modes: a meshed pod right after the primary's rewrite");
     mode_bench::pod_after_rewrite(plan.installer_heals * 2)
+}
+
+fn spacing(plan: &Plan) -> Result<(), Stop> {
+    progress("chain modes: heal time per write at 50, 100, 200 and 500 ms spacing");
+    mode_bench::heal_at_spacing(&SPACINGS, plan.spacing_bursts, 10)
 }
 
 fn run_modes(plan: &Plan) -> Result<(), Stop> {
