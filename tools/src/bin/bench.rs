@@ -1441,8 +1441,9 @@ fn add_instructions(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Resu
     println!("## 7. Where a meshed ADD's instructions go");
     println!();
     println!(
-        "A direct meshed ADD (pod + namespace GET, rules into a fresh pod netns, legacy \
-         mode) under `valgrind --tool=callgrind --trace-children=yes`: instructions per \
+        "A direct meshed ADD (pod + namespace GET, rules into a fresh pod netns in the \
+         manifest's iptables mode, nft: over netlink, in-process) under `valgrind \
+         --tool=callgrind --trace-children=yes`: instructions per \
          process of the tree, median of {} run(s). Unlike wall time, the count does not \
          depend on the machine's load.",
         plan.callgrind_runs
@@ -1600,7 +1601,8 @@ fn add_wall_time(b: &BenchNode, plan: &Plan, baseline: Option<&Path>) -> Result<
     println!();
     println!(
         "{} rounds, order alternated: a direct meshed ADD (spawn to exit; pod + namespace \
-         GET over TLS, the rules into a fresh pod netns, legacy mode).",
+         GET over TLS, the rules into a fresh pod netns in the manifest's iptables mode, \
+         nft).",
         samples[0].len()
     );
     println!();
