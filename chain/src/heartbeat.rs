@@ -39,6 +39,8 @@ pub const GONE_AFTER_SLACK: Duration = Duration::from_secs(30);
 /// boot's clock (clocks of one boot agree to well under this).
 const FUTURE_TOLERANCE: Duration = Duration::from_secs(1);
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// The beat's key for [`Beat::plugin_denied`].
+const DENIED_KEY: &str = "plugin_access_denied";
 
 /// One beat: what the file holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +51,11 @@ pub struct Beat {
     pub at: Duration,
     /// The installer's resync period.
     pub resync: Duration,
+    /// Set when the installer asked the API server whether the plugin's
+    /// credentials may get pods and was told no (their RBAC is missing):
+    /// then a 403 is not the installer's to fix, and the plugin does not
+    /// ask the runtime to retry for it. What the installer found.
+    pub plugin_denied: Option<String>,
 }
 
 impl Beat {
@@ -58,16 +65,20 @@ impl Beat {
             boot_id: boot_id(),
             at: boot_clock(),
             resync,
+            plugin_denied: None,
         }
     }
 
     fn to_json(&self) -> String {
-        json!({
+        let mut v = json!({
             "boot_id": self.boot_id,
             "boot_time_seconds": self.at.as_secs_f64(),
             "resync_seconds": self.resync.as_secs_f64(),
-        })
-        .to_string()
+        });
+        if let Some(d) = &self.plugin_denied {
+            v[DENIED_KEY] = Value::String(d.clone());
+        }
+        v.to_string()
     }
 
     fn from_json(bytes: &[u8]) -> Option<Beat> {
@@ -81,6 +92,7 @@ impl Beat {
             boot_id: v["boot_id"].as_str()?.to_string(),
             at: secs("boot_time_seconds")?,
             resync: secs("resync_seconds")?,
+            plugin_denied: v[DENIED_KEY].as_str().map(str::to_string),
         })
     }
 
@@ -118,8 +130,13 @@ pub fn remove(state_dir: &Path) -> Result<bool, ChainError> {
 /// Whether an installer is alive on this node, as its heartbeat tells.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Liveness {
-    /// It beat `age` ago, within `limit`.
-    Alive { age: Duration, limit: Duration },
+    /// It beat `age` ago, within `limit`; `plugin_denied` as in its
+    /// beat ([`Beat::plugin_denied`]).
+    Alive {
+        age: Duration,
+        limit: Duration,
+        plugin_denied: Option<String>,
+    },
     /// It is taken for gone.
     Gone(Gone),
 }
@@ -202,7 +219,11 @@ pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
     if age > limit {
         return Liveness::Gone(Gone::Stale { path, age, limit });
     }
-    Liveness::Alive { age, limit }
+    Liveness::Alive {
+        age,
+        limit,
+        plugin_denied: beat.plugin_denied,
+    }
 }
 
 /// The host's boot-time clock: monotonic, counting suspend, shared by every
@@ -248,6 +269,28 @@ mod tests {
         assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
         assert!(remove(dir.path()).unwrap());
         assert!(!remove(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn what_the_installer_found_of_the_plugins_access_is_read_back() {
+        let dir = TempDir::new("heartbeat-denied");
+        let mut b = Beat::now(Duration::from_secs(10));
+        b.plugin_denied = Some("get pods: denied".into());
+        write(dir.path(), &b).unwrap();
+        match liveness(dir.path(), None) {
+            Liveness::Alive { plugin_denied, .. } => {
+                assert_eq!(plugin_denied.as_deref(), Some("get pods: denied"))
+            }
+            other => panic!("{other:?}"),
+        }
+        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        assert!(matches!(
+            liveness(dir.path(), None),
+            Liveness::Alive {
+                plugin_denied: None,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -815,3 +815,78 @@ fn the_plugins_token_is_refreshed_before_expiry() {
     );
     assert_eq!(writes, seen.len(), "one write per token");
 }
+
+/// The plugin's RBAC deleted while its installer runs (its ClusterRole or
+/// binding gone): every pod GET is forbidden, which no new token fixes.
+/// The first ADD is answered "try again" (a 403 the installer might still
+/// fix); the installer, told by the plugin's counters, asks the API server
+/// whether the plugin's token may get pods, hears no, and says so in its
+/// heartbeat. From then on pods pass through (the node's other pods start)
+/// instead of every pod being retried for as long as it lasts. With the
+/// RBAC back, the installer's next look clears it and pods are meshed
+/// again.
+#[test]
+fn the_plugins_rbac_deleted_passes_pods_through_until_it_is_back() {
+    let c = chained_node_with(
+        TokenPolicy::default(),
+        &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
+        &[],
+    );
+    let (node, api, net) = (&c.node, &c.api, &c.net);
+    let beat = node.state_dir().join("installer-heartbeat.json");
+    let denied =
+        || std::fs::read_to_string(&beat).is_ok_and(|b| b.contains("\"plugin_access_denied\""));
+    assert!(
+        testkit::wait_until(RESYNC + GRACE, || beat.exists()),
+        "no heartbeat: {}",
+        c.pod.inst.log()
+    );
+    assert!(!denied(), "{}", c.pod.inst.log());
+    let rbac_gone = [
+        "/api/v1/pods".to_string(),
+        pod_path(kube::APP_NAMESPACE, "web-1"),
+        pod_path(kube::APP_NAMESPACE, "web-2"),
+    ];
+    for p in &rbac_gone {
+        api.forbid(p);
+    }
+    let pod = node.pod(kube::serve_meshed(api, "web-1"));
+    let first = node
+        .add(net, &pod)
+        .map(|r| format!("{r:?}"))
+        .map_err(|f| format!("{f:?}"));
+    assert!(
+        first.as_ref().is_err_and(|e| e.contains("try again later")),
+        "{first:?}"
+    );
+    // A failed ADD is the runtime's to undo.
+    node.del(net, &pod).unwrap();
+    assert!(
+        testkit::wait_until(RESYNC * 2 + GRACE, denied),
+        "{}",
+        c.pod.inst.log()
+    );
+    assert!(
+        c.pod.inst.log().contains("may not read pods"),
+        "{}",
+        c.pod.inst.log()
+    );
+    let second = add(node, net, kube::serve_meshed(api, "web-2")).unwrap();
+    assert_eq!(second, ORDER_WITH, "passed through, without rules");
+
+    for p in &rbac_gone {
+        api.unforbid(p);
+    }
+    assert!(
+        testkit::wait_until(RESYNC * 2 + GRACE, || !denied()),
+        "{}",
+        c.pod.inst.log()
+    );
+    let third = add(node, net, kube::serve_meshed(api, "web-2")).unwrap();
+    assert_eq!(
+        third,
+        [&ORDER_WITH[..], &["(rules)"]].concat(),
+        "meshed again"
+    );
+    expect_no_reserved_ips(node, net);
+}

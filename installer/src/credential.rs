@@ -27,11 +27,19 @@
 //! until a TokenRequest succeeds: a node is never left unchained for want
 //! of an API server), and is retried with a backoff, so an API server that
 //! is down costs a pass no more than one bounded attempt now and then.
+//!
+//! A token the plugin can use may still lack the right to read pods: the
+//! plugin's ClusterRole or its binding deleted. No new token fixes that, so
+//! when the plugin reports rejected credentials (its ADD counters), the
+//! installer asks the API server with the plugin's token whether it may get
+//! pods ([`plugin_access`]) and tells the plugin what it found through the
+//! heartbeat: then a 403 passes pods through instead of having every pod
+//! of the node retried for as long as the RBAC stays missing.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use linkerd_cni_kube::token::{self, Claims, TokenError};
-use linkerd_cni_kube::{ApiError, Client};
+use linkerd_cni_kube::{ApiError, Client, review};
 
 use crate::config::Config;
 use crate::kubeconfig::{self, KubeconfigError};
@@ -117,6 +125,32 @@ fn refused(cfg: &Config, t: &str) -> bool {
     let answer = kubeconfig::api_with(cfg, t)
         .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
     matches!(answer, Ok(Err(ApiError::Unauthorized { status: 401, .. })))
+}
+
+/// Whether the token in the node's kubeconfig may get pods, asked of the
+/// API server (a SelfSubjectAccessReview, cluster-wide): `Some(why not)`
+/// when it answers no, `None` when it answers yes, and `previous` when it
+/// gives no answer (down, slow, the token refused: no finding either way).
+pub fn plugin_access(cfg: &Config, previous: Option<String>) -> Option<String> {
+    let Some(t) = kubeconfig::file_token(cfg) else {
+        return previous;
+    };
+    let Ok(api) = kubeconfig::api_with(cfg, &t) else {
+        return previous;
+    };
+    match review::may(&Client::new(api, API_TIMEOUT), "get", "pods", "", "") {
+        Ok(true) => None,
+        Ok(false) => {
+            let who = token::claims(&t).map_or_else(|| "its subject".into(), |c| c.subject);
+            Some(format!(
+                "a SelfSubjectAccessReview with the kubeconfig's token says {who} may not get pods"
+            ))
+        }
+        Err(e) => {
+            log::debug!("cannot ask whether the plugin's token may get pods: {e}");
+            previous
+        }
+    }
 }
 
 /// How the kubeconfig's token compares with what this installer would

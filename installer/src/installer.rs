@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
     self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
@@ -59,6 +60,12 @@ pub struct Installer {
     telemetry: Telemetry,
     /// The plugin's token for the kubeconfig.
     credential: Credential,
+    /// What the last look at the plugin's access found (see
+    /// [`credential::plugin_access`]): told to the plugin in the heartbeat.
+    plugin_denied: Option<String>,
+    /// The plugin's count of ADDs retried for rejected credentials, at the
+    /// last look: a change is what makes the installer look again.
+    rejections_seen: Option<u64>,
 }
 
 impl Installer {
@@ -74,6 +81,8 @@ impl Installer {
             retry_at: None,
             telemetry: Telemetry::off(),
             credential: Credential::default(),
+            plugin_denied: None,
+            rejections_seen: None,
         }
     }
 
@@ -337,7 +346,12 @@ impl Installer {
             return;
         }
         let dir = self.state_dir();
-        match heartbeat::write(&dir, &heartbeat::Beat::now(self.cfg.resync)) {
+        self.look_at_plugin_access(&dir);
+        let beat = heartbeat::Beat {
+            plugin_denied: self.plugin_denied.clone(),
+            ..heartbeat::Beat::now(self.cfg.resync)
+        };
+        match heartbeat::write(&dir, &beat) {
             Ok(()) => self.notes.clear("heartbeat", || {
                 format!("the heartbeat in {} is written again", dir.display())
             }),
@@ -352,6 +366,40 @@ impl Installer {
                     heartbeat::DEFAULT_STATE_DIR
                 ),
             ),
+        }
+    }
+
+    /// Asks whether the plugin's token may get pods when the plugin has
+    /// counted new ADDs retried for rejected credentials since the last
+    /// look, and on every pass while the answer was no (until the RBAC is
+    /// back): one API call then, none on a node where nothing is rejected
+    /// (nor at start).
+    fn look_at_plugin_access(&mut self, state_dir: &Path) {
+        let rejections = outcomes::read(state_dir).ok().map(|counts| {
+            counts
+                .iter()
+                .find(|(o, _)| *o == Outcome::TryAgain(RetryCause::CredentialsRejected))
+                .map_or(0, |(_, n)| *n)
+        });
+        let first_look = self.rejections_seen.is_none();
+        if rejections == self.rejections_seen && self.plugin_denied.is_none() {
+            return;
+        }
+        self.rejections_seen = rejections;
+        if first_look {
+            // What was counted before this installer started is no news.
+            return;
+        }
+        let was = self.plugin_denied.clone();
+        self.plugin_denied = credential::plugin_access(&self.cfg, was.clone());
+        match (&was, &self.plugin_denied) {
+            (None, Some(why)) => log::error!(
+                "the plugin's credentials may not read pods: {why}; pods on this node pass                  through without linkerd's rules until the plugin's ClusterRole and                  ClusterRoleBinding are restored (deploy/linkerd-cni.yaml)"
+            ),
+            (Some(_), None) => {
+                log::info!("the plugin's credentials may read pods again")
+            }
+            _ => {}
         }
     }
 

@@ -297,7 +297,7 @@ fn get_pod(
                 status, kubeconfig, ..
             }) => {
                 let installer = credentials::installer(config);
-                match retry.after_rejection(&installer) {
+                match retry.after_rejection(status, &installer) {
                     credentials::Next::Wait(d) => {
                         log::info!(
                             "pod {pod_id}: the Kubernetes API rejected linkerd-cni's \

@@ -146,6 +146,35 @@ fn lasting_rejection_with_the_installer_alive_is_try_again_later() {
     }
 }
 
+/// A 403 while the installer is alive but has found that the plugin's
+/// credentials may not get pods (their RBAC was deleted): no new token
+/// fixes that, so the pod passes through after a few attempts instead of
+/// every pod of the node being retried for as long as it lasts. A 401
+/// with the same finding is still the installer's to fix: code 11.
+#[test]
+fn lasting_403_the_installer_found_passes_the_pod_through() {
+    let denied = |c: &Cluster| {
+        let mut b = Beat::now(RESYNC);
+        b.plugin_denied = Some("the API server says linkerd-cni-plugin may not get pods".into());
+        heartbeat::write(&state_dir(c), &b).unwrap();
+    };
+    let c = cluster();
+    denied(&c);
+    c.api.set_mode(Mode::Forbidden);
+    let why = passed(decide(&c, json!({})).unwrap());
+    assert!(why.contains("HTTP 403"), "{why}");
+    assert!(why.contains("may not get pods"), "{why}");
+    assert!(why.contains("RBAC is missing"), "{why}");
+    assert!(why.contains("WITHOUT linkerd's redirect rules"), "{why}");
+    assert_eq!(c.api.requests(&pod_path()), CONFIRM_ATTEMPTS as usize);
+
+    let c = cluster();
+    denied(&c);
+    c.api.set_mode(Mode::Unauthorized);
+    let e = decide(&c, json!({"add_deadline_seconds": 6})).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+}
+
 /// A name, a set-up, config keys, and what the answer says.
 type Case = (&'static str, fn(&Cluster), Value, &'static str);
 

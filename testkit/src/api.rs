@@ -33,10 +33,10 @@
 //! under `/api/v1/namespaces/` (the plugin's role). SelfSubjectReview
 //! answers 201 for a valid token (401 otherwise, as every request);
 //! SelfSubjectAccessReview allows `get` on a pod unless its path is
-//! forbidden. [`FakeApiServer::fail_next_on`] fails the next requests of one
-//! path, [`FakeApiServer::fail_next_with`] with any body (a proxy's HTML
-//! page), and [`FakeApiServer::bearers`] lists the tokens a path was asked
-//! with.
+//! forbidden (asked cluster-wide: `/api/v1/pods`).
+//! [`FakeApiServer::fail_next_on`] fails the next requests of one path,
+//! [`FakeApiServer::fail_next_with`] with any body (a proxy's HTML page),
+//! and [`FakeApiServer::bearers`] lists the tokens a path was asked with.
 //!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
 //! for tests that run the plugin in a "node" namespace whose loopback is
@@ -374,6 +374,12 @@ impl FakeApiServer {
     /// From now on requests for `path` get 403 (an RBAC role without it).
     pub fn forbid(&self, path: &str) {
         lock(&self.state.forbidden).push(path.to_string());
+    }
+
+    /// Serves `path` again after [`FakeApiServer::forbid`], as when the
+    /// RBAC that was missing is restored.
+    pub fn unforbid(&self, path: &str) {
+        lock(&self.state.forbidden).retain(|p| p != path);
     }
 
     /// Stops serving `path` (404 from now on), as when the object is deleted.
@@ -758,6 +764,8 @@ fn access_review(state: &State, req: &Request) -> (u16, Value) {
     let a = &body["spec"]["resourceAttributes"];
     let s = |k: &str| a[k].as_str().unwrap_or_default().to_string();
     let path = match s("resource").as_str() {
+        // Cluster-wide: every namespace, any name.
+        "pods" if s("namespace").is_empty() && s("name").is_empty() => "/api/v1/pods".into(),
         "pods" => format!("/api/v1/namespaces/{}/pods/{}", s("namespace"), s("name")),
         "daemonsets" => format!(
             "/apis/apps/v1/namespaces/{}/daemonsets/{}",

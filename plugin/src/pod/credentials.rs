@@ -17,7 +17,12 @@
 //!   does when the kubeconfig is gone (an uninstall): every other pod on
 //!   the node starts, and a meshed one is refused by linkerd's
 //!   network-validator. A single rejection is not taken for dead:
-//!   [`CONFIRM_ATTEMPTS`] are.
+//!   [`CONFIRM_ATTEMPTS`] are;
+//! - a 403 while the installer is alive but has found, by asking the API
+//!   server, that the plugin's credentials may not get pods (their RBAC is
+//!   missing, which no new token fixes): passed through as when no
+//!   installer is alive. Otherwise every pod of the node would be retried
+//!   for as long as the RBAC stays missing, unmeshed ones included.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -41,6 +46,9 @@ pub enum CredentialCause {
     RejectedInstallerGone,
     /// Rejected while an installer is alive: try again later (code 11).
     RejectedInstallerAlive,
+    /// Forbidden, and the installer found the plugin's RBAC missing:
+    /// passed through.
+    ForbiddenRbacMissing,
 }
 
 /// What a pod gets for a [`CredentialCause`].
@@ -53,9 +61,9 @@ pub enum CredentialOutcome {
 impl CredentialCause {
     pub fn outcome(self) -> CredentialOutcome {
         match self {
-            CredentialCause::NoKubeconfig | CredentialCause::RejectedInstallerGone => {
-                CredentialOutcome::PassThrough
-            }
+            CredentialCause::NoKubeconfig
+            | CredentialCause::RejectedInstallerGone
+            | CredentialCause::ForbiddenRbacMissing => CredentialOutcome::PassThrough,
             CredentialCause::RejectedInstallerAlive => CredentialOutcome::TryAgainLater,
         }
     }
@@ -66,6 +74,7 @@ impl CredentialCause {
             CredentialCause::NoKubeconfig => "no_kubeconfig",
             CredentialCause::RejectedInstallerGone => "rejected_installer_gone",
             CredentialCause::RejectedInstallerAlive => "rejected_installer_alive",
+            CredentialCause::ForbiddenRbacMissing => "forbidden_rbac_missing",
         }
     }
 }
@@ -120,9 +129,10 @@ impl Retry {
         self.attempts
     }
 
-    /// After a rejection, with the installer as its heartbeat says.
-    pub(super) fn after_rejection(&mut self, installer: &Liveness) -> Next {
-        if matches!(installer, Liveness::Gone(_)) && self.attempts >= CONFIRM_ATTEMPTS {
+    /// After a rejection (HTTP `status`), with the installer as its
+    /// heartbeat says.
+    pub(super) fn after_rejection(&mut self, status: u16, installer: &Liveness) -> Next {
+        if !will_be_renewed(status, installer) && self.attempts >= CONFIRM_ATTEMPTS {
             return Next::Stop;
         }
         let wait = self.backoff;
@@ -149,6 +159,26 @@ impl Retry {
             self.started.elapsed().as_secs_f64()
         );
         match installer {
+            Liveness::Alive {
+                plugin_denied: Some(found),
+                ..
+            } if !will_be_renewed(status, installer) => {
+                let why = format!(
+                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API forbids \
+                     linkerd-cni's credentials to read it ({tried}), and the linkerd-cni \
+                     installer on this node found the same ({found}): their RBAC is missing, \
+                     which no new token fixes, so the pod starts WITHOUT linkerd's redirect \
+                     rules (a meshed pod's linkerd-network-validator refuses to start); fix: \
+                     restore the ClusterRole and ClusterRoleBinding of the plugin's \
+                     ServiceAccount (deploy/linkerd-cni.yaml), then restart the pods that \
+                     started meanwhile (the repair controller restarts meshed ones)"
+                );
+                log::error!("{why}");
+                (
+                    CredentialCause::ForbiddenRbacMissing,
+                    super::skip(super::Skip::CannotTell(PassCause::Forbidden), why),
+                )
+            }
             Liveness::Gone(gone) => {
                 let why = format!(
                     "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
@@ -195,6 +225,16 @@ impl Retry {
                 (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
             }
         }
+    }
+}
+
+/// Whether a rejection with `status` is worth retrying for the installer
+/// to fix: it is alive, and this is not a 403 of credentials it found
+/// without the RBAC to get pods.
+fn will_be_renewed(status: u16, installer: &Liveness) -> bool {
+    match installer {
+        Liveness::Gone(_) => false,
+        Liveness::Alive { plugin_denied, .. } => status != 403 || plugin_denied.is_none(),
     }
 }
 
