@@ -147,7 +147,7 @@ pub struct Config {
     pub chain_write_outside_conf_dir: bool,
     /// `LINKERD_CNI_CHAIN_MODE`: decides the entry's `chain_mode`; when
     /// unset the template's own key (if any) decides, else inline mode.
-    pub chain_mode: Option<ModeChoice>,
+    pub chain_mode: Option<ModeSetting>,
     /// `LINKERD_CNI_METRICS_ADDR`: where to serve `/metrics` (`IP:PORT`,
     /// the node's IP from the downward API); None: no metrics, no socket.
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -159,9 +159,10 @@ pub struct Config {
     pub plugin_service_account: String,
 }
 
-/// How the chain mode is chosen.
+/// How the operator sets the chain mode (resolved, with its reason, into
+/// the chain crate's `ModeChoice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModeChoice {
+pub enum ModeSetting {
     /// This mode, whatever the runtime's settings say.
     Fixed(ChainMode),
     /// Owned where the runtime's settings prove it safe, else inline (see
@@ -170,7 +171,7 @@ pub enum ModeChoice {
 }
 
 /// The value of `chain_mode` (the variable or the template's key) that
-/// selects [`ModeChoice::Auto`]. The entry the plugin gets always holds
+/// selects [`ModeSetting::Auto`]. The entry the plugin gets always holds
 /// the mode it resolved to.
 pub const AUTO: &str = "auto";
 
@@ -355,7 +356,7 @@ impl Config {
             .is_some_and(|v| v.as_str() == Some(AUTO));
         let (choice, source) = match self.chain_mode {
             Some(c) => (Some(c), "LINKERD_CNI_CHAIN_MODE"),
-            None if template_auto => (Some(ModeChoice::Auto), self.template.var()),
+            None if template_auto => (Some(ModeSetting::Auto), self.template.var()),
             None => (None, self.template.var()),
         };
         let with = |e: Entry, key: &str, value: &str| {
@@ -363,7 +364,7 @@ impl Config {
                 .map_err(|err| ConfigError::new(source, err.to_string()))
         };
         let (e, note) = match choice {
-            Some(ModeChoice::Auto) => {
+            Some(ModeSetting::Auto) => {
                 let sel = runtime::select(&Host {
                     prefix: &self.mount_prefix,
                 });
@@ -376,7 +377,7 @@ impl Config {
                 };
                 (e, note)
             }
-            Some(ModeChoice::Fixed(m)) => {
+            Some(ModeSetting::Fixed(m)) => {
                 let e = with(e, owned::MODE_KEY, m.as_str())?;
                 (e, self.fixed_note(m, format!("set by {source}")))
             }
@@ -687,11 +688,11 @@ fn on_exit(value: Option<String>) -> Result<OnExit, ConfigError> {
     }
 }
 
-fn chain_mode(value: Option<String>) -> Result<Option<ModeChoice>, ConfigError> {
+fn chain_mode(value: Option<String>) -> Result<Option<ModeSetting>, ConfigError> {
     match value {
         None => Ok(None),
-        Some(v) if v.trim() == AUTO => Ok(Some(ModeChoice::Auto)),
-        Some(v) => Ok(Some(ModeChoice::Fixed(
+        Some(v) if v.trim() == AUTO => Ok(Some(ModeSetting::Auto)),
+        Some(v) => Ok(Some(ModeSetting::Fixed(
             ChainMode::parse(v.trim()).ok_or_else(|| {
                 ConfigError::new(
                     "LINKERD_CNI_CHAIN_MODE",
@@ -830,7 +831,7 @@ mod tests {
             ChainMode::Inline
         );
         let c = env(&[("LINKERD_CNI_CHAIN_MODE", "owned")]).unwrap();
-        assert_eq!(c.chain_mode, Some(ModeChoice::Fixed(ChainMode::Owned)));
+        assert_eq!(c.chain_mode, Some(ModeSetting::Fixed(ChainMode::Owned)));
         assert_eq!(
             owned::mode_of(&c.desired_entry().unwrap()).unwrap(),
             ChainMode::Owned
@@ -851,7 +852,7 @@ mod tests {
             ("CONTAINER_MOUNT_PREFIX", prefix),
         ])
         .unwrap();
-        assert_eq!(c.chain_mode, Some(ModeChoice::Auto));
+        assert_eq!(c.chain_mode, Some(ModeSetting::Auto));
         let (e, note) = c.desired().unwrap();
         assert_eq!(e.get(owned::MODE_KEY).unwrap(), "inline");
         let why = e.get(linkerd_cni_chain::MODE_REASON_KEY).unwrap();
