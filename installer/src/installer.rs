@@ -394,7 +394,9 @@ impl Installer {
         self.plugin_denied = credential::plugin_access(&self.cfg, was.clone());
         match (&was, &self.plugin_denied) {
             (None, Some(why)) => log::error!(
-                "the plugin's credentials may not read pods: {why}; pods on this node pass                  through without linkerd's rules until the plugin's ClusterRole and                  ClusterRoleBinding are restored (deploy/linkerd-cni.yaml)"
+                "the plugin's credentials may not read pods: {why}; pods on this node pass \
+                 through without linkerd's rules until the plugin's ClusterRole and \
+                 ClusterRoleBinding are restored (deploy/linkerd-cni.yaml)"
             ),
             (Some(_), None) => {
                 log::info!("the plugin's credentials may read pods again")
