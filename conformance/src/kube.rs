@@ -21,7 +21,15 @@ impl Node {
     /// [`APP_NAMESPACE`] (no annotations) from the start; pods are added with
     /// [`serve_meshed`] and [`serve_unmeshed`]. Stops on drop.
     pub fn start_api_server(&self) -> FakeApiServer {
-        let api = self.start_api_server_only();
+        self.start_api_server_with(testkit::pki::TestPki::new())
+    }
+
+    /// [`Node::start_api_server`], serving `pki`'s certificate (e.g.
+    /// [`testkit::pki::TestPki::rsa`]).
+    pub fn start_api_server_with(&self, pki: testkit::pki::TestPki) -> FakeApiServer {
+        let api = FakeApiServer::start_in_netns_with(self.netns().path(), pki)
+            .unwrap_or_else(|e| panic!("cannot start the fake API server in the node: {e}"));
+        api.add_namespace(APP_NAMESPACE, &[]);
         let written = api
             .write_kubeconfig(&self.conf_dir())
             .unwrap_or_else(|e| panic!("cannot write the kubeconfig: {e}"));

@@ -186,8 +186,23 @@ impl FakeApiServer {
         Self::start_on(Some(netns_path.to_path_buf()))
     }
 
+    /// [`FakeApiServer::start`], serving `pki`'s certificate (e.g.
+    /// [`TestPki::rsa`]).
+    pub fn start_with(pki: TestPki) -> FakeApiServer {
+        Self::start_with_pki(None, pki).expect("start the fake API server")
+    }
+
+    /// [`FakeApiServer::start_in_netns`], serving `pki`'s certificate
+    /// (e.g. [`TestPki::rsa`]).
+    pub fn start_in_netns_with(netns_path: &Path, pki: TestPki) -> std::io::Result<FakeApiServer> {
+        Self::start_with_pki(Some(netns_path.to_path_buf()), pki)
+    }
+
     fn start_on(netns: Option<PathBuf>) -> std::io::Result<FakeApiServer> {
-        let pki = TestPki::new();
+        Self::start_with_pki(netns, TestPki::new())
+    }
+
+    fn start_with_pki(netns: Option<PathBuf>, pki: TestPki) -> std::io::Result<FakeApiServer> {
         let tls = crate::http::server_tls(&pki)?;
         let state = Arc::new(State {
             objects: Mutex::new(HashMap::new()),

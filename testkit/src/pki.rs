@@ -26,6 +26,26 @@ impl TestPki {
     /// A fresh CA and a server certificate for `names` (DNS names or IPs).
     pub fn with_names(names: &[&str]) -> TestPki {
         let ca_key = KeyPair::generate().expect("generate CA key");
+        let key = KeyPair::generate().expect("generate server key");
+        Self::signed(names, ca_key, key)
+    }
+
+    /// The loopback certificates with RSA-2048 keys (kubeadm's default
+    /// for an API server) instead of ECDSA P-256: the two cost a TLS client
+    /// very different amounts to verify. The keys are fixed (ring cannot
+    /// generate RSA keys), published in the repository, for tests only.
+    pub fn rsa() -> TestPki {
+        let key = |pem: &str| {
+            KeyPair::from_pem_and_sign_algo(pem, &rcgen::PKCS_RSA_SHA256).expect("test RSA key")
+        };
+        Self::signed(
+            &["localhost", "127.0.0.1", "::1"],
+            key(include_str!("../keys/rsa-2048-ca.pem")),
+            key(include_str!("../keys/rsa-2048-server.pem")),
+        )
+    }
+
+    fn signed(names: &[&str], ca_key: KeyPair, key: KeyPair) -> TestPki {
         let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.distinguished_name
@@ -37,7 +57,6 @@ impl TestPki {
         ];
         let ca = CertifiedIssuer::self_signed(ca, ca_key).expect("self-sign CA");
 
-        let key = KeyPair::generate().expect("generate server key");
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .expect("server params");

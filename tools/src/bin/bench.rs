@@ -26,6 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output, Stdio};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use conformance::chains::{self, Primary};
@@ -120,8 +121,21 @@ enum Sections {
     Nft,
 }
 
-const USAGE: &str =
-    "usage: bench [--modes | --spacing | --add | --nft] [--quick] [--baseline PLUGIN_DIR]";
+const USAGE: &str = "usage: bench [--modes | --spacing | --add | --nft] [--quick] [--rsa] \
+                     [--baseline PLUGIN_DIR]";
+
+/// `--rsa`: the fake API server's CA and certificate have RSA-2048 keys
+/// (kubeadm's default) rather than ECDSA P-256 (testkit's default). What a
+/// TLS client spends verifying them differs several times over.
+static RSA_API_SERVER: AtomicBool = AtomicBool::new(false);
+
+fn api_server_key() -> &'static str {
+    if RSA_API_SERVER.load(Ordering::Relaxed) {
+        "RSA-2048 (`--rsa`)"
+    } else {
+        "ECDSA P-256"
+    }
+}
 
 fn story() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -134,6 +148,7 @@ fn story() -> ExitCode {
             "--add" => sections = Sections::Add,
             "--nft" => sections = Sections::Nft,
             "--quick" => quick = true,
+            "--rsa" => RSA_API_SERVER.store(true, Ordering::Relaxed),
             // The directory of another build's plugin (e.g. the main
             // branch's), measured interleaved with this one in 7 and 8.
             "--baseline" => match it.next() {
@@ -327,7 +342,11 @@ impl BenchNode {
     fn new(bins: &Binaries) -> Result<BenchNode, Stop> {
         let node = Node::without_linkerd_cni();
         node.install_bin("linkerd-cni", &bins.plugin);
-        let api = node.start_api_server();
+        let api = if RSA_API_SERVER.load(Ordering::Relaxed) {
+            node.start_api_server_with(testkit::pki::TestPki::rsa())
+        } else {
+            node.start_api_server()
+        };
         api.add_namespace("bench", &[]);
         api.add_pod(&objects::Pod::meshed("bench", "meshed"));
         api.add_pod(&objects::Pod::new("bench", "plain"));
@@ -1338,6 +1357,7 @@ fn print_machine(cpus: &[usize], bins: &Binaries) {
     println!("| iptables | {} |", pkg("iptables"));
     println!("| plugin | {} |", version(&bins.plugin));
     println!("| installer | {} |", version(&bins.installer));
+    println!("| fake API server's keys | {} |", api_server_key());
     println!("| load average at start | {} |", loadavg());
 }
 
