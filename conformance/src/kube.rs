@@ -27,9 +27,7 @@ impl Node {
     /// [`Node::start_api_server`], serving `pki`'s certificate (e.g.
     /// [`testkit::pki::TestPki::rsa`]).
     pub fn start_api_server_with(&self, pki: testkit::pki::TestPki) -> FakeApiServer {
-        let api = FakeApiServer::start_in_netns_with(self.netns().path(), pki)
-            .unwrap_or_else(|e| panic!("cannot start the fake API server in the node: {e}"));
-        api.add_namespace(APP_NAMESPACE, &[]);
+        let api = self.api_server_serving(pki);
         let written = api
             .write_kubeconfig(&self.conf_dir())
             .unwrap_or_else(|e| panic!("cannot write the kubeconfig: {e}"));
@@ -40,7 +38,11 @@ impl Node {
     /// The fake API server inside this node, without a kubeconfig: for
     /// tests where the installer writes it.
     pub fn start_api_server_only(&self) -> FakeApiServer {
-        let api = FakeApiServer::start_in_netns(self.netns().path())
+        self.api_server_serving(testkit::pki::TestPki::new())
+    }
+
+    fn api_server_serving(&self, pki: testkit::pki::TestPki) -> FakeApiServer {
+        let api = FakeApiServer::start_in_netns_with(self.netns().path(), pki)
             .unwrap_or_else(|e| panic!("cannot start the fake API server in the node: {e}"));
         api.add_namespace(APP_NAMESPACE, &[]);
         api

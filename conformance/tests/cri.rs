@@ -276,6 +276,19 @@ fn primary_rewrite_without_linkerd_cni_measured_owned() {
     assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
 }
 
+/// The burst both modes are measured with: 10 times, [`CONCURRENT`] pods
+/// (every other one meshed) while the primary rewrites 5 times 50 ms
+/// apart. Every sandbox came up, meshed ones with exactly the reference
+/// rules or none, unmeshed ones with none, and nothing is left behind.
+fn burst(keeping: &dyn measure::ChainKeeping) -> measure::RewriteReport {
+    let report = measure::primary_burst(keeping, 10, CONCURRENT, 5, Duration::from_millis(50));
+    eprintln!("primary burst, {report}");
+    assert_eq!(report.pods, 10 * CONCURRENT / 2);
+    assert!(report.broken.is_empty(), "{:#?}", report.broken);
+    assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+    report
+}
+
 /// A burst of 20 pods (10 meshed) while the primary rewrites its config 5
 /// times 50 ms apart, 10 times over, in inline mode. Inline mode has a
 /// window by design: from a primary write until containerd reloads the
@@ -293,17 +306,7 @@ fn primary_rewrite_without_linkerd_cni_measured_owned() {
 /// none, unmeshed ones with none.
 #[test]
 fn burst_while_the_primary_rewrites_inline() {
-    let report = measure::primary_burst(
-        &measure::Inline,
-        10,
-        CONCURRENT,
-        5,
-        Duration::from_millis(50),
-    );
-    eprintln!("primary burst, {report}");
-    assert_eq!(report.pods, 10 * CONCURRENT / 2);
-    assert!(report.broken.is_empty(), "{:#?}", report.broken);
-    assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+    let report = burst(&measure::Inline);
     assert!(
         report.unmeshed <= 40,
         "{report}: more than a late heal explains; is the installer acting on its watch?"
@@ -318,17 +321,7 @@ fn burst_while_the_primary_rewrites_inline() {
 /// most twice (then accepts the copy it ran, which holds linkerd-cni).
 #[test]
 fn burst_while_the_primary_rewrites_owned() {
-    let report = measure::primary_burst(
-        &measure::Owned,
-        10,
-        CONCURRENT,
-        5,
-        Duration::from_millis(50),
-    );
-    eprintln!("primary burst, {report}");
-    assert_eq!(report.pods, 10 * CONCURRENT / 2);
-    assert!(report.broken.is_empty(), "{:#?}", report.broken);
-    assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
+    let report = burst(&measure::Owned);
     assert_eq!(report.unmeshed, 0, "{report}");
     assert!(report.most_retries <= 2, "{report}");
 }

@@ -127,6 +127,24 @@ fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// An ADD from `ran` of exempt pod `kube-system/<pod>` in sandbox
+/// `sandbox`, as a runtime retrying a pod runs it (each attempt a new
+/// container id): true when accepted, false when sent back with code 11.
+fn add_in_sandbox(pod: &str, sandbox: &str, ran: &[u8]) -> bool {
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME={pod}");
+    let mut env = common::exempt_env("ADD");
+    env.retain(|(k, _)| *k != "CNI_CONTAINERID" && *k != "CNI_ARGS");
+    env.push(("CNI_CONTAINERID", sandbox));
+    env.push(("CNI_ARGS", &args));
+    let o = common::run(&env, ran);
+    if o.status.success() {
+        return true;
+    }
+    let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert_eq!(err["code"], 11, "{}", text(&o));
+    false
+}
+
 /// The file the runtime loads and whether its chain ends with linkerd-cni.
 fn runtime_active_holds_us(dir: &std::path::Path) -> (String, bool) {
     match testkit::chain::runtime_active(dir) {
@@ -189,16 +207,9 @@ fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
             base.replace("\"mtu\": 0", &format!("\"mtu\": {}", 1400 + attempt)),
         )
         .unwrap();
-        let sandbox = format!("sandbox-{attempt}");
-        let mut env = common::exempt_env("ADD");
-        env.retain(|(k, _)| *k != "CNI_CONTAINERID");
-        env.push(("CNI_CONTAINERID", &sandbox));
-        let o = common::run(&env, &ran);
-        if o.status.success() {
+        if add_in_sandbox("coredns-1", &format!("sandbox-{attempt}"), &ran) {
             break;
         }
-        let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-        assert_eq!(err["code"], 11, "{}", text(&o));
         codes.push(11);
     }
     assert_eq!(
@@ -233,22 +244,13 @@ fn concurrent_pods_each_keep_their_own_retry_count() {
             .map(|pod| {
                 let ran = &ran;
                 scope.spawn(move || {
-                    let args = format!(
-                        "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-{pod}"
-                    );
+                    let name = format!("coredns-{pod}");
                     let mut sent_back = 0;
                     for attempt in 0..6 {
                         let sandbox = format!("pod-{pod}-sandbox-{attempt}");
-                        let mut env = common::exempt_env("ADD");
-                        env.retain(|(k, _)| *k != "CNI_CONTAINERID" && *k != "CNI_ARGS");
-                        env.push(("CNI_CONTAINERID", &sandbox));
-                        env.push(("CNI_ARGS", &args));
-                        let o = common::run(&env, ran);
-                        if o.status.success() {
+                        if add_in_sandbox(&name, &sandbox, ran) {
                             return sent_back;
                         }
-                        let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-                        assert_eq!(err["code"], 11, "{}", text(&o));
                         sent_back += 1;
                     }
                     sent_back
@@ -299,25 +301,16 @@ fn every_pod_starts_during_a_rename_storm() {
         let mut retries: Vec<usize> = vec![];
         while !stop.load(Ordering::Relaxed) {
             pods += 1;
-            let args =
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-{pods}");
+            let name = format!("dns-{pods}");
             let mut sent_back = 0;
             for attempt in 0..4 {
                 let (active, ours) = runtime_active_holds_us(s.conf.path());
                 assert!(ours, "the runtime would load {active}, without linkerd-cni");
                 let ran = s.stdin_from_ours();
                 std::thread::sleep(Duration::from_millis(150));
-                let sandbox = format!("pod-{pods}-sandbox-{attempt}");
-                let mut env = common::exempt_env("ADD");
-                env.retain(|(k, _)| *k != "CNI_CONTAINERID" && *k != "CNI_ARGS");
-                env.push(("CNI_CONTAINERID", &sandbox));
-                env.push(("CNI_ARGS", &args));
-                let o = common::run(&env, &ran);
-                if o.status.success() {
+                if add_in_sandbox(&name, &format!("pod-{pods}-sandbox-{attempt}"), &ran) {
                     break;
                 }
-                let err: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-                assert_eq!(err["code"], 11, "{}", text(&o));
                 sent_back += 1;
             }
             retries.push(sent_back);

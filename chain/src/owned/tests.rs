@@ -34,6 +34,17 @@ fn json(text: &str) -> Value {
     serde_json::from_str(text).expect("json")
 }
 
+/// The marker of our copy of [`CALICO`]'s file, as the runtime hands it
+/// to an ADD that ran the copy.
+fn calico_copy_marker(d: &TempDir) -> Marker {
+    Marker::of(
+        json(&d.read("10-calico-linkerd-cni.conflist"))["plugins"][2]
+            .as_object()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 fn names_sorted_bytewise(mut v: Vec<String>) -> Vec<String> {
     v.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     v
@@ -187,12 +198,7 @@ fn a_change_of_the_primary_makes_the_copy_stale_and_sync_follows() {
     d.write("10-calico.conflist", CALICO);
     let want = owned_desired();
     sync(d.path(), &want, &opts()).unwrap();
-    let ran = Marker::of(
-        json(&d.read("10-calico-linkerd-cni.conflist"))["plugins"][2]
-            .as_object()
-            .unwrap(),
-    )
-    .unwrap();
+    let ran = calico_copy_marker(&d);
     assert_eq!(diagnose(d.path(), &want).unwrap().stale(&ran), None);
     // The primary rewrites its file (by rename, as most do).
     let newer = CALICO.replace("1440", "1450");
@@ -225,12 +231,7 @@ fn a_reformatted_primary_is_no_stale_chain_a_changed_one_is() {
     d.write("10-calico.conflist", CALICO);
     let want = owned_desired();
     sync(d.path(), &want, &opts()).unwrap();
-    let ran = Marker::of(
-        json(&d.read("10-calico-linkerd-cni.conflist"))["plugins"][2]
-            .as_object()
-            .unwrap(),
-    )
-    .unwrap();
+    let ran = calico_copy_marker(&d);
     assert!(ran.meaning.is_some(), "{ran:?}");
     let reformatted = r#"{"cniVersion":"0.3.1","name":"k8s-pod-network",
       "plugins":[{"ipam":{"type":"calico-ipam"},"mtu":1440,"type":"calico"},
@@ -266,12 +267,7 @@ fn the_primary_gone_takes_our_file_with_it() {
     d.write("10-calico.conflist", CALICO);
     let want = owned_desired();
     sync(d.path(), &want, &opts()).unwrap();
-    let ran = Marker::of(
-        json(&d.read("10-calico-linkerd-cni.conflist"))["plugins"][2]
-            .as_object()
-            .unwrap(),
-    )
-    .unwrap();
+    let ran = calico_copy_marker(&d);
     fs::remove_file(d.path().join("10-calico.conflist")).unwrap();
     let diag = diagnose(d.path(), &want).unwrap();
     assert_eq!(diag.state, OwnedState::NoPrimary);

@@ -104,6 +104,30 @@ impl ChainKeeping for Owned {
 /// that a pod sent back too often shows as such, not as a failure.
 const ATTEMPTS: usize = 8;
 
+/// RunPodSandbox for pod `name`, retried while it asks to try again, at
+/// most [`ATTEMPTS`] calls in all: the last answer, and the retries.
+fn run_retried<'a>(
+    node: &'a CriNode,
+    name: &str,
+) -> (
+    Result<super::pods::Sandbox<'a>, super::grpc::GrpcError>,
+    usize,
+) {
+    let spec = node.sandbox_spec(APP_NAMESPACE, name);
+    let mut run = node.run_pod_spec(&spec);
+    let mut retried = 0;
+    for _ in 1..ATTEMPTS {
+        match &run {
+            Err(e) if e.to_string().contains("try again") => {
+                retried += 1;
+                run = node.run_pod_spec(&spec);
+            }
+            _ => break,
+        }
+    }
+    (run, retried)
+}
+
 /// What [`primary_rewrites`] or [`primary_burst`] saw.
 #[derive(Debug, Clone)]
 pub struct RewriteReport {
@@ -220,18 +244,7 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
         let name = format!("web-{round}");
         kube::serve_meshed(&api, &name);
         report.pods += 1;
-        let spec = node.sandbox_spec(APP_NAMESPACE, &name);
-        let mut run = node.run_pod_spec(&spec);
-        let mut retried = 0;
-        for _ in 1..ATTEMPTS {
-            match &run {
-                Err(e) if e.to_string().contains("try again") => {
-                    retried += 1;
-                    run = node.run_pod_spec(&spec);
-                }
-                _ => break,
-            }
-        }
+        let (run, retried) = run_retried(&node, &name);
         report.retried += retried;
         report.most_retries = report.most_retries.max(retried);
         match run {
@@ -296,18 +309,7 @@ pub fn primary_burst(
                 .iter()
                 .map(|(name, meshed)| {
                     s.spawn(move || {
-                        let spec = node.sandbox_spec(APP_NAMESPACE, name);
-                        let mut retried = 0;
-                        let mut run = node.run_pod_spec(&spec);
-                        for _ in 1..ATTEMPTS {
-                            match &run {
-                                Err(e) if e.to_string().contains("try again") => {
-                                    retried += 1;
-                                    run = node.run_pod_spec(&spec);
-                                }
-                                _ => break,
-                            }
-                        }
+                        let (run, retried) = run_retried(node, name);
                         (name.clone(), *meshed, run, retried)
                     })
                 })
