@@ -43,6 +43,15 @@ fn setup(tag: &str) -> Setup {
     }
 }
 
+/// [`setup`], then `chain repair`: our copy in place, as the runtime
+/// loads it.
+fn repaired(tag: &str) -> Setup {
+    let s = setup(tag);
+    let o = chain(&s.args("repair"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    s
+}
+
 impl Setup {
     fn args<'a>(&'a self, cmd: &'a str) -> Vec<&'a str> {
         vec![
@@ -94,9 +103,7 @@ fn status_and_repair_in_owned_mode() {
 
 #[test]
 fn an_add_from_a_current_copy_passes_one_from_a_stale_copy_is_retried() {
-    let s = setup("owned-add");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-add");
     let current = s.stdin_from_ours();
     let o = common::run(&common::exempt_env("ADD"), &current);
     assert!(o.status.success(), "{}", text(&o));
@@ -159,9 +166,7 @@ fn runtime_active_holds_us(dir: &std::path::Path) -> (String, bool) {
 /// linkerd-cni, so the runtime never loads a chain without it.
 #[test]
 fn a_fallback_keeps_our_file_until_the_primary_holds_us() {
-    let s = setup("owned-fallback");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-fallback");
     let ran = s.stdin_from_ours();
     let multus = r#"{"cniVersion":"0.3.1","name":"multus-cni-network","plugins":[{"type":"multus","kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig","delegates":[{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico"}]}]}]}"#;
     fs::write(s.conf.join("10-calico.conflist"), multus).unwrap();
@@ -192,9 +197,7 @@ fn a_fallback_keeps_our_file_until_the_primary_holds_us() {
 /// holds linkerd-cni): the pod starts.
 #[test]
 fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
-    let s = setup("owned-storm");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-storm");
     let p = s.conf.join("10-calico.conflist");
     let base = fs::read_to_string(&p).unwrap();
     assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
@@ -229,9 +232,7 @@ fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
 #[test]
 fn concurrent_pods_each_keep_their_own_retry_count() {
     const PODS: usize = 8;
-    let s = setup("owned-concurrent");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-concurrent");
     let ran = s.stdin_from_ours();
     let p = s.conf.join("10-calico.conflist");
     let newer = fs::read_to_string(&p)
@@ -275,9 +276,7 @@ fn every_pod_starts_during_a_rename_storm() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
-    let s = setup("owned-rename-storm");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-rename-storm");
     let p = s.conf.join("10-calico.conflist");
     let base = fs::read_to_string(&p).unwrap();
     assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
@@ -333,9 +332,7 @@ fn every_pod_starts_during_a_rename_storm() {
 /// the same.
 #[test]
 fn a_reformatting_rewrite_does_not_send_the_pod_back() {
-    let s = setup("owned-reformat");
-    let o = chain(&s.args("repair"));
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let s = repaired("owned-reformat");
     let ran = s.stdin_from_ours();
     let p = s.conf.join("10-calico.conflist");
     let before = fs::read_to_string(&p).unwrap();
