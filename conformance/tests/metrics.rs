@@ -95,8 +95,14 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     assert_eq!(e.code, Some(11), "{e}");
     api.set_mode(Mode::Normal);
     // Every attempt of the pod GET fails (the client makes 4): code 11.
-    api.fail_next(4, 503);
+    // Only the pod GET's: the installer may ask the API server meanwhile
+    // (whether the plugin's credentials, just rejected, may get pods).
     let retried = node.pod(kube::serve_meshed(&api, "web-2"));
+    api.fail_next_on(
+        &testkit::objects::pod_path(kube::APP_NAMESPACE, "web-2"),
+        4,
+        503,
+    );
     let e = node
         .add(&net, &retried)
         .expect_err("the ADD with the API failing");
