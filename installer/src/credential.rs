@@ -36,7 +36,10 @@
 //! heartbeat: then a 403 passes pods through instead of having every pod
 //! of the node retried for as long as the RBAC stays missing.
 
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
+
+use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
 
 use linkerd_cni_kube::token::{self, Claims, TokenError};
 use linkerd_cni_kube::{ApiError, Client, review};
@@ -125,6 +128,27 @@ fn refused(cfg: &Config, t: &str) -> bool {
     let answer = kubeconfig::api_with(cfg, t)
         .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
     matches!(answer, Ok(Err(ApiError::Unauthorized { status: 401, .. })))
+}
+
+/// The plugin's ADDs whose pod GET the API server refused its credentials
+/// for (401 or 403: passed through or retried), as its counters in
+/// `state_dir` say; `None` when they cannot be read.
+pub fn plugin_rejections(state_dir: &Path) -> Option<u64> {
+    let counts = outcomes::read(state_dir).ok()?;
+    let rejected = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::PassedThrough(PassCause::Unauthorized | PassCause::Forbidden)
+                | Outcome::TryAgain(RetryCause::CredentialsRejected)
+        )
+    };
+    Some(
+        counts
+            .iter()
+            .filter(|(o, _)| rejected(o))
+            .map(|(_, n)| n)
+            .sum(),
+    )
 }
 
 /// Whether the token in the node's kubeconfig may get pods, asked of the

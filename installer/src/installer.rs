@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
     self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
@@ -63,8 +62,8 @@ pub struct Installer {
     /// What the last look at the plugin's access found (see
     /// [`credential::plugin_access`]): told to the plugin in the heartbeat.
     plugin_denied: Option<String>,
-    /// The plugin's count of ADDs retried for rejected credentials, at the
-    /// last look: a change is what makes the installer look again.
+    /// The plugin's count of ADDs with rejected credentials, at the last
+    /// look: a change is what makes the installer look again.
     rejections_seen: Option<u64>,
 }
 
@@ -370,17 +369,12 @@ impl Installer {
     }
 
     /// Asks whether the plugin's token may get pods when the plugin has
-    /// counted new ADDs retried for rejected credentials since the last
+    /// counted new ADDs with rejected credentials since the last
     /// look, and on every pass while the answer was no (until the RBAC is
     /// back): one API call then, none on a node where nothing is rejected
     /// (nor at start).
     fn look_at_plugin_access(&mut self, state_dir: &Path) {
-        let rejections = outcomes::read(state_dir).ok().map(|counts| {
-            counts
-                .iter()
-                .find(|(o, _)| *o == Outcome::TryAgain(RetryCause::CredentialsRejected))
-                .map_or(0, |(_, n)| *n)
-        });
+        let rejections = credential::plugin_rejections(state_dir);
         let first_look = self.rejections_seen.is_none();
         if rejections == self.rejections_seen && self.plugin_denied.is_none() {
             return;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
+use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::{self, ChainMode, OwnedState};
 use linkerd_cni_chain::{ChainState, Entry, RepairOptions};
 
@@ -413,21 +413,9 @@ impl Telemetry {
 
 /// ADDs whose pod GET the API server refused the plugin's credentials for.
 fn plugin_rejections(i: &mut Inner) {
-    let Ok(counts) = outcomes::read(&i.plugin_state_dir) else {
+    let Some(now) = crate::credential::plugin_rejections(&i.plugin_state_dir) else {
         return;
     };
-    let rejected = |o: &Outcome| {
-        matches!(
-            o,
-            Outcome::PassedThrough(PassCause::Unauthorized | PassCause::Forbidden)
-                | Outcome::TryAgain(RetryCause::CredentialsRejected)
-        )
-    };
-    let now: u64 = counts
-        .iter()
-        .filter(|(o, _)| rejected(o))
-        .map(|(_, n)| n)
-        .sum();
     let before = i.seen.rejections.replace(now);
     if let Some(before) = before
         && now > before
