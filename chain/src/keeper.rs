@@ -316,6 +316,13 @@ impl Report {
             || matches!(self.layout, Layout::Fallback(_))
     }
 
+    /// Whether this is a healthy verdict with nothing done, held or
+    /// pending: the same look at the same files gives the same answer
+    /// (what [`crate::memo`] remembers).
+    pub fn is_steady(&self) -> bool {
+        !self.is_news() && self.stale.is_none() && self.chained_in.is_some()
+    }
+
     /// One line per fact, each once, for logs.
     pub fn lines(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

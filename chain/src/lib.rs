@@ -27,6 +27,8 @@
 //! - the installer's heartbeat in the plugin's state dir, which tells the
 //!   plugin whether an installer is alive to rewrite rejected credentials
 //!   ([`heartbeat`]);
+//! - the plugin's healthy verdict remembered by the files' stamps between
+//!   ADDs ([`memo`]);
 //! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
 //!   which the installer exports.
 
@@ -37,6 +39,7 @@ pub mod heartbeat;
 pub mod inline;
 mod keeper;
 mod lock;
+pub mod memo;
 pub mod names;
 mod options;
 pub mod outcomes;

@@ -6,7 +6,9 @@
 //! the owned file's marker when the runtime ran our own copy), passes its
 //! repair history (kept in its state dir, recorded under the conf-dir lock)
 //! and logs what comes back. The healthy path (almost every ADD) takes no
-//! lock and writes nothing. Nothing here can fail or delay the ADD beyond
+//! lock and writes nothing into the conf dir; while the conf dir's files
+//! keep the stamps of the last healthy look it reads none of them either
+//! (`linkerd_cni_chain::memo`). Nothing here can fail or delay the ADD beyond
 //! the budget, except on purpose: an ADD that ran a stale copy of the
 //! primary's chain in owned mode is sent back (CNI code 11) so that the
 //! runtime retries with the current one.
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
+use linkerd_cni_chain::memo::{Memo, Stamps};
 use linkerd_cni_chain::owned::{ChainMode, MARKER_KEY, Marker};
 use linkerd_cni_chain::{
     ChainError, Context, Entry, ModeChoice, PersistedFights, RepairOptions, keep, load_entry,
@@ -143,6 +146,13 @@ pub fn chain_on_add(
         return Ok(());
     }
     let start = Instant::now();
+    let ran = Marker::of(&conf.raw);
+    let memo = Memo::in_dir(&config.state_dir);
+    if memo.holds(&config.cni_conf_dir, ran.as_ref()) {
+        log::debug!("chain check: healthy, as last seen ({:?})", start.elapsed());
+        return Ok(());
+    }
+    let stamps = Stamps::take(&config.cni_conf_dir);
     let desired = match desired(conf, config) {
         Ok(e) => e,
         Err(e) => {
@@ -166,7 +176,7 @@ pub fn chain_on_add(
             ..RepairOptions::default()
         },
         deadline: start + config.chain_repair_budget,
-        ran: Marker::of(&conf.raw),
+        ran,
     };
     let mut fights = PersistedFights::load(&config.state_dir, FIGHT_WINDOW, FIGHT_THRESHOLD);
     let report = match keep(&ctx, &mut fights) {
@@ -181,6 +191,7 @@ pub fn chain_on_add(
     } else {
         log::debug!("chain check: healthy ({:?})", start.elapsed());
     }
+    memo.remember(&ctx.conf_dir, stamps, ctx.ran.as_ref(), &report);
     match report.stale {
         None => Ok(()),
         Some(why) if !send_back_again(config, pod) => {
@@ -385,6 +396,38 @@ mod tests {
         persist_entry(n.conf.path(), &persisted).unwrap();
         heal(&stdin(&n, &[]));
         assert!(diagnose(n.conf.path(), &persisted).unwrap().is_healthy());
+    }
+
+    #[test]
+    fn a_remembered_healthy_look_still_sees_the_primary_rewrite() {
+        let n = node();
+        let f = n.conf.write("10-calico.conflist", CALICO);
+        let want = derived(&n, &[]);
+        persist_entry(n.conf.path(), &want).unwrap();
+        let conf = stdin(&n, &[]);
+        heal(&conf);
+        assert!(diagnose(n.conf.path(), &want).unwrap().is_healthy());
+        // Once the files are older than the racy bound, a healthy look is
+        // remembered and the next ADD reads no file.
+        std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
+        heal(&conf);
+        let memo = n.state.path().join(linkerd_cni_chain::memo::MEMO_FILE);
+        assert!(memo.is_file(), "a settled healthy look is remembered");
+        // The primary rewrites its file in place, then renames a new one
+        // over it: each ADD after is a full look, and heals.
+        fs::write(&f, CALICO).unwrap();
+        heal(&conf);
+        assert!(
+            diagnose(n.conf.path(), &want).unwrap().is_healthy(),
+            "in place"
+        );
+        let new = n.conf.write(".calico-new", CALICO);
+        fs::rename(&new, &f).unwrap();
+        heal(&conf);
+        assert!(
+            diagnose(n.conf.path(), &want).unwrap().is_healthy(),
+            "renamed"
+        );
     }
 
     #[test]
