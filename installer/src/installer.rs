@@ -419,6 +419,11 @@ impl Installer {
         }
     }
 
+    /// The chain as a pass for `entry` would keep it, judged (read-only).
+    pub fn chain_verdict(&self, entry: &Entry) -> metrics::Verdict {
+        metrics::verdict(&self.context(entry))
+    }
+
     /// The chain, kept in the entry's mode; what the keeper did, logged
     /// once per change.
     fn reconcile_chain(&mut self, entry: &Entry) {
@@ -435,12 +440,7 @@ impl Installer {
     /// what Events report.
     pub fn after_pass(&self) {
         if self.telemetry.metrics_on() {
-            let v = metrics::verdict(
-                &self.cfg.conf_dir(),
-                &self.last_entry,
-                &self.repair_options(),
-            );
-            self.telemetry.chain(&v);
+            self.telemetry.chain(&self.chain_verdict(&self.last_entry));
         }
         self.telemetry.pass_done();
     }

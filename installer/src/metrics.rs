@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::outcomes;
-use linkerd_cni_chain::owned::{self, ChainMode, OwnedState};
-use linkerd_cni_chain::{ChainState, Entry, RepairOptions};
+use linkerd_cni_chain::owned::ChainMode;
+use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
 
 use crate::events::{Events, Kind};
 
@@ -74,36 +74,29 @@ impl Verdict {
     }
 }
 
-/// The chain in `dir` for `entry`, healthy as the readiness check judges
-/// it.
-pub fn verdict(dir: &Path, entry: &Entry, opts: &RepairOptions) -> Verdict {
-    let configured = owned::mode_of(entry).unwrap_or(ChainMode::Inline);
-    let inline = |reason: Option<String>| Verdict {
-        configured,
-        selected: ChainMode::Inline,
-        reason,
-        problem: match linkerd_cni_chain::diagnose_with(dir, entry, opts) {
-            Ok(d) if d.is_healthy() => None,
-            Ok(d) => Some(d.state.to_string()),
-            Err(e) => Some(e.to_string()),
+/// The chain as `ctx` would keep it, judged by the chain crate's one
+/// definition of healthy (the readiness check's too).
+pub fn verdict(ctx: &Context) -> Verdict {
+    let configured = ctx.mode.mode;
+    match chain::health(ctx) {
+        Ok(h) => Verdict {
+            configured,
+            selected: match h.layout {
+                Layout::Owned => ChainMode::Owned,
+                Layout::Inline | Layout::Fallback(_) => ChainMode::Inline,
+            },
+            reason: match &h.layout {
+                Layout::Fallback(why) => Some(why.clone()),
+                Layout::Inline | Layout::Owned => None,
+            },
+            problem: (!h.is_healthy()).then(|| h.summary()),
         },
-    };
-    if configured == ChainMode::Inline {
-        return inline(None);
-    }
-    let owned = |problem: Option<String>| Verdict {
-        configured,
-        selected: ChainMode::Owned,
-        reason: None,
-        problem,
-    };
-    match owned::diagnose_with(dir, entry, opts) {
-        Ok(d) => match &d.state {
-            OwnedState::Fallback { reason } => inline(Some(reason.clone())),
-            OwnedState::Current if d.is_current() => owned(None),
-            state => owned(Some(state.to_string())),
+        Err(e) => Verdict {
+            configured,
+            selected: configured,
+            reason: None,
+            problem: Some(e.to_string()),
         },
-        Err(e) => owned(Some(e.to_string())),
     }
 }
 
@@ -734,6 +727,39 @@ mod tests {
             token_file: dir.join("token"),
             kubeconfig: dir.join("kubeconfig"),
         }
+    }
+
+    /// The verdict is the chain crate's `health`: in inline mode, our
+    /// owned file still in place is not healthy (the readiness check says
+    /// so too), though the primary's file holds linkerd-cni.
+    #[test]
+    fn the_verdict_is_the_one_definition_of_healthy() {
+        use linkerd_cni_chain::{Entry, ModeChoice, NoLimit, keep};
+        let calico = testkit::chain::CALICO;
+        let entry = Entry::new(testkit::chain::chart_entry(), "a test").unwrap();
+        let owned_entry = entry.with("chain_mode", "owned").unwrap();
+        let ctx = |dir: &Path, e: &Entry| {
+            let mode = ModeChoice::of_entry(e).unwrap();
+            Context::new(dir, e.clone(), mode, Duration::from_secs(5))
+        };
+        // Our owned copy of Calico's chain, made in a dir of its own.
+        let owned_dir = testkit::TempDir::new("metrics-owned").unwrap();
+        owned_dir.write("10-calico.conflist", calico);
+        keep(&ctx(owned_dir.path(), &owned_entry), &mut NoLimit).unwrap();
+        let ours = "10-calico-linkerd-cni.conflist";
+        // A node chained inline, then the copy left beside it.
+        let dir = testkit::TempDir::new("metrics-inline").unwrap();
+        dir.write("10-calico.conflist", calico);
+        keep(&ctx(dir.path(), &entry), &mut NoLimit).unwrap();
+        let inline = ctx(dir.path(), &entry);
+        assert!(verdict(&inline).healthy(), "{:?}", verdict(&inline));
+        dir.write(ours, &owned_dir.read(ours));
+        let v = verdict(&inline);
+        assert!(!v.healthy(), "{v:?}");
+        assert_eq!(v.selected, ChainMode::Inline);
+        // Owned mode on that dir: our copy is the active file and current.
+        let owned = verdict(&ctx(dir.path(), &owned_entry));
+        assert_eq!(owned.selected, ChainMode::Owned, "{owned:?}");
     }
 
     #[test]

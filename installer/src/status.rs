@@ -15,7 +15,7 @@ use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::ChainMode;
 
 use crate::installer::Installer;
-use crate::metrics::{self, REPAIR_CAUSES, Verdict};
+use crate::metrics::{REPAIR_CAUSES, Verdict};
 
 /// The most a scrape of the running installer may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -24,7 +24,7 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn report(inst: &Installer) -> (String, bool) {
     let cfg = inst.config();
     let entry = inst.current_entry();
-    let v = metrics::verdict(&cfg.conf_dir(), &entry, &inst.repair_options());
+    let v = inst.chain_verdict(&entry);
     let problems = inst.check();
     let sources = inst.metrics_sources();
     let mut o = String::new();
