@@ -330,7 +330,13 @@ fn every_transition_with_each_limit_keeps_the_runtime_chained() {
                 (t.setup)(&mut n);
                 (t.change)(&n);
                 if refusal == Refusal::Fight {
-                    n.exhaust(&n.conf.path().join("10-calico.conflist"));
+                    // Whichever file the step would repair: every config
+                    // on the node, as it is now.
+                    for name in n.conf.names() {
+                        if crate::is_config_name(std::ffi::OsStr::new(&name)) {
+                            n.exhaust(&n.conf.path().join(name));
+                        }
+                    }
                 }
                 let r = n.keep(t.mode, refusal);
                 if t.unchains && refusal != Refusal::None {
