@@ -57,7 +57,9 @@ pub use entry::{
 };
 pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_sha256};
-pub use inline::{Diagnosis, diagnose, diagnose_with};
+pub use inline::Diagnosis;
+#[cfg(test)]
+pub(crate) use inline::diagnose;
 pub use keeper::{
     Action, Context, Health, HeldBack, HoldCause, Layout, ModeChoice, NoLimit, RepairLimit, Report,
     Retired, health, keep, unchain,

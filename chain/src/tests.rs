@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::inline::{self, remove_entries, repair};
+use super::inline::{self, diagnose_with, remove_entries, repair};
 use super::names::Kind;
 use super::plan::{self, differing_keys, is_ours};
 use super::testutil::{TempDir, desired, object};

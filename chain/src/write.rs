@@ -276,7 +276,7 @@ pub fn copy_atomic(src: &Path, target: &Path, mode: u32) -> Result<(), ChainErro
 /// Removes our temp files from `dir`; returns them. Only where no write can
 /// be in progress: the installer's bin dir at start. Temp files carrying an
 /// intent may hold someone else's content: they are left for the recovery
-/// every [`crate::repair()`] starts with.
+/// every repair starts with.
 pub fn remove_leftovers(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return vec![];

@@ -13,6 +13,14 @@ use serde_json::Value;
 use testkit::TempDir;
 use testkit::chain::{copy_tree, desired, fixtures, is_linkerd, object, plugins, same_order, tree};
 
+/// The primary's file as the crate's one judge ([`chain::health`]) sees
+/// it, in inline mode.
+fn diagnose(dir: &Path, want: &chain::Entry) -> Result<chain::Diagnosis, chain::ChainError> {
+    let mode = ModeChoice::of_entry(want)?;
+    let ctx = Context::new(dir, want.clone(), mode, std::time::Duration::from_secs(30));
+    chain::health(&ctx).map(|h| h.inline)
+}
+
 /// What one run of the keeper (inline mode, no limit) did to the case.
 struct Repaired {
     changed: bool,
@@ -191,7 +199,7 @@ fn every_case_diagnoses_and_repairs_as_expected() {
         copy_tree(&src.join("in"), dir.path());
         let before = tree(dir.path());
 
-        let d = chain::diagnose(dir.path(), &want).unwrap();
+        let d = diagnose(dir.path(), &want).unwrap();
         let ctx = format!("case {}:\n{d}", case.name);
         assert_eq!(
             d.active.as_deref().map(name_of).as_deref(),
@@ -244,7 +252,7 @@ fn every_case_diagnoses_and_repairs_as_expected() {
             let file = r.file.clone().unwrap();
             let text = fs::read_to_string(&file).unwrap();
             check_repaired(case.name, &before, &name_of(&file), &text, &want);
-            let again = chain::diagnose(dir.path(), &want).unwrap();
+            let again = diagnose(dir.path(), &want).unwrap();
             assert!(
                 again.is_healthy(),
                 "case {}: after repair:\n{again}",

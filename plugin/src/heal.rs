@@ -222,9 +222,15 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use linkerd_cni_chain::{
-        ChainState, FIGHT_STATE_FILE, PLUGIN_TYPE, content_sha256 as content_digest, diagnose,
-        persist_entry,
+        ChainState, Diagnosis, FIGHT_STATE_FILE, PLUGIN_TYPE, content_sha256, persist_entry,
     };
+
+    /// The primary's file as the chain crate's one judge sees it.
+    fn diagnose(conf_dir: &Path, want: &Entry) -> Result<Diagnosis, ChainError> {
+        let mode = ModeChoice::of_entry(want)?;
+        let ctx = Context::new(conf_dir, want.clone(), mode, Duration::from_secs(5));
+        linkerd_cni_chain::health(&ctx).map(|h| h.inline)
+    }
 
     use super::*;
 
@@ -515,7 +521,7 @@ mod tests {
         let key = format!(
             "{}#{}",
             n.conf.path().join("10-calico.conflist").display(),
-            content_digest(&same)
+            content_sha256(&same)
         );
         assert_eq!(saved[key.as_str()].as_array().unwrap().len(), 5, "{saved}");
     }

@@ -145,14 +145,15 @@ impl fmt::Display for Diagnosis {
 
 /// Read-only diagnosis of the primary's file (no lock, no write), as the
 /// plugin on the host sees it with default options.
-pub fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<Diagnosis, ChainError> {
+#[cfg(test)]
+pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<Diagnosis, ChainError> {
     diagnose_with(conf_dir, desired, &RepairOptions::default())
 }
 
-/// [`diagnose`] as a repair with `opts` would see the conf dir: symlinks
+/// The diagnosis as a repair with `opts` would see the conf dir: symlinks
 /// resolved under `opts.host_root`, and a write outside the conf dir
 /// refused unless `opts.write_outside_conf_dir`.
-pub fn diagnose_with(
+pub(crate) fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,

@@ -180,7 +180,7 @@ fn mentions_us(bytes: &[u8]) -> bool {
 }
 
 /// The digest recorded in the marker for a primary holding `bytes`.
-pub fn chain_digest(primary: &Path, bytes: &[u8]) -> String {
+pub(crate) fn chain_digest(primary: &Path, bytes: &[u8]) -> String {
     sha256::hex(&primary_chain(Kind::of(primary), bytes))
 }
 
@@ -189,7 +189,7 @@ pub fn chain_digest(primary: &Path, bytes: &[u8]) -> String {
 /// sorted, no whitespace), so that a rewrite that only reindents the file
 /// or reorders its keys has the digest of the chain before it. `None` when
 /// the chain is not JSON.
-pub fn meaning_digest(primary: &Path, bytes: &[u8]) -> Option<String> {
+pub(crate) fn meaning_digest(primary: &Path, bytes: &[u8]) -> Option<String> {
     meaning_of(&primary_chain(Kind::of(primary), bytes))
 }
 
@@ -234,7 +234,7 @@ fn canonical(v: &Value, out: &mut String) {
 
 /// The content of our file for the primary `primary` holding `bytes`, and
 /// the marker it records; or why the primary is not taken over.
-pub fn copy_of(
+pub(crate) fn copy_of(
     primary: &Path,
     bytes: &[u8],
     desired: &Entry,
@@ -561,7 +561,7 @@ pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<OwnedDiagnosi
 /// Read-only diagnosis in owned mode (no lock, no write), as a sync with
 /// `opts` sees the conf dir (a symlinked primary resolved under
 /// `opts.host_root`).
-pub fn diagnose_with(
+pub(crate) fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,
     opts: &RepairOptions,

@@ -488,27 +488,23 @@ mod tests {
     use super::*;
     use std::fs;
 
-    struct TempDir(PathBuf);
+    /// A bin dir of fake executables: testkit's temp dir.
+    struct TempDir {
+        _removed_on_drop: testkit::TempDir,
+        path: PathBuf,
+    }
     impl TempDir {
         fn new(tag: &str) -> TempDir {
-            let p = std::env::temp_dir().join(format!(
-                "linkerd-cni-exec-{tag}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = fs::remove_dir_all(&p);
-            fs::create_dir_all(&p).unwrap();
-            TempDir(p)
+            let t = testkit::TempDir::new(&format!("exec-{tag}")).unwrap();
+            TempDir {
+                path: t.path().to_path_buf(),
+                _removed_on_drop: t,
+            }
         }
         fn exe(&self, name: &str) {
-            let p = self.0.join(name);
+            let p = self.path.join(name);
             fs::write(&p, "#!/bin/sh\n").unwrap();
             fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 
@@ -523,10 +519,15 @@ mod tests {
         ] {
             d.exe(n);
         }
-        let t = Tools::find(IptablesMode::Legacy, Family::V4, std::slice::from_ref(&d.0)).unwrap();
+        let t = Tools::find(
+            IptablesMode::Legacy,
+            Family::V4,
+            std::slice::from_ref(&d.path),
+        )
+        .unwrap();
         assert_eq!(t.mode, IptablesMode::Legacy);
-        assert_eq!(t.restore, d.0.join("iptables-legacy-restore"));
-        assert_eq!(t.save, d.0.join("iptables-legacy-save"));
+        assert_eq!(t.restore, d.path.join("iptables-legacy-restore"));
+        assert_eq!(t.save, d.path.join("iptables-legacy-save"));
     }
 
     #[test]
@@ -542,18 +543,18 @@ mod tests {
         ] {
             d.exe(n);
         }
-        let dirs = [d.0.clone()];
+        let dirs = [d.path.clone()];
         let t = Tools::find(IptablesMode::Legacy, Family::V6, &dirs).unwrap();
         assert_eq!(t.mode, IptablesMode::Legacy);
         let t = Tools::find(IptablesMode::Nft, Family::V6, &dirs).unwrap();
         assert_eq!(t.mode, IptablesMode::Plain);
-        assert_eq!(t.restore, d.0.join("ip6tables-restore"));
-        fs::remove_file(d.0.join("ip6tables-restore")).unwrap();
+        assert_eq!(t.restore, d.path.join("ip6tables-restore"));
+        fs::remove_file(d.path.join("ip6tables-restore")).unwrap();
         let t = Tools::find(IptablesMode::Nft, Family::V6, &dirs).unwrap();
         assert_eq!(t.mode, IptablesMode::Legacy);
         // A file without the exec bit is not a binary.
         fs::set_permissions(
-            d.0.join("ip6tables-legacy-save"),
+            d.path.join("ip6tables-legacy-save"),
             fs::Permissions::from_mode(0o644),
         )
         .unwrap();
