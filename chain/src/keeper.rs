@@ -48,15 +48,18 @@ impl ModeChoice {
         }
     }
 
-    /// The mode the entry's `chain_mode` selects.
+    /// The mode the entry's `chain_mode` selects, and why: the installer's
+    /// `auto` records the runtime settings' verdict in the entry
+    /// ([`crate::MODE_REASON_KEY`]).
     pub fn of_entry(entry: &Entry) -> Result<ModeChoice, ChainError> {
         let mode = owned::mode_of(entry)?;
-        let reason = match entry.get(owned::MODE_KEY) {
-            Some(_) => format!("the entry sets {}: {mode}", owned::MODE_KEY),
-            None => format!(
-                "the entry sets no {} (inline is the default)",
-                owned::MODE_KEY
-            ),
+        let auto = entry
+            .get(crate::MODE_REASON_KEY)
+            .and_then(serde_json::Value::as_str);
+        let reason = match (auto, entry.get(owned::MODE_KEY)) {
+            (Some(why), _) => format!("auto, from the runtime's settings: {why}"),
+            (None, Some(_)) => format!("set in the entry ({})", owned::MODE_KEY),
+            (None, None) => format!("inline, the default (no {} in the entry)", owned::MODE_KEY),
         };
         Ok(ModeChoice { mode, reason })
     }

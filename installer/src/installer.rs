@@ -65,6 +65,9 @@ pub struct Installer {
     /// The plugin's count of ADDs with rejected credentials, at the last
     /// look: a change is what makes the installer look again.
     rejections_seen: Option<u64>,
+    /// The plugin's rejected-credential count read by this pass's beat
+    /// (`None` on a pass with no beat, or no counters).
+    pass_rejections: Option<u64>,
 }
 
 impl Installer {
@@ -82,6 +85,7 @@ impl Installer {
             credential: Credential::default(),
             plugin_denied: None,
             rejections_seen: None,
+            pass_rejections: None,
         }
     }
 
@@ -341,11 +345,15 @@ impl Installer {
     /// the plugin then takes the installer for gone once the last beat is
     /// old enough.
     pub fn beat(&mut self) {
+        let dir = self.state_dir();
+        // The plugin's counters, read once per full pass: for the look at
+        // its RBAC here and for the Event after the pass.
+        let rejections = credential::plugin_rejections(&dir);
+        self.pass_rejections = rejections;
         if !self.kubeconfig_current {
             return;
         }
-        let dir = self.state_dir();
-        self.look_at_plugin_access(&dir);
+        self.look_at_plugin_access(rejections);
         let beat = heartbeat::Beat {
             plugin_denied: self.plugin_denied.clone(),
             ..heartbeat::Beat::now(self.cfg.resync)
@@ -373,8 +381,7 @@ impl Installer {
     /// look, and on every pass while the answer was no (until the RBAC is
     /// back): one API call then, none on a node where nothing is rejected
     /// (nor at start).
-    fn look_at_plugin_access(&mut self, state_dir: &Path) {
-        let rejections = credential::plugin_rejections(state_dir);
+    fn look_at_plugin_access(&mut self, rejections: Option<u64>) {
         let first_look = self.rejections_seen.is_none();
         if rejections == self.rejections_seen && self.plugin_denied.is_none() {
             return;
@@ -438,11 +445,11 @@ impl Installer {
     /// After each pass, however it ended: what `/metrics` shows of it (the
     /// chain as the pass left it, diagnosed only when metrics are on) and
     /// what Events report.
-    pub fn after_pass(&self) {
+    pub fn after_pass(&mut self) {
         if self.telemetry.metrics_on() {
             self.telemetry.chain(&self.chain_verdict(&self.last_entry));
         }
-        self.telemetry.pass_done();
+        self.telemetry.pass_done(self.pass_rejections.take());
     }
 
     fn log_report(&mut self, ctx: &Context, r: &Report) {

@@ -62,7 +62,8 @@ pub struct Verdict {
     /// The mode the chain is kept in: inline where owned mode does not
     /// apply.
     pub selected: ChainMode,
-    /// Why `selected` is not `configured`.
+    /// Why `selected` is what it is: owned mode's fallback, else the
+    /// entry's mode choice (the installer's `auto` verdict included).
     pub reason: Option<String>,
     /// What keeps the chain from being healthy; `None`: healthy.
     pub problem: Option<String>,
@@ -85,10 +86,10 @@ pub fn verdict(ctx: &Context) -> Verdict {
                 Layout::Owned => ChainMode::Owned,
                 Layout::Inline | Layout::Fallback(_) => ChainMode::Inline,
             },
-            reason: match &h.layout {
-                Layout::Fallback(why) => Some(why.clone()),
-                Layout::Inline | Layout::Owned => None,
-            },
+            reason: Some(match &h.layout {
+                Layout::Fallback(why) => why.clone(),
+                Layout::Inline | Layout::Owned => ctx.mode.reason.clone(),
+            }),
             problem: (!h.is_healthy()).then(|| h.summary()),
         },
         Err(e) => Verdict {
@@ -148,9 +149,10 @@ struct Inner {
     metrics: bool,
     state: NodeState,
     events: Option<Events>,
-    /// The plugin's state dir, for its credential rejections (Events).
-    plugin_state_dir: PathBuf,
     seen: Seen,
+    /// When this installer started: a write made before it is no sample of
+    /// heal latency (a node chained at start after hours unchained).
+    started: SystemTime,
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
@@ -178,7 +180,7 @@ impl Telemetry {
     }
 
     /// Keeps the metrics (`metrics`) and sends `events`; off when neither.
-    pub fn new(metrics: bool, events: Option<Events>, plugin_state_dir: PathBuf) -> Telemetry {
+    pub fn new(metrics: bool, events: Option<Events>) -> Telemetry {
         if !metrics && events.is_none() {
             return Telemetry::off();
         }
@@ -186,8 +188,8 @@ impl Telemetry {
             metrics,
             state: NodeState::default(),
             events,
-            plugin_state_dir,
             seen: Seen::default(),
+            started: SystemTime::now(),
             written: BTreeMap::new(),
         }))))
     }
@@ -195,7 +197,7 @@ impl Telemetry {
     /// Metrics only, for tests.
     #[cfg(test)]
     pub fn on() -> Telemetry {
-        Telemetry::new(true, None, PathBuf::new())
+        Telemetry::new(true, None)
     }
 
     /// Whether `/metrics` is served.
@@ -253,7 +255,7 @@ impl Telemetry {
             }
             let s = &mut i.state;
             *s.repairs.entry(cause).or_default() += 1;
-            if let Some(w) = written {
+            if let Some(w) = written.filter(|w| *w >= i.started) {
                 let latency = SystemTime::now().duration_since(w).unwrap_or_default();
                 s.heal_latency.observe(latency.as_secs_f64());
             }
@@ -337,14 +339,16 @@ impl Telemetry {
     /// After each pass: the pass count and time (metrics), and, for
     /// Events, whether the plugin's credential was rejected since the last
     /// pass (one read of its counters file).
-    pub fn pass_done(&self) {
+    pub fn pass_done(&self, rejections: Option<u64>) {
         self.with(|i| {
             if i.metrics {
                 i.state.passes += 1;
                 i.state.last_pass = Some(SystemTime::now());
             }
-            if i.events.is_some() {
-                plugin_rejections(i);
+            if i.events.is_some()
+                && let Some(now) = rejections
+            {
+                plugin_rejections(i, now);
             }
         });
     }
@@ -405,10 +409,7 @@ impl Telemetry {
 }
 
 /// ADDs whose pod GET the API server refused the plugin's credentials for.
-fn plugin_rejections(i: &mut Inner) {
-    let Some(now) = crate::credential::plugin_rejections(&i.plugin_state_dir) else {
-        return;
-    };
+fn plugin_rejections(i: &mut Inner, now: u64) {
     let before = i.seen.rejections.replace(now);
     if let Some(before) = before
         && now > before
@@ -513,12 +514,11 @@ pub fn setup(inst: &mut crate::installer::Installer) {
         }))),
         _ => None,
     };
-    let dir = sources.plugin_state_dir.clone();
     let Some(addr) = cfg.metrics_addr else {
-        inst.set_telemetry(Telemetry::new(false, events(), dir));
+        inst.set_telemetry(Telemetry::new(false, events()));
         return;
     };
-    let telemetry = Telemetry::new(true, events(), dir.clone());
+    let telemetry = Telemetry::new(true, events());
     let state = telemetry.clone();
     let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
     match crate::serve::start(addr, page) {
@@ -531,7 +531,7 @@ pub fn setup(inst: &mut crate::installer::Installer) {
                 "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
                  without metrics: set it to this node's IP (status.hostIP) and a free port"
             );
-            inst.set_telemetry(Telemetry::new(false, events(), dir));
+            inst.set_telemetry(Telemetry::new(false, events()));
         }
     }
 }
@@ -760,6 +760,22 @@ mod tests {
         // Owned mode on that dir: our copy is the active file and current.
         let owned = verdict(&ctx(dir.path(), &owned_entry));
         assert_eq!(owned.selected, ChainMode::Owned, "{owned:?}");
+        // Under `auto`, why: the runtime settings' verdict the installer
+        // recorded in the entry.
+        let auto = owned_entry
+            .with(
+                linkerd_cni_chain::MODE_REASON_KEY,
+                "containerd loads one config file (max_conf_num unset)",
+            )
+            .unwrap();
+        let v = verdict(&ctx(dir.path(), &auto));
+        assert_eq!(
+            v.reason.as_deref(),
+            Some(
+                "auto, from the runtime's settings: containerd loads one config file (max_conf_num unset)"
+            ),
+            "{v:?}"
+        );
     }
 
     #[test]
@@ -767,7 +783,7 @@ mod tests {
         let t = Telemetry::off();
         t.repaired("missing", Some(SystemTime::now()));
         t.fight("f", "w");
-        t.pass_done();
+        t.pass_done(None);
         assert_eq!(t.snapshot(), NodeState::default());
     }
 
@@ -789,7 +805,7 @@ mod tests {
             t.fight("f@1", "w");
             t.held_back("f@1");
         }
-        t.pass_done();
+        t.pass_done(None);
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.
         use base64::Engine;

@@ -32,6 +32,9 @@ pub fn report(inst: &Installer) -> (String, bool) {
         let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
     };
     line(&mut o, "mode", &mode_line(&v));
+    if let (Some(why), true) = (&v.reason, v.configured == v.selected) {
+        line(&mut o, "mode chosen", why);
+    }
     line(
         &mut o,
         "chain",

@@ -161,31 +161,22 @@ fn split_flag<'a, 'b>(
     }
 }
 
-/// Why the entry's chain mode is what it is.
-fn mode_reason(desired: &Entry) -> String {
-    match (
-        desired
-            .get(chain::MODE_REASON_KEY)
-            .and_then(serde_json::Value::as_str),
-        desired.get("chain_mode"),
-    ) {
-        (Some(why), _) => format!("auto, from the runtime's settings: {why}"),
-        (None, Some(_)) => "set in the entry (chain_mode)".to_string(),
-        (None, None) => "inline, the default (no chain_mode in the entry)".to_string(),
-    }
-}
-
 /// Prints the chain's health in the context's mode: exit 0 healthy, 1 not,
 /// 2 error.
 fn status(ctx: &Context) -> ExitCode {
     match chain::health(ctx) {
         Ok(h) => {
             let text = h.to_string();
-            let (mode, rest) = text.split_once('\n').unwrap_or((&text, ""));
-            println!("{mode}");
-            println!("mode chosen:   {}", mode_reason(&ctx.desired));
+            // The mode and why, then how the entry reaches the API, then
+            // the chain.
+            let mut lines = text.split_inclusive('\n');
+            for line in lines.by_ref().take(2) {
+                print!("{line}");
+            }
             print_transport_warnings(&ctx.desired);
-            print!("{rest}");
+            for line in lines {
+                print!("{line}");
+            }
             ExitCode::from(u8::from(!h.is_healthy()))
         }
         Err(e) => {
