@@ -29,6 +29,62 @@ use crate::ChainError;
 
 /// The plugin's default `state_dir`, where the heartbeat lives.
 pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
+/// The plugin's state dir as a plugin config (or the installer's entry)
+/// names it: its `state_dir` when that is an absolute path outside the
+/// config's `cni_conf_dir` (`conf_dir` when it names none), else
+/// [`DEFAULT_STATE_DIR`] and why. The plugin writes there on every ADD (its
+/// counters, its repair history): inside the conf dir each write would make
+/// the runtime reload its network config. The plugin and the installer
+/// both ask here, so that they always meet in the same dir.
+pub fn state_dir_of(
+    config: &serde_json::Map<String, Value>,
+    conf_dir: &Path,
+) -> (PathBuf, Option<String>) {
+    let default = || PathBuf::from(DEFAULT_STATE_DIR);
+    let dir = match config.get("state_dir") {
+        None => return (default(), None),
+        Some(Value::String(s)) if s.is_empty() => return (default(), None),
+        Some(Value::String(s)) => PathBuf::from(s),
+        Some(other) => {
+            return (
+                default(),
+                Some(format!(
+                    "state_dir {other} is not a string; using {DEFAULT_STATE_DIR}"
+                )),
+            );
+        }
+    };
+    let conf = config
+        .get("cni_conf_dir")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| conf_dir.to_path_buf(), PathBuf::from);
+    let why = if !dir.is_absolute() {
+        Some("is not an absolute path")
+    } else if dir
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        Some("has a '..' component")
+    } else if dir.starts_with(&conf) {
+        Some(
+            "is inside the CNI conf dir, where every write would make the runtime reload its network config",
+        )
+    } else {
+        None
+    };
+    match why {
+        None => (dir, None),
+        Some(why) => (
+            default(),
+            Some(format!(
+                "state_dir {} {why}; using {DEFAULT_STATE_DIR}",
+                dir.display()
+            )),
+        ),
+    }
+}
+
 /// The heartbeat's file name in the state dir.
 pub const HEARTBEAT_FILE: &str = "installer-heartbeat.json";
 /// Missed resync periods after which the installer is taken for gone...
@@ -312,6 +368,50 @@ mod tests {
             liveness(dir.path(), None),
             Liveness::Gone(Gone::OtherBoot(_))
         ));
+    }
+
+    #[test]
+    fn the_state_dir_is_outside_the_conf_dir_and_absolute() {
+        let conf = Path::new("/etc/cni/net.d");
+        let of = |v: Value| match v {
+            Value::Object(m) => state_dir_of(&m, conf),
+            _ => unreachable!(),
+        };
+        let default = PathBuf::from(DEFAULT_STATE_DIR);
+        assert_eq!(of(json!({})), (default.clone(), None));
+        assert_eq!(of(json!({"state_dir": ""})), (default.clone(), None));
+        assert_eq!(
+            of(json!({"state_dir": "/var/run/lcni"})),
+            (PathBuf::from("/var/run/lcni"), None)
+        );
+        for (config, why) in [
+            (
+                json!({"state_dir": "/etc/cni/net.d/state"}),
+                "inside the CNI conf dir",
+            ),
+            (
+                json!({"state_dir": "/etc/cni/net.d"}),
+                "inside the CNI conf dir",
+            ),
+            (
+                json!({"state_dir": "/host/net.d/x", "cni_conf_dir": "/host/net.d"}),
+                "inside the CNI conf dir",
+            ),
+            (json!({"state_dir": "run/lcni"}), "not an absolute path"),
+            (json!({"state_dir": "/run/../etc/cni/net.d"}), "'..'"),
+            (json!({"state_dir": 7}), "not a string"),
+        ] {
+            let (dir, warning) = of(config.clone());
+            assert_eq!(dir, default, "{config}");
+            let warning = warning.unwrap_or_default();
+            assert!(warning.contains(why), "{config}: {warning}");
+            assert!(warning.contains(DEFAULT_STATE_DIR), "{warning}");
+        }
+        // Another conf dir: /etc/cni/net.d is then no conf dir of ours.
+        assert_eq!(
+            of(json!({"state_dir": "/etc/cni/net.d/x", "cni_conf_dir": "/host/net.d"})),
+            (PathBuf::from("/etc/cni/net.d/x"), None)
+        );
     }
 
     #[test]

@@ -108,17 +108,8 @@ impl Installer {
     /// What a scrape reads besides the passes' state: the plugin's state
     /// dir (the entry's `state_dir`, on the host) and the token.
     pub fn metrics_sources(&self) -> metrics::Sources {
-        let state_dir = self
-            .last_entry
-            .get("state_dir")
-            .and_then(|v| v.as_str())
-            .filter(|s| !s.is_empty())
-            .unwrap_or(linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR);
         metrics::Sources {
-            plugin_state_dir: crate::config::under_prefix(
-                &self.cfg.mount_prefix,
-                Path::new(state_dir),
-            ),
+            plugin_state_dir: self.state_dir(),
             token_file: self.cfg.service_account_dir.join("token"),
             kubeconfig: self.cfg.kubeconfig_path(),
         }
@@ -325,17 +316,13 @@ impl Installer {
         entry
     }
 
-    /// The plugin's state dir as the installer reaches it: the entry's
-    /// `state_dir`, where the plugin looks, under the mount prefix.
+    /// The plugin's state dir as the installer reaches it: where the
+    /// plugin looks (the entry's `state_dir`, by the one rule both follow),
+    /// under the mount prefix.
     fn state_dir(&self) -> PathBuf {
-        let host = self
-            .last_entry
-            .as_map()
-            .get("state_dir")
-            .and_then(|v| v.as_str())
-            .filter(|d| Path::new(d).is_absolute())
-            .unwrap_or(heartbeat::DEFAULT_STATE_DIR);
-        config::under_prefix(&self.cfg.mount_prefix, Path::new(host))
+        let (host, _) =
+            heartbeat::state_dir_of(self.last_entry.as_map(), &self.cfg.dest_cni_net_dir);
+        config::under_prefix(&self.cfg.mount_prefix, &host)
     }
 
     /// After a pass: tells the plugin, through the heartbeat in its state

@@ -185,11 +185,15 @@ impl PluginConfig {
         {
             self.cni_conf_dir = PathBuf::from(dir);
         }
-        if let Some(dir) = top.string("state_dir")?
-            && !dir.is_empty()
-        {
-            self.state_dir = PathBuf::from(dir);
+        // Type-checked like every key; where it may be is the heartbeat's
+        // rule, shared with the installer.
+        top.string("state_dir")?;
+        let (dir, refused) =
+            linkerd_cni_chain::heartbeat::state_dir_of(top.map, &self.cni_conf_dir);
+        if let Some(why) = refused {
+            log::warn!("{why}");
         }
+        self.state_dir = dir;
         if let Some(d) = top.seconds("installer_gone_after_seconds")? {
             self.installer_gone_after = Some(d);
         }
@@ -469,6 +473,27 @@ mod tests {
         assert_eq!(c.exempt_namespaces, ["linkerd-cni", "kube-system"]);
         let c = parse(r#"{"installer_gone_after_seconds": 90}"#).unwrap();
         assert_eq!(c.installer_gone_after, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn a_state_dir_inside_the_conf_dir_is_not_used() {
+        let c = parse(r#"{"state_dir": "/run/elsewhere"}"#).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/run/elsewhere"));
+        for bad in [
+            r#"{"state_dir": "/etc/cni/net.d/linkerd"}"#,
+            r#"{"cni_conf_dir": "/host/net.d", "state_dir": "/host/net.d/s"}"#,
+            r#"{"state_dir": "relative"}"#,
+        ] {
+            assert_eq!(
+                parse(bad).unwrap().state_dir,
+                PathBuf::from(DEFAULT_STATE_DIR),
+                "{bad}"
+            );
+        }
+        assert!(
+            parse(r#"{"state_dir": 3}"#).is_err(),
+            "a wrong type is a config error"
+        );
     }
 
     #[test]

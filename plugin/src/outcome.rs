@@ -8,7 +8,7 @@ use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
 use serde_json::{Map, Value};
 
 use crate::cni::{CniError, code};
-use crate::config::DEFAULT_STATE_DIR;
+use crate::config::DEFAULT_CONF_DIR;
 use crate::pod::{Added, Skip};
 
 /// The counter `result` adds to.
@@ -39,10 +39,7 @@ pub fn count(state_dir: &Path, result: &Result<Added, CniError>) {
 /// The state dir of a config that did not parse: its `state_dir` string
 /// when it has one, else the default.
 pub fn state_dir_of(raw: &Map<String, Value>) -> PathBuf {
-    match raw.get("state_dir") {
-        Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
-        _ => PathBuf::from(DEFAULT_STATE_DIR),
-    }
+    linkerd_cni_chain::heartbeat::state_dir_of(raw, Path::new(DEFAULT_CONF_DIR)).0
 }
 
 #[cfg(test)]
