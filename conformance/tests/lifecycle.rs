@@ -890,3 +890,84 @@ fn the_plugins_rbac_deleted_passes_pods_through_until_it_is_back() {
     );
     expect_no_reserved_ips(node, net);
 }
+
+/// The installer cannot mint the plugin's token when it starts (the API
+/// server answers its first two TokenRequests 404: the plugin's
+/// ServiceAccount not created yet, as when the DaemonSet is applied
+/// first; not retried within one request, unlike a 503): the kubeconfig is
+/// written without a token, never with the installer's own (which under
+/// deploy/'s RBAC may delete pods and patch Nodes), and the node is
+/// chained all the same. A meshed pod added meanwhile is asked to try
+/// again (the plugin's requests are anonymous and refused, and the
+/// installer is alive), never passed through without rules; once the
+/// token is minted, it gets its rules.
+#[test]
+fn until_the_plugins_token_is_minted_the_kubeconfig_holds_none() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    api.set_tokens(TokenPolicy::default());
+    api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, false));
+    let token_path = format!("/api/v1/namespaces/{NS}/serviceaccounts/{PLUGIN_SA}/token");
+    api.fail_next_on(&token_path, 2, 404);
+    let net = node.network_name("notoken");
+    let conf = primary(&node, &net);
+    node.write_conf(&format!("10-{net}.conflist"), &conf);
+    let keys = json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE});
+    let mut template: Value = serde_json::from_str(&installer::template(&node)).unwrap();
+    let mut entry = installer::expected_entry(&node);
+    for (k, v) in keys.as_object().unwrap() {
+        template[k] = v.clone();
+        entry[k] = v.clone();
+    }
+    let template = template.to_string();
+    let pod = start_pod_with(
+        &node,
+        &api,
+        "linkerd-cni-a",
+        &[("CNI_NETWORK_CONFIG", template.as_str())],
+    );
+    node.wait_healthy(&entry, &conf, RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
+    let user = || {
+        let text = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
+        assert!(
+            !text.contains(&pod.token),
+            "the installer's own token is on the node's disk:\n{text}"
+        );
+        let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        doc["users"][0]["user"].clone()
+    };
+    assert_eq!(user(), json!({}), "{}", pod.inst.log());
+    assert!(
+        pod.inst.log().contains("no token for the plugin yet"),
+        "{}",
+        pod.inst.log()
+    );
+
+    let web = node.pod(kube::serve_meshed(&api, "web-1"));
+    let first = node.add(&net, &web).map_err(|f| format!("{f:?}"));
+    assert!(
+        first.as_ref().is_err_and(|e| e.contains("try again later")),
+        "{first:?}\n{}",
+        pod.inst.log()
+    );
+    node.del(&net, &web).unwrap();
+
+    // Minted at the third try, after 5 s and 10 s of backoff.
+    assert!(
+        testkit::wait_until(Duration::from_secs(15) + RESYNC + GRACE * 2, || {
+            user().get("token").is_some()
+        }),
+        "{}",
+        pod.inst.log()
+    );
+    let minted = api.minted();
+    assert_eq!(
+        user()["token"].as_str(),
+        minted.last().map(|m| m.token.as_str()),
+        "the plugin's minted token"
+    );
+    let second = add(&node, &net, kube::serve_meshed(&api, "web-2")).unwrap();
+    assert_eq!(second, [&ORDER_WITH[..], &["(rules)"]].concat());
+    expect_no_reserved_ips(&node, &net);
+}

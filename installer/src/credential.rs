@@ -19,14 +19,18 @@
 //! is replaced at once.
 //!
 //! Under RBAC without `create` on `serviceaccounts/token` (the linkerd2-cni
-//! chart's) or without the plugin's ServiceAccount, the installer falls
-//! back to its own projected token, as upstream does, says so once, and
-//! asks again every [`REFUSED_RETRY`]; a second installer on the node then
-//! keeps the first one's token while the API server accepts it. Any other failure keeps the token in
-//! the file while it is still valid (else uses the installer's own token
-//! until a TokenRequest succeeds: a node is never left unchained for want
-//! of an API server), and is retried with a backoff, so an API server that
-//! is down costs a pass no more than one bounded attempt now and then.
+//! chart's, whose installer token only reads), the installer falls back to
+//! its own projected token, as upstream does, says so once, and asks again
+//! every [`REFUSED_RETRY`]; a second installer on the node then keeps the
+//! first one's token while the API server accepts it. Any other failure
+//! (the API server down, the plugin's ServiceAccount missing) keeps the
+//! token in the file while it is still valid, else writes the kubeconfig
+//! without one until a TokenRequest succeeds: the node is chained, and the
+//! plugin, refused and seeing this installer alive, has the runtime retry
+//! its pods. This pod's own token, which under deploy/'s RBAC may delete
+//! pods and patch Nodes, never goes into the file then. Failures are
+//! retried with a backoff, so an API server that is down costs a pass no
+//! more than one bounded attempt now and then.
 //!
 //! A token the plugin can use may still lack the right to read pods: the
 //! plugin's ClusterRole or its binding deleted. No new token fixes that, so
@@ -52,7 +56,7 @@ use crate::kubeconfig::{self, KubeconfigError};
 pub const LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// The most one attempt's API calls may take: a pass must stay short.
 const API_TIMEOUT: Duration = Duration::from_secs(3);
-/// After a refused TokenRequest (403, 404): RBAC does not change by itself.
+/// After a refused TokenRequest (403): RBAC does not change by itself.
 pub const REFUSED_RETRY: Duration = Duration::from_secs(600);
 /// Backoff after other failures, doubling per failure in a row...
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
@@ -64,7 +68,7 @@ const PROBE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
 
 /// Why no token was minted.
 enum Failed {
-    /// The RBAC or the ServiceAccount is missing: fall back.
+    /// No right to ask (the linkerd2-cni chart's RBAC): fall back.
     Refused(String),
     Other(String),
 }
@@ -218,17 +222,18 @@ pub fn problem(cfg: &Config, file_token: &str) -> Option<String> {
 }
 
 impl Credential {
-    /// The token the kubeconfig should hold now.
-    /// Err: no token the plugin could use (nothing to write).
-    pub fn token(&mut self, cfg: &Config) -> Result<String, KubeconfigError> {
+    /// The token the kubeconfig should hold now; `None`: none yet (the
+    /// kubeconfig is written without credentials).
+    /// Err: this pod's own token, which the fallback needs, is unreadable.
+    pub fn token(&mut self, cfg: &Config) -> Result<Option<String>, KubeconfigError> {
         if let Some((until, _)) = &self.fallback
             && Instant::now() < *until
         {
-            return self.projected(cfg);
+            return self.projected(cfg).map(Some);
         }
         let subject = match plugin_subject(cfg) {
             Ok(s) => s,
-            Err(why) => return self.fall_back(cfg, why, Duration::ZERO),
+            Err(why) => return Ok(self.keep_or_none(kubeconfig::file_token(cfg), &why)),
         };
         let now = SystemTime::now();
         let file = kubeconfig::file_token(cfg);
@@ -236,14 +241,14 @@ impl Credential {
             && token::claims(t).is_some_and(|c| keepable(cfg, &subject, &c, now))
             && self.still_accepted(cfg, t)
         {
-            return Ok(t.clone());
+            return Ok(Some(t.clone()));
         }
         let file = file.filter(|t| unexpired(&subject, t, now));
         if Instant::now() < self.next_try {
-            return self.keep_or_own(cfg, file, "backing off after a failed TokenRequest");
+            return Ok(self.keep_or_none(file, "backing off after a failed TokenRequest"));
         }
         match self.mint(cfg) {
-            Ok(t) => Ok(t),
+            Ok(t) => Ok(Some(t)),
             Err(Failed::Refused(e)) => {
                 let why = format!(
                     "{e}: the kubeconfig on the node holds this pod's own token, which dies with \
@@ -253,7 +258,7 @@ impl Credential {
                     cfg.plugin_service_account,
                     REFUSED_RETRY.as_secs() / 60
                 );
-                self.fall_back(cfg, why, REFUSED_RETRY)
+                self.fall_back(cfg, why, REFUSED_RETRY).map(Some)
             }
             Err(Failed::Other(e)) => {
                 self.failures += 1;
@@ -265,7 +270,7 @@ impl Credential {
                     "cannot mint the plugin's token: {e}; retrying in {} s",
                     backoff.as_secs()
                 );
-                self.keep_or_own(cfg, file, &e)
+                Ok(self.keep_or_none(file, &e))
             }
         }
     }
@@ -309,27 +314,26 @@ impl Credential {
     }
 
     /// After a failure: the plugin token still in the file while it is
-    /// valid, else this pod's own token until a TokenRequest succeeds: a
-    /// node must not stay unchained because the API server could not be
-    /// asked (the plugin could not reach it either, and fails its ADDs
-    /// meanwhile, which the runtime retries).
-    fn keep_or_own(
-        &mut self,
-        cfg: &Config,
-        file: Option<String>,
-        why: &str,
-    ) -> Result<String, KubeconfigError> {
-        if let Some(t) = file {
-            return Ok(t);
+    /// valid, else no token at all until a TokenRequest succeeds. Never
+    /// this pod's own: under deploy/'s RBAC it may delete pods and patch
+    /// Nodes, rights that must not reach the node's disk. The plugin's
+    /// requests are then anonymous and refused, and, this installer being
+    /// alive, it asks the runtime to retry the pod (which it would have to
+    /// anyway: the API server the installer cannot reach, the plugin cannot
+    /// either), so no pod starts without its rules meanwhile.
+    fn keep_or_none(&mut self, file: Option<String>, why: &str) -> Option<String> {
+        if file.is_some() {
+            return file;
         }
-        if self.fallback.is_none() && !self.said_interim {
+        if !self.said_interim {
             self.said_interim = true;
             log::warn!(
-                "no token for the plugin yet ({why}): the kubeconfig holds this pod's own token \
-                 until a TokenRequest succeeds"
+                "no token for the plugin yet ({why}): the kubeconfig holds none until a \
+                 TokenRequest succeeds, and meshed and unmeshed pods on this node are retried \
+                 by the runtime meanwhile"
             );
         }
-        kubeconfig::own_token(cfg)
+        None
     }
 
     /// Whether `t` (a plugin token found in the file) is accepted: asked
@@ -365,9 +369,13 @@ impl Credential {
             node,
         )
         .map_err(|e| match e {
-            TokenError::Forbidden { .. } | TokenError::NoAccount { .. } => {
-                Failed::Refused(e.to_string())
-            }
+            TokenError::Forbidden { .. } => Failed::Refused(e.to_string()),
+            // Allowed to ask, so not the linkerd2-cni chart's RBAC: this
+            // pod's token may be strong. No fallback; retried.
+            TokenError::NoAccount { .. } => Failed::Other(format!(
+                "{e} (LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT names the plugin's ServiceAccount, \
+                 which deploy/linkerd-cni.yaml creates)"
+            )),
             TokenError::Api { .. } => Failed::Other(e.to_string()),
         })?;
         if node.is_some() && !minted.node_bound {

@@ -250,7 +250,7 @@ impl Installer {
         let written = self
             .credential
             .token(&self.cfg)
-            .and_then(|token| kubeconfig::ensure(&self.cfg, &token));
+            .and_then(|token| kubeconfig::ensure(&self.cfg, token.as_deref()));
         match written {
             Ok(None) => {
                 self.notes
@@ -503,24 +503,27 @@ impl Installer {
         }
         let path = self.cfg.kubeconfig_path();
         // Rendered with the token it holds: the server, the CA and the mode
-        // must be current, and the token one this installer would keep.
-        // Without one, this pod's own token says what is missing.
-        let token =
-            kubeconfig::file_token(&self.cfg).map_or_else(|| kubeconfig::own_token(&self.cfg), Ok);
-        match token
-            .and_then(|t| kubeconfig::render(&self.cfg, &t).map(|want| (t, want)))
+        // must be current, and the token one this installer would keep. A
+        // kubeconfig without a token is not ready either: the plugin's token
+        // has not been minted yet.
+        let token = kubeconfig::file_token(&self.cfg);
+        match kubeconfig::render(&self.cfg, token.as_deref())
             .map_err(|e| e.to_string())
-            .and_then(|(t, want)| {
-                kubeconfig::state(&self.cfg, &want)
-                    .map(|s| (t, s))
-                    .map_err(|e| e.to_string())
-            }) {
-            Ok((t, KubeconfigState::Current)) => {
-                if let Some(why) = credential::problem(&self.cfg, &t) {
-                    problems.push(format!("kubeconfig {}: {why}", path.display()));
+            .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
+        {
+            Ok(KubeconfigState::Current) => match &token {
+                Some(t) => {
+                    if let Some(why) = credential::problem(&self.cfg, t) {
+                        problems.push(format!("kubeconfig {}: {why}", path.display()));
+                    }
                 }
-            }
-            Ok((_, s)) => problems.push(format!("kubeconfig {} is {s}", path.display())),
+                None => problems.push(format!(
+                    "kubeconfig {} holds no token yet: the plugin's could not be minted (the \
+                     installer's log says why); pods are retried meanwhile",
+                    path.display()
+                )),
+            },
+            Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
             Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
         }
         let entry = match self.cfg.desired_entry() {

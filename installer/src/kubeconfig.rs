@@ -88,7 +88,9 @@ impl fmt::Display for KubeconfigState {
 pub struct Rendered {
     server: String,
     tls: Trust,
-    token: String,
+    /// `None`: no credentials yet (the plugin's token not minted); the
+    /// plugin's requests are then anonymous, which the API server refuses.
+    token: Option<String>,
 }
 
 /// How the plugin is to trust the API server.
@@ -117,7 +119,10 @@ impl Rendered {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "local", "cluster": cluster}],
-            "users": [{"name": "linkerd-cni", "user": {"token": self.token}}],
+            "users": [{"name": "linkerd-cni", "user": match &self.token {
+                Some(t) => serde_json::json!({"token": t}),
+                None => serde_json::json!({}),
+            }}],
             "contexts": [{
                 "name": CONTEXT,
                 "context": {"cluster": "local", "user": "linkerd-cni"},
@@ -141,7 +146,7 @@ impl Rendered {
         if cluster["server"].as_str() != Some(self.server.as_str()) {
             parts.push("server");
         }
-        if old["users"][0]["user"]["token"].as_str() != Some(self.token.as_str()) {
+        if old["users"][0]["user"]["token"].as_str() != self.token.as_deref() {
             parts.push("token");
         }
         let old_tls = match (
@@ -186,7 +191,7 @@ pub fn own_api(cfg: &Config) -> Result<ApiConfig, String> {
 
 /// The server and CA of the configuration, with `token`.
 pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
-    let text = render(cfg, token).map_err(|e| e.to_string())?.text();
+    let text = render(cfg, Some(token)).map_err(|e| e.to_string())?.text();
     linkerd_cni_kube::kubeconfig::from_text(&text, &cfg.service_account_dir.join("token"))
         .map_err(|e| e.to_string())
 }
@@ -207,8 +212,8 @@ pub fn token_in(path: &std::path::Path) -> Option<String> {
 }
 
 /// Renders the kubeconfig from the configuration, the CA file as it is
-/// now, and `token`.
-pub fn render(cfg: &Config, token: &str) -> Result<Rendered, KubeconfigError> {
+/// now, and `token` (none: a kubeconfig without credentials).
+pub fn render(cfg: &Config, token: Option<&str>) -> Result<Rendered, KubeconfigError> {
     // Skip verification when asked, else embed the CA. Unlike upstream, a
     // missing CA file is an error rather than a kubeconfig trusting the
     // system roots, which in-cluster API servers are almost never signed by:
@@ -236,7 +241,7 @@ pub fn render(cfg: &Config, token: &str) -> Result<Rendered, KubeconfigError> {
     Ok(Rendered {
         server: cfg.server_url(),
         tls,
-        token: token.to_string(),
+        token: token.map(str::to_string),
     })
 }
 
@@ -263,7 +268,10 @@ pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> 
 
 /// Makes the file current with `token`; returns the state it was in when
 /// it wrote.
-pub fn ensure(cfg: &Config, token: &str) -> Result<Option<KubeconfigState>, KubeconfigError> {
+pub fn ensure(
+    cfg: &Config,
+    token: Option<&str>,
+) -> Result<Option<KubeconfigState>, KubeconfigError> {
     let want = render(cfg, token)?;
     match state(cfg, &want)? {
         KubeconfigState::Current => Ok(None),
@@ -288,7 +296,7 @@ mod tests {
         let r = Rendered {
             server: "https://[fd00::1]:443".into(),
             tls: Trust::CaData("Q0E=".into()),
-            token: "tok\"en".into(),
+            token: Some("tok\"en".into()),
         };
         let text = r.text();
         let doc: Value = serde_json::from_str(&text).unwrap();
@@ -307,7 +315,7 @@ mod tests {
         assert!(text.ends_with("}\n"));
 
         let rotated = Rendered {
-            token: "new".into(),
+            token: Some("new".into()),
             ..r.clone()
         };
         assert_eq!(rotated.diff(&text), ["token"]);
@@ -317,6 +325,29 @@ mod tests {
         };
         assert_eq!(insecure.diff(&text), ["CA"]);
         assert_eq!(r.diff(&insecure.text()), ["CA"]);
+        let insecure_text = insecure.text();
+        // No token yet: a user without credentials, which the plugin's
+        // client reads as anonymous.
+        let none = Rendered {
+            token: None,
+            tls: Trust::Insecure,
+            ..r.clone()
+        };
+        let none_text = none.text();
+        let doc: Value = serde_json::from_str(&none_text).unwrap();
+        assert_eq!(
+            doc["users"][0]["user"],
+            serde_json::json!({}),
+            "{none_text}"
+        );
+        assert_eq!(none.diff(&insecure_text), ["token"]);
+        assert_eq!(insecure.diff(&none_text), ["token"]);
+        let api = linkerd_cni_kube::kubeconfig::from_text(
+            &none_text,
+            std::path::Path::new("/nonexistent"),
+        )
+        .expect("a kubeconfig without credentials is valid");
+        assert!(api.token.is_empty());
         let moved = Rendered {
             server: "https://[fd00::2]:443".into(),
             ..r.clone()

@@ -197,7 +197,10 @@ impl Telemetry {
     /// Metrics only, for tests.
     #[cfg(test)]
     pub fn on() -> Telemetry {
-        Telemetry::new(true, None)
+        let t = Telemetry::new(true, None);
+        // Started long ago: every write a test reports is a sample.
+        t.with(|i| i.started = UNIX_EPOCH);
+        t
     }
 
     /// Whether `/metrics` is served.
@@ -776,6 +779,19 @@ mod tests {
             ),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_write_before_the_start_is_no_heal_latency_sample() {
+        let t = Telemetry::new(true, None);
+        t.repaired(
+            "missing",
+            Some(SystemTime::now() - Duration::from_secs(3600)),
+        );
+        t.repaired("missing", Some(SystemTime::now()));
+        let s = t.snapshot();
+        assert_eq!(s.repairs.get("missing"), Some(&2));
+        assert_eq!(s.heal_latency.count, 1, "only the write made since");
     }
 
     #[test]

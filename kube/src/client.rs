@@ -469,28 +469,33 @@ impl Client {
         let url = format!("{}{path}", self.config.server);
         self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
         let started = Instant::now();
-        let auth = format!("Bearer {}", self.config.token);
+        // No token: an anonymous request (a kubeconfig without credentials).
+        let auth = (!self.config.token.is_empty()).then(|| format!("Bearer {}", self.config.token));
         // What every call carries, whatever its method and body.
         fn common<B>(
             rb: ureq::RequestBuilder<B>,
             timeout: Duration,
-            auth: &str,
+            auth: Option<&str>,
         ) -> ureq::RequestBuilder<B> {
-            rb.config()
+            let rb = rb
+                .config()
                 .timeout_global(Some(timeout))
                 .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
-                .build()
-                .header("Authorization", auth)
-                .header("Accept", "application/json")
+                .build();
+            match auth {
+                Some(a) => rb.header("Authorization", a),
+                None => rb,
+            }
+            .header("Accept", "application/json")
         }
         let res = match (req.method, req.body) {
-            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, &auth)
+            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, auth.as_deref())
                 .content_type("application/json-patch+json")
                 .send(body),
-            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, &auth)
+            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, auth.as_deref())
                 .content_type("application/json")
                 .send(body),
-            _ => common(self.agent.get(&url), timeout, &auth).call(),
+            _ => common(self.agent.get(&url), timeout, auth.as_deref()).call(),
         };
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();

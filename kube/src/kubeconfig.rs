@@ -339,7 +339,10 @@ fn server(cluster_name: &str, cluster: &Cluster) -> Result<String, String> {
     .map_err(|e| format!("cluster {cluster_name:?}: {e}"))
 }
 
-/// The user's bearer token, inline or from its `tokenFile`.
+/// The user's bearer token, inline or from its `tokenFile`; empty for a
+/// user without credentials, whose requests are anonymous (as with
+/// kubectl): the installer writes one until it has minted the plugin's
+/// token, and the API server refuses what it asks.
 fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
     let token = match (&user.token, &user.token_file) {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
@@ -358,7 +361,8 @@ fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
                 "user {user_name:?} uses a client certificate; linkerd-cni supports bearer tokens (token or tokenFile) only"
             ));
         }
-        _ => return Err(format!("user {user_name:?} has no token or tokenFile")),
+        (None, None) => String::new(),
+        _ => return Err(format!("user {user_name:?} has an empty token")),
     };
     Ok(token)
 }
