@@ -1,9 +1,9 @@
 //! The real installer's `/metrics` on a node where the real plugin runs
-//! through libcni: a meshed ADD, an unmeshed one, two code-11 ADDs
+//! through libcni: a meshed ADD, an unmeshed one, code-11 ADDs
 //! (credentials rejected while the installer is alive; the API server
-//! failing) and a primary's rewrite each move their counter by exactly one,
-//! and nothing else moves. (A pass-through on rejected credentials needs no
-//! installer alive: plugin/tests/outcomes.rs counts it.)
+//! failing), a pass-through (the plugin's RBAC gone, which the installer
+//! found) and a primary's rewrite each move their counter by exactly what
+//! happened, and nothing else moves.
 //!
 //! The installer listens on the node's loopback (its namespace); the test
 //! scrapes from inside it.
@@ -107,6 +107,46 @@ fn each_add_and_repair_moves_its_counter_by_one() {
         .add(&net, &retried)
         .expect_err("the ADD with the API failing");
     assert_eq!(e.code, Some(11), "{e}");
+    // The plugin's RBAC gone (its GETs of pods forbidden): an ADD is asked
+    // to try again until the installer, told by the plugin's counters,
+    // hears from the API server that the plugin may not get pods and says
+    // so in its heartbeat; from then on ADDs pass the pod through. (The
+    // installer may have looked already, set off by the rejections above:
+    // then the first ADD passes through too. Each is counted as it ended.)
+    let rbac_gone = [
+        "/api/v1/pods".to_string(),
+        testkit::objects::pod_path(kube::APP_NAMESPACE, "web-3"),
+        testkit::objects::pod_path(kube::APP_NAMESPACE, "web-4"),
+    ];
+    for p in &rbac_gone {
+        api.forbid(p);
+    }
+    let refused = node.pod(kube::serve_meshed(&api, "web-3"));
+    let first_retried = match node.add(&net, &refused) {
+        Err(e) => {
+            assert_eq!(e.code, Some(11), "{e}");
+            true
+        }
+        Ok(_) => false,
+    };
+    let beat = node.state_dir().join("installer-heartbeat.json");
+    let denied =
+        || std::fs::read_to_string(&beat).is_ok_and(|b| b.contains("\"plugin_access_denied\""));
+    assert!(testkit::wait_until(GRACE, denied), "{}", inst.log());
+    let through = node.pod(kube::serve_meshed(&api, "web-4"));
+    node.add(&net, &through)
+        .unwrap_or_else(|e| panic!("the ADD passed through: {e}"));
+    assert!(
+        through
+            .nat_tables()
+            .iter()
+            .all(|t| t.linkerd_lines().is_empty()),
+        "passed through without rules"
+    );
+    for p in &rbac_gone {
+        api.unforbid(p);
+    }
+    assert!(testkit::wait_until(GRACE, || !denied()), "{}", inst.log());
     // The primary rewrites its file without our entry: one repair.
     node.write_conf(&file, &chains::primary_generation(&node, &net, 1));
     let after = scrape_when(REPAIRS, 2.0);
@@ -120,7 +160,14 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     let mut want = BTreeMap::from([
         (adds("meshed", ""), 1.0),
         (adds("unmeshed", ""), 1.0),
-        (adds("try_again", "credentials_rejected"), 1.0),
+        (
+            adds("try_again", "credentials_rejected"),
+            if first_retried { 2.0 } else { 1.0 },
+        ),
+        (
+            adds("passed_through", "forbidden"),
+            if first_retried { 1.0 } else { 2.0 },
+        ),
         (adds("try_again", "api_unavailable"), 1.0),
         (REPAIRS.to_string(), 1.0),
         ("linkerd_cni_chain_heal_latency_seconds_count".into(), 1.0),
@@ -134,7 +181,7 @@ fn each_add_and_repair_moves_its_counter_by_one() {
     want.extend(buckets.into_iter().map(|b| (b, 1.0)));
     assert_eq!(m, want, "{}", inst.log());
 
-    for pod in [&meshed, &plain, &passed, &retried] {
+    for pod in [&meshed, &plain, &passed, &retried, &refused, &through] {
         node.del(&net, pod).unwrap();
     }
 }
