@@ -193,109 +193,43 @@ impl Config {
         // Upstream's `${VAR:-default}`: empty is the same as unset.
         let var = |name: &str| get(name).filter(|v| !v.is_empty());
 
-        // Where the files go: host paths, and the host as the container sees it.
-        let dest_cni_net_dir = host_dir(
-            "DEST_CNI_NET_DIR",
-            var("DEST_CNI_NET_DIR"),
-            DEFAULT_DEST_CNI_NET_DIR,
-        )?;
-        let dest_cni_bin_dir = host_dir(
-            "DEST_CNI_BIN_DIR",
-            var("DEST_CNI_BIN_DIR"),
-            DEFAULT_DEST_CNI_BIN_DIR,
-        )?;
-        let mount_prefix = absolute(
-            "CONTAINER_MOUNT_PREFIX",
-            var("CONTAINER_MOUNT_PREFIX"),
-            DEFAULT_CONTAINER_MOUNT_PREFIX,
-        )?;
-        let container_cni_bin_dir = absolute(
-            "CONTAINER_CNI_BIN_DIR",
-            var("CONTAINER_CNI_BIN_DIR"),
-            DEFAULT_CONTAINER_CNI_BIN_DIR,
-        )?;
-        let kubeconfig_file_name = kubeconfig_file_name(var("KUBECONFIG_FILE_NAME"))?;
-
-        // How the plugin reaches the API server.
-        let service_account_dir = absolute(
-            "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
-            var("LINKERD_CNI_SERVICE_ACCOUNT_DIR"),
-            DEFAULT_SERVICE_ACCOUNT_DIR,
-        )?;
-        let kube_ca_file = match var("KUBE_CA_FILE") {
-            Some(p) => PathBuf::from(p),
-            None => service_account_dir.join("ca.crt"),
-        };
-        let skip_tls_verify = boolean("SKIP_TLS_VERIFY", var("SKIP_TLS_VERIFY"), false)?;
-        let k8s_protocol = k8s_protocol(var("KUBERNETES_SERVICE_PROTOCOL"))?;
-        let k8s_host = k8s_host(var("KUBERNETES_SERVICE_HOST"))?;
-        let k8s_port = k8s_port(var("KUBERNETES_SERVICE_PORT"))?;
-
+        let places = Places::from_env(&var)?;
+        let api = ApiAccess::from_env(&var)?;
         let template = Template::from_env(
             var("CNI_NETWORK_CONFIG_FILE").map(PathBuf::from),
             var("CNI_NETWORK_CONFIG"),
         )?;
-
         // The node, and the taint that keeps pods off it until we are ready.
         let node_name = node_name(var("LINKERD_CNI_NODE_NAME"))?;
         let startup_taint = startup_taint(var("LINKERD_CNI_STARTUP_TAINT"))?;
-
-        // Timing and lifecycle.
-        let resync = resync(var("LINKERD_CNI_RESYNC_SECONDS"))?;
-        let watch = boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?;
-        let on_exit = on_exit(var("LINKERD_CNI_UNINSTALL_ON_EXIT"))?;
-        let pod_name = object_name(
-            "LINKERD_CNI_POD_NAME",
-            var("LINKERD_CNI_POD_NAME"),
-            is_dns_subdomain,
-            "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, \
-             '-' and '.'); set it from the downward API's metadata.name",
-        )?;
-        let pod_namespace = object_name(
-            "LINKERD_CNI_POD_NAMESPACE",
-            var("LINKERD_CNI_POD_NAMESPACE"),
-            is_dns_label,
-            "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); \
-             set it from the downward API's metadata.namespace",
-        )?;
-
-        // How the chain is kept.
-        let chain_write_outside_conf_dir = boolean(
-            "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
-            var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
-            false,
-        )?;
-        let chain_mode = chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?;
-        let metrics_addr = metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?;
-        let events = boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?;
-        let plugin_service_account =
-            plugin_service_account(var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"))?;
+        let life = Lifecycle::from_env(&var)?;
+        let keeping = Keeping::from_env(&var)?;
 
         let config = Config {
-            dest_cni_net_dir,
-            dest_cni_bin_dir,
-            mount_prefix,
-            container_cni_bin_dir,
-            kubeconfig_file_name,
-            kube_ca_file,
-            skip_tls_verify,
-            k8s_protocol,
-            k8s_host,
-            k8s_port,
+            dest_cni_net_dir: places.dest_cni_net_dir,
+            dest_cni_bin_dir: places.dest_cni_bin_dir,
+            mount_prefix: places.mount_prefix,
+            container_cni_bin_dir: places.container_cni_bin_dir,
+            kubeconfig_file_name: places.kubeconfig_file_name,
+            kube_ca_file: api.kube_ca_file,
+            skip_tls_verify: api.skip_tls_verify,
+            k8s_protocol: api.k8s_protocol,
+            k8s_host: api.k8s_host,
+            k8s_port: api.k8s_port,
             template,
             node_name,
             startup_taint,
-            resync,
-            watch,
-            service_account_dir,
-            on_exit,
-            pod_name,
-            pod_namespace,
-            chain_write_outside_conf_dir,
-            chain_mode,
-            metrics_addr,
-            events,
-            plugin_service_account,
+            resync: life.resync,
+            watch: life.watch,
+            service_account_dir: api.service_account_dir,
+            on_exit: life.on_exit,
+            pod_name: life.pod_name,
+            pod_namespace: life.pod_namespace,
+            chain_write_outside_conf_dir: keeping.chain_write_outside_conf_dir,
+            chain_mode: keeping.chain_mode,
+            metrics_addr: keeping.metrics_addr,
+            events: keeping.events,
+            plugin_service_account: keeping.plugin_service_account,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;
@@ -415,6 +349,138 @@ impl Config {
             why,
             conflict,
         }
+    }
+}
+
+/// Where the files go: host paths (what the runtime and the plugin see),
+/// and the host as the container sees it (where the installer writes).
+struct Places {
+    dest_cni_net_dir: PathBuf,
+    dest_cni_bin_dir: PathBuf,
+    mount_prefix: PathBuf,
+    container_cni_bin_dir: PathBuf,
+    kubeconfig_file_name: String,
+}
+
+impl Places {
+    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Places, ConfigError> {
+        Ok(Places {
+            dest_cni_net_dir: host_dir(
+                "DEST_CNI_NET_DIR",
+                var("DEST_CNI_NET_DIR"),
+                DEFAULT_DEST_CNI_NET_DIR,
+            )?,
+            dest_cni_bin_dir: host_dir(
+                "DEST_CNI_BIN_DIR",
+                var("DEST_CNI_BIN_DIR"),
+                DEFAULT_DEST_CNI_BIN_DIR,
+            )?,
+            mount_prefix: absolute(
+                "CONTAINER_MOUNT_PREFIX",
+                var("CONTAINER_MOUNT_PREFIX"),
+                DEFAULT_CONTAINER_MOUNT_PREFIX,
+            )?,
+            container_cni_bin_dir: absolute(
+                "CONTAINER_CNI_BIN_DIR",
+                var("CONTAINER_CNI_BIN_DIR"),
+                DEFAULT_CONTAINER_CNI_BIN_DIR,
+            )?,
+            kubeconfig_file_name: kubeconfig_file_name(var("KUBECONFIG_FILE_NAME"))?,
+        })
+    }
+}
+
+/// How the plugin reaches the API server: what goes into the kubeconfig
+/// the installer writes for it.
+struct ApiAccess {
+    service_account_dir: PathBuf,
+    kube_ca_file: PathBuf,
+    skip_tls_verify: bool,
+    k8s_protocol: String,
+    k8s_host: String,
+    k8s_port: u16,
+}
+
+impl ApiAccess {
+    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<ApiAccess, ConfigError> {
+        let service_account_dir = absolute(
+            "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
+            var("LINKERD_CNI_SERVICE_ACCOUNT_DIR"),
+            DEFAULT_SERVICE_ACCOUNT_DIR,
+        )?;
+        let kube_ca_file = match var("KUBE_CA_FILE") {
+            Some(p) => PathBuf::from(p),
+            None => service_account_dir.join("ca.crt"),
+        };
+        Ok(ApiAccess {
+            service_account_dir,
+            kube_ca_file,
+            skip_tls_verify: boolean("SKIP_TLS_VERIFY", var("SKIP_TLS_VERIFY"), false)?,
+            k8s_protocol: k8s_protocol(var("KUBERNETES_SERVICE_PROTOCOL"))?,
+            k8s_host: k8s_host(var("KUBERNETES_SERVICE_HOST"))?,
+            k8s_port: k8s_port(var("KUBERNETES_SERVICE_PORT"))?,
+        })
+    }
+}
+
+/// Timing and lifecycle: how often to look again, what SIGTERM does to the
+/// node, and this pod's own name (its owner decides that under `auto`).
+struct Lifecycle {
+    resync: Duration,
+    watch: bool,
+    on_exit: OnExit,
+    pod_name: Option<String>,
+    pod_namespace: Option<String>,
+}
+
+impl Lifecycle {
+    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Lifecycle, ConfigError> {
+        Ok(Lifecycle {
+            resync: resync(var("LINKERD_CNI_RESYNC_SECONDS"))?,
+            watch: boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?,
+            on_exit: on_exit(var("LINKERD_CNI_UNINSTALL_ON_EXIT"))?,
+            pod_name: object_name(
+                "LINKERD_CNI_POD_NAME",
+                var("LINKERD_CNI_POD_NAME"),
+                is_dns_subdomain,
+                "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, \
+                 '-' and '.'); set it from the downward API's metadata.name",
+            )?,
+            pod_namespace: object_name(
+                "LINKERD_CNI_POD_NAMESPACE",
+                var("LINKERD_CNI_POD_NAMESPACE"),
+                is_dns_label,
+                "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); \
+                 set it from the downward API's metadata.namespace",
+            )?,
+        })
+    }
+}
+
+/// How the chain is kept, and what the installer tells about it.
+struct Keeping {
+    chain_write_outside_conf_dir: bool,
+    chain_mode: Option<ModeSetting>,
+    metrics_addr: Option<std::net::SocketAddr>,
+    events: bool,
+    plugin_service_account: String,
+}
+
+impl Keeping {
+    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Keeping, ConfigError> {
+        Ok(Keeping {
+            chain_write_outside_conf_dir: boolean(
+                "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
+                var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
+                false,
+            )?,
+            chain_mode: chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?,
+            metrics_addr: metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?,
+            events: boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?,
+            plugin_service_account: plugin_service_account(var(
+                "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
+            ))?,
+        })
     }
 }
 

@@ -560,8 +560,23 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 /// Every metric, in Prometheus' text exposition format (version 0.0.4).
 pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
     let mut o = String::new();
+    render_chain(&mut o, s);
+    render_repairs(&mut o, s);
+    render_heal_latency(&mut o, &s.heal_latency);
+    // Without a token we can read, no age at all: 0 would claim a fresh one.
+    if let Some(c) = sources.credential() {
+        render_credential(&mut o, &c, now);
+    }
+    render_passes(&mut o, s);
+    render_plugin(&mut o, &sources.plugin_state_dir);
+    o
+}
+
+/// Whether the node is chained, and in which mode: both exported only once
+/// a pass has decided them, so a scrape before the first pass claims nothing.
+fn render_chain(o: &mut String, s: &NodeState) {
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_healthy",
         "gauge",
         "Whether linkerd-cni was chained at the end of the last pass, in the mode it was kept in.",
@@ -575,7 +590,7 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
         );
     }
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_mode",
         "gauge",
         "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
@@ -589,8 +604,12 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
             label(s.reason.as_deref().unwrap_or(""))
         );
     }
+}
+
+/// What the repairs found, and what held them back.
+fn render_repairs(o: &mut String, s: &NodeState) {
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_repairs_total",
         "counter",
         "Repairs of the chain by this installer, by what the repair found.",
@@ -603,14 +622,14 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
         );
     }
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_fights_total",
         "counter",
         "Times another agent was found undoing the same repair again and again.",
     );
     let _ = writeln!(o, "linkerd_cni_chain_fights_total {}", s.fights);
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_repairs_held_back_total",
         "counter",
         "Repairs postponed by the fight rate limit.",
@@ -620,21 +639,25 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
         "linkerd_cni_chain_repairs_held_back_total {}",
         s.held_back
     );
+}
+
+/// The heal latency histogram: kept per bucket, exported cumulative as the
+/// format wants.
+fn render_heal_latency(o: &mut String, h: &Histogram) {
     family(
-        &mut o,
+        o,
         "linkerd_cni_chain_heal_latency_seconds",
         "histogram",
         "From the write that unchained a config (its mtime) to the repair that chained it again.",
     );
     let mut cumulative = 0;
-    for (b, n) in HEAL_BUCKETS.iter().zip(s.heal_latency.buckets) {
+    for (b, n) in HEAL_BUCKETS.iter().zip(h.buckets) {
         cumulative += n;
         let _ = writeln!(
             o,
             "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{b}\"}} {cumulative}"
         );
     }
-    let h = &s.heal_latency;
     let _ = writeln!(
         o,
         "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"+Inf\"}} {}\n\
@@ -642,35 +665,41 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
          linkerd_cni_chain_heal_latency_seconds_count {}",
         h.count, h.sum, h.count
     );
-    if let Some(c) = sources.credential() {
+}
+
+/// The plugin's token: its age, and when it is refreshed next if known.
+fn render_credential(o: &mut String, c: &Credential, now: SystemTime) {
+    family(
+        o,
+        "linkerd_cni_credential_age_seconds",
+        "gauge",
+        "Age of the token in the plugin's kubeconfig.",
+    );
+    let age = now.duration_since(c.issued).unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "linkerd_cni_credential_age_seconds {}",
+        age.as_secs_f64()
+    );
+    if let Some(r) = c.next_refresh {
         family(
-            &mut o,
-            "linkerd_cni_credential_age_seconds",
+            o,
+            "linkerd_cni_credential_next_refresh_timestamp_seconds",
             "gauge",
-            "Age of the token in the plugin's kubeconfig.",
+            "When that token is refreshed next (Unix time).",
         );
-        let age = now.duration_since(c.issued).unwrap_or_default();
         let _ = writeln!(
             o,
-            "linkerd_cni_credential_age_seconds {}",
-            age.as_secs_f64()
+            "linkerd_cni_credential_next_refresh_timestamp_seconds {}",
+            secs(r)
         );
-        if let Some(r) = c.next_refresh {
-            family(
-                &mut o,
-                "linkerd_cni_credential_next_refresh_timestamp_seconds",
-                "gauge",
-                "When that token is refreshed next (Unix time).",
-            );
-            let _ = writeln!(
-                o,
-                "linkerd_cni_credential_next_refresh_timestamp_seconds {}",
-                secs(r)
-            );
-        }
     }
+}
+
+/// The installer's passes: a last-pass time only once one ended.
+fn render_passes(o: &mut String, s: &NodeState) {
     family(
-        &mut o,
+        o,
         "linkerd_cni_passes_total",
         "counter",
         "Reconcile passes since the installer started.",
@@ -678,15 +707,13 @@ pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
     let _ = writeln!(o, "linkerd_cni_passes_total {}", s.passes);
     if let Some(t) = s.last_pass {
         family(
-            &mut o,
+            o,
             "linkerd_cni_last_pass_timestamp_seconds",
             "gauge",
             "When the last reconcile pass ended (Unix time).",
         );
         let _ = writeln!(o, "linkerd_cni_last_pass_timestamp_seconds {}", secs(t));
     }
-    render_plugin(&mut o, &sources.plugin_state_dir);
-    o
 }
 
 /// The plugin's ADD counters, each exported (at 0 before any ADD); nothing

@@ -98,94 +98,112 @@ impl Collector for ProcessCollector {
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO)
             .as_secs_f64();
-        let seconds = Some(Unit::Seconds);
-        let bytes = Some(Unit::Bytes);
         if let Some(v) = s.cpu_seconds {
             let m = ConstCounter::new(v);
             m.encode(encoder.encode_descriptor(
                 "cpu",
                 "Total user and system CPU time spent in seconds",
-                seconds.as_ref(),
+                Some(&Unit::Seconds),
                 MetricType::Counter,
             )?)?;
         }
-        let gauges: [(&str, &str, Option<&Unit>, Option<u64>); 7] = [
-            (
-                "open_fds",
-                "Number of open file descriptors",
-                None,
-                s.open_fds,
-            ),
-            (
-                "max_fds",
-                "Maximum number of open file descriptors",
-                None,
-                s.max_fds,
-            ),
-            (
-                "virtual_memory",
-                "Virtual memory size in bytes",
-                bytes.as_ref(),
-                s.virtual_memory_bytes,
-            ),
-            (
-                "virtual_memory_max",
-                "Maximum amount of virtual memory available in bytes",
-                bytes.as_ref(),
-                s.virtual_memory_max_bytes,
-            ),
-            (
-                "resident_memory",
-                "Resident memory size in bytes",
-                bytes.as_ref(),
-                s.resident_memory_bytes,
-            ),
-            (
-                "heap",
-                "Process heap size in bytes (the brk heap)",
-                bytes.as_ref(),
-                s.heap_bytes,
-            ),
-            (
-                "threads",
-                "Number of OS threads in the process",
-                None,
-                s.threads,
-            ),
-        ];
-        for (name, help, unit, value) in gauges {
+        for (name, help, unit, value) in s.gauges() {
             if let Some(v) = value {
                 // f64: an unlimited limit is u64::MAX, as Go's client shows it.
                 ConstGauge::new(v as f64).encode(encoder.encode_descriptor(
                     name,
                     help,
-                    unit,
+                    unit.as_ref(),
                     MetricType::Gauge,
                 )?)?;
             }
         }
-        if let Some(start) = s.start_time_seconds {
-            ConstGauge::new(start).encode(encoder.encode_descriptor(
-                "start_time",
-                "Start time of the process since unix epoch in seconds",
-                seconds.as_ref(),
-                MetricType::Gauge,
-            )?)?;
-            ConstCounter::new((now - start).max(0.0)).encode(encoder.encode_descriptor(
-                "uptime",
-                "Total time since the process started (in seconds)",
-                seconds.as_ref(),
-                MetricType::Counter,
-            )?)?;
-        }
-        ConstGauge::new(now.floor()).encode(encoder.encode_descriptor(
-            "clock_time",
-            "Current system time for this process",
+        encode_times(&mut encoder, s.start_time_seconds, now)
+    }
+}
+
+/// A gauge's name, help, unit and value (`None`: left out of this scrape).
+type GaugeRow = (&'static str, &'static str, Option<Unit>, Option<u64>);
+
+impl Sample {
+    /// The gauges read from `/proc`, in the order they are exported.
+    fn gauges(&self) -> [GaugeRow; 7] {
+        [
+            (
+                "open_fds",
+                "Number of open file descriptors",
+                None,
+                self.open_fds,
+            ),
+            (
+                "max_fds",
+                "Maximum number of open file descriptors",
+                None,
+                self.max_fds,
+            ),
+            (
+                "virtual_memory",
+                "Virtual memory size in bytes",
+                Some(Unit::Bytes),
+                self.virtual_memory_bytes,
+            ),
+            (
+                "virtual_memory_max",
+                "Maximum amount of virtual memory available in bytes",
+                Some(Unit::Bytes),
+                self.virtual_memory_max_bytes,
+            ),
+            (
+                "resident_memory",
+                "Resident memory size in bytes",
+                Some(Unit::Bytes),
+                self.resident_memory_bytes,
+            ),
+            (
+                "heap",
+                "Process heap size in bytes (the brk heap)",
+                Some(Unit::Bytes),
+                self.heap_bytes,
+            ),
+            (
+                "threads",
+                "Number of OS threads in the process",
+                None,
+                self.threads,
+            ),
+        ]
+    }
+}
+
+/// The process' start, its uptime (only when the start is known: never
+/// an uptime counted from the epoch) and the clock they were read by.
+fn encode_times(
+    encoder: &mut DescriptorEncoder,
+    start: Option<f64>,
+    now: f64,
+) -> Result<(), std::fmt::Error> {
+    let seconds = Some(Unit::Seconds);
+    if let Some(start) = start {
+        ConstGauge::new(start).encode(encoder.encode_descriptor(
+            "start_time",
+            "Start time of the process since unix epoch in seconds",
             seconds.as_ref(),
             MetricType::Gauge,
         )?)?;
-        Ok(())
+        ConstCounter::new((now - start).max(0.0)).encode(encoder.encode_descriptor(
+            "uptime",
+            "Total time since the process started (in seconds)",
+            seconds.as_ref(),
+            MetricType::Counter,
+        )?)?;
     }
+    ConstGauge::new(now.floor()).encode(encoder.encode_descriptor(
+        "clock_time",
+        "Current system time for this process",
+        seconds.as_ref(),
+        MetricType::Gauge,
+    )?)?;
+    Ok(())
 }
 
 /// The fields of `/proc/self/stat` used here.

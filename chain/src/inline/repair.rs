@@ -340,107 +340,188 @@ fn swap_loop(
     deadline: Option<Instant>,
     transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
 ) -> Result<Replacement, ChainError> {
-    let io_err = |action: &'static str, p: &Path| {
-        let p = p.to_path_buf();
-        move |e| ChainError::io(action, p, e)
+    let swap = Swap {
+        real,
+        dir,
+        meta,
+        target: write::name_digest(real),
+        deadline,
+        transform,
     };
     // What the target holds, as far as we know.
     let mut expected = base.to_vec();
     let mut candidate = Candidate::New(first);
-    let target = write::name_digest(real);
     for swaps in 0..MAX_SWAPS {
-        let (held, placed, ours) = match candidate {
-            Candidate::New(bytes) => {
-                if swaps > 0 && past(deadline) {
-                    return Err(ChainError::Deadline {
-                        path: real.to_path_buf(),
-                    });
-                }
-                let intent = Intent::Swap {
-                    back: false,
-                    target,
-                    expected: write::digest(&expected),
-                    put: Some(write::digest(&bytes)),
-                };
-                let t = write::write_temp_for(dir, Some(&intent), &bytes, Some(meta))
-                    .map_err(io_err("write a temp file in", dir))?;
-                // A last look right before the swap (writing the temp file
-                // took an fsync): a change seen here costs nobody anything.
-                let now = scan::read_file(real).ok();
-                if now.as_deref() != Some(&expected[..]) {
-                    let _ = fs::remove_file(&t);
-                    match now.as_deref().and_then(transform) {
-                        Some(next) => {
-                            expected = now.unwrap_or_default();
-                            candidate = Candidate::New(next);
-                            continue;
-                        }
-                        // Healthy, unreadable or half-written now: look again
-                        // from the top.
-                        None => return Ok(Replacement::Superseded),
-                    }
-                }
-                (t, bytes, true)
+        let step = match swap.stage(swaps, &expected, candidate)? {
+            Staged::Held(held) => swap.exchange(held, expected)?,
+            Staged::Moved(step) => step,
+        };
+        match step {
+            Step::Done(outcome) => return Ok(outcome),
+            Step::Again(base, next) => {
+                expected = base;
+                candidate = next;
             }
+        }
+    }
+    if let Candidate::Restore(newest, bytes) = candidate {
+        put_back_newest(real, dir, swap.target, &newest, &expected, bytes.as_deref())?;
+    }
+    Err(ChainError::Contended {
+        path: real.to_path_buf(),
+        attempts: MAX_SWAPS,
+    })
+}
+
+/// What one round of [`swap_loop`] leaves it to do.
+enum Step {
+    /// The replacement ended so.
+    Done(Replacement),
+    /// Go round again: the target holds the first, the second goes in its
+    /// place.
+    Again(Vec<u8>, Candidate),
+}
+
+/// A candidate at its temp name, or why it never got to the swap.
+enum Staged {
+    Held(Held),
+    Moved(Step),
+}
+
+/// A candidate at a temp name, ready to be swapped in.
+struct Held {
+    path: PathBuf,
+    /// Its content.
+    bytes: Vec<u8>,
+    /// Our own content (not someone's displaced content being put back):
+    /// only ours may be removed, or fall back to an ordinary rename.
+    ours: bool,
+}
+
+/// What every round of [`swap_loop`] works on.
+struct Swap<'a, F> {
+    real: &'a Path,
+    dir: &'a Path,
+    meta: &'a Metadata,
+    target: u64,
+    deadline: Option<Instant>,
+    transform: &'a F,
+}
+
+impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
+    fn io_err(action: &'static str, p: &Path) -> impl FnOnce(io::Error) -> ChainError {
+        let p = p.to_path_buf();
+        move |e| ChainError::io(action, p, e)
+    }
+
+    /// Puts `candidate` at a temp name whose intent says what it replaces,
+    /// unless the target changed already (then nothing needs undoing yet).
+    fn stage(
+        &self,
+        swaps: u32,
+        expected: &[u8],
+        candidate: Candidate,
+    ) -> Result<Staged, ChainError> {
+        let bytes = match candidate {
+            Candidate::New(bytes) => bytes,
             Candidate::Restore(t, bytes) => {
-                let t = mark_restore(&t, target, &expected, bytes.as_deref())
-                    .map_err(io_err("rename a temp file in", dir))?;
-                (t, bytes.unwrap_or_default(), false)
+                let path = mark_restore(&t, self.target, expected, bytes.as_deref())
+                    .map_err(Self::io_err("rename a temp file in", self.dir))?;
+                let bytes = bytes.unwrap_or_default();
+                return Ok(Staged::Held(Held {
+                    path,
+                    bytes,
+                    ours: false,
+                }));
             }
         };
+        if swaps > 0 && past(self.deadline) {
+            return Err(ChainError::Deadline {
+                path: self.real.to_path_buf(),
+            });
+        }
+        let intent = Intent::Swap {
+            back: false,
+            target: self.target,
+            expected: write::digest(expected),
+            put: Some(write::digest(&bytes)),
+        };
+        let t = write::write_temp_for(self.dir, Some(&intent), &bytes, Some(self.meta))
+            .map_err(Self::io_err("write a temp file in", self.dir))?;
+        // A last look right before the swap (writing the temp file
+        // took an fsync): a change seen here costs nobody anything.
+        let now = scan::read_file(self.real).ok();
+        if now.as_deref() == Some(expected) {
+            return Ok(Staged::Held(Held {
+                path: t,
+                bytes,
+                ours: true,
+            }));
+        }
+        let _ = fs::remove_file(&t);
+        Ok(Staged::Moved(
+            match now.as_deref().and_then(self.transform) {
+                Some(next) => Step::Again(now.unwrap_or_default(), Candidate::New(next)),
+                // Healthy, unreadable or half-written now: look again
+                // from the top.
+                None => Step::Done(Replacement::Superseded),
+            },
+        ))
+    }
+
+    /// Swaps `held` in for what the target holds, `expected` unless someone
+    /// wrote in between.
+    fn exchange(&self, held: Held, expected: Vec<u8>) -> Result<Step, ChainError> {
         #[cfg(test)]
-        if ours {
+        if held.ours {
             testing::before_swap();
         }
-        match write::exchange(&held, real) {
+        match write::exchange(&held.path, self.real) {
             Ok(()) => {}
-            Err(e) if write::unsupported(&e) && ours => {
-                return rename_checked(real, held, expected, transform);
+            Err(e) if write::unsupported(&e) && held.ours => {
+                let done = rename_checked(self.real, held.path, expected, self.transform)?;
+                return Ok(Step::Done(done));
             }
             Err(e) => {
-                if ours {
-                    let _ = fs::remove_file(&held);
+                if held.ours {
+                    let _ = fs::remove_file(&held.path);
                 }
-                return Err(ChainError::io("swap a temp file with", real, e));
+                return Err(ChainError::io("swap a temp file with", self.real, e));
             }
         }
         #[cfg(test)]
         testing::after_exchange();
-        // `held` now names what the target held an instant ago.
-        let displaced = scan::read_file(&held).ok();
-        if displaced.as_deref() == Some(&expected[..]) {
-            let _ = fs::remove_file(&held);
-            write::fsync_dir(dir).map_err(io_err("fsync", dir))?;
-            if ours {
-                return Ok(Replacement::Written);
+        self.judge_displaced(held, &expected)
+    }
+
+    /// After the exchange `held.path` names what the target held an instant
+    /// ago: `expected`, or someone's newer write, which must go back first.
+    fn judge_displaced(&self, held: Held, expected: &[u8]) -> Result<Step, ChainError> {
+        let displaced = scan::read_file(&held.path).ok();
+        if displaced.as_deref() == Some(expected) {
+            let _ = fs::remove_file(&held.path);
+            write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
+            if held.ours {
+                return Ok(Step::Done(Replacement::Written));
             }
             // Someone's newer content is back in place: repair it in turn.
-            match transform(&placed) {
-                Some(next) => {
-                    expected = placed;
-                    candidate = Candidate::New(next);
-                    continue;
-                }
-                None => return Ok(Replacement::Superseded),
-            }
+            return Ok(match (self.transform)(&held.bytes) {
+                Some(next) => Step::Again(held.bytes, Candidate::New(next)),
+                None => Step::Done(Replacement::Superseded),
+            });
         }
         // Someone wrote in the microseconds since our last look. Put their
         // content back at once, the very inode (a writer may still hold it
         // open), before any slow work: ours was computed from an older base.
         log::info!(
             "{} changed while being repaired; putting the newer content back",
-            real.display()
+            self.real.display()
         );
-        expected = placed;
-        candidate = Candidate::Restore(held, displaced);
+        Ok(Step::Again(
+            held.bytes,
+            Candidate::Restore(held.path, displaced),
+        ))
     }
-    if let Candidate::Restore(newest, bytes) = candidate {
-        put_back_newest(real, dir, target, &newest, &expected, bytes.as_deref())?;
-    }
-    Err(ChainError::Contended {
-        path: real.to_path_buf(),
-        attempts: MAX_SWAPS,
-    })
 }
 
 /// Out of swaps while holding someone's displaced content at `newest`: put

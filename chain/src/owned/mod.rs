@@ -414,37 +414,17 @@ impl fmt::Display for OwnedDiagnosis {
 /// the marker's digest, and our entry with the desired one. The copy is
 /// rebuilt only when it must be written.
 pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagnosis {
-    let mut d = OwnedDiagnosis {
-        primary: listing.configs.first().cloned(),
-        ours: None,
-        state: OwnedState::NoPrimary,
-        owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
-        renamed: listing.renamed.clone(),
-        inline_entry: false,
-        marker: None,
-        expected: None,
-    };
+    let mut d = OwnedDiagnosis::no_primary(listing);
     let Some(primary) = d.primary.clone() else {
         return d;
     };
     let dir = write::parent(&primary);
     let ours = dir.join(owned_name(primary.file_name().unwrap_or_default()));
     d.ours = Some(ours.clone());
-    if let Some((_, why)) = listing.unreadable.iter().find(|(p, _)| *p == primary) {
-        d.state = OwnedState::PrimaryInvalid {
-            reason: format!(
-                "cannot read it ({why}), so cannot tell whether it is linkerd-cni's own file or the primary's; nothing is changed until it can be read"
-            ),
-        };
-        return d;
-    }
-    // Through its symlink as the host resolves it: only read, never written.
-    let bytes = match listing.read(&primary) {
+    let bytes = match read_primary(listing, &primary) {
         Ok(b) => b,
-        Err(e) => {
-            d.state = OwnedState::PrimaryInvalid {
-                reason: format!("cannot read it: {e}"),
-            };
+        Err(state) => {
+            d.state = state;
             return d;
         }
     };
@@ -464,22 +444,7 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     }
     let have = listing.owned.iter().find(|o| o.path == ours);
     let chain = primary_chain(kind, &bytes);
-    // Our copy holding these very bytes: its verified digest is theirs.
-    let known = have
-        .filter(|o| o.chain.as_deref() == Some(&chain[..]))
-        .and_then(|o| Marker::of(&o.entry));
-    let marker = known
-        .map(|m| Marker {
-            file: file_name(&primary),
-            ..m
-        })
-        .unwrap_or_else(|| Marker {
-            file: file_name(&primary),
-            sha256: sha256::hex(&chain),
-            // Computed where it is used (a stale ADD, a new copy): the
-            // healthy check does not pay for it.
-            meaning: None,
-        });
+    let marker = marker_of(have, &primary, &chain);
     if let Some(o) = have
         && Marker::of(&o.entry).is_some_and(|m| m.copies_the_same(&marker))
         && same_entry(&o.entry, desired)
@@ -496,6 +461,62 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     let ours_present = have.is_some() || ours.exists();
     copy_state(&mut d, &primary, &bytes, desired, ours_present);
     d
+}
+
+impl OwnedDiagnosis {
+    /// What a listing says before its primary is looked at: where a conf
+    /// dir holds no primary, that is the whole diagnosis.
+    fn no_primary(listing: &Listing) -> OwnedDiagnosis {
+        OwnedDiagnosis {
+            primary: listing.configs.first().cloned(),
+            ours: None,
+            state: OwnedState::NoPrimary,
+            owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
+            renamed: listing.renamed.clone(),
+            inline_entry: false,
+            marker: None,
+            expected: None,
+        }
+    }
+}
+
+/// The primary's bytes, or why nothing may be decided about it: a file we
+/// cannot read might be our own copy as well as the primary's.
+fn read_primary(listing: &Listing, primary: &Path) -> Result<Vec<u8>, OwnedState> {
+    if let Some((_, why)) = listing.unreadable.iter().find(|(p, _)| p == primary) {
+        return Err(OwnedState::PrimaryInvalid {
+            reason: format!(
+                "cannot read it ({why}), so cannot tell whether it is linkerd-cni's own file or the primary's; nothing is changed until it can be read"
+            ),
+        });
+    }
+    // Through its symlink as the host resolves it: only read, never written.
+    listing
+        .read(primary)
+        .map_err(|e| OwnedState::PrimaryInvalid {
+            reason: format!("cannot read it: {e}"),
+        })
+}
+
+/// The marker a copy of the primary's `chain` carries. Our copy holding
+/// these very bytes lends its verified digest (and its meaning, once
+/// computed); otherwise the digest is computed now.
+fn marker_of(have: Option<&scan::OwnedFile>, primary: &Path, chain: &[u8]) -> Marker {
+    let known = have
+        .filter(|o| o.chain.as_deref() == Some(chain))
+        .and_then(|o| Marker::of(&o.entry));
+    known
+        .map(|m| Marker {
+            file: file_name(primary),
+            ..m
+        })
+        .unwrap_or_else(|| Marker {
+            file: file_name(primary),
+            sha256: sha256::hex(chain),
+            // Computed where it is used (a stale ADD, a new copy): the
+            // healthy check does not pay for it.
+            meaning: None,
+        })
 }
 
 /// The state of our copy when it is not the current one: why the primary

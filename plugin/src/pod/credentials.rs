@@ -27,7 +27,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::heartbeat::{self, Liveness};
+use linkerd_cni_chain::heartbeat::{self, Gone, Liveness};
 use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 
 use super::Stop;
@@ -162,70 +162,93 @@ impl Retry {
             Liveness::Alive {
                 plugin_denied: Some(found),
                 ..
-            } if !will_be_renewed(status, installer) => {
-                let why = format!(
-                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API forbids \
-                     linkerd-cni's credentials to read it ({tried}), and the linkerd-cni \
-                     installer on this node found the same ({found}): their RBAC is missing, \
-                     which no new token fixes, so the pod starts WITHOUT linkerd's redirect \
-                     rules (a meshed pod's linkerd-network-validator refuses to start); fix: \
-                     restore the ClusterRole and ClusterRoleBinding of the plugin's \
-                     ServiceAccount (deploy/linkerd-cni.yaml), then restart the pods that \
-                     started meanwhile (the repair controller restarts meshed ones)"
-                );
-                log::error!("{why}");
-                (
-                    CredentialCause::ForbiddenRbacMissing,
-                    super::skip(super::Skip::CannotTell(PassCause::Forbidden), why),
-                )
-            }
-            Liveness::Gone(gone) => {
-                let why = format!(
-                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
-                     linkerd-cni's credentials ({tried}) and no linkerd-cni installer is alive \
-                     on this node to renew them ({gone}), so the pod starts WITHOUT linkerd's \
-                     redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
-                     fix: the token in {} is stale or lacks RBAC to get pods: check that the \
-                     linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), \
-                     or, if linkerd-cni was uninstalled, remove the linkerd-cni entry from the \
-                     node's CNI config",
-                    kubeconfig.display()
-                );
-                log::error!("{why}");
-                let counted = match status {
-                    403 => PassCause::Forbidden,
-                    _ => PassCause::Unauthorized,
-                };
-                (
-                    CredentialCause::RejectedInstallerGone,
-                    super::skip(super::Skip::CannotTell(counted), why),
-                )
-            }
-            Liveness::Alive { age, .. } => {
-                let e = CniError::try_again(
-                    RetryCause::CredentialsRejected,
-                    format!(
-                        "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
-                         rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \
-                         installer on this node is alive (last heartbeat {:.0} s ago) to renew \
-                         them; try again later",
-                        age.as_secs_f64()
-                    ),
-                    format!(
-                        "the token in {} is stale (a rolling update or a restart of the \
-                         linkerd-cni DaemonSet, or its expiry) until the installer rewrites the \
-                         kubeconfig; the runtime retries the pod. If this lasts, read the \
-                         installer's log (kubectl -n linkerd-cni logs daemonset/linkerd-cni -c \
-                         install-cni) and check that the kubeconfig's ServiceAccount may get \
-                         pods, namespaces and Service default/kubernetes",
-                        kubeconfig.display()
-                    ),
-                );
-                log::warn!("{}: {}", e.msg, e.details);
-                (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
-            }
+            } if !will_be_renewed(status, installer) => rbac_missing(pod_id, &tried, found),
+            Liveness::Gone(gone) => installer_gone(pod_id, &tried, status, gone, kubeconfig),
+            Liveness::Alive { age, .. } => renewal_awaited(pod_id, &tried, *age, kubeconfig),
         }
     }
+}
+
+/// A 403 the installer confirmed: no new token fixes missing RBAC, so
+/// retrying would hold back every pod of the node, unmeshed ones included.
+fn rbac_missing(pod_id: &str, tried: &str, found: &str) -> (CredentialCause, Stop) {
+    let why = format!(
+        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API forbids \
+         linkerd-cni's credentials to read it ({tried}), and the linkerd-cni \
+         installer on this node found the same ({found}): their RBAC is missing, \
+         which no new token fixes, so the pod starts WITHOUT linkerd's redirect \
+         rules (a meshed pod's linkerd-network-validator refuses to start); fix: \
+         restore the ClusterRole and ClusterRoleBinding of the plugin's \
+         ServiceAccount (deploy/linkerd-cni.yaml), then restart the pods that \
+         started meanwhile (the repair controller restarts meshed ones)"
+    );
+    log::error!("{why}");
+    (
+        CredentialCause::ForbiddenRbacMissing,
+        super::skip(super::Skip::CannotTell(PassCause::Forbidden), why),
+    )
+}
+
+/// Nobody is left to renew the credentials: the pod passes through, as
+/// when the kubeconfig is gone, so that the node's other pods start.
+fn installer_gone(
+    pod_id: &str,
+    tried: &str,
+    status: u16,
+    gone: &Gone,
+    kubeconfig: &Path,
+) -> (CredentialCause, Stop) {
+    let why = format!(
+        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+         linkerd-cni's credentials ({tried}) and no linkerd-cni installer is alive \
+         on this node to renew them ({gone}), so the pod starts WITHOUT linkerd's \
+         redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+         fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+         linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), \
+         or, if linkerd-cni was uninstalled, remove the linkerd-cni entry from the \
+         node's CNI config",
+        kubeconfig.display()
+    );
+    log::error!("{why}");
+    let counted = match status {
+        403 => PassCause::Forbidden,
+        _ => PassCause::Unauthorized,
+    };
+    (
+        CredentialCause::RejectedInstallerGone,
+        super::skip(super::Skip::CannotTell(counted), why),
+    )
+}
+
+/// A live installer will rewrite the kubeconfig: the runtime's retry then
+/// gives a meshed pod its rules instead of a wedged network-validator.
+fn renewal_awaited(
+    pod_id: &str,
+    tried: &str,
+    age: Duration,
+    kubeconfig: &Path,
+) -> (CredentialCause, Stop) {
+    let e = CniError::try_again(
+        RetryCause::CredentialsRejected,
+        format!(
+            "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
+             rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \
+             installer on this node is alive (last heartbeat {:.0} s ago) to renew \
+             them; try again later",
+            age.as_secs_f64()
+        ),
+        format!(
+            "the token in {} is stale (a rolling update or a restart of the \
+             linkerd-cni DaemonSet, or its expiry) until the installer rewrites the \
+             kubeconfig; the runtime retries the pod. If this lasts, read the \
+             installer's log (kubectl -n linkerd-cni logs daemonset/linkerd-cni -c \
+             install-cni) and check that the kubeconfig's ServiceAccount may get \
+             pods, namespaces and Service default/kubernetes",
+            kubeconfig.display()
+        ),
+    );
+    log::warn!("{}: {}", e.msg, e.details);
+    (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
 }
 
 /// Whether a rejection with `status` is worth retrying for the installer
