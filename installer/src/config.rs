@@ -38,7 +38,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 25] = [
+pub const VARIABLES: [&str; 26] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -64,6 +64,7 @@ pub const VARIABLES: [&str; 25] = [
     "LINKERD_CNI_METRICS_ADDR",
     "LINKERD_CNI_EVENTS",
     "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
+    "LINKERD_CNI_PLUGIN_TOKEN",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -155,8 +156,10 @@ pub struct Config {
     /// named by `LINKERD_CNI_NODE_NAME` (none without a node name).
     pub events: bool,
     /// `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`: the ServiceAccount (in this
-    /// pod's namespace) whose token goes into the node's kubeconfig.
-    pub plugin_service_account: String,
+    /// pod's namespace) whose token goes into the node's kubeconfig; none
+    /// with `LINKERD_CNI_PLUGIN_TOKEN=own`: this pod's own token goes
+    /// there, as upstream's installer writes.
+    pub plugin_service_account: Option<String>,
 }
 
 /// How the operator sets the chain mode (resolved, with its reason, into
@@ -463,7 +466,7 @@ struct Keeping {
     chain_mode: Option<ModeSetting>,
     metrics_addr: Option<std::net::SocketAddr>,
     events: bool,
-    plugin_service_account: String,
+    plugin_service_account: Option<String>,
 }
 
 impl Keeping {
@@ -477,9 +480,10 @@ impl Keeping {
             chain_mode: chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?,
             metrics_addr: metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?,
             events: boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?,
-            plugin_service_account: plugin_service_account(var(
-                "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
-            ))?,
+            plugin_service_account: plugin_service_account(
+                var("LINKERD_CNI_PLUGIN_TOKEN"),
+                var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"),
+            )?,
         })
     }
 }
@@ -686,7 +690,24 @@ fn object_name(
     Ok(name)
 }
 
-fn plugin_service_account(value: Option<String>) -> Result<String, ConfigError> {
+/// `LINKERD_CNI_PLUGIN_TOKEN`: `mint` (the default: a token of the
+/// plugin's ServiceAccount, `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`) or `own`
+/// (this pod's projected token, as upstream's installer writes, for RBAC
+/// without a plugin account): the account to mint for, or none.
+fn plugin_service_account(
+    how: Option<String>,
+    value: Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    match how.as_deref().map(str::trim) {
+        None | Some("mint") => {}
+        Some("own") => return Ok(None),
+        Some(other) => {
+            return Err(ConfigError::new(
+                "LINKERD_CNI_PLUGIN_TOKEN",
+                format!("{other:?} is neither \"mint\" nor \"own\""),
+            ));
+        }
+    }
     let name = value.map_or_else(
         || DEFAULT_PLUGIN_SERVICE_ACCOUNT.to_string(),
         |v| v.trim().to_string(),
@@ -697,7 +718,7 @@ fn plugin_service_account(value: Option<String>) -> Result<String, ConfigError> 
             format!("{name:?} is not a ServiceAccount name"),
         ));
     }
-    Ok(name)
+    Ok(Some(name))
 }
 
 fn startup_taint(value: Option<String>) -> Result<String, ConfigError> {
@@ -979,6 +1000,7 @@ mod tests {
             ("LINKERD_CNI_RESYNC_SECONDS", "NaN"),
             ("LINKERD_CNI_RESYNC_SECONDS", "99999"),
             ("LINKERD_CNI_WATCH", "yes"),
+            ("LINKERD_CNI_PLUGIN_TOKEN", "projected"),
             ("LINKERD_CNI_UNINSTALL_ON_EXIT", "1"),
             ("SKIP_TLS_VERIFY", "maybe"),
             ("KUBERNETES_SERVICE_PORT", "0"),

@@ -102,11 +102,8 @@ impl Default for Credential {
 }
 
 /// What the plugin's token must be: its ServiceAccount's subject.
-fn plugin_subject(cfg: &Config) -> Result<String, String> {
-    Ok(token::subject(
-        &crate::owner::namespace(cfg)?,
-        &cfg.plugin_service_account,
-    ))
+fn plugin_subject(cfg: &Config, account: &str) -> Result<String, String> {
+    Ok(token::subject(&crate::owner::namespace(cfg)?, account))
 }
 
 /// Whether `claims` are of a plugin token worth keeping at `now`: the
@@ -199,7 +196,12 @@ pub fn problem(cfg: &Config, file_token: &str) -> Option<String> {
         // The fallback, with another installer's token (see `projected`).
         return None;
     }
-    let subject = match plugin_subject(cfg) {
+    let Some(account) = &cfg.plugin_service_account else {
+        return Some(
+            "its token is not this pod's, which it must be without a plugin account".into(),
+        );
+    };
+    let subject = match plugin_subject(cfg, account) {
         Ok(s) => s,
         Err(e) => return Some(e),
     };
@@ -226,12 +228,18 @@ impl Credential {
     /// kubeconfig is written without credentials).
     /// Err: this pod's own token, which the fallback needs, is unreadable.
     pub fn token(&mut self, cfg: &Config) -> Result<Option<String>, KubeconfigError> {
+        // Without a token of its own the installer can neither mint nor
+        // fall back: no kubeconfig, and so no entry (pods start unmeshed).
+        kubeconfig::own_token(cfg)?;
+        let Some(account) = cfg.plugin_service_account.clone() else {
+            return self.projected(cfg).map(Some);
+        };
         if let Some((until, _)) = &self.fallback
             && Instant::now() < *until
         {
             return self.projected(cfg).map(Some);
         }
-        let subject = match plugin_subject(cfg) {
+        let subject = match plugin_subject(cfg, &account) {
             Ok(s) => s,
             Err(why) => return Ok(self.keep_or_none(kubeconfig::file_token(cfg), &why)),
         };
@@ -247,7 +255,7 @@ impl Credential {
         if Instant::now() < self.next_try {
             return Ok(self.keep_or_none(file, "backing off after a failed TokenRequest"));
         }
-        match self.mint(cfg) {
+        match self.mint(cfg, &account) {
             Ok(t) => Ok(Some(t)),
             Err(Failed::Refused(e)) => {
                 let why = format!(
@@ -255,7 +263,7 @@ impl Credential {
                      this pod (grant create on serviceaccounts/token for {}, as \
                      deploy/linkerd-cni.yaml does, for a token that outlives it); asking again \
                      every {} min",
-                    cfg.plugin_service_account,
+                    account,
                     REFUSED_RETRY.as_secs() / 60
                 );
                 self.fall_back(cfg, why, REFUSED_RETRY).map(Some)
@@ -353,7 +361,7 @@ impl Credential {
         true
     }
 
-    fn mint(&mut self, cfg: &Config) -> Result<String, Failed> {
+    fn mint(&mut self, cfg: &Config, account: &str) -> Result<String, Failed> {
         let namespace = crate::owner::namespace(cfg).map_err(Failed::Other)?;
         let api = kubeconfig::own_api(cfg).map_err(Failed::Other)?;
         let node = if self.unbound {
@@ -364,7 +372,7 @@ impl Credential {
         let minted = token::request(
             &Client::new(api, API_TIMEOUT),
             &namespace,
-            &cfg.plugin_service_account,
+            account,
             LIFETIME,
             node,
         )
@@ -390,8 +398,7 @@ impl Credential {
         }
         let lifetime = token::claims(&minted.token).map(|c| c.lifetime());
         log::info!(
-            "minted a token for ServiceAccount {namespace}/{}{}{}",
-            cfg.plugin_service_account,
+            "minted a token for ServiceAccount {namespace}/{account}{}{}",
             match (minted.node_bound, &cfg.node_name) {
                 (true, Some(n)) => format!(", bound to Node {n}"),
                 _ => String::new(),
@@ -441,7 +448,7 @@ mod tests {
     #[test]
     fn keeps_a_plugin_token_until_half_its_lifetime() {
         let c = cfg(Some("node-1"));
-        let subject = plugin_subject(&c).unwrap();
+        let subject = plugin_subject(&c, "linkerd-cni-plugin").unwrap();
         assert_eq!(
             subject,
             "system:serviceaccount:linkerd-cni:linkerd-cni-plugin"

@@ -507,8 +507,16 @@ impl Installer {
         // kubeconfig without a token is not ready either: the plugin's token
         // has not been minted yet.
         let token = kubeconfig::file_token(&self.cfg);
-        match kubeconfig::render(&self.cfg, token.as_deref())
-            .map_err(|e| e.to_string())
+        // Without a token of its own, none is written (see
+        // `Credential::token`): that is what is missing.
+        let usable = match (&token, kubeconfig::own_token(&self.cfg)) {
+            (None, Err(e)) => Err(e.to_string()),
+            _ => Ok(()),
+        };
+        match usable
+            .and_then(|()| {
+                kubeconfig::render(&self.cfg, token.as_deref()).map_err(|e| e.to_string())
+            })
             .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
         {
             Ok(KubeconfigState::Current) => match &token {

@@ -301,7 +301,11 @@ fn binaries_and_kubeconfig_are_written_only_when_needed() {
     let kc = node.kubeconfig().unwrap();
     let doc: serde_json::Value = serde_json::from_str(&kc).unwrap();
     let cluster = &doc["clusters"][0]["cluster"];
-    assert_eq!(cluster["server"], "https://10.96.0.1:443", "{kc}");
+    assert_eq!(
+        cluster["server"],
+        format!("https://127.0.0.1:{NO_API_PORT}"),
+        "{kc}"
+    );
     assert_eq!(cluster["certificate-authority-data"], "Q0EtMQ==", "{kc}");
     assert_eq!(doc["current-context"], "linkerd-cni-context", "{kc}");
 

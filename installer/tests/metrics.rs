@@ -315,3 +315,44 @@ fn status_shows_the_same_state() {
         assert!(text.contains(want), "no {want:?} in\n{text}");
     }
 }
+
+/// Owned mode: the copy's creation and each primary rewrite it follows are
+/// counted under their own causes, and the chain is healthy in owned mode.
+#[test]
+fn owned_mode_counts_its_copies() {
+    let node = Node::new("metrics-owned");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0"),
+        ("LINKERD_CNI_CHAIN_MODE", "owned"),
+    ]);
+    let addr = metrics_addr(&inst);
+    const CREATED: &str = "linkerd_cni_chain_repairs_total{cause=\"owned_missing\"}";
+    const FOLLOWED: &str = "linkerd_cni_chain_repairs_total{cause=\"owned_outdated\"}";
+    scrape_when(addr, CREATED, 1.0);
+    let start = scrape_when(addr, "linkerd_cni_chain_healthy{mode=\"owned\"}", 1.0);
+    assert_eq!(
+        get(
+            &start,
+            "linkerd_cni_chain_mode{configured=\"owned\",selected=\"owned\",reason=\"set in the entry (chain_mode)\"}"
+        ),
+        1.0,
+        "{start:#?}"
+    );
+
+    node.write_by_rename("10-calico.conflist", &calico_text(1));
+    let after = scrape_when(addr, FOLLOWED, 1.0);
+    let m = moved(&start, &after);
+    assert_eq!(m[FOLLOWED], 1.0, "{m:?}");
+    assert_eq!(
+        m["linkerd_cni_chain_heal_latency_seconds_count"], 1.0,
+        "{m:?}"
+    );
+    assert!(
+        m.keys()
+            .all(|k| k == FOLLOWED || k.contains("heal_latency")),
+        "only the copy followed the primary: {m:?}\n{}",
+        inst.log()
+    );
+}

@@ -272,3 +272,33 @@ impl Drop for Guard {
         }
     }
 }
+
+/// The plugin's token to be minted (the default, deploy/'s) with no API
+/// server to ask: the node is chained with a kubeconfig that holds no
+/// token, never this pod's own (which under deploy/'s RBAC may delete pods
+/// and patch Nodes), and `check` says the node is not ready for it.
+#[test]
+fn no_api_server_to_mint_from_puts_no_token_on_disk() {
+    let node = Node::new("no-mint");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let own = fs::read_to_string(node.sa_dir.join("token")).unwrap();
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_PLUGIN_TOKEN", "mint"),
+    ]);
+    node.wait_healthy(RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    assert!(
+        inst.wait_log("no token for the plugin yet", GRACE),
+        "{}",
+        inst.log()
+    );
+    let kc = node.kubeconfig().expect("a kubeconfig");
+    let doc: serde_json::Value = serde_json::from_str(&kc).unwrap();
+    assert_eq!(doc["users"][0]["user"], serde_json::json!({}), "{kc}");
+    assert!(!kc.contains(own.trim()), "{kc}");
+    let out = node.run(&["check"], &[("LINKERD_CNI_PLUGIN_TOKEN", "mint")]);
+    let why = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{why}");
+    assert!(why.contains("holds no token yet"), "{why}");
+}

@@ -24,6 +24,10 @@ pub use testkit::wait_until;
 
 /// Scheduling slack on top of a bound the installer promises: CI machines
 /// are small and shared, and a bound is about the design, not about speed.
+/// A loopback port nothing listens on (tcpmux, never run): the API server
+/// these tests do not run.
+pub const NO_API_PORT: u16 = 1;
+
 pub const GRACE: Duration = Duration::from_millis(750);
 
 pub const HOST_CONF_DIR: &str = "/etc/cni/net.d";
@@ -118,18 +122,25 @@ impl Node {
     }
 
     /// The chart's environment, with the manifest's entry template.
+    /// The chart's variables, with an API server address on loopback where
+    /// nothing listens (these tests run no API server: a call is refused at
+    /// once) and no plugin ServiceAccount, so the kubeconfig holds this
+    /// pod's own token as upstream's does (minting is the conformance
+    /// tests', against a fake API server).
     pub fn env(&self) -> Vec<(String, String)> {
-        ChartEnv {
+        let mut vars = ChartEnv {
             mount_prefix: self.prefix.clone(),
             image_bin: self.image_bin.clone(),
             service_account: self.sa_dir.clone(),
             dest_conf_dir: HOST_CONF_DIR.into(),
             dest_bin_dir: "/opt/cni/bin".into(),
-            api_host: "10.96.0.1".into(),
-            api_port: 443,
+            api_host: "127.0.0.1".into(),
+            api_port: NO_API_PORT,
             template: testkit::chart::template().into(),
         }
-        .vars()
+        .vars();
+        vars.push(("LINKERD_CNI_PLUGIN_TOKEN".into(), "own".into()));
+        vars
     }
 
     fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
