@@ -702,7 +702,7 @@ fn render_plugin(o: &mut String, dir: &Path) {
             let _ = writeln!(
                 o,
                 "# the plugin's ADD counters in {} cannot be read: {}",
-                dir.display(),
+                dir.join(outcomes::OUTCOMES_FILE).display(),
                 label(&e.to_string())
             );
             return;

@@ -130,6 +130,13 @@ pub fn connect_from(
     Ok(std::net::TcpStream::from(fd))
 }
 
+/// A FIFO at `path` (mode 0600), where a regular file is expected: a
+/// plain open of it blocks until a writer comes.
+pub fn mkfifo(path: &std::path::Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
 /// Runs `f` on a thread of its own: its result, or a panic naming `what`
 /// when it has not returned within `within` (for calls that must not block
 /// forever, such as opening a FIFO; the blocked thread is left behind).
