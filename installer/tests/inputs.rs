@@ -1,17 +1,30 @@
 //! The real installer with each of its input files replaced by a FIFO
-//! (whose plain open blocks until a writer comes). The installer never
-//! blocks on one: its loop goes on, `status` returns, and it says which
-//! file is wrong.
+//! (whose plain open blocks until a writer comes): the service-account
+//! token, the CA, the namespace file, the entry template file, the
+//! plugin's counter file. The installer never blocks on one: its loop goes
+//! on, `status` and a SIGTERM return, and the log says which file is wrong.
 
 mod common;
 
 use std::fs;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use nix::sys::signal::Signal;
 
 use common::*;
 
 /// Far past what a refusal takes.
 const LIMIT: Duration = Duration::from_secs(20);
+
+/// Replaces the file the service-account dir's `name` points at with a
+/// FIFO; the path the installer reads (through the symlinks).
+fn fifo_in_service_account(node: &Node, name: &str) -> PathBuf {
+    let target = node.sa_dir.join("..data").join(name);
+    fs::remove_file(&target).unwrap();
+    testkit::mkfifo(&target);
+    node.sa_dir.join(name)
+}
 
 /// `status`, which must return within [`LIMIT`]: its stdout.
 fn status(node: &Node) -> String {
@@ -19,6 +32,115 @@ fn status(node: &Node) -> String {
         .run_within(&["status"], LIMIT)
         .expect("status still running after 20 s");
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The installer, started, logs `needle` within [`LIMIT`] and is still
+/// running.
+fn logs_and_runs_on(node: &Node, extra: &[(&str, &str)], needle: &str) {
+    let mut inst = node.start(extra);
+    assert!(
+        inst.wait_log(needle, LIMIT),
+        "no {needle:?} in\n{}",
+        inst.log()
+    );
+    assert!(inst.running(), "{}", inst.log());
+}
+
+#[test]
+fn a_fifo_token_is_refused_and_named() {
+    let node = Node::new("fifo-token");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let token = fifo_in_service_account(&node, "token");
+    let needle = format!(
+        "cannot read the service-account token {}: not a regular file",
+        token.display()
+    );
+    logs_and_runs_on(&node, &[], &needle);
+    status(&node);
+}
+
+#[test]
+fn a_fifo_ca_is_refused_and_named() {
+    let node = Node::new("fifo-ca");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let ca = fifo_in_service_account(&node, "ca.crt");
+    let needle = format!(
+        "cannot read the API server CA {} (KUBE_CA_FILE): not a regular file",
+        ca.display()
+    );
+    logs_and_runs_on(&node, &[], &needle);
+    status(&node);
+}
+
+/// At start, a configuration error (the installer exits); later, read at
+/// every pass, one pass's error (it runs on).
+#[test]
+fn a_fifo_template_file_is_refused_and_named() {
+    let node = Node::new("fifo-template");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let template = node.root.join("template.json");
+    testkit::mkfifo(&template);
+    let needle = format!("cannot read {}: not a regular file", template.display());
+    let file = [
+        ("CNI_NETWORK_CONFIG_FILE", template.to_str().unwrap()),
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+    ];
+    let mut inst = node.start(&file);
+    let exit = inst.wait_exit(LIMIT);
+    assert!(
+        exit.is_some_and(|s| !s.success()),
+        "{exit:?}\n{}",
+        inst.log()
+    );
+    assert!(
+        inst.log().contains(&needle),
+        "no {needle:?} in\n{}",
+        inst.log()
+    );
+    assert!(node.read_conflist(ENTRY_FILE).is_none());
+
+    fs::remove_file(&template).unwrap();
+    fs::write(&template, testkit::chart::template()).unwrap();
+    let inst = node.start(&file);
+    node.wait_healthy(LIMIT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    fs::remove_file(&template).unwrap();
+    testkit::mkfifo(&template);
+    assert!(
+        inst.wait_log(&needle, LIMIT),
+        "no {needle:?} in\n{}",
+        inst.log()
+    );
+    let mut inst = inst;
+    assert!(inst.running(), "{}", inst.log());
+    node.healthy().unwrap();
+}
+
+/// The namespace is read on SIGTERM, to ask whether the DaemonSet is
+/// being deleted: a FIFO there is no answer, and the installer exits
+/// leaving everything installed.
+#[test]
+fn a_fifo_namespace_file_does_not_hold_up_the_exit() {
+    let node = Node::new("fifo-namespace");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let namespace = fifo_in_service_account(&node, "namespace");
+    let mut inst = node.start(&[]);
+    node.wait_healthy(LIMIT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    inst.signal(Signal::SIGTERM);
+    let exit = inst.wait_exit(LIMIT);
+    assert!(
+        exit.is_some(),
+        "still running 20 s after SIGTERM\n{}",
+        inst.log()
+    );
+    let needle = format!("{} is unreadable", namespace.display());
+    assert!(
+        inst.log().contains(&needle),
+        "no {needle:?} in\n{}",
+        inst.log()
+    );
+    node.healthy().unwrap();
 }
 
 /// The plugin's counter file, read after every pass (for its credential
