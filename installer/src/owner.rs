@@ -158,8 +158,31 @@ mod tests {
         let Verdict::Unknown(s) = verdict(timed_out) else {
             panic!("not unknown")
         };
-        assert!(s.contains("did not answer in time"), "{s}");
+        assert!(
+            s.contains("is unavailable or did not answer in time"),
+            "{s}"
+        );
         assert!(!s.contains("`get` on daemonsets"), "{s}");
+        // An answer that is no answer (a 503, a 429): the same advice.
+        for status in [503, 429] {
+            let unavailable = Err(OwnerError::DaemonSet {
+                daemonset: "linkerd-cni/linkerd-cni".into(),
+                source: ApiError::Status {
+                    method: Method::Get,
+                    path: path.clone(),
+                    status,
+                    message: "unavailable".into(),
+                },
+            });
+            let Verdict::Unknown(s) = verdict(unavailable) else {
+                panic!("not unknown")
+            };
+            assert!(
+                s.contains("is unavailable or did not answer in time"),
+                "{status}: {s}"
+            );
+            assert!(!s.contains("`get` on daemonsets"), "{status}: {s}");
+        }
         let forbidden = Err(OwnerError::DaemonSet {
             daemonset: "linkerd-cni/linkerd-cni".into(),
             source: ApiError::Unauthorized {
