@@ -7,6 +7,7 @@
 mod common;
 
 use std::fs;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -153,7 +154,7 @@ fn a_fifo_counter_file_holds_up_neither_the_loop_nor_status() {
     fs::create_dir_all(&state).unwrap();
     let counters = state.join(linkerd_cni_chain::outcomes::OUTCOMES_FILE);
     testkit::mkfifo(&counters);
-    let inst = node.start(&[]);
+    let inst = node.start(&[("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0")]);
     node.wait_healthy(LIMIT)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     // The heartbeat is written after the counters are read.
@@ -166,4 +167,28 @@ fn a_fifo_counter_file_holds_up_neither_the_loop_nor_status() {
     let text = status(&node);
     let needle = format!("cannot read {}: not a regular file", counters.display());
     assert!(text.contains(&needle), "no {needle:?} in\n{text}");
+    // A scrape, which reads them too, is answered.
+    let text = scrape(&inst);
+    let needle = format!(
+        "# the plugin's ADD counters in {} cannot be read: not a regular file",
+        counters.display()
+    );
+    assert!(text.contains(&needle), "no {needle:?} in\n{text}");
+}
+
+/// One `/metrics` scrape of `inst`, which must answer within [`LIMIT`].
+fn scrape(inst: &Installer) -> String {
+    let needle = "serving /metrics on http://";
+    assert!(inst.wait_log(needle, LIMIT), "{}", inst.log());
+    let log = inst.log();
+    let rest = &log[log.find(needle).unwrap() + needle.len()..];
+    let addr: std::net::SocketAddr = rest[..rest.find("/metrics").unwrap()].parse().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .unwrap_or_else(|e| panic!("no answer to a scrape: {e}"));
+    text
 }
