@@ -158,33 +158,8 @@ impl Node {
     /// [`Node::run`], killed if still running after `limit`: `None` then.
     /// For inputs that must not make it block.
     pub fn run_within(&self, args: &[&str], limit: Duration) -> Option<Output> {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let (out, err) = (
-            self.root.join(format!("run-{n}.out")),
-            self.root.join(format!("run-{n}.err")),
-        );
-        let mut child = self
-            .command(args, &[])
-            .stdin(std::process::Stdio::null())
-            .stdout(File::create(&out).unwrap())
-            .stderr(File::create(&err).unwrap())
-            .spawn()
-            .expect("run the installer");
-        let mut status = None;
-        wait_until(limit, || {
-            status = child.try_wait().unwrap();
-            status.is_some()
-        });
-        let Some(status) = status else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        };
-        Some(Output {
-            status,
-            stdout: fs::read(out).unwrap(),
-            stderr: fs::read(err).unwrap(),
-        })
+        let mut c = self.command(args, &[]);
+        testkit::output_within(c.stdin(std::process::Stdio::null()), limit)
     }
 
     pub fn conf(&self, name: &str) -> PathBuf {
