@@ -37,8 +37,8 @@ fn status(node: &Node) -> String {
 
 /// The installer, started, logs `needle` within [`LIMIT`] and is still
 /// running.
-fn logs_and_runs_on(node: &Node, extra: &[(&str, &str)], needle: &str) {
-    let mut inst = node.start(extra);
+fn logs_and_runs_on(node: &Node, needle: &str) {
+    let mut inst = node.start(&[]);
     assert!(
         inst.wait_log(needle, LIMIT),
         "no {needle:?} in\n{}",
@@ -47,30 +47,20 @@ fn logs_and_runs_on(node: &Node, extra: &[(&str, &str)], needle: &str) {
     assert!(inst.running(), "{}", inst.log());
 }
 
+/// The token and the CA, read at every pass to write the kubeconfig.
 #[test]
-fn a_fifo_token_is_refused_and_named() {
-    let node = Node::new("fifo-token");
-    node.write_by_rename("10-calico.conflist", &calico_text(0));
-    let token = fifo_in_service_account(&node, "token");
-    let needle = format!(
-        "cannot read the service-account token {}: not a regular file",
-        token.display()
-    );
-    logs_and_runs_on(&node, &[], &needle);
-    status(&node);
-}
-
-#[test]
-fn a_fifo_ca_is_refused_and_named() {
-    let node = Node::new("fifo-ca");
-    node.write_by_rename("10-calico.conflist", &calico_text(0));
-    let ca = fifo_in_service_account(&node, "ca.crt");
-    let needle = format!(
-        "cannot read the API server CA {} (KUBE_CA_FILE): not a regular file",
-        ca.display()
-    );
-    logs_and_runs_on(&node, &[], &needle);
-    status(&node);
+fn a_fifo_token_or_ca_is_refused_and_named() {
+    for (name, what) in [
+        ("token", "the service-account token {}"),
+        ("ca.crt", "the API server CA {} (KUBE_CA_FILE)"),
+    ] {
+        let node = Node::new("fifo-sa");
+        node.write_by_rename("10-calico.conflist", &calico_text(0));
+        let path = fifo_in_service_account(&node, name);
+        let what = what.replace("{}", &path.display().to_string());
+        logs_and_runs_on(&node, &format!("cannot read {what}: not a regular file"));
+        status(&node);
+    }
 }
 
 /// At start, a configuration error (the installer exits); later, read at
