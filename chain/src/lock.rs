@@ -8,9 +8,12 @@
 //! it held; it is respected across bind mounts and mount namespaces, so the
 //! installer's container and the host's plugin share it.
 
-use std::fs::{File, TryLockError};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
 
 use super::ChainError;
 
@@ -31,8 +34,14 @@ pub fn lock_dir(
     if let Some(d) = deadline {
         end = end.min(d);
     }
-    let file =
-        File::open(dir).map_err(|e| ChainError::io("open the conf dir to lock it", dir, e))?;
+    // A directory only, opened non-blocking: a FIFO in its place would
+    // block a plain open until a writer came, and a regular file would be
+    // locked as if it were the conf dir. (std adds O_CLOEXEC.)
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK).bits())
+        .open(dir)
+        .map_err(|e| ChainError::io("open the conf dir to lock it", dir, e))?;
     // Polling rather than a blocking flock: std has no flock with a timeout,
     // and a signal-based one would disturb the host process (the installer).
     let mut pause = Duration::from_millis(1);

@@ -23,6 +23,8 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::OFlag;
+
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
 pub const OUTCOMES_FILE: &str = "add-outcomes.v1";
@@ -182,14 +184,24 @@ impl Outcome {
 /// and the file (0600) when missing.
 pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
     let path = state_dir.join(OUTCOMES_FILE);
+    // Non-blocking, and refused unless regular: whatever sits in its
+    // place (a FIFO, a device) must not hold up an ADD.
     let open = || {
-        OpenOptions::new()
+        let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .open(&path)
+            .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+            .open(&path)?;
+        if !f.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(f)
     };
     let file = match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -219,7 +231,7 @@ pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
 /// does not exist yet.
 pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
     let mut buf = [0u8; FILE_LEN as usize];
-    match File::open(state_dir.join(OUTCOMES_FILE)) {
+    match crate::open_regular(&state_dir.join(OUTCOMES_FILE)) {
         Ok(file) => {
             lock(&file, false)?;
             let mut got = 0;
@@ -324,6 +336,31 @@ mod tests {
         );
         let len = std::fs::metadata(dir.join(OUTCOMES_FILE)).unwrap().len();
         assert_eq!(len, FILE_LEN);
+    }
+
+    /// A counter file that is not a regular file (a FIFO would block a
+    /// plain open until a writer comes) is refused at once, by the
+    /// installer's read and by the plugin's count alike.
+    #[test]
+    fn a_counter_file_that_is_not_regular_is_refused_without_blocking() {
+        let within = Duration::from_secs(20);
+        let tmp = testkit::TempDir::new("outcomes-fifo").unwrap();
+        let dir = tmp.path().to_path_buf();
+        testkit::mkfifo(&dir.join(OUTCOMES_FILE));
+        let d = dir.clone();
+        let e = testkit::bounded("read a FIFO", within, move || read(&d)).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let d = dir.clone();
+        let e = testkit::bounded("count into a FIFO", within, move || {
+            count(&d, Outcome::Meshed)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // A directory in its place.
+        let d = tmp.path().join("dir");
+        std::fs::create_dir_all(d.join(OUTCOMES_FILE)).unwrap();
+        assert!(read(&d).is_err());
+        assert!(count(&d, Outcome::Meshed).is_err());
     }
 
     #[test]

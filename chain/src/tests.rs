@@ -265,6 +265,29 @@ fn symlinked_conf_is_converted_and_its_target_kept() {
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
 
+/// A conf dir that is not a directory is refused at once, with an error
+/// naming it: a FIFO (which a plain open would wait on for a writer) and
+/// a regular file (which a plain open would lock).
+#[test]
+fn a_conf_dir_that_is_not_a_directory_is_refused_at_once() {
+    let d = TempDir::new("lock-kinds");
+    let fifo = d.path().join("fifo");
+    testkit::mkfifo(&fifo);
+    let file = d.write("file", "");
+    for p in [fifo, file] {
+        let q = p.clone();
+        let e = testkit::bounded("lock a FIFO", Duration::from_secs(20), move || {
+            lock_dir(&q, Duration::from_secs(1), None)
+        })
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(&p.display().to_string()) && text.contains("Not a directory"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
     let d = TempDir::new("lock");

@@ -269,7 +269,7 @@ pub fn write_atomic(target: &Path, content: &[u8], mode: u32) -> Result<(), Chai
 
 /// Copies `src` onto `target` atomically (never in place), with `mode`.
 pub fn copy_atomic(src: &Path, target: &Path, mode: u32) -> Result<(), ChainError> {
-    let mut from = File::open(src).map_err(|e| ChainError::io("open", src, e))?;
+    let mut from = crate::open_regular(src).map_err(|e| ChainError::io("open", src, e))?;
     replace_with(target, mode, |to| io::copy(&mut from, to).map(drop))
 }
 
@@ -398,6 +398,29 @@ mod tests {
         assert_eq!(fs::read(&f).unwrap(), b"two");
         assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
         assert_eq!(fs::read_dir(&t.0).unwrap().count(), 1);
+    }
+
+    /// A source that is not a regular file (a FIFO would block the open
+    /// until a writer comes) is refused at once, naming it; the target
+    /// stays as it was and no temp file is left.
+    #[test]
+    fn copying_from_a_fifo_is_refused_without_blocking() {
+        let t = Tmp::new("fifo-src");
+        let src = t.0.join("src");
+        testkit::mkfifo(&src);
+        let bin = t.0.join("bin");
+        write_atomic(&bin, b"old", 0o755).unwrap();
+        let (s, b) = (src.clone(), bin.clone());
+        let e = testkit::bounded(
+            "copy from a FIFO",
+            std::time::Duration::from_secs(20),
+            move || copy_atomic(&s, &b, 0o755),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a regular file") && e.contains("src"), "{e}");
+        assert_eq!(fs::read(&bin).unwrap(), b"old");
+        assert_eq!(fs::read_dir(&t.0).unwrap().count(), 2);
     }
 
     #[test]

@@ -465,7 +465,8 @@ impl Sources {
     pub fn credential(&self) -> Option<Credential> {
         let token = crate::kubeconfig::token_in(&self.kubeconfig)?;
         let (iat, exp) = token_times(&token)?;
-        let own = std::fs::read_to_string(&self.token_file).is_ok_and(|t| t.trim() == token);
+        let own =
+            crate::fsutil::read_capped_text(&self.token_file).is_ok_and(|t| t.trim() == token);
         let ttl = exp.saturating_sub(iat);
         let refresh = match own {
             true => iat + (ttl * 8 / 10).min(24 * 3600),
@@ -725,7 +726,7 @@ fn render_plugin(o: &mut String, dir: &Path) {
             let _ = writeln!(
                 o,
                 "# the plugin's ADD counters in {} cannot be read: {}",
-                dir.display(),
+                dir.join(outcomes::OUTCOMES_FILE).display(),
                 label(&e.to_string())
             );
             return;
@@ -828,6 +829,29 @@ mod tests {
         t.fight("f", "w");
         t.pass_done(None);
         assert_eq!(t.snapshot(), NodeState::default());
+    }
+
+    /// The installer's own token is read non-blocking: a FIFO in its place
+    /// is no token of ours, and the scrape (and `status`) go on.
+    #[test]
+    fn a_token_file_that_is_not_regular_does_not_block_the_credential() {
+        let tmp = testkit::TempDir::new("metrics-fifo").unwrap();
+        testkit::mkfifo(&tmp.path().join("token"));
+        use base64::Engine;
+        let claims = r#"{"iat":1000,"exp":11000}"#;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        std::fs::write(
+            tmp.path().join("kubeconfig"),
+            format!(r#"{{"users":[{{"name":"x","user":{{"token":"h.{b64}.s"}}}}]}}"#),
+        )
+        .unwrap();
+        let src = sources(tmp.path());
+        let c = testkit::bounded("a FIFO token", Duration::from_secs(20), move || {
+            src.credential()
+        })
+        .unwrap();
+        // Not the installer's own token: refreshed at half its lifetime.
+        assert_eq!(c.next_refresh, Some(UNIX_EPOCH + Duration::from_secs(6000)));
     }
 
     #[test]

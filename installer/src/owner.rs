@@ -145,21 +145,37 @@ mod tests {
         use linkerd_cni_kube::ApiError;
         use linkerd_cni_kube::client::Method;
         let path = "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".to_string();
-        let timed_out = Err(OwnerError::DaemonSet {
-            daemonset: "linkerd-cni/linkerd-cni".into(),
-            source: ApiError::TimedOut {
+        let status = |status| ApiError::Status {
+            method: Method::Get,
+            path: path.clone(),
+            status,
+            message: "unavailable".into(),
+        };
+        // No answer in time, or an answer that is no answer (a 503, a 429).
+        for source in [
+            ApiError::TimedOut {
                 server: "https://127.0.0.1:6443".into(),
                 method: Method::Get,
                 path: path.clone(),
                 budget: API_TIMEOUT,
                 last: None,
             },
-        });
-        let Verdict::Unknown(s) = verdict(timed_out) else {
-            panic!("not unknown")
-        };
-        assert!(s.contains("did not answer in time"), "{s}");
-        assert!(!s.contains("`get` on daemonsets"), "{s}");
+            status(503),
+            status(429),
+        ] {
+            let answer = Err(OwnerError::DaemonSet {
+                daemonset: "linkerd-cni/linkerd-cni".into(),
+                source,
+            });
+            let Verdict::Unknown(s) = verdict(answer) else {
+                panic!("not unknown")
+            };
+            assert!(
+                s.contains("is unavailable or did not answer in time"),
+                "{s}"
+            );
+            assert!(!s.contains("`get` on daemonsets"), "{s}");
+        }
         let forbidden = Err(OwnerError::DaemonSet {
             daemonset: "linkerd-cni/linkerd-cni".into(),
             source: ApiError::Unauthorized {

@@ -106,9 +106,10 @@ fn mode_line(v: &Verdict) -> String {
 
 /// The plugin's counters by outcome, each with its causes.
 fn plugin_line(dir: &std::path::Path) -> String {
+    let file = dir.join(outcomes::OUTCOMES_FILE);
     let counts = match outcomes::read(dir) {
         Ok(c) => c,
-        Err(e) => return format!("cannot read {}: {e}", dir.display()),
+        Err(e) => return format!("cannot read {}: {e}", file.display()),
     };
     let mut by_kind: Vec<(&'static str, u64, Vec<String>)> = Vec::new();
     for (o, n) in counts {
@@ -131,11 +132,7 @@ fn plugin_line(dir: &std::path::Path) -> String {
             false => format!("{} {n} ({})", k.replace('_', " "), causes.join(", ")),
         })
         .collect();
-    format!(
-        "{} (counted in {})",
-        parts.join(", "),
-        dir.join(outcomes::OUTCOMES_FILE).display()
-    )
+    format!("{} (counted in {})", parts.join(", "), file.display())
 }
 
 /// What the running installer reports on its `/metrics`.

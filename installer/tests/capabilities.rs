@@ -1,7 +1,8 @@
 //! The installer as deploy/ runs it: uid 0 with only the capabilities the
 //! manifest grants (CHOWN, DAC_READ_SEARCH), against a primary conflist
 //! that root does not own. Without them, `check` and the log say what is
-//! missing and what to do. Needs root (chown, setpriv).
+//! missing and what to do; with them, the primary is chained with its
+//! owner, group and mode kept (0644 and 0600). Needs root (chown, setpriv).
 
 mod common;
 
@@ -74,7 +75,7 @@ fn the_manifest_grants_what_these_tests_grant() {
 #[test]
 fn a_primary_only_its_owner_may_read_needs_dac_read_search() {
     let node = Node::new("caps-read");
-    primary(&node, 0o600);
+    let p = primary(&node, 0o600);
     let o = check(&node, &[]);
     assert!(!o.status.success());
     let out = text(&o);
@@ -86,6 +87,25 @@ fn a_primary_only_its_owner_may_read_needs_dac_read_search() {
     let o = check(&node, &DEPLOY_CAPS);
     let out = text(&o);
     assert!(!out.contains("Permission denied"), "{out}");
+    // And chains it: owner, group and mode 0600 kept.
+    chained_as_it_was(&node, &p, 0o600);
+}
+
+/// The installer with deploy/'s capabilities chains `p`, keeping its
+/// owner, group and `mode`; `check` then passes.
+fn chained_as_it_was(node: &Node, p: &std::path::Path, mode: u32) {
+    let log = node.root.join("deploy-caps.log");
+    let _i = Installer::spawn(setpriv(node, &DEPLOY_CAPS, &[]), log);
+    assert!(
+        wait_until(Duration::from_secs(30), || node.healthy().is_ok()),
+        "{:?}",
+        node.healthy()
+    );
+    let m = fs::metadata(p).unwrap();
+    assert_eq!((m.uid(), m.gid()), (OTHER_UID, OTHER_UID));
+    assert_eq!(m.mode() & 0o7777, mode);
+    let o = check(node, &DEPLOY_CAPS);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]
@@ -104,15 +124,5 @@ fn a_primary_of_another_uid_needs_chown_to_keep_its_owner() {
         assert_eq!(fs::metadata(&p).unwrap().uid(), OTHER_UID);
     }
     // With deploy/'s: chained, owner and mode kept.
-    let log = node.root.join("deploy-caps.log");
-    let _i = Installer::spawn(setpriv(&node, &DEPLOY_CAPS, &[]), log);
-    assert!(
-        wait_until(Duration::from_secs(30), || node.healthy().is_ok()),
-        "{:?}",
-        node.healthy()
-    );
-    let m = fs::metadata(&p).unwrap();
-    assert_eq!((m.uid(), m.gid()), (OTHER_UID, OTHER_UID));
-    assert_eq!(m.mode() & 0o7777, 0o644);
-    assert!(check(&node, &DEPLOY_CAPS).status.success());
+    chained_as_it_was(&node, &p, 0o644);
 }

@@ -132,7 +132,8 @@ impl OwnerError {
             OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. }
                 if source.transient() =>
             {
-                "The API server did not answer in time: no permission is missing.".into()
+                "The API server is unavailable or did not answer in time: no permission is missing."
+                    .into()
             }
             OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. } => {
                 format!("To fix the cause: {}.", source.hint())

@@ -101,7 +101,7 @@ fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut seen: Map<String, Value> = std::fs::read(&path)
+    let mut seen: Map<String, Value> = linkerd_cni_chain::read_file(&path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
@@ -324,6 +324,27 @@ mod tests {
     /// The entry the plugin derives from `stdin(n, extra)`.
     fn derived(n: &Node, extra: &[(&str, Value)]) -> Entry {
         entry_from_stdin(&stdin(n, extra).raw).unwrap()
+    }
+
+    /// The retry history is read non-blocking: a FIFO in its place is no
+    /// history, and the ADD is sent back (at most the usual number of
+    /// times) rather than held up.
+    #[test]
+    fn a_retry_history_that_is_not_regular_does_not_block() {
+        let n = node();
+        let history = n.state.path().join(STALE_RETRIES_FILE);
+        testkit::mkfifo(&history);
+        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let again = testkit::bounded(
+            "a FIFO retry history",
+            std::time::Duration::from_secs(20),
+            move || send_back_again(&config, Some("uid-1")),
+        );
+        assert!(again);
+        // Saved over the FIFO (by rename): a history again.
+        assert!(fs::metadata(&history).unwrap().is_file());
+        let saved: Value = serde_json::from_str(&n.state.read(STALE_RETRIES_FILE)).unwrap();
+        assert_eq!(saved["uid-1"][0], 1, "{saved}");
     }
 
     #[test]

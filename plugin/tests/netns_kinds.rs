@@ -11,8 +11,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use testkit::TempDir;
 use testkit::objects::Pod;
-use testkit::{TempDir, wait_until};
 
 use common::{BIN, Cluster, cni_env, netconf, stderr};
 
@@ -23,30 +23,12 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// (then killed).
 fn run_bounded(env: &[(String, String)], conf: &Value) -> Option<Output> {
     let dir = TempDir::new("lcni-netns-out").unwrap();
-    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child = Command::new(BIN)
-        .env_clear()
+    let stdin = std::fs::File::open(write_conf(dir.path(), conf)).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(std::fs::File::open(write_conf(dir.path(), conf)).unwrap())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .expect("spawn linkerd-cni");
-    let mut status = None;
-    wait_until(LIMIT, || {
-        status = child.try_wait().unwrap();
-        status.is_some()
-    });
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return None;
-    };
-    Some(Output {
-        status,
-        stdout: std::fs::read(out).unwrap(),
-        stderr: std::fs::read(err).unwrap(),
-    })
+        .stdin(stdin);
+    testkit::output_within(&mut cmd, LIMIT)
 }
 
 fn write_conf(dir: &Path, conf: &Value) -> PathBuf {

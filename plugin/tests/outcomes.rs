@@ -147,3 +147,22 @@ fn an_unusable_state_dir_never_fails_the_add() {
     assert_eq!(add(&conf, Some(("emojivoto", "web-0"))), 0);
     assert!(outcomes::read(&file).is_err());
 }
+
+/// A counter file that is not a regular file (a FIFO, which a plain open
+/// would wait on) loses the count, at once, and the pod is meshed all the
+/// same.
+#[test]
+fn a_fifo_counter_file_never_holds_up_the_add() {
+    let (c, conf) = cluster();
+    let dir = state_dir(&conf);
+    std::fs::create_dir_all(&dir).unwrap();
+    testkit::mkfifo(&dir.join(outcomes::OUTCOMES_FILE));
+    let within = std::time::Duration::from_secs(20);
+    let rc = testkit::bounded("an ADD counting into a FIFO", within, move || {
+        add(&conf, Some(("emojivoto", "web-0")))
+    });
+    assert_eq!(rc, 0);
+    let read = testkit::bounded("a read of a FIFO", within, move || outcomes::read(&dir));
+    assert!(read.is_err());
+    drop(c);
+}

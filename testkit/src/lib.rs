@@ -130,6 +130,45 @@ pub fn connect_from(
     Ok(std::net::TcpStream::from(fd))
 }
 
+/// A FIFO at `path` (mode 0600), where a regular file is expected: a
+/// plain open of it blocks until a writer comes.
+pub fn mkfifo(path: &std::path::Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
+/// Runs `cmd` to completion with stdout and stderr to files (a pipe could
+/// fill up while nobody reads it): its output, or `None` when it was still
+/// running after `limit` (then killed). For inputs that must not make a
+/// binary block.
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: Duration,
+) -> Option<std::process::Output> {
+    let dir = TempDir::new("output-within").expect("temp dir");
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = cmd
+        .stdout(std::fs::File::create(&out).expect("create stdout file"))
+        .stderr(std::fs::File::create(&err).expect("create stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let mut status = None;
+    wait_until(limit, || {
+        status = child.try_wait().expect("wait for the child");
+        status.is_some()
+    });
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
+    };
+    Some(std::process::Output {
+        status,
+        stdout: std::fs::read(out).expect("read stdout"),
+        stderr: std::fs::read(err).expect("read stderr"),
+    })
+}
+
 /// Runs `f` on a thread of its own: its result, or a panic naming `what`
 /// when it has not returned within `within` (for calls that must not block
 /// forever, such as opening a FIFO; the blocked thread is left behind).

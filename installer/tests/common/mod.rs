@@ -166,6 +166,13 @@ impl Node {
             .expect("run the installer")
     }
 
+    /// [`Node::run`], killed if still running after `limit`: `None` then.
+    /// For inputs that must not make it block.
+    pub fn run_within(&self, args: &[&str], limit: Duration) -> Option<Output> {
+        let mut c = self.command(args, &[]);
+        testkit::output_within(c.stdin(std::process::Stdio::null()), limit)
+    }
+
     pub fn conf(&self, name: &str) -> PathBuf {
         self.conf_dir.join(name)
     }
