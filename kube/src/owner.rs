@@ -270,7 +270,7 @@ fn corroborate(
     };
     if reason != Some(want) {
         return Err(open(format!(
-            "HTTP {status} without the API server's Status body (reason {want}; got {}):              something else answered, cannot tell",
+            "HTTP {status} without the API server's Status body (reason {want}; got {}): something else answered, cannot tell",
             reason.unwrap_or("no Status")
         )));
     }
@@ -297,7 +297,7 @@ fn corroborate(
         match review::who_am_i(client) {
             Err(ApiError::Unauthorized { status: 401, .. }) => Ok(None),
             Ok(user) => Err(open(format!(
-                "HTTP 401 on the pod, but a SelfSubjectReview authenticates the token as {user}:                  cannot tell"
+                "HTTP 401 on the pod, but a SelfSubjectReview authenticates the token as {user}: cannot tell"
             ))),
             Err(e) => Err(open(format!(
                 "HTTP 401 twice on the pod, not corroborated by a SelfSubjectReview ({e})"
@@ -307,7 +307,7 @@ fn corroborate(
         match review::may(client, "get", "pods", namespace, pod) {
             Ok(false) => Ok(None),
             Ok(true) => Err(open(
-                "HTTP 403 on the pod, but a SelfSubjectAccessReview says get pods is allowed:                  cannot tell"
+                "HTTP 403 on the pod, but a SelfSubjectAccessReview says get pods is allowed: cannot tell"
                     .into(),
             )),
             Err(e) => Err(open(format!(
