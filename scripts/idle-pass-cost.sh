@@ -5,7 +5,11 @@
 # Installer::reconcile; prints instructions / calls.
 #   bash scripts/idle-pass-cost.sh DIR_WITH_BINARIES [inline|owned]
 # DIR_WITH_BINARIES holds linkerd-cni-installer (built with symbols, e.g.
-# the tools profile) and linkerd-cni (the image's plugin binary).
+# the tools profile) and linkerd-cni (the image's plugin binary). No API
+# server runs here: the kubeconfig keeps the installer's own token
+# (LINKERD_CNI_PLUGIN_TOKEN=own; a kept minted token costs a pass the same
+# comparison). EXTRA: more VAR=value settings, e.g.
+# EXTRA=LINKERD_CNI_METRICS_ADDR=127.0.0.1:0.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$1
@@ -41,6 +45,7 @@ run() {
     DEST_CNI_BIN_DIR=/opt/cni/bin KUBERNETES_SERVICE_HOST=127.0.0.1 \
     KUBERNETES_SERVICE_PORT=443 CNI_NETWORK_CONFIG="$TPL" \
     LINKERD_CNI_RESYNC_SECONDS=0.2 LINKERD_CNI_WATCH=false PATH=/usr/bin:/bin \
+    LINKERD_CNI_PLUGIN_TOKEN="${PLUGIN_TOKEN:-own}" ${EXTRA:-} \
     "$@" >/dev/null 2>>"$R/log" &
   echo $!
 }

@@ -8,8 +8,8 @@
 //!
 //! The files are left to settle for the memo's racy bound first, so the
 //! check is answered from the memo of the last healthy look
-//! (`linkerd_cni_chain::memo`); with `full` the memo is forgotten before
-//! each check, which then reads the files, as the first ADD after a write.
+//! (`linkerd_cni_chain::memo`); with `full` it is measured at once, on new
+//! files, which every check then reads, as the ADDs right after a write.
 //!
 //! With ITERATIONS = 1 it runs the check once, in [`measured`], for
 //! `valgrind --tool=callgrind '--toggle-collect=*chain_check_cost::measured'`
@@ -105,18 +105,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let conf = NetConf::parse(Value::Object(stdin).to_string().as_bytes())?;
     // Once the files are older than the memo's racy bound, a look is
-    // remembered; `full` forgets it before each measured check, which then
-    // reads the files (and remembers again), as the first ADD after a
-    // write does.
-    let memo = chain::memo::Memo::in_dir(&state);
-    std::thread::sleep(chain::memo::RACY + Duration::from_millis(100));
-    chain_part(&conf, &config);
+    // remembered. `full` measures at once instead, while the files are new:
+    // every check then reads them and remembers nothing, as the ADDs in
+    // the seconds after a write do.
     let full = std::env::args().nth(3).as_deref() == Some("full");
     let which = if full { "full look" } else { "remembered" };
+    if !full {
+        std::thread::sleep(chain::memo::RACY + Duration::from_millis(100));
+        chain_part(&conf, &config);
+    }
     if n == 1 {
-        if full {
-            memo.forget();
-        }
         measured(&conf, &config);
         fs::remove_dir_all(&dir)?;
         fs::remove_dir_all(&state)?;
@@ -124,9 +122,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut t = Vec::with_capacity(n);
     for _ in 0..n {
-        if full {
-            memo.forget();
-        }
         let s = Instant::now();
         measured(&conf, &config);
         t.push(s.elapsed());
