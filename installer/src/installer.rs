@@ -65,6 +65,10 @@ pub struct Installer {
     /// The plugin's count of ADDs with rejected credentials, at the last
     /// look: a change is what makes the installer look again.
     rejections_seen: Option<u64>,
+    /// The chain's verdict as this pass's keeper left it, when it was a
+    /// steady healthy one (nothing done or pending): `/metrics` then needs
+    /// no second look at the conf dir.
+    steady_verdict: Option<metrics::Verdict>,
     /// The plugin's rejected-credential count read by this pass's beat
     /// (`None` on a pass with no beat, or no counters).
     pass_rejections: Option<u64>,
@@ -86,6 +90,7 @@ impl Installer {
             plugin_denied: None,
             rejections_seen: None,
             pass_rejections: None,
+            steady_verdict: None,
         }
     }
 
@@ -423,8 +428,14 @@ impl Installer {
     fn reconcile_chain(&mut self, entry: &Entry) {
         let ctx = self.context(entry);
         self.telemetry.before_keep(&ctx.conf_dir);
+        self.steady_verdict = None;
         match chain::keep(&ctx, &mut self.fights) {
-            Ok(report) => self.log_report(&ctx, &report),
+            Ok(report) => {
+                if report.is_steady() && self.telemetry.metrics_on() {
+                    self.steady_verdict = Some(metrics::Verdict::steady(&ctx, &report));
+                }
+                self.log_report(&ctx, &report)
+            }
             Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
         }
     }
@@ -434,7 +445,11 @@ impl Installer {
     /// what Events report.
     pub fn after_pass(&mut self) {
         if self.telemetry.metrics_on() {
-            self.telemetry.chain(&self.chain_verdict(&self.last_entry));
+            let v = match self.steady_verdict.take() {
+                Some(v) => v,
+                None => self.chain_verdict(&self.last_entry),
+            };
+            self.telemetry.chain(&v);
         }
         self.telemetry.pass_done(self.pass_rejections.take());
     }

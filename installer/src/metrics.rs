@@ -73,6 +73,24 @@ impl Verdict {
     pub fn healthy(&self) -> bool {
         self.problem.is_none()
     }
+
+    /// The verdict of a keeper's run on `ctx` that was steady (see
+    /// `Report::is_steady`: healthy, nothing done or pending), which
+    /// [`verdict`] would give on the same files without looking again.
+    pub fn steady(ctx: &Context, report: &linkerd_cni_chain::Report) -> Verdict {
+        Verdict {
+            configured: ctx.mode.mode,
+            selected: match report.layout {
+                Layout::Owned => ChainMode::Owned,
+                Layout::Inline | Layout::Fallback(_) => ChainMode::Inline,
+            },
+            reason: Some(match &report.layout {
+                Layout::Fallback(why) => why.clone(),
+                Layout::Inline | Layout::Owned => ctx.mode.reason.clone(),
+            }),
+            problem: None,
+        }
+    }
 }
 
 /// The chain as `ctx` would keep it, judged by the chain crate's one
@@ -788,6 +806,14 @@ mod tests {
         let v = verdict(&inline);
         assert!(!v.healthy(), "{v:?}");
         assert_eq!(v.selected, ChainMode::Inline);
+        // A steady run of the keeper gives the verdict a look would.
+        for e in [&entry, &owned_entry] {
+            let c = ctx(dir.path(), e);
+            keep(&c, &mut NoLimit).unwrap();
+            let r = keep(&c, &mut NoLimit).unwrap();
+            assert!(r.is_steady(), "{r}");
+            assert_eq!(Verdict::steady(&c, &r), verdict(&c));
+        }
         // Owned mode on that dir: our copy is the active file and current.
         let owned = verdict(&ctx(dir.path(), &owned_entry));
         assert_eq!(owned.selected, ChainMode::Owned, "{owned:?}");
