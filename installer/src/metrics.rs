@@ -78,17 +78,21 @@ impl Verdict {
     /// `Report::is_steady`: healthy, nothing done or pending), which
     /// [`verdict`] would give on the same files without looking again.
     pub fn steady(ctx: &Context, report: &linkerd_cni_chain::Report) -> Verdict {
+        Verdict::in_layout(ctx, &report.layout, None)
+    }
+
+    /// The mode `layout` keeps the chain in, and why.
+    fn in_layout(ctx: &Context, layout: &Layout, problem: Option<String>) -> Verdict {
+        let (selected, reason) = match layout {
+            Layout::Owned => (ChainMode::Owned, ctx.mode.reason.clone()),
+            Layout::Inline => (ChainMode::Inline, ctx.mode.reason.clone()),
+            Layout::Fallback(why) => (ChainMode::Inline, why.clone()),
+        };
         Verdict {
             configured: ctx.mode.mode,
-            selected: match report.layout {
-                Layout::Owned => ChainMode::Owned,
-                Layout::Inline | Layout::Fallback(_) => ChainMode::Inline,
-            },
-            reason: Some(match &report.layout {
-                Layout::Fallback(why) => why.clone(),
-                Layout::Inline | Layout::Owned => ctx.mode.reason.clone(),
-            }),
-            problem: None,
+            selected,
+            reason: Some(reason),
+            problem,
         }
     }
 }
@@ -96,23 +100,11 @@ impl Verdict {
 /// The chain as `ctx` would keep it, judged by the chain crate's one
 /// definition of healthy (the readiness check's too).
 pub fn verdict(ctx: &Context) -> Verdict {
-    let configured = ctx.mode.mode;
     match chain::health(ctx) {
-        Ok(h) => Verdict {
-            configured,
-            selected: match h.layout {
-                Layout::Owned => ChainMode::Owned,
-                Layout::Inline | Layout::Fallback(_) => ChainMode::Inline,
-            },
-            reason: Some(match &h.layout {
-                Layout::Fallback(why) => why.clone(),
-                Layout::Inline | Layout::Owned => ctx.mode.reason.clone(),
-            }),
-            problem: (!h.is_healthy()).then(|| h.summary()),
-        },
+        Ok(h) => Verdict::in_layout(ctx, &h.layout, (!h.is_healthy()).then(|| h.summary())),
         Err(e) => Verdict {
-            configured,
-            selected: configured,
+            configured: ctx.mode.mode,
+            selected: ctx.mode.mode,
             reason: None,
             problem: Some(e.to_string()),
         },

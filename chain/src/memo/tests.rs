@@ -12,16 +12,7 @@ use super::*;
 use crate::owned::ChainMode;
 use crate::testutil::{TempDir, desired};
 use crate::{Context, Entry, ModeChoice, NoLimit, keep, persist_entry};
-
-const CALICO: &str = r#"{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {"type": "calico", "mtu": 1440, "ipam": {"type": "calico-ipam"}},
-    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
-  ]
-}
-"#;
+use testkit::chain::CALICO;
 
 /// The tests' bound for a settled file: every file here is new.
 const TEST_RACY: Duration = Duration::from_millis(40);
