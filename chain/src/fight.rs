@@ -77,14 +77,26 @@ impl History {
 
 fn warning(file: &Path, threshold: u32, window: Duration) -> String {
     let interval = window / threshold.max(1);
+    let primary = primary_type(file)
+        .map(|t| format!(", whose first plugin is {t:?}"))
+        .unwrap_or_default();
     format!(
-        "{} needed {threshold} repairs within {window:?}: another agent keeps rewriting it without \
-         the linkerd-cni entry (for example Cilium with cni.exclusive=true, a primary CNI's init \
-         container or a cloud provider's reconciler). Repairs of it are now limited to one every \
-         {interval:?}; configure that agent to leave other plugins' entries in place (for Cilium: \
-         cni.exclusive=false)",
+        "{}{primary} needed {threshold} repairs within {window:?}: another agent keeps rewriting it \
+         without the linkerd-cni entry (for example Cilium with cni.exclusive=true, a primary CNI's \
+         init container or a cloud provider's reconciler). Repairs of it are now limited to one \
+         every {interval:?}; configure that agent to leave other plugins' entries in place (for \
+         Cilium: cni.exclusive=false)",
         file.display()
     )
+}
+
+/// The type of the first plugin in the config `file` (a `.conflist`'s
+/// `plugins`, or a single plugin's own): which CNI the rewriting agent
+/// most likely belongs to.
+fn primary_type(file: &Path) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&crate::scan::read_file(file).ok()?).ok()?;
+    let first = v.get("plugins").and_then(|p| p.get(0)).unwrap_or(&v);
+    Some(first.get("type")?.as_str()?.to_string())
 }
 
 /// In-memory fight detection for the installer.
@@ -322,6 +334,25 @@ fn read_history(path: &Path) -> BTreeMap<String, History> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The warning (and the installer's Event) names what the file runs
+    /// first: the CNI whose agent most likely rewrites it.
+    #[test]
+    fn the_fight_warning_names_the_primary() {
+        let d = crate::testutil::TempDir::new("fight-warning");
+        let list = d.write("10-calico.conflist", testkit::chain::CALICO);
+        let w = warning(&list, 3, Duration::from_secs(60));
+        assert!(w.contains("whose first plugin is \"calico\""), "{w}");
+        let single = d.write("10-flannel.conf", r#"{"type":"flannel","name":"cbr0"}"#);
+        let w = warning(&single, 3, Duration::from_secs(60));
+        assert!(w.contains("whose first plugin is \"flannel\""), "{w}");
+        let gone = d.path().join("gone.conflist");
+        let w = warning(&gone, 3, Duration::from_secs(60));
+        assert!(
+            w.starts_with(&format!("{} needed 3 repairs", gone.display())),
+            "{w}"
+        );
+    }
 
     #[test]
     fn repeated_repairs_are_a_fight_and_get_rate_limited() {
