@@ -689,8 +689,10 @@ fn overlap_for_10_s(
 /// Two installers on one node under the upstream chart's RBAC (no
 /// TokenRequest: each has only its own pod's token): the second keeps the
 /// first one's token while it is accepted, so no write for 10 s and the
-/// node stays chained; once the first is force-deleted (its token
-/// revoked), the second writes its own within a pass.
+/// node stays chained. Then the first is force-deleted (its token
+/// revoked) and gets SIGTERM at once: its rejected token is no uninstall
+/// while another installer beats on the node, and the second writes its
+/// own token within a pass.
 #[test]
 fn two_installers_converge_under_the_chart_rbac() {
     let c = chained_node_with(chart_rbac(), &json!({}), &[]);
@@ -700,6 +702,15 @@ fn two_installers_converge_under_the_chart_rbac() {
     overlap_for_10_s(&node, &conf, (&first, &second), before);
     api.remove(&pod_path(NS, &first.name));
     api.revoke_token(&first.token);
+    let log = first.stop(&api);
+    assert!(!log.contains("uninstalling"), "{log}");
+    let why = log
+        .lines()
+        .find(|l| l.contains("stays installed and chained"))
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("the force-deleted installer at SIGTERM: {why}");
+    node.healthy_now(&conf);
     assert!(
         testkit::wait_until(RESYNC + GRACE, || std::fs::read_to_string(
             node.kubeconfig_path()
@@ -708,7 +719,6 @@ fn two_installers_converge_under_the_chart_rbac() {
         "the second installer did not take over:\n{}",
         second.inst.log()
     );
-    drop(first);
     node.healthy_now(&conf);
 }
 

@@ -324,7 +324,7 @@ impl Installer {
     /// The plugin's state dir as the installer reaches it: where the
     /// plugin looks (the entry's `state_dir`, by the one rule both follow),
     /// under the mount prefix.
-    fn state_dir(&self) -> PathBuf {
+    pub fn state_dir(&self) -> PathBuf {
         let (host, _) =
             heartbeat::state_dir_of(self.last_entry.as_map(), &self.cfg.dest_cni_net_dir);
         config::under_prefix(&self.cfg.mount_prefix, &host)
@@ -350,7 +350,7 @@ impl Installer {
             plugin_denied: self.plugin_denied.clone(),
             ..heartbeat::Beat::now(self.cfg.resync)
         };
-        match heartbeat::write(&dir, &beat) {
+        match heartbeat::beat_as(&dir, beat, self.cfg.pod_name.as_deref()) {
             Ok(()) => self.notes.clear("heartbeat", || {
                 format!("the heartbeat in {} is written again", dir.display())
             }),

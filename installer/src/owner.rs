@@ -10,7 +10,8 @@
 //! the plugin's token (a ServiceAccount of its own) is still accepted when
 //! only this pod was deleted (force-deleted, evicted), which revokes this
 //! pod's token but not the installation; an uninstall deletes both
-//! accounts.
+//! accounts. Without a plugin token to ask with (the linkerd2-cni chart's
+//! RBAC), another installer pod beating on this node says the same.
 
 use std::path::Path;
 use std::time::Duration;
@@ -37,8 +38,9 @@ pub enum Verdict {
     Unknown(String),
 }
 
-/// Asks the API server, within [`API_TIMEOUT`].
-pub fn ask(cfg: &Config) -> Verdict {
+/// Asks the API server, within [`API_TIMEOUT`]; `state_dir` is the
+/// plugin's, where the installers' heartbeat is.
+pub fn ask(cfg: &Config, state_dir: &Path) -> Verdict {
     let (namespace, pod) = match identity(cfg) {
         Ok(id) => id,
         Err(why) => return Verdict::Unknown(why),
@@ -49,11 +51,25 @@ pub fn ask(cfg: &Config) -> Verdict {
     };
     let answer = owner::daemonset_of(&Client::new(api, API_TIMEOUT), &namespace, &pod);
     if let Ok(OwnerState::Revoked { status: 401, .. }) = &answer
-        && let Some(why) = plugin_token_lives(cfg)
+        && let Some(why) = plugin_token_lives(cfg).or_else(|| another_installer(state_dir, &pod))
     {
         return Verdict::Unknown(why);
     }
     verdict(answer)
+}
+
+/// Why this is no uninstall although this pod's token is rejected: another
+/// installer pod beats on this node (a force-delete or `maxSurge` overlap;
+/// under the linkerd2-cni chart's RBAC there is no plugin token to ask
+/// with, and both may hold the same pod's token).
+fn another_installer(state_dir: &Path, me: &str) -> Option<String> {
+    let (other, age) = linkerd_cni_chain::heartbeat::other_installer(state_dir, me)?;
+    Some(format!(
+        "this pod's token is rejected (HTTP 401), but installer pod {other} beat on this node \
+         {:.1} s ago: this pod was deleted (force-deleted or evicted) while linkerd-cni stays \
+         installed",
+        age.as_secs_f64()
+    ))
 }
 
 /// Why this is no uninstall although this pod's token is rejected: the

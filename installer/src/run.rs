@@ -175,34 +175,12 @@ pub fn run(mut inst: Installer) -> ExitCode {
 /// always, or never, as configured); otherwise leave everything, so that a
 /// rolling update or a restart never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
-    let why = match inst.config().on_exit {
-        OnExit::Leave => {
-            log::info!(
-                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
-            );
+    let why = match uninstall_why(inst, sig) {
+        Some(why) => why,
+        None => {
+            leave_heartbeat(inst);
             return ExitCode::SUCCESS;
         }
-        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
-        OnExit::Auto => match owner::ask(inst.config()) {
-            Verdict::Gone(how) => how,
-            Verdict::Present(how) => {
-                log::info!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
-                );
-                return ExitCode::SUCCESS;
-            }
-            Verdict::Unknown(why) => {
-                let why = why.trim_end_matches('.');
-                log::warn!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
-                     the DaemonSet is being deleted: {why}. If it is being deleted, the plugin \
-                     passes pods through once this pod's token is revoked; remove what is left \
-                     with `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry \
-                     from the node's CNI config."
-                );
-                return ExitCode::SUCCESS;
-            }
-        },
     };
     log::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
@@ -216,6 +194,56 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// An installer that exits and leaves the node installed is no longer
+/// counted alive by another on the node (its last beat stays for the
+/// plugin).
+fn leave_heartbeat(inst: &Installer) {
+    let Some(me) = &inst.config().pod_name else {
+        return;
+    };
+    let dir = inst.state_dir();
+    if let Err(e) = linkerd_cni_chain::heartbeat::leave(&dir, me) {
+        log::debug!(
+            "cannot take {me} out of the heartbeat in {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// Why SIGTERM uninstalls, or `None` (said in the log) when it does not.
+fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
+    let why = match inst.config().on_exit {
+        OnExit::Leave => {
+            log::info!(
+                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
+            );
+            return None;
+        }
+        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Auto => match owner::ask(inst.config(), &inst.state_dir()) {
+            Verdict::Gone(how) => how,
+            Verdict::Present(how) => {
+                log::info!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
+                );
+                return None;
+            }
+            Verdict::Unknown(why) => {
+                let why = why.trim_end_matches('.');
+                log::warn!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
+                     the DaemonSet is being deleted: {why}. If it is being deleted, the plugin \
+                     passes pods through once this pod's token is revoked; remove what is left \
+                     with `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry \
+                     from the node's CNI config."
+                );
+                return None;
+            }
+        },
+    };
+    Some(why)
 }
 
 /// Sleeps until the resync deadline, a signal, or a relevant event,
