@@ -118,16 +118,47 @@ pub fn load_entry(conf_dir: &Path) -> Result<Option<Entry>, ChainError> {
     }
 }
 
+/// What [`persist_entry`] replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaced {
+    Absent,
+    Different,
+    Unreadable,
+}
+
+impl std::fmt::Display for Replaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Replaced::Absent => "it was absent",
+            Replaced::Different => "it differed from the template",
+            Replaced::Unreadable => "it was unreadable",
+        })
+    }
+}
+
+/// What the file holds compared with `entry`; `None`: the same.
+fn compare(conf_dir: &Path, entry: &Entry) -> Option<Replaced> {
+    match load_entry(conf_dir) {
+        Ok(Some(old)) if old == *entry => None,
+        Ok(Some(_)) => Some(Replaced::Different),
+        Ok(None) => Some(Replaced::Absent),
+        Err(_) => Some(Replaced::Unreadable),
+    }
+}
+
 /// Writes [`ENTRY_FILE`] (temp, fsync, rename, under the conf-dir lock), only
-/// when its content would change. Returns whether it wrote.
-pub fn persist_entry(conf_dir: &Path, entry: &Entry) -> Result<bool, ChainError> {
+/// when its content would change. Returns what it replaced, if it wrote.
+/// The file is compared first without the lock: on a node whose entry is
+/// current (an installer's idle pass) nothing waits for it.
+pub fn persist_entry(conf_dir: &Path, entry: &Entry) -> Result<Option<Replaced>, ChainError> {
+    if compare(conf_dir, entry).is_none() {
+        return Ok(None);
+    }
     let path = conf_dir.join(ENTRY_FILE);
     let _lock = lock::lock_dir(conf_dir, RepairOptions::default().lock_timeout, None)?;
-    match load_entry(conf_dir) {
-        Ok(Some(old)) if old == *entry => return Ok(false),
-        // Unreadable or invalid: replaced below.
-        _ => {}
-    }
+    let Some(replaced) = compare(conf_dir, entry) else {
+        return Ok(None);
+    };
     let mut text = serde_json::to_string_pretty(entry.as_map())
         .map_err(|e| ChainError::io("serialize", &path, io::Error::other(e)))?;
     text.push('\n');
@@ -139,7 +170,7 @@ pub fn persist_entry(conf_dir: &Path, entry: &Entry) -> Result<bool, ChainError>
         return Err(ChainError::io("rename a temp file to", path, e));
     }
     write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
-    Ok(true)
+    Ok(Some(replaced))
 }
 
 /// Removes [`ENTRY_FILE`] (uninstall). `Ok(false)` when it was absent.

@@ -53,7 +53,8 @@ mod text;
 pub mod write;
 
 pub use entry::{
-    ENTRY_FILE, Entry, MODE_REASON_KEY, PLUGIN_TYPE, load_entry, persist_entry, remove_entry_file,
+    ENTRY_FILE, Entry, MODE_REASON_KEY, PLUGIN_TYPE, Replaced, load_entry, persist_entry,
+    remove_entry_file,
 };
 pub use error::{ChainError, EntryProblem};
 pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_sha256};

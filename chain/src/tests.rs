@@ -48,14 +48,32 @@ fn missing_entry_is_repaired_once_and_then_never_written() {
 fn entry_file_round_trip_and_validation() {
     let d = TempDir::new("entry");
     assert_eq!(load_entry(d.path()).unwrap(), None);
-    assert!(persist_entry(d.path(), &desired()).unwrap());
+    assert_eq!(
+        persist_entry(d.path(), &desired()).unwrap(),
+        Some(Replaced::Absent)
+    );
     let ino = fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino();
-    assert!(!persist_entry(d.path(), &desired()).unwrap());
+    assert_eq!(persist_entry(d.path(), &desired()).unwrap(), None);
     assert_eq!(fs::metadata(d.path().join(ENTRY_FILE)).unwrap().ino(), ino);
     assert_eq!(load_entry(d.path()).unwrap(), Some(desired()));
     assert!(!is_config_name(std::ffi::OsStr::new(ENTRY_FILE)));
     let other = desired().with("log_level", "debug").unwrap();
-    assert!(persist_entry(d.path(), &other).unwrap());
+    assert_eq!(
+        persist_entry(d.path(), &other).unwrap(),
+        Some(Replaced::Different)
+    );
+    assert_eq!(load_entry(d.path()).unwrap(), Some(other.clone()));
+    // A current file is compared without the conf-dir lock: a repair in
+    // flight holding it delays nothing.
+    let holder = File::open(d.path()).unwrap();
+    holder.lock().unwrap();
+    assert_eq!(persist_entry(d.path(), &other).unwrap(), None);
+    drop(holder);
+    d.write(ENTRY_FILE, "not json");
+    assert_eq!(
+        persist_entry(d.path(), &other).unwrap(),
+        Some(Replaced::Unreadable)
+    );
     assert_eq!(load_entry(d.path()).unwrap(), Some(other));
     assert!(remove_entry_file(d.path()).unwrap());
     assert!(!remove_entry_file(d.path()).unwrap());

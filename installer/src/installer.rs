@@ -295,17 +295,11 @@ impl Installer {
         }
         let entry = self.last_entry.clone();
         let dir = self.cfg.conf_dir();
-        let before = chain::load_entry(&dir);
         match chain::persist_entry(&dir, &entry) {
-            Ok(false) => self.notes.clear("entry", || {
+            Ok(None) => self.notes.clear("entry", || {
                 format!("the desired entry is persisted in {}", dir.display())
             }),
-            Ok(true) => {
-                let why = match before {
-                    Ok(None) => "it was absent",
-                    Ok(Some(_)) => "it differed from the template",
-                    Err(_) => "it was unreadable",
-                };
+            Ok(Some(why)) => {
                 log::info!(
                     "wrote the desired entry to {}: {why}",
                     dir.join(chain::ENTRY_FILE).display()
