@@ -183,6 +183,14 @@ impl Beat {
         })
     }
 
+    /// Whether this beat was written on this boot's clock, read at `now`:
+    /// the same boot id (when both are known), and not ahead of `now`.
+    fn this_boot(&self, now: Duration) -> bool {
+        let ours = boot_id();
+        let same = ours.is_empty() || self.boot_id.is_empty() || self.boot_id == ours;
+        same && self.at <= now + FUTURE_TOLERANCE
+    }
+
     /// The default limit for this beat's installer.
     pub fn default_limit(&self) -> Duration {
         self.resync
@@ -206,9 +214,7 @@ pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
 /// The beat in `state_dir`, if it is one written on this boot.
 fn read_beat(state_dir: &Path) -> Option<Beat> {
     let beat = Beat::from_json(&crate::scan::read_file(&path(state_dir)).ok()?)?;
-    let ours = boot_id();
-    let same_boot = ours.is_empty() || beat.boot_id.is_empty() || beat.boot_id == ours;
-    (same_boot && beat.at <= boot_clock() + FUTURE_TOLERANCE).then_some(beat)
+    beat.this_boot(boot_clock()).then_some(beat)
 }
 
 /// Whether an installer's beat `at` is recent for a file resyncing every
@@ -354,10 +360,7 @@ pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
         });
     };
     let now = boot_clock();
-    let ours = boot_id();
-    if (!ours.is_empty() && !beat.boot_id.is_empty() && beat.boot_id != ours)
-        || beat.at > now + FUTURE_TOLERANCE
-    {
+    if !beat.this_boot(now) {
         return Liveness::Gone(Gone::OtherBoot(path));
     }
     let age = now.saturating_sub(beat.at);

@@ -177,7 +177,8 @@ impl Memo {
 
     /// The same memo, with another bound than [`RACY`] (tests, whose files
     /// are all new).
-    pub fn with_racy(self, racy: Duration) -> Memo {
+    #[cfg(test)]
+    pub(crate) fn with_racy(self, racy: Duration) -> Memo {
         Memo { racy, ..self }
     }
 
@@ -259,11 +260,6 @@ impl Memo {
         if let Err(e) = write::write_atomic(&self.path, text.as_bytes(), 0o600) {
             log::debug!("cannot remember the healthy chain: {e}");
         }
-    }
-
-    /// Forgets the memo (the next check reads the files).
-    pub fn forget(&self) {
-        let _ = fs::remove_file(&self.path);
     }
 }
 

@@ -230,14 +230,14 @@ impl Credential {
     pub fn token(&mut self, cfg: &Config) -> Result<Option<String>, KubeconfigError> {
         // Without a token of its own the installer can neither mint nor
         // fall back: no kubeconfig, and so no entry (pods start unmeshed).
-        kubeconfig::own_token(cfg)?;
+        let own = kubeconfig::own_token(cfg)?;
         let Some(account) = cfg.plugin_service_account.clone() else {
-            return self.projected(cfg).map(Some);
+            return Ok(Some(self.projected(cfg, own)));
         };
         if let Some((until, _)) = &self.fallback
             && Instant::now() < *until
         {
-            return self.projected(cfg).map(Some);
+            return Ok(Some(self.projected(cfg, own)));
         }
         let subject = match plugin_subject(cfg, &account) {
             Ok(s) => s,
@@ -255,7 +255,7 @@ impl Credential {
         if Instant::now() < self.next_try {
             return Ok(self.keep_or_none(file, "backing off after a failed TokenRequest"));
         }
-        match self.mint(cfg, &account) {
+        match self.mint(cfg, &account, &own) {
             Ok(t) => Ok(Some(t)),
             Err(Failed::Refused(e)) => {
                 let why = format!(
@@ -266,7 +266,7 @@ impl Credential {
                     account,
                     REFUSED_RETRY.as_secs() / 60
                 );
-                self.fall_back(cfg, why, REFUSED_RETRY).map(Some)
+                Ok(Some(self.fall_back(cfg, own, why, REFUSED_RETRY)))
             }
             Err(Failed::Other(e)) => {
                 self.failures += 1;
@@ -283,18 +283,15 @@ impl Credential {
         }
     }
 
-    fn fall_back(
-        &mut self,
-        cfg: &Config,
-        why: String,
-        retry: Duration,
-    ) -> Result<String, KubeconfigError> {
+    /// Into the fallback for `retry`, saying `why` once; the token it
+    /// gives, from `own` (this pod's).
+    fn fall_back(&mut self, cfg: &Config, own: String, why: String, retry: Duration) -> String {
         if self.fallback.as_ref().is_none_or(|(_, w)| *w != why) {
             log::warn!("{why}");
         }
         self.fallback = Some((Instant::now() + retry, why));
         self.trusted = None;
-        self.projected(cfg)
+        self.projected(cfg, own)
     }
 
     /// In the fallback: this pod's own token, unless the file holds another
@@ -303,22 +300,21 @@ impl Credential {
     /// the file on every pass). That one is asked about on every pass while
     /// it is there, so that one revoked with its pod is replaced within a
     /// pass.
-    fn projected(&mut self, cfg: &Config) -> Result<String, KubeconfigError> {
-        let own = kubeconfig::own_token(cfg)?;
+    fn projected(&mut self, cfg: &Config, own: String) -> String {
         let Some(file) = kubeconfig::file_token(cfg).filter(|f| *f != own) else {
-            return Ok(own);
+            return own;
         };
         let (Some(o), Some(f)) = (token::claims(&own), token::claims(&file)) else {
-            return Ok(own);
+            return own;
         };
         let another_pods = f.subject == o.subject
             && f.pod.is_some()
             && f.pod != o.pod
             && f.remaining(SystemTime::now()) > Duration::ZERO;
         if another_pods && !refused(cfg, &file) {
-            return Ok(file);
+            return file;
         }
-        Ok(own)
+        own
     }
 
     /// After a failure: the plugin token still in the file while it is
@@ -361,9 +357,9 @@ impl Credential {
         true
     }
 
-    fn mint(&mut self, cfg: &Config, account: &str) -> Result<String, Failed> {
+    fn mint(&mut self, cfg: &Config, account: &str, own: &str) -> Result<String, Failed> {
         let namespace = crate::owner::namespace(cfg).map_err(Failed::Other)?;
-        let api = kubeconfig::own_api(cfg).map_err(Failed::Other)?;
+        let api = kubeconfig::api_with(cfg, own).map_err(Failed::Other)?;
         let node = if self.unbound {
             None
         } else {

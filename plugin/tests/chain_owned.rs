@@ -52,6 +52,16 @@ fn repaired(tag: &str) -> Setup {
     s
 }
 
+/// A repaired node whose primary the test rewrites: the primary's path,
+/// and its text, whose `"mtu": 0` the rewrites replace.
+fn rewriting(tag: &str) -> (Setup, std::path::PathBuf, String) {
+    let s = repaired(tag);
+    let p = s.conf.join("10-calico.conflist");
+    let base = fs::read_to_string(&p).unwrap();
+    assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
+    (s, p, base)
+}
+
 impl Setup {
     fn args<'a>(&'a self, cmd: &'a str) -> Vec<&'a str> {
         vec![
@@ -197,10 +207,7 @@ fn a_fallback_keeps_our_file_until_the_primary_holds_us() {
 /// holds linkerd-cni): the pod starts.
 #[test]
 fn a_sandbox_is_retried_a_bounded_number_of_times_whatever_the_write_rate() {
-    let s = repaired("owned-storm");
-    let p = s.conf.join("10-calico.conflist");
-    let base = fs::read_to_string(&p).unwrap();
-    assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
+    let (s, p, base) = rewriting("owned-storm");
     let mut codes = vec![];
     for attempt in 1..=5 {
         // The runtime loads our copy; the primary writes before the ADD.
@@ -276,10 +283,7 @@ fn every_pod_starts_during_a_rename_storm() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
-    let s = repaired("owned-rename-storm");
-    let p = s.conf.join("10-calico.conflist");
-    let base = fs::read_to_string(&p).unwrap();
-    assert!(base.contains("\"mtu\": 0"), "the fixture's MTU changed");
+    let (s, p, base) = rewriting("owned-rename-storm");
     let stop = AtomicBool::new(false);
     let (pods, retries) = std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
