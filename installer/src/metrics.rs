@@ -160,9 +160,9 @@ struct Inner {
     state: NodeState,
     events: Option<Events>,
     seen: Seen,
-    /// When this installer started: a write made before it is no sample of
-    /// heal latency (a node chained at start after hours unchained).
-    started: SystemTime,
+    /// Until the first pass is done: its repairs are no samples of heal
+    /// latency (a node chained at start, after hours without an installer).
+    first_pass: bool,
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
@@ -199,7 +199,7 @@ impl Telemetry {
             state: NodeState::default(),
             events,
             seen: Seen::default(),
-            started: SystemTime::now(),
+            first_pass: true,
             written: BTreeMap::new(),
         }))))
     }
@@ -208,8 +208,8 @@ impl Telemetry {
     #[cfg(test)]
     pub fn on() -> Telemetry {
         let t = Telemetry::new(true, None);
-        // Started long ago: every write a test reports is a sample.
-        t.with(|i| i.started = UNIX_EPOCH);
+        // Past the first pass: every write a test reports is a sample.
+        t.with(|i| i.first_pass = false);
         t
     }
 
@@ -268,7 +268,7 @@ impl Telemetry {
             }
             let s = &mut i.state;
             *s.repairs.entry(cause).or_default() += 1;
-            if let Some(w) = written.filter(|w| *w >= i.started) {
+            if let Some(w) = written.filter(|_| !i.first_pass) {
                 let latency = SystemTime::now().duration_since(w).unwrap_or_default();
                 s.heal_latency.observe(latency.as_secs_f64());
             }
@@ -354,6 +354,7 @@ impl Telemetry {
     /// pass (one read of its counters file).
     pub fn pass_done(&self, rejections: Option<u64>) {
         self.with(|i| {
+            i.first_pass = false;
             if i.metrics {
                 i.state.passes += 1;
                 i.state.last_pass = Some(SystemTime::now());
@@ -828,16 +829,17 @@ mod tests {
     }
 
     #[test]
-    fn a_write_before_the_start_is_no_heal_latency_sample() {
+    fn the_first_pass_is_no_heal_latency_sample() {
         let t = Telemetry::new(true, None);
         t.repaired(
             "missing",
             Some(SystemTime::now() - Duration::from_secs(3600)),
         );
+        t.pass_done(None);
         t.repaired("missing", Some(SystemTime::now()));
         let s = t.snapshot();
         assert_eq!(s.repairs.get("missing"), Some(&2));
-        assert_eq!(s.heal_latency.count, 1, "only the write made since");
+        assert_eq!(s.heal_latency.count, 1, "only the later pass's repair");
     }
 
     #[test]

@@ -161,8 +161,8 @@ fn counters_move_by_exactly_what_happened() {
         get(&start, "linkerd_cni_chain_repairs_total{cause=\"missing\"}"),
         1.0
     );
-    // Of a write made before the installer started: no heal-latency sample
-    // (it would be the time the node spent without an installer).
+    // The first pass's: no heal-latency sample (it would be the time the
+    // node spent without an installer).
     assert_eq!(
         get(&start, "linkerd_cni_chain_heal_latency_seconds_count"),
         0.0
