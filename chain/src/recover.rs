@@ -90,6 +90,15 @@ fn named(dir: &Path, name: u64) -> Option<PathBuf> {
     })
 }
 
+/// What must be in place for a leftover swap's temp file to go back.
+#[derive(PartialEq)]
+enum PutBackOver {
+    /// Content with this digest (`None`: unreadable or absent).
+    Digest(Option<u64>),
+    /// Content a crash lost ([`write::lost`]).
+    Lost,
+}
+
 /// A temp file left around an exchange with `target`: `Some(note)` when it
 /// held someone else's content, which is now back in place (or, rarely,
 /// kept for the next pass); `None` when it is to be removed.
@@ -103,46 +112,65 @@ fn recover_swap(
     let held = file_fnv(p);
     // Which content the temp file holds, and which content must be in
     // place for it to be the newest there is.
-    let must_be_in_place = if held == put {
+    let over = if held == put {
         // The exchange did not happen: it holds what we were putting in.
         if !back {
             return Ok(None); // our own unfinished write
         }
-        Some(expected)
+        PutBackOver::Digest(Some(expected))
     } else if held == Some(expected) {
         // The exchange happened and it holds exactly what we meant to
-        // replace: superseded by what we put in.
-        return Ok(None);
+        // replace: superseded by what we put in, unless a crash lost that
+        // (ours is fsynced only after the exchange, and this version is
+        // removed only after that).
+        if back {
+            return Ok(None);
+        }
+        PutBackOver::Lost
     } else {
         // The exchange happened and it holds what someone wrote in the
         // instant before.
-        put
+        PutBackOver::Digest(put)
     };
     let dir = parent(p);
     let Some(real) = named(dir, target) else {
-        log::warn!(
-            "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
-            p.display()
-        );
+        if over != PutBackOver::Lost {
+            log::warn!(
+                "{} holds a config displaced by an interrupted repair, whose file is gone since: removed",
+                p.display()
+            );
+        }
         return Ok(None);
     };
-    let now = file_fnv(&real);
-    if now != must_be_in_place {
-        log::warn!(
-            "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
-            p.display(),
-            real.display()
-        );
-        return Ok(None);
+    let in_place = scan::read_file(&real).ok();
+    let now = in_place.as_deref().map(write::digest);
+    match over {
+        PutBackOver::Digest(d) if now != d => {
+            log::warn!(
+                "{} holds a config displaced by an interrupted repair of {}, which has been rewritten since: removed",
+                p.display(),
+                real.display()
+            );
+            return Ok(None);
+        }
+        PutBackOver::Lost if !in_place.as_deref().is_some_and(write::lost) => return Ok(None),
+        _ => {}
     }
     // Put it back, the very inode, and see what comes out.
     write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;
     if file_fnv(p) == now {
         let _ = fs::remove_file(p);
-        return Ok(Some(format!(
-            "put back {}'s content that an interrupted repair had displaced",
-            real.display()
-        )));
+        return Ok(Some(if over == PutBackOver::Lost {
+            format!(
+                "put back {}'s previous content: a crash lost the repair written over it",
+                real.display()
+            )
+        } else {
+            format!(
+                "put back {}'s content that an interrupted repair had displaced",
+                real.display()
+            )
+        }));
     }
     // Rewritten in the meantime: theirs is the newest, ours to keep for now.
     write::exchange(p, &real).map_err(|e| ChainError::io("restore", &real, e))?;

@@ -989,6 +989,69 @@ fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
     assert!(text.contains("8000"), "{text}");
 }
 
+#[test]
+fn the_repair_is_in_place_before_the_disk_is_waited_for() {
+    let d = TempDir::new("order");
+    d.write("10-calico.conflist", CALICO);
+    write::order::take();
+    let r = repair(d.path(), &desired(), &opts()).unwrap();
+    assert!(r.changed, "{}", r.summary);
+    // The runtime sees the repair at the exchange; our content reaches the
+    // disk before the primary's version it displaced is removed.
+    assert_eq!(
+        write::order::take(),
+        ["exchange", "fsync file", "remove displaced", "fsync dir"]
+    );
+    only_config_is_healthy(&d);
+}
+
+/// What a crash right after our exchange leaves when our content had not
+/// reached the disk: `lost` in place, the primary's version it displaced
+/// parked under the swap's intent.
+fn crashed_with_the_repair_lost(tag: &str, lost: &[u8]) -> TempDir {
+    let d = TempDir::new(tag);
+    let f = d.path().join("10-calico.conflist");
+    let repaired = plan::repaired(Kind::List, CALICO.as_bytes(), &desired()).unwrap();
+    fs::write(&f, lost).unwrap();
+    let parked = write::Intent::Swap {
+        back: false,
+        target: write::name_digest(&f),
+        expected: write::digest(CALICO.as_bytes()),
+        put: Some(write::digest(&repaired)),
+    }
+    .path_in(d.path());
+    fs::write(&parked, CALICO).unwrap();
+    d
+}
+
+#[test]
+fn a_crash_that_lost_the_repair_puts_the_primarys_version_back() {
+    // Nothing (delayed allocation), or zeros of the size (a size on disk
+    // without its data).
+    for (tag, lost) in [("lost-empty", vec![]), ("lost-zeros", vec![0u8; 1269])] {
+        let d = crashed_with_the_repair_lost(tag, &lost);
+        let r = repair(d.path(), &desired(), &opts()).unwrap();
+        assert!(
+            r.summary.contains("a crash lost the repair"),
+            "{tag}: {}",
+            r.summary
+        );
+        let text = only_config_is_healthy(&d);
+        // The primary's config, whole, with our entry.
+        assert_eq!(
+            text.as_bytes(),
+            plan::repaired(Kind::List, CALICO.as_bytes(), &desired()).unwrap(),
+            "{tag}"
+        );
+    }
+    // A config the primary wrote since is its newest: the parked version goes.
+    let d = crashed_with_the_repair_lost("lost-rewritten", b"");
+    d.write("10-calico.conflist", CALICO_NEWEST);
+    repair(d.path(), &desired(), &opts()).unwrap();
+    let text = only_config_is_healthy(&d);
+    assert!(text.contains("8000"), "{text}");
+}
+
 /// Options with symlinks resolved under `host_root`.
 fn under(host_root: &Path) -> RepairOptions {
     RepairOptions {

@@ -6,8 +6,17 @@
 //! the same directory (same file system, so the rename is atomic), under a
 //! name no runtime loads, created exclusively, fully written, given its mode
 //! (the original's, or the one asked for) and owner, and fsynced; only then
-//! is it renamed over the target (or exchanged with it) and the directory
-//! fsynced. A reader (a runtime reloading on the rename, the runtime exec'ing
+//! is it renamed over the target and the directory fsynced.
+//!
+//! The chain repair's exchange with a primary's conflist is the one write
+//! that does not wait for the disk first: the runtime runs the primary's
+//! chain without us until the repair is visible, and under a node's I/O an
+//! fsync takes tens of milliseconds. The exchange keeps what the target
+//! held under the temp name, and that version is removed only once the new
+//! one is fsynced: a crash in between can lose the new content, never both,
+//! and recovery puts the displaced version back ([`lost`]).
+//!
+//! A reader (a runtime reloading on the rename, the runtime exec'ing
 //! the plugin, the plugin reading its kubeconfig) sees the old file or the
 //! new one, never a mix, even if we are killed at any point; and since the
 //! target is never opened for writing, replacing a running binary cannot fail
@@ -170,16 +179,34 @@ pub(crate) fn name_digest(path: &Path) -> u64 {
     digest(path.file_name().map(OsStrExt::as_bytes).unwrap_or_default())
 }
 
+/// Whether `bytes` is what a crash leaves of content that never reached
+/// the disk: nothing, or zeros (a size on disk without its data). No
+/// writer's config looks so.
+pub(crate) fn lost(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// When a temp file's content is made durable.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fsync {
+    /// Before it is returned: it may be renamed over its target.
+    Now,
+    /// By the caller, before it discards what the temp file replaces.
+    Later,
+}
+
 /// Creates a new temp file in `dir` with `mode` (exactly, whatever the
 /// umask) and, when given, `owner` (uid, gid); `fill` writes its content;
-/// then it is fsynced. Returns its path; on error nothing is left behind.
+/// then it is fsynced when `sync` says so. Returns its path and the open
+/// file; on error nothing is left behind.
 fn create_temp(
     dir: &Path,
     intent: Option<&Intent>,
     mode: u32,
     owner: Option<(u32, u32)>,
+    sync: Fsync,
     fill: impl FnOnce(&mut File) -> io::Result<()>,
-) -> io::Result<PathBuf> {
+) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
     let (path, mut file) = loop {
         let path = intent.map_or_else(|| temp_path(dir), |i| i.path_in(dir));
@@ -212,13 +239,16 @@ fn create_temp(
                 }
             }
         }
-        file.sync_all()
+        if sync == Fsync::Now {
+            persist(&file)?;
+        }
+        Ok(())
     })();
     if let Err(e) = res {
         let _ = fs::remove_file(&path);
         return Err(e);
     }
-    Ok(path)
+    Ok((path, file))
 }
 
 /// Writes `content` to a new temp file in `dir`, with `like`'s mode and
@@ -239,9 +269,31 @@ pub(crate) fn write_temp_for(
     content: &[u8],
     like: Option<&Metadata>,
 ) -> io::Result<PathBuf> {
+    temp_with(dir, intent, content, like, Fsync::Now).map(|(path, _)| path)
+}
+
+/// [`write_temp_for`] without the fsync, for the chain repair's exchange:
+/// the caller fsyncs the returned file once it is in place, before it
+/// removes the version it displaced (see the module's docs).
+pub(crate) fn stage_temp_for(
+    dir: &Path,
+    intent: &Intent,
+    content: &[u8],
+    like: &Metadata,
+) -> io::Result<(PathBuf, File)> {
+    temp_with(dir, Some(intent), content, Some(like), Fsync::Later)
+}
+
+fn temp_with(
+    dir: &Path,
+    intent: Option<&Intent>,
+    content: &[u8],
+    like: Option<&Metadata>,
+    sync: Fsync,
+) -> io::Result<(PathBuf, File)> {
     let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
     let owner = like.map(|m| (m.uid(), m.gid()));
-    create_temp(dir, intent, mode, owner, |f| f.write_all(content))
+    create_temp(dir, intent, mode, owner, sync, |f| f.write_all(content))
 }
 
 /// Replaces `target` with what `fill` writes, atomically, with exactly
@@ -253,7 +305,7 @@ pub fn replace_with(
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), ChainError> {
     let dir = parent(target);
-    let temp = create_temp(dir, None, mode, None, fill)
+    let (temp, _) = create_temp(dir, None, mode, None, Fsync::Now, fill)
         .map_err(|e| ChainError::io("write a temp file for", target, e))?;
     if let Err(e) = fs::rename(&temp, target) {
         let _ = fs::remove_file(&temp);
@@ -313,6 +365,8 @@ pub(crate) fn unsupported(e: &io::Error) -> bool {
 /// `b` holds what `a` held and `a` holds what `b` held. This lets a repair
 /// see exactly what it replaced.
 pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    order::note("exchange");
     renameat2(a, b, RenameFlags::RENAME_EXCHANGE)
 }
 
@@ -331,7 +385,51 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
 
 /// Makes renames and removals in `dir` durable.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    order::note("fsync dir");
     File::open(dir)?.sync_all()
+}
+
+/// Makes a temp file's content durable.
+pub(crate) fn persist(file: &File) -> io::Result<()> {
+    #[cfg(test)]
+    order::note("fsync file");
+    file.sync_all()
+}
+
+/// After an exchange put `new` (our content, `None` when it was someone
+/// else's being put back) in place of the version now at `displaced`:
+/// `new` reaches the disk before `displaced` is removed, so that a crash
+/// at any point leaves one of the two to load, and recovery puts the
+/// displaced one back when the new one was lost.
+pub(crate) fn settle(new: Option<&File>, displaced: &Path, dir: &Path) -> io::Result<()> {
+    if let Some(file) = new {
+        persist(file)?;
+    }
+    #[cfg(test)]
+    order::note("remove displaced");
+    let _ = fs::remove_file(displaced);
+    fsync_dir(dir)
+}
+
+/// The order of the steps that make a write durable, as this thread took
+/// them: for tests of that order.
+#[cfg(test)]
+pub(crate) mod order {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static STEPS: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(crate) fn note(step: &'static str) {
+        STEPS.with(|s| s.borrow_mut().push(step));
+    }
+
+    /// The steps since the last call.
+    pub(crate) fn take() -> Vec<&'static str> {
+        STEPS.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
 }
 
 /// The directory holding `path` (`.` for a bare name).

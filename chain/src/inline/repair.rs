@@ -19,7 +19,7 @@
 //! [`RepairOptions::write_outside_conf_dir`]); the temp file goes next to
 //! the target, where the next scan looks for leftovers too.
 
-use std::fs::{self, Metadata};
+use std::fs::{self, File, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -393,9 +393,10 @@ struct Held {
     path: PathBuf,
     /// Its content.
     bytes: Vec<u8>,
-    /// Our own content (not someone's displaced content being put back):
-    /// only ours may be removed, or fall back to an ordinary rename.
-    ours: bool,
+    /// Our own content, not yet fsynced (not someone's displaced content
+    /// being put back): only ours may be removed, or fall back to an
+    /// ordinary rename.
+    ours: Option<File>,
 }
 
 /// What every round of [`swap_loop`] works on.
@@ -431,7 +432,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
                 return Ok(Staged::Held(Held {
                     path,
                     bytes,
-                    ours: false,
+                    ours: None,
                 }));
             }
         };
@@ -446,16 +447,19 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             expected: write::digest(expected),
             put: Some(write::digest(&bytes)),
         };
-        let t = write::write_temp_for(self.dir, Some(&intent), &bytes, Some(self.meta))
+        // Not fsynced yet: the runtime runs the primary's chain alone
+        // until our repair is visible, so the disk waits until after the
+        // exchange (see `judge_displaced`).
+        let (t, file) = write::stage_temp_for(self.dir, &intent, &bytes, self.meta)
             .map_err(Self::io_err("write a temp file in", self.dir))?;
-        // A last look right before the swap (writing the temp file
-        // took an fsync): a change seen here costs nobody anything.
+        // A last look right before the swap: a change seen here costs
+        // nobody anything.
         let now = scan::read_file(self.real).ok();
         if now.as_deref() == Some(expected) {
             return Ok(Staged::Held(Held {
                 path: t,
                 bytes,
-                ours: true,
+                ours: Some(file),
             }));
         }
         let _ = fs::remove_file(&t);
@@ -473,17 +477,23 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
     /// wrote in between.
     fn exchange(&self, held: Held, expected: Vec<u8>) -> Result<Step, ChainError> {
         #[cfg(test)]
-        if held.ours {
+        if held.ours.is_some() {
             testing::before_swap();
         }
         match write::exchange(&held.path, self.real) {
             Ok(()) => {}
-            Err(e) if write::unsupported(&e) && held.ours => {
+            Err(e) if write::unsupported(&e) && held.ours.is_some() => {
+                // An ordinary rename keeps nothing of what it replaces:
+                // the new content must be on disk first.
+                if let Some(Err(e)) = held.ours.as_ref().map(write::persist) {
+                    let _ = fs::remove_file(&held.path);
+                    return Err(ChainError::io("fsync", &held.path, e));
+                }
                 let done = rename_checked(self.real, held.path, expected, self.transform)?;
                 return Ok(Step::Done(done));
             }
             Err(e) => {
-                if held.ours {
+                if held.ours.is_some() {
                     let _ = fs::remove_file(&held.path);
                 }
                 return Err(ChainError::io("swap a temp file with", self.real, e));
@@ -499,9 +509,9 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
     fn judge_displaced(&self, held: Held, expected: &[u8]) -> Result<Step, ChainError> {
         let displaced = scan::read_file(&held.path).ok();
         if displaced.as_deref() == Some(expected) {
-            let _ = fs::remove_file(&held.path);
-            write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
-            if held.ours {
+            write::settle(held.ours.as_ref(), &held.path, self.dir)
+                .map_err(Self::io_err("fsync", self.real))?;
+            if held.ours.is_some() {
                 return Ok(Step::Done(Replacement::Written));
             }
             // Someone's newer content is back in place: repair it in turn.
