@@ -105,3 +105,55 @@ impl CreationTimes {
         )
     }
 }
+
+/// The CRI burst of the conformance tests on the binaries under
+/// measurement (the shipped ones, through `scripts/tool.sh`): `rounds`
+/// times, each chain mode in turn (the order alternating each round), 10
+/// repetitions of 20 pods (every other one meshed) created at once while
+/// the primary rewrites its config 5 times 50 ms apart. One line per mode
+/// and round, then the totals, as Markdown.
+pub fn burst(rounds: usize) -> String {
+    use conformance::cri::measure::{self, ChainKeeping};
+    let modes: [&dyn ChainKeeping; 2] = [&measure::Inline, &measure::Owned];
+    let mut rows = Vec::new();
+    for round in 0..rounds {
+        for k in 0..modes.len() {
+            let Some(keeping) = modes.get((round + k) % modes.len()).copied() else {
+                continue;
+            };
+            let r =
+                measure::primary_burst(keeping, 10, 20, 5, std::time::Duration::from_millis(50));
+            assert!(r.broken.is_empty(), "{r}: {:#?}", r.broken);
+            assert!(r.left_behind.is_empty(), "{r}: {:#?}", r.left_behind);
+            eprintln!("cri_bench: round {}: {r}", round + 1);
+            rows.push((round + 1, r));
+        }
+    }
+    let mut out = String::from(
+        "| round | mode | meshed pods without rules | RunPodSandbox retries | most for one pod |\n|---|---|---|---|---|\n",
+    );
+    for (round, r) in &rows {
+        out.push_str(&format!(
+            "| {round} | {} | {} of {} | {} | {} |\n",
+            r.keeping, r.unmeshed, r.pods, r.retried, r.most_retries
+        ));
+    }
+    for keeping in modes {
+        let name = keeping.name();
+        let of: Vec<_> = rows
+            .iter()
+            .map(|(_, r)| r)
+            .filter(|r| r.keeping == name)
+            .collect();
+        let (unmeshed, pods, retried) = of.iter().fold((0, 0, 0), |(u, p, t), r| {
+            (u + r.unmeshed, p + r.pods, t + r.retried)
+        });
+        let counts: Vec<String> = of.iter().map(|r| r.unmeshed.to_string()).collect();
+        out.push_str(&format!(
+            "\n{name}: {unmeshed} of {pods} meshed pods without rules (per 100: {}), {retried} retries.",
+            counts.join(", ")
+        ));
+    }
+    out.push('\n');
+    out
+}
