@@ -295,9 +295,10 @@ fn burst(keeping: &dyn measure::ChainKeeping) -> measure::RewriteReport {
 /// repaired file, the runtime runs the primary's chain alone, and a pod
 /// whose ADD starts then comes up without its rules (owned mode closes it;
 /// the repair controller restarts such pods). How many pods land in it
-/// depends on how soon the installer gets a CPU on a saturated node: on 2
-/// cores, beside the other CRI tests, 1 to 21 of the 100 (median heal 4-7
-/// ms, tails of 30-70 ms spent waiting for a CPU). That count is reported
+/// depends on whether the burst's ADDs overlap the rewrites and on how
+/// soon the installer gets a CPU on a saturated node: on 2 cores, 0 to 10
+/// of the 100 in most runs, up to 18 (the repair no longer waits for an
+/// fsync before it is in place; before, up to 21). That count is reported
 /// here and benchmarked in BENCHMARKS.md, not bounded tightly: a timed
 /// bound would fail with the machine's load, not with the design. What
 /// the bound below does catch is a keeper that no longer acts on the
