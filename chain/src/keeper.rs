@@ -852,7 +852,19 @@ impl fmt::Display for Health {
 /// Judges the conf dir in the context's mode (read-only: no lock, no
 /// write).
 pub fn health(ctx: &Context) -> Result<Health, ChainError> {
-    let listing = owned::list(&ctx.conf_dir, ctx.opts.link_rule())?;
+    let mut listing = owned::list(&ctx.conf_dir, ctx.opts.link_rule())?;
+    if !listing.leftovers.is_empty() {
+        // A repair's temp files exist until its content is on disk, after
+        // the runtime already loads it: while a writer holds the lock they
+        // are in flight, not left over.
+        let seen = std::mem::take(&mut listing.leftovers);
+        listing.leftovers = crate::lock::unless_writing(&ctx.conf_dir, || {
+            seen.into_iter()
+                .filter(|p| p.symlink_metadata().is_ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    }
     let inline = inline::diagnose_listing(&listing, &ctx.desired).0;
     let runtime_active = runtime_active(&inline);
     let ours_active = runtime_active.is_some() && runtime_active != inline.active;

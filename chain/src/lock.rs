@@ -62,3 +62,23 @@ pub fn lock_dir(
         pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
+
+/// What `still` returns, called while the lock is held shared, or `None`
+/// when a writer holds it now. For readers judging temp files: those of a
+/// repair in progress (ours between its exchange and its fsync) are not
+/// leftovers, and while the lock is held shared no writer can start or
+/// finish. An unopenable dir has no writer to wait for.
+pub(crate) fn unless_writing<T>(dir: &Path, still: impl FnOnce() -> T) -> Option<T> {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK).bits())
+        .open(dir)
+    else {
+        return Some(still());
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Some(still()),
+        Err(TryLockError::WouldBlock) => None,
+        Err(TryLockError::Error(_)) => Some(still()),
+    }
+}

@@ -441,6 +441,35 @@ fn health_is_judged_in_the_mode() {
 }
 
 #[test]
+fn a_repair_in_progress_has_no_leftovers() {
+    let mut n = Node::new(Program::Cli);
+    inline_healthy(&mut n);
+    let ctx = Context::new(
+        n.conf.path(),
+        desired(),
+        ModeChoice::new(ChainMode::Inline, "a test"),
+        Duration::from_secs(1),
+    );
+    assert!(health(&ctx).unwrap().is_healthy());
+    // A swap's displaced version, as a live repair leaves it between its
+    // exchange and its fsync.
+    let displaced = n
+        .conf
+        .path()
+        .join(format!("{}swap-n-in-flight", crate::write::TEMP_PREFIX));
+    fs::write(&displaced, "{}").unwrap();
+    {
+        let _writer = crate::lock_dir(n.conf.path(), Duration::from_secs(1), None).unwrap();
+        let h = health(&ctx).unwrap();
+        assert!(h.is_healthy(), "a writer holds the lock: {h}");
+    }
+    // Nobody holds it: an interrupted repair's, left for the next.
+    let h = health(&ctx).unwrap();
+    assert!(!h.is_healthy(), "{h}");
+    assert!(h.to_string().contains("left over"), "{h}");
+}
+
+#[test]
 fn our_file_that_cannot_be_written_falls_back_to_inline_repair() {
     // A directory squats our file's name: owned mode cannot write it, so
     // inline repair keeps the node chained, every pass, and says why.
