@@ -34,14 +34,7 @@ pub fn lock_dir(
     if let Some(d) = deadline {
         end = end.min(d);
     }
-    // A directory only, opened non-blocking: a FIFO in its place would
-    // block a plain open until a writer came, and a regular file would be
-    // locked as if it were the conf dir. (std adds O_CLOEXEC.)
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK).bits())
-        .open(dir)
-        .map_err(|e| ChainError::io("open the conf dir to lock it", dir, e))?;
+    let file = open_dir(dir).map_err(|e| ChainError::io("open the conf dir to lock it", dir, e))?;
     // Polling rather than a blocking flock: std has no flock with a timeout,
     // and a signal-based one would disturb the host process (the installer).
     let mut pause = Duration::from_millis(1);
@@ -69,11 +62,7 @@ pub fn lock_dir(
 /// leftovers, and while the lock is held shared no writer can start or
 /// finish. An unopenable dir has no writer to wait for.
 pub(crate) fn unless_writing<T>(dir: &Path, still: impl FnOnce() -> T) -> Option<T> {
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK).bits())
-        .open(dir)
-    else {
+    let Ok(file) = open_dir(dir) else {
         return Some(still());
     };
     match file.try_lock_shared() {
@@ -81,4 +70,15 @@ pub(crate) fn unless_writing<T>(dir: &Path, still: impl FnOnce() -> T) -> Option
         Err(TryLockError::WouldBlock) => None,
         Err(TryLockError::Error(_)) => Some(still()),
     }
+}
+
+/// The conf dir, to lock: a directory only, opened non-blocking, since a
+/// FIFO in its place would block a plain open until a writer came, and a
+/// regular file would be locked as if it were the conf dir. (std adds
+/// O_CLOEXEC.)
+fn open_dir(dir: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NONBLOCK).bits())
+        .open(dir)
 }

@@ -259,22 +259,13 @@ pub(crate) fn write_temp(
     content: &[u8],
     like: Option<&Metadata>,
 ) -> io::Result<PathBuf> {
-    write_temp_for(dir, None, content, like)
+    temp_with(dir, None, content, like, Fsync::Now).map(|(path, _)| path)
 }
 
-/// [`write_temp`], the name carrying `intent`.
-pub(crate) fn write_temp_for(
-    dir: &Path,
-    intent: Option<&Intent>,
-    content: &[u8],
-    like: Option<&Metadata>,
-) -> io::Result<PathBuf> {
-    temp_with(dir, intent, content, like, Fsync::Now).map(|(path, _)| path)
-}
-
-/// [`write_temp_for`] without the fsync, for the chain repair's exchange:
-/// the caller fsyncs the returned file once it is in place, before it
-/// removes the version it displaced (see the module's docs).
+/// [`write_temp`] without the fsync, its name carrying `intent`, for the
+/// chain repair's exchange: the caller fsyncs the returned file once it is
+/// in place, before it removes the version it displaced (see the module's
+/// docs).
 pub(crate) fn stage_temp_for(
     dir: &Path,
     intent: &Intent,

@@ -276,14 +276,15 @@ fn primary_rewrite_without_linkerd_cni_measured_owned() {
     assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
 }
 
-/// The burst both modes are measured with: 10 times, [`CONCURRENT`] pods
-/// (every other one meshed) while the primary rewrites 5 times 50 ms
-/// apart. Every sandbox came up, meshed ones with exactly the reference
-/// rules or none, unmeshed ones with none, and nothing is left behind.
+/// The burst both modes are measured with ([`measure::tier_burst`]: 10
+/// times, 20 pods, every other one meshed, while the primary rewrites 5
+/// times 50 ms apart). Every sandbox came up, meshed ones with exactly the
+/// reference rules or none, unmeshed ones with none, and nothing is left
+/// behind.
 fn burst(keeping: &dyn measure::ChainKeeping) -> measure::RewriteReport {
-    let report = measure::primary_burst(keeping, 10, CONCURRENT, 5, Duration::from_millis(50));
+    let report = measure::tier_burst(keeping);
     eprintln!("primary burst, {report}");
-    assert_eq!(report.pods, 10 * CONCURRENT / 2);
+    assert_eq!(report.pods, 10 * 20 / 2);
     assert!(report.broken.is_empty(), "{:#?}", report.broken);
     assert!(report.left_behind.is_empty(), "{:#?}", report.left_behind);
     report

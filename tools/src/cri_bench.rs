@@ -106,12 +106,10 @@ impl CreationTimes {
     }
 }
 
-/// The CRI burst of the conformance tests on the binaries under
+/// The CRI tier's burst ([`measure::tier_burst`]) on the binaries under
 /// measurement (the shipped ones, through `scripts/tool.sh`): `rounds`
-/// times, each chain mode in turn (the order alternating each round), 10
-/// repetitions of 20 pods (every other one meshed) created at once while
-/// the primary rewrites its config 5 times 50 ms apart. One line per mode
-/// and round, then the totals, as Markdown.
+/// times, each chain mode in turn (the order alternating each round). One
+/// line per mode and round, then the totals, as Markdown.
 pub fn burst(rounds: usize) -> String {
     use conformance::cri::measure::{self, ChainKeeping};
     let modes: [&dyn ChainKeeping; 2] = [&measure::Inline, &measure::Owned];
@@ -121,8 +119,7 @@ pub fn burst(rounds: usize) -> String {
             let Some(keeping) = modes.get((round + k) % modes.len()).copied() else {
                 continue;
             };
-            let r =
-                measure::primary_burst(keeping, 10, 20, 5, std::time::Duration::from_millis(50));
+            let r = measure::tier_burst(keeping);
             assert!(r.broken.is_empty(), "{r}: {:#?}", r.broken);
             assert!(r.left_behind.is_empty(), "{r}: {:#?}", r.left_behind);
             eprintln!("cri_bench: round {}: {r}", round + 1);

@@ -263,6 +263,13 @@ pub fn primary_rewrites(keeping: &dyn ChainKeeping, rounds: usize) -> RewriteRep
     report
 }
 
+/// The CRI tier's burst, which the tests assert on and the benchmark
+/// (`cri_bench --burst`) counts: 10 times, 20 pods (every other one
+/// meshed) while the primary rewrites its config 5 times 50 ms apart.
+pub fn tier_burst(keeping: &dyn ChainKeeping) -> RewriteReport {
+    primary_burst(keeping, 10, 20, 5, std::time::Duration::from_millis(50))
+}
+
 /// The primary's rewrites in a burst: `repetitions` times, once the chain
 /// is meshing, `pods` pods (every other one meshed: the meshed ones are
 /// counted) are created through CRI at once while

@@ -44,8 +44,6 @@ use testkit::child_path;
 use testkit::installer::InstallerProcess;
 use testkit::{FakeApiServer, objects};
 
-/// The installer's persisted entry, in the conf dir.
-const ENTRY_FILE: &str = "ZZZ-linkerd-cni-entry";
 const WITH: &str = "with-linkerd";
 const WITHOUT: &str = "without-linkerd";
 const WITH_FILE: &str = "10-with-linkerd.conflist";
@@ -358,7 +356,7 @@ impl BenchNode {
         // The desired entry as the installer persists it on every node it
         // runs on: the plugin's healthy check then remembers its verdict
         // (see linkerd_cni_chain::memo).
-        node.write_conf(ENTRY_FILE, &entry);
+        node.write_conf(linkerd_cni_chain::ENTRY_FILE, &entry);
         node.write_conf(
             WITHOUT_FILE,
             &chains::conflist(
