@@ -286,7 +286,7 @@ fn absolute_symlink_is_resolved_under_the_host_mount() {
     .unwrap();
     let inst = node.start(&no_watch());
     let chained = wait_until(RESYNC + GRACE, || {
-        std::fs::read_to_string(&target).is_ok_and(|t| t.contains("linkerd-cni"))
+        std::fs::read_to_string(&target).is_ok_and(|t| t.contains("linkerd-cni")) && settled(&real)
     });
     assert!(chained, "the target was not repaired\n{}", inst.log());
     assert!(

@@ -9,6 +9,20 @@
 
 #![allow(dead_code)]
 
+/// How the installer's temp files start (spelled here, not taken from the
+/// library: see above).
+const OUR_TEMP_PREFIX: &str = ".linkerd-cni-tmp-";
+
+/// No temp file of ours in `dir`: the repair there has settled. A repair
+/// is in place (what the runtime loads) before its fsync, and the version
+/// it displaced is removed only after that, so a repaired file can still
+/// have our temp file beside it for a moment.
+pub fn settled(dir: &std::path::Path) -> bool {
+    !testkit::names::file_names(dir)
+        .iter()
+        .any(|n| n.starts_with(OUR_TEMP_PREFIX))
+}
+
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::symlink;
@@ -275,11 +289,21 @@ impl Node {
         Ok(v)
     }
 
+    /// Until the node is healthy and the repair that made it so has
+    /// [`settled`].
     pub fn wait_healthy(&self, within: Duration) -> Result<Value, String> {
         let deadline = Instant::now() + within;
         loop {
             match self.healthy() {
-                Ok(v) => return Ok(v),
+                Ok(v) if settled(&self.conf_dir) => return Ok(v),
+                Ok(_) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "healthy, but temp files still in {} after {within:?}: {:?}",
+                        self.conf_dir.display(),
+                        testkit::names::file_names(&self.conf_dir)
+                    ));
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(10)),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(format!("not healthy within {within:?}: {e}"));
                 }
