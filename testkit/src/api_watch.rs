@@ -2,14 +2,15 @@
 //! for long-running clients (the repair controller, the installer's node
 //! patch) rather than the plugin's one-shot GETs that [`crate::api`] serves.
 //!
-//! It keeps pods and nodes with resource versions and a history of pod
-//! changes, over real TLS with a bearer token, and serves:
+//! It keeps pods, namespaces, services and nodes with resource versions
+//! and a history of changes, over real TLS with a bearer token, and serves:
 //!
 //! - pods: list and watch (all namespaces or one) with label selectors
 //!   (`key`, `!key`, `key=value`, `key!=value`) and field selectors
 //!   (`path=value`, `path!=value` on any dotted path, e.g.
 //!   `spec.nodeName`); GET and DELETE of one pod (`DeleteOptions` body:
 //!   `gracePeriodSeconds` recorded, `preconditions.uid` enforced with 409);
+//! - namespaces and services: list, watch (the same selectors) and GET;
 //! - watch streams as the real server sends them: chunked JSON lines,
 //!   `BOOKMARK`s while idle when asked for, an `ERROR` event with `410 Gone`
 //!   for an expired resource version (or, with [`GoneStyle::Http`], an HTTP
@@ -97,8 +98,12 @@ pub struct Cluster {
     next_uid: u64,
     pods: BTreeMap<(String, String), Value>,
     nodes: BTreeMap<String, Value>,
-    /// Pod changes: (resource version, watch event type, object).
-    history: Vec<(u64, &'static str, Value)>,
+    /// Namespaces and services, by (resource, namespace, name); a
+    /// namespace's own namespace is "".
+    others: BTreeMap<(&'static str, String, String), Value>,
+    /// Changes of pods, namespaces and services: (resource version, watch
+    /// event type, resource, object).
+    history: Vec<(u64, &'static str, &'static str, Value)>,
     /// Watches from a version older than this get 410 Gone.
     oldest_rv: u64,
     events: Vec<Value>,
@@ -131,7 +136,7 @@ impl Cluster {
             meta.insert("uid".into(), uid.clone().into());
             meta.insert("resourceVersion".into(), rv.to_string().into());
         }
-        self.history.push((rv, kind, pod.clone()));
+        self.history.push((rv, kind, "pods", pod.clone()));
         self.pods.insert(key, pod);
         uid
     }
@@ -145,12 +150,38 @@ impl Cluster {
         if let Some(meta) = pod.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), rv.to_string().into());
         }
-        self.history.push((rv, "DELETED", pod));
+        self.history.push((rv, "DELETED", "pods", pod));
         true
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         self.pods.get(&(namespace.into(), name.into())).cloned()
+    }
+
+    /// Creates or replaces a namespace (`resource` "namespaces") or a
+    /// service ("services"), as watches see it.
+    pub fn put_object(&mut self, resource: &'static str, mut obj: Value) {
+        let ns = if resource == "namespaces" {
+            String::new()
+        } else {
+            str_at(&obj, &["metadata", "namespace"]).to_string()
+        };
+        let key = (
+            resource,
+            ns,
+            str_at(&obj, &["metadata", "name"]).to_string(),
+        );
+        let kind = if self.others.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let rv = self.bump();
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), rv.to_string().into());
+        }
+        self.history.push((rv, kind, resource, obj.clone()));
+        self.others.insert(key, obj);
     }
 
     pub fn put_node(&mut self, mut node: Value) {
@@ -212,6 +243,7 @@ impl WatchApiServer {
                 next_uid: 0,
                 pods: BTreeMap::new(),
                 nodes: BTreeMap::new(),
+                others: BTreeMap::new(),
                 history: vec![],
                 oldest_rv: 0,
                 events: vec![],
@@ -306,6 +338,10 @@ current-context: testkit
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         lock(&self.state.cluster).pod(namespace, name)
+    }
+
+    pub fn put_object(&self, resource: &'static str, obj: Value) {
+        self.with_cluster(|c| c.put_object(resource, obj))
     }
 
     pub fn put_node(&self, node: Value) {
@@ -416,6 +452,7 @@ enum Answer {
 }
 
 struct WatchRequest {
+    resource: &'static str,
     namespace: Option<String>,
     selector: Selector,
     from_rv: u64,
@@ -507,12 +544,13 @@ fn serve_watch(w: &mut Tls, state: &State, req: WatchRequest) -> std::io::Result
                 let mut lines: Vec<Value> = c
                     .history
                     .iter()
-                    .filter(|(rv, _, obj)| {
+                    .filter(|(rv, _, resource, obj)| {
                         *rv > cursor
+                            && *resource == req.resource
                             && in_namespace(obj, &req.namespace)
                             && req.selector.matches(obj)
                     })
-                    .map(|(_, kind, obj)| json!({"type": kind, "object": obj}))
+                    .map(|(_, kind, _, obj)| json!({"type": kind, "object": obj}))
                     .collect();
                 let now = Instant::now();
                 if lines.is_empty()
@@ -565,9 +603,19 @@ fn answer(state: &State, req: &Request, token: &str) -> Answer {
     }
     let segs: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     match (req.method.as_str(), segs.as_slice()) {
-        ("GET", ["api", "v1", "pods"]) => list_or_watch(state, req, None),
+        ("GET", ["api", "v1", "pods"]) => list_or_watch(state, req, "pods", None),
         ("GET", ["api", "v1", "namespaces", ns, "pods"]) => {
-            list_or_watch(state, req, Some(ns.to_string()))
+            list_or_watch(state, req, "pods", Some(ns.to_string()))
+        }
+        ("GET", ["api", "v1", "namespaces"]) => list_or_watch(state, req, "namespaces", None),
+        ("GET", ["api", "v1", "namespaces", ns, "services"]) => {
+            list_or_watch(state, req, "services", Some(ns.to_string()))
+        }
+        ("GET", ["api", "v1", "namespaces", name]) => {
+            other(state, ("namespaces", String::new(), name.to_string()))
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "services", name]) => {
+            other(state, ("services", ns.to_string(), name.to_string()))
         }
         ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
             match lock(&state.cluster).pod(ns, name) {
@@ -595,7 +643,19 @@ fn answer(state: &State, req: &Request, token: &str) -> Answer {
     }
 }
 
-fn list_or_watch(state: &State, req: &Request, namespace: Option<String>) -> Answer {
+fn other(state: &State, key: (&'static str, String, String)) -> Answer {
+    match lock(&state.cluster).others.get(&key) {
+        Some(o) => Answer::Json(200, o.clone()),
+        None => not_found(key.0, &key.2),
+    }
+}
+
+fn list_or_watch(
+    state: &State,
+    req: &Request,
+    resource: &'static str,
+    namespace: Option<String>,
+) -> Answer {
     let param = |k: &str| param(req, k);
     let selector = match Selector::parse(
         param("labelSelector").unwrap_or(""),
@@ -626,6 +686,7 @@ fn list_or_watch(state: &State, req: &Request, namespace: Option<String>) -> Ans
             timeout = timeout.min(max);
         }
         return Answer::Watch(WatchRequest {
+            resource,
             namespace,
             selector,
             from_rv,
@@ -634,16 +695,28 @@ fn list_or_watch(state: &State, req: &Request, namespace: Option<String>) -> Ans
         });
     }
     let c = lock(&state.cluster);
-    let items: Vec<Value> = c
-        .pods
-        .values()
-        .filter(|p| in_namespace(p, &namespace) && selector.matches(p))
-        .cloned()
-        .collect();
+    let items: Vec<Value> = match resource {
+        "pods" => c.pods.values().collect::<Vec<_>>(),
+        _ => c
+            .others
+            .iter()
+            .filter(|((r, _, _), _)| *r == resource)
+            .map(|(_, o)| o)
+            .collect(),
+    }
+    .into_iter()
+    .filter(|p| in_namespace(p, &namespace) && selector.matches(p))
+    .cloned()
+    .collect();
+    let list_kind = match resource {
+        "pods" => "PodList",
+        "namespaces" => "NamespaceList",
+        _ => "ServiceList",
+    };
     Answer::Json(
         200,
         json!({
-            "kind": "PodList", "apiVersion": "v1",
+            "kind": list_kind, "apiVersion": "v1",
             "metadata": {"resourceVersion": c.rv.to_string()},
             "items": items,
         }),
