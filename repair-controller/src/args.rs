@@ -108,6 +108,18 @@ pub struct Args {
     )]
     pub api_timeout: Duration,
 
+    /// The plugin's state dir as mounted in this container. When it exists,
+    /// the controller answers the plugin's pod lookups on a root-only socket
+    /// there (`agent.sock`), from watches, so that a pod start needs no API
+    /// call; without it (the linkerd2-cni chart mounts no state dir) the
+    /// plugin asks the API server itself.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR",
+        default_value = "/host/run/linkerd-cni"
+    )]
+    pub state_dir: PathBuf,
+
     /// The kubeconfig to use; without it, `$KUBECONFIG` or
     /// `~/.kube/config` when present, else the pod's service account.
     #[arg(long)]

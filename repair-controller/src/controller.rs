@@ -452,7 +452,7 @@ fn key_of(pod: &Pod) -> Key {
 
 /// A watch request answered `410 Gone` outright: the watcher would retry
 /// the same expired resource version forever.
-fn gone_at_watch_start(e: &watcher::Error) -> bool {
+pub(crate) fn gone_at_watch_start(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
 }
 

@@ -30,6 +30,7 @@ pub mod backoff;
 pub mod chain_gate;
 pub mod controller;
 pub mod logging;
+pub mod lookup;
 pub mod metrics;
 pub mod pod;
 pub mod process;

@@ -11,6 +11,7 @@ use linkerd_cni_repair_controller::args::Args;
 use linkerd_cni_repair_controller::backoff::Policy;
 use linkerd_cni_repair_controller::controller::{Controller, Settings};
 use linkerd_cni_repair_controller::logging;
+use linkerd_cni_repair_controller::lookup::{self, Facts, LookupMetrics};
 use linkerd_cni_repair_controller::metrics::Metrics;
 use linkerd_cni_repair_controller::process;
 use prometheus_client::registry::Registry;
@@ -48,6 +49,7 @@ async fn run(args: Args) -> Result<(), String> {
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let lookup_metrics = LookupMetrics::register(&mut registry);
     process::register(&mut registry);
     let ready = Arc::new(AtomicBool::new(false));
     let admin_addr = args.admin_listen();
@@ -67,6 +69,8 @@ async fn run(args: Args) -> Result<(), String> {
         },
         limits,
     ));
+
+    let _socket = answer_lookups(&args, &client, lookup_metrics);
 
     let mut term =
         signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
@@ -130,4 +134,37 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
     // 503 fifteen times, from 5 ms, below them.
     config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| format!("cannot create the Kubernetes client: {e}"))
+}
+
+/// Answers the plugin's pod lookups when the state dir is mounted; the
+/// socket is removed when the returned guard drops (at exit), unless a
+/// newer agent has replaced it meanwhile.
+fn answer_lookups(
+    args: &Args,
+    client: &kube::Client,
+    metrics: LookupMetrics,
+) -> Option<lookup::SocketGuard> {
+    if !args.state_dir.is_dir() {
+        tracing::info!(
+            state_dir = %args.state_dir.display(),
+            "no state dir mounted: not answering the plugin's pod lookups (the plugin asks the API server)"
+        );
+        return None;
+    }
+    match lookup::bind(&args.state_dir) {
+        Ok((listener, guard)) => {
+            tracing::info!(socket = %guard.path().display(), "answering the plugin's pod lookups");
+            let facts = Facts::start(client.clone(), &args.node_name, metrics, args.api_timeout);
+            tokio::spawn(lookup::serve(listener, facts));
+            Some(guard)
+        }
+        Err(e) => {
+            tracing::warn!(
+                state_dir = %args.state_dir.display(),
+                error = %e,
+                "cannot answer the plugin's pod lookups (the plugin asks the API server)"
+            );
+            None
+        }
+    }
 }

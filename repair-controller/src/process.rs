@@ -69,8 +69,18 @@ impl Sample {
             s.cpu_seconds = Some((stat.utime + stat.stime) as f64 / USER_HZ);
             s.threads = Some(stat.num_threads);
             s.virtual_memory_bytes = Some(stat.vsize);
-            let boot = read("/proc/stat").as_deref().and_then(boot_time);
-            s.start_time_seconds = boot.map(|b| b as f64 + stat.starttime as f64 / USER_HZ);
+            // Counted back from now by the process' age on the boot-time
+            // clock: `btime` in /proc/stat is truncated to whole seconds and
+            // drifts from the wall clock as NTP slews it, which put the start
+            // more than a second off.
+            let uptime = read("/proc/uptime").as_deref().and_then(uptime_seconds);
+            s.start_time_seconds = uptime.map(|up| {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO)
+                    .as_secs_f64();
+                now - (up - stat.starttime as f64 / USER_HZ)
+            });
         }
         if let Some(status) = read("/proc/self/status") {
             s.resident_memory_bytes = status_kb(&status, "VmRSS").map(|kb| kb * 1024);
@@ -234,11 +244,14 @@ impl Stat {
     }
 }
 
-/// `btime` of `/proc/stat`: the boot time in seconds since the epoch.
-fn boot_time(text: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .and_then(|v| v.trim().parse().ok())
+/// The first field of `/proc/uptime`: seconds since boot, to the
+/// centisecond.
+fn uptime_seconds(text: &str) -> Option<f64> {
+    text.split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite())
 }
 
 /// A `Key:   123 kB` line of `/proc/self/status`.
@@ -291,7 +304,8 @@ mod tests {
             })
         );
         assert_eq!(Stat::parse("4242 (truncated) S 1"), None);
-        assert_eq!(boot_time("cpu 1 2\nbtime 1796114266\n"), Some(1796114266));
+        assert_eq!(uptime_seconds("5071.37 9868.10\n"), Some(5071.37));
+        assert_eq!(uptime_seconds("nan 1\n"), None);
         assert_eq!(
             status_kb("VmPeak:\t  9000 kB\nVmRSS:\t  1234 kB\n", "VmRSS"),
             Some(1234)

@@ -206,14 +206,27 @@ fn the_deployed_container_runs_what_the_image_holds() {
     let parsed =
         Args::try_parse_from(["x", "--node-name", "n", "--controller-pod-name", "p"]).unwrap();
     assert_eq!(parsed.cni_net_dir, PathBuf::from("/host/etc/cni/net.d"));
+    // The plugin's state dir, where it binds the lookup socket, where it
+    // looks by default.
+    let state = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "cni-state-dir")
+        .expect("the state dir mounted");
+    assert_eq!(state["mountPath"], "/host/run/linkerd-cni");
+    assert_ne!(state["readOnly"], true);
+    assert_eq!(parsed.state_dir, PathBuf::from("/host/run/linkerd-cni"));
 }
 
+/// uid 0, for a lookup socket the plugin trusts (root's, served by root),
+/// but no capability: bound by owners and modes like any user.
 #[test]
-fn the_deployed_container_is_unprivileged_and_listens_on_the_node_ip_only() {
+fn the_deployed_container_has_no_capability_and_listens_on_the_node_ip_only() {
     let c = deployed_container();
     let sc = &c["securityContext"];
-    assert_eq!(sc["runAsNonRoot"], true, "{sc:#}");
-    assert!(sc["runAsUser"].as_i64().is_some_and(|u| u > 0), "{sc:#}");
+    assert_eq!(sc["runAsUser"], 0, "{sc:#}");
+    assert_eq!(sc["privileged"], false, "{sc:#}");
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));

@@ -1,0 +1,508 @@
+//! The plugin's pod lookups, answered from memory.
+//!
+//! Three reflectors keep what the plugin's decision reads: this node's pods
+//! (field selector `spec.nodeName`), the cluster's namespaces (their
+//! `config.linkerd.io/` annotations only) and Service `default/kubernetes`.
+//! Objects are stripped to those fields before they are stored, so that a
+//! node with a hundred pods and a cluster with ten thousand namespaces cost
+//! little memory.
+//!
+//! A question names a pod the watch usually has already (the kubelet runs
+//! the sandbox after the scheduler's binding, which the watch sees first).
+//! One it has not seen yet is waited for briefly, then fetched with a GET;
+//! a pod of the same name but another uid than the runtime's `K8S_POD_UID`
+//! is not the one asked for. Whatever the agent cannot find out within the
+//! plugin's budget is answered `unavailable`, and the plugin asks the API
+//! server itself. See `linkerd_cni_lookup` for the protocol.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use linkerd_cni_lookup::{Answer, Body, MAX_REQUEST, Request, SOCKET, Source};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
+use tokio::time::{Instant, timeout};
+
+/// The annotations the plugin reads on a namespace all carry this prefix.
+const NAMESPACE_ANNOTATIONS: &str = "config.linkerd.io/";
+/// How long a question may wait for the watch before the pod is fetched:
+/// long enough for the watch event that usually trails the kubelet's call
+/// by milliseconds, short against the plugin's budget.
+const WATCH_WAIT: Duration = Duration::from_millis(500);
+/// The agent answers this much before the plugin stops waiting, so that
+/// an `unavailable` reaches it rather than a timeout.
+const ANSWER_MARGIN: Duration = Duration::from_millis(100);
+/// A client has this long to send its question.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// At most this many questions are answered at once; more wait in the
+/// socket's backlog (and a plugin that finds it full asks the API).
+const MAX_CONCURRENT: usize = 64;
+
+/// What the lookups count, for `/metrics`.
+#[derive(Clone, Debug)]
+pub struct LookupMetrics {
+    /// By `result`: watch, waited, fetched, not_found, unavailable, refused.
+    pub lookups: Family<Vec<(String, String)>, Counter>,
+    pub seconds: Histogram,
+}
+
+impl LookupMetrics {
+    pub fn register(registry: &mut Registry) -> LookupMetrics {
+        let m = LookupMetrics {
+            lookups: Family::default(),
+            seconds: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+        };
+        let reg = registry.sub_registry_with_prefix("linkerd_cni_agent");
+        reg.register(
+            "pod_lookups",
+            "The plugin's pod lookups answered, by result: watch (from memory), waited (for the watch), fetched (GET), not_found, unavailable, refused",
+            m.lookups.clone(),
+        );
+        reg.register(
+            "pod_lookup_seconds",
+            "Time to answer a pod lookup",
+            m.seconds.clone(),
+        );
+        m
+    }
+
+    fn count(&self, result: &str) {
+        self.lookups
+            .get_or_create(&vec![("result".to_string(), result.to_string())])
+            .inc();
+    }
+}
+
+/// The stores the answers come from, and what wakes a waiting question.
+pub struct Facts {
+    client: Client,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    service: Store<Service>,
+    changed: Arc<Notify>,
+    metrics: LookupMetrics,
+    api_timeout: Duration,
+}
+
+impl Facts {
+    /// Starts the three reflectors on the current runtime.
+    pub fn start(
+        client: Client,
+        node_name: &str,
+        metrics: LookupMetrics,
+        api_timeout: Duration,
+    ) -> Arc<Facts> {
+        let changed = Arc::new(Notify::new());
+        let pods = reflect(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+            strip_pod,
+            changed.clone(),
+            "this node's pods",
+        );
+        let namespaces = reflect(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            strip_namespace,
+            changed.clone(),
+            "namespaces",
+        );
+        let service = reflect(
+            Api::<Service>::namespaced(client.clone(), "default"),
+            watcher::Config::default().fields("metadata.name=kubernetes"),
+            strip_service,
+            changed.clone(),
+            "Service default/kubernetes",
+        );
+        Arc::new(Facts {
+            client,
+            pods,
+            namespaces,
+            service,
+            changed,
+            metrics,
+            api_timeout,
+        })
+    }
+
+    /// The answer to `req`, within its budget.
+    pub async fn answer(&self, req: &Request) -> Body {
+        let budget = Duration::from_millis(req.budget_ms).saturating_sub(ANSWER_MARGIN);
+        let deadline = Instant::now() + budget;
+        let key = ObjectRef::<Pod>::new(&req.name).within(&req.namespace);
+        let (pod, source) = match self.pod(req, &key, deadline).await {
+            Ok(found) => found,
+            Err(body) => return body,
+        };
+        let namespace = match self.namespace(&req.namespace, deadline).await {
+            Ok(ns) => ns,
+            Err(message) => return Body::Unavailable { message },
+        };
+        let service = self
+            .service
+            .get(&ObjectRef::new("kubernetes").within("default"))
+            .and_then(|s| json(&*s));
+        match json(&*pod) {
+            Some(pod) => Body::Pod {
+                pod,
+                namespace: json(&*namespace),
+                service,
+                source,
+            },
+            None => Body::Unavailable {
+                message: "cannot encode the pod".into(),
+            },
+        }
+    }
+
+    async fn pod(
+        &self,
+        req: &Request,
+        key: &ObjectRef<Pod>,
+        deadline: Instant,
+    ) -> Result<(Arc<Pod>, Source), Body> {
+        let wanted = |p: &Pod| req.uid.is_none() || p.metadata.uid == req.uid;
+        let wait_until = deadline.min(Instant::now() + WATCH_WAIT);
+        let mut source = Source::Watch;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(p) = self.pods.get(key).filter(|p| wanted(p)) {
+                return Ok((p, source));
+            }
+            source = Source::Waited;
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(wait_until) => break,
+            }
+        }
+        let api = Api::<Pod>::namespaced(self.client.clone(), &req.namespace);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let unavailable = |message: String| Body::Unavailable { message };
+        match timeout(left.min(self.api_timeout), api.get_opt(&req.name)).await {
+            Err(_) => Err(unavailable(format!(
+                "pod {}/{}: not seen by the watch, and its GET did not answer in time",
+                req.namespace, req.name
+            ))),
+            Ok(Err(e)) => Err(unavailable(format!(
+                "pod {}/{}: not seen by the watch, and its GET failed: {e}",
+                req.namespace, req.name
+            ))),
+            Ok(Ok(None)) => Err(Body::NotFound {
+                message: format!("pod {}/{} does not exist", req.namespace, req.name),
+            }),
+            Ok(Ok(Some(p))) if !wanted(&p) => Err(Body::NotFound {
+                message: format!(
+                    "pod {}/{} has uid {}, not {} (K8S_POD_UID): the pod asked for is gone",
+                    req.namespace,
+                    req.name,
+                    p.metadata.uid.as_deref().unwrap_or("-"),
+                    req.uid.as_deref().unwrap_or("-")
+                ),
+            }),
+            Ok(Ok(Some(p))) => Ok((Arc::new(strip_pod_owned(p)), Source::Fetched)),
+        }
+    }
+
+    async fn namespace(&self, name: &str, deadline: Instant) -> Result<Arc<Namespace>, String> {
+        if let Some(ns) = self.namespaces.get(&ObjectRef::new(name)) {
+            return Ok(ns);
+        }
+        let api = Api::<Namespace>::all(self.client.clone());
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left.min(self.api_timeout), api.get(name)).await {
+            Ok(Ok(mut ns)) => {
+                strip_namespace(&mut ns);
+                Ok(Arc::new(ns))
+            }
+            Ok(Err(e)) => Err(format!(
+                "namespace {name}: not seen by the watch, and its GET failed: {e}"
+            )),
+            Err(_) => Err(format!(
+                "namespace {name}: not seen by the watch, and its GET did not answer in time"
+            )),
+        }
+    }
+}
+
+fn json(v: &impl Serialize) -> Option<serde_json::Value> {
+    serde_json::to_value(v).ok()
+}
+
+/// A store kept by a watch of `api`, each change waking the questions that
+/// wait. The watch resumes after errors with kube's backoff; an HTTP 410 to
+/// the watch request itself (which kube's watcher does not recover from)
+/// starts a new one, which lists again.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    strip: fn(&mut K),
+    changed: Arc<Notify>,
+    what: &'static str,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let (reader, writer) = reflector::store();
+    tokio::spawn(async move {
+        let mut writer = writer;
+        loop {
+            let stream = watcher(api.clone(), config.clone())
+                .default_backoff()
+                .modify(strip);
+            let mut stream = std::pin::pin!(stream);
+            let mut restart = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(ev) => {
+                        writer.apply_watcher_event(&ev);
+                        changed.notify_waiters();
+                    }
+                    Err(e) if crate::controller::gone_at_watch_start(&e) => {
+                        tracing::info!(what, "watch resource version expired: listing again");
+                        restart = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(what, error = %e, "cannot list or watch; trying again")
+                    }
+                }
+            }
+            if !restart {
+                tracing::warn!(what, "watch ended; starting again");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    reader
+}
+
+fn strip_pod(pod: &mut Pod) {
+    *pod = strip_pod_owned(std::mem::take(pod));
+}
+
+/// The pod as the plugin reads it: names, labels, annotations, the names
+/// of its containers and init containers (with their restart policy, which
+/// makes an init container a native sidecar).
+fn strip_pod_owned(pod: Pod) -> Pod {
+    let names = |cs: Vec<Container>| -> Vec<Container> {
+        cs.into_iter()
+            .map(|c| Container {
+                name: c.name,
+                restart_policy: c.restart_policy,
+                ..Container::default()
+            })
+            .collect()
+    };
+    let spec = pod.spec.unwrap_or_default();
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name,
+            namespace: pod.metadata.namespace,
+            uid: pod.metadata.uid,
+            labels: pod.metadata.labels,
+            annotations: pod.metadata.annotations,
+            resource_version: pod.metadata.resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: names(spec.containers),
+            init_containers: spec.init_containers.map(names),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn strip_namespace(ns: &mut Namespace) {
+    let annotations: Option<BTreeMap<String, String>> = ns.metadata.annotations.take().map(|a| {
+        a.into_iter()
+            .filter(|(k, _)| k.starts_with(NAMESPACE_ANNOTATIONS))
+            .collect()
+    });
+    *ns = Namespace {
+        metadata: ObjectMeta {
+            name: ns.metadata.name.take(),
+            resource_version: ns.metadata.resource_version.take(),
+            annotations,
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+}
+
+fn strip_service(svc: &mut Service) {
+    let ports = svc.spec.take().and_then(|s| s.ports);
+    *svc = Service {
+        metadata: ObjectMeta {
+            name: svc.metadata.name.take(),
+            namespace: svc.metadata.namespace.take(),
+            resource_version: svc.metadata.resource_version.take(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            ports,
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+}
+
+/// Binds the socket in `state_dir`, root's alone (mode 0600) from the
+/// moment it can be connected to: bound under a temporary name, its mode
+/// set, then renamed over the socket path (which also replaces an earlier
+/// agent's). Refuses to replace anything at that path that is not a
+/// socket.
+pub fn bind(state_dir: &Path) -> io::Result<(UnixListener, SocketGuard)> {
+    let path = state_dir.join(SOCKET);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; remove it to let the agent answer the plugin",
+                    path.display()
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let tmp = state_dir.join(format!(".{SOCKET}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let ino = std::fs::symlink_metadata(&path)?.ino();
+    Ok((listener, SocketGuard { path, ino }))
+}
+
+/// Removes the socket when dropped, unless another agent's has replaced it
+/// (a rolling update with `maxSurge` starts the new pod first): a stale
+/// socket only costs the plugin a refused connection, a removed live one
+/// every lookup.
+pub struct SocketGuard {
+    path: PathBuf,
+    ino: u64,
+}
+
+impl SocketGuard {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Answers questions on `listener` until the task is dropped.
+pub async fn serve(listener: UnixListener, facts: Arc<Facts>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept a lookup connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let facts = facts.clone();
+        tokio::spawn(async move {
+            one(stream, &facts).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One connection: a question from root, its answer.
+async fn one(mut stream: UnixStream, facts: &Facts) {
+    let started = Instant::now();
+    let root = stream.peer_cred().is_ok_and(|c| c.uid() == 0);
+    let request = if root {
+        read_request(&mut stream).await
+    } else {
+        Err("the peer does not run as root".into())
+    };
+    let (body, result) = match request {
+        Ok(req) => {
+            let body = facts.answer(&req).await;
+            let result = match &body {
+                Body::Pod {
+                    source: Source::Watch,
+                    ..
+                } => "watch",
+                Body::Pod {
+                    source: Source::Waited,
+                    ..
+                } => "waited",
+                Body::Pod {
+                    source: Source::Fetched,
+                    ..
+                } => "fetched",
+                Body::NotFound { .. } => "not_found",
+                Body::Unavailable { message } => {
+                    tracing::info!(%message, "pod lookup answered unavailable; the plugin asks the API server");
+                    "unavailable"
+                }
+            };
+            (body, result)
+        }
+        Err(message) => {
+            tracing::debug!(%message, "lookup refused");
+            (Body::Unavailable { message }, "refused")
+        }
+    };
+    facts.metrics.count(result);
+    let _ = timeout(READ_TIMEOUT, stream.write_all(&Answer::new(body).encode())).await;
+    facts
+        .metrics
+        .seconds
+        .observe(started.elapsed().as_secs_f64());
+}
+
+async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
+    let mut line = Vec::new();
+    let mut reader = BufReader::new(stream).take(MAX_REQUEST as u64 + 1);
+    match timeout(READ_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
+        Err(_) => return Err("no question within the read timeout".into()),
+        Ok(Err(e)) => return Err(format!("cannot read the question: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(format!("no question line of at most {MAX_REQUEST} bytes"));
+    }
+    line.pop();
+    Request::decode(&line).map_err(|e| e.to_string())
+}
