@@ -25,6 +25,7 @@
 //! One deadline bounds everything an ADD does ([`add_until`]): each API call
 //! and iptables command gets the smaller of its own bound and what is left.
 
+mod agent;
 mod credentials;
 
 use std::collections::BTreeMap;
@@ -35,7 +36,7 @@ use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
-use linkerd_cni_kube::objects::{Pod, PodSpec};
+use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
 
 pub use credentials::{CONFIRM_ATTEMPTS, CredentialCause, CredentialOutcome};
@@ -243,11 +244,15 @@ impl From<CniError> for Stop {
     }
 }
 
-/// The phases of [`decide`]: which pod, the API client, whether the pod is
-/// meshed, its effective settings, its rules.
+/// The phases of [`decide`]: which pod, its facts (from the node agent
+/// when one answers, else from the API server), whether it is meshed, its
+/// effective settings, its rules.
 fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Plan, Stop> {
     let (namespace, name) = pod_in_args(&inv.env.args, config)?;
     let pod_id = format!("{namespace}/{name}");
+    if let Some(plan) = agent::plan(inv, config, (namespace, name), &pod_id, deadline)? {
+        return Ok(plan);
+    }
     let api_failed = |what: &str, e: ApiError| {
         past_deadline(
             config,
@@ -257,14 +262,72 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
         )
     };
     let (client, pod) = get_pod(config, (namespace, name), &pod_id, deadline, &api_failed)?;
-    check_meshed(&pod.spec, &pod_id)?;
-    let spec = effective_spec(&client, config, &pod, namespace, &pod_id, &api_failed)?;
+    let mut facts = ApiFacts {
+        client: &client,
+        api_failed: &api_failed,
+    };
+    plan_for(&pod, &mut facts, config, &pod_id)
+}
+
+/// What the decision reads beyond the pod, wherever it comes from: the
+/// node agent's answer carries it, the API server is asked for it only when
+/// the pod needs it.
+trait Facts {
+    /// The annotations of the pod's namespace.
+    fn namespace_annotations(
+        &mut self,
+        namespace: &str,
+        pod_id: &str,
+    ) -> Result<BTreeMap<String, String>, CniError>;
+    /// The ports and numeric target ports of Service `default/kubernetes`.
+    fn api_server_ports(&mut self) -> Result<Vec<u16>, String>;
+}
+
+/// The one decision, whatever the source of the facts: meshed or not, and
+/// with which rules.
+fn plan_for(
+    pod: &Pod,
+    facts: &mut dyn Facts,
+    config: &PluginConfig,
+    pod_id: &str,
+) -> Result<Plan, Stop> {
+    check_meshed(&pod.spec, pod_id)?;
+    let spec = effective_spec(facts, config, pod, pod_id)?;
     let rule_sets = rule_sets(&spec, config.proxy.ipv6);
     Ok(Plan {
-        pod: pod_id,
+        pod: pod_id.to_string(),
         spec,
         rule_sets,
     })
+}
+
+/// The facts asked of the API server with the plugin's own credentials.
+struct ApiFacts<'a> {
+    client: &'a Client,
+    api_failed: &'a dyn Fn(&str, ApiError) -> CniError,
+}
+
+impl Facts for ApiFacts<'_> {
+    fn namespace_annotations(
+        &mut self,
+        namespace: &str,
+        pod_id: &str,
+    ) -> Result<BTreeMap<String, String>, CniError> {
+        Ok(self
+            .client
+            .namespace(namespace)
+            .map_err(|e| (self.api_failed)(&format!("namespace {namespace} of pod {pod_id}"), e))?
+            .metadata
+            .annotations)
+    }
+
+    fn api_server_ports(&mut self) -> Result<Vec<u16>, String> {
+        let svc = self
+            .client
+            .kubernetes_service()
+            .map_err(|e| e.to_string())?;
+        Ok(service_ports(&svc))
+    }
 }
 
 /// The pod, and the client that got it. Rejected credentials are retried
@@ -408,22 +471,17 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
 /// The config keys, overridden by the pod's (or its namespace's)
 /// annotations; a control-plane pod also skips the API server's ports.
 fn effective_spec(
-    client: &Client,
+    facts: &mut dyn Facts,
     config: &PluginConfig,
     pod: &Pod,
-    namespace: &str,
     pod_id: &str,
-    api_failed: &dyn Fn(&str, ApiError) -> CniError,
 ) -> Result<RedirectSpec, CniError> {
     let mut spec = base_spec(&config.proxy)?;
     let pod_ann = &pod.metadata.annotations;
-    // One namespace GET covers every annotation the pod lacks.
+    // One namespace lookup covers every annotation the pod lacks.
     let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
-        client
-            .namespace(namespace)
-            .map_err(|e| api_failed(&format!("namespace {namespace} of pod {pod_id}"), e))?
-            .metadata
-            .annotations
+        let namespace = pod_id.split_once('/').map_or(pod_id, |(ns, _)| ns);
+        facts.namespace_annotations(namespace, pod_id)?
     } else {
         BTreeMap::new()
     };
@@ -435,7 +493,7 @@ fn effective_spec(
         .get(CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
-        let ports = api_server_ports(client).unwrap_or_else(|e| {
+        let ports = facts.api_server_ports().unwrap_or_else(|e| {
             log::warn!(
                 "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
             );
@@ -600,9 +658,8 @@ pub fn apply_annotations(
     Ok(())
 }
 
-/// The ports and numeric target ports of Service `default/kubernetes`.
-fn api_server_ports(client: &Client) -> Result<Vec<u16>, ApiError> {
-    let svc = client.kubernetes_service()?;
+/// The ports and numeric target ports of a Service.
+fn service_ports(svc: &Service) -> Vec<u16> {
     let mut ports = Vec::new();
     for p in &svc.spec.ports {
         if let Ok(port) = u16::try_from(p.port)
@@ -614,7 +671,7 @@ fn api_server_ports(client: &Client) -> Result<Vec<u16>, ApiError> {
             ports.push(t);
         }
     }
-    Ok(ports)
+    ports
 }
 
 fn driver(config: &PluginConfig) -> Driver {

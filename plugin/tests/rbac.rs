@@ -313,6 +313,16 @@ fn the_daemonsets_account_keeps_the_installers_and_the_repair_controllers_rights
             grant("list", "", "pods", None, &[]),
             grant("watch", "", "pods", None, &[]),
             grant("delete", "", "pods", None, &[]),
+            // Its answers to the plugin's lookups: a pod or namespace the
+            // watches have not seen yet, every namespace's annotations,
+            // and Service default/kubernetes alone.
+            grant("get", "", "pods", None, &[]),
+            grant("get", "", "namespaces", None, &[]),
+            grant("list", "", "namespaces", None, &[]),
+            grant("watch", "", "namespaces", None, &[]),
+            grant("get", "", "services", Some("default"), &["kubernetes"]),
+            grant("list", "", "services", Some("default"), &["kubernetes"]),
+            grant("watch", "", "services", Some("default"), &["kubernetes"]),
             grant("create", "events.k8s.io", "events", None, &[]),
             // The startup taint.
             grant("get", "", "nodes", None, &[]),
@@ -331,8 +341,8 @@ fn the_daemonsets_account_keeps_the_installers_and_the_repair_controllers_rights
         ]),
         "everything {ns}/{account} may do"
     );
-    // It cannot mint tokens of its own account, nor read the pods and
-    // namespaces the plugin reads elsewhere (the node's token does that).
+    // It cannot mint tokens of its own account; it reads the pods and
+    // namespaces the plugin asks it about.
     assert!(!may(
         &grants,
         "create",
@@ -347,14 +357,21 @@ fn the_daemonsets_account_keeps_the_installers_and_the_repair_controllers_rights
         here,
         Some(PLUGIN_ACCOUNT)
     ));
-    assert!(!may(
+    assert!(may(
         &grants,
         "get",
         "pods",
         Some("emojivoto"),
         Some("web-1")
     ));
-    assert!(!may(&grants, "get", "namespaces", None, Some("emojivoto")));
+    assert!(may(&grants, "get", "namespaces", None, Some("emojivoto")));
+    assert!(!may(
+        &grants,
+        "get",
+        "services",
+        Some("emojivoto"),
+        Some("kubernetes")
+    ));
 
     // The installer gets its node's name, and the DaemonSet tolerates the
     // startup taint (it tolerates every taint).

@@ -1,0 +1,213 @@
+//! The pod's facts from the node agent: the plugin asks the socket in its
+//! state dir first, decides from the answer exactly as from the API server,
+//! and takes its direct path to the API server whenever the agent cannot
+//! answer. The agent here is a stand-in thread that answers what a test
+//! tells it to; the real agent's answers are tested with its crate.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use linkerd_cni::cni::{CniError, code};
+use linkerd_cni::config::PluginConfig;
+use linkerd_cni::pod::{self, Decision, Plan};
+use linkerd_cni_lookup::{self as lookup, Answer, Body, Request, Source};
+use serde_json::{Value, json};
+use testkit::TestNetns;
+use testkit::iptables::{default_save, nat_table};
+use testkit::objects::{Pod, kubernetes_service, namespace};
+
+use common::{Cluster, cni_env, invocation, netconf, run_plugin, stderr};
+
+/// A stand-in agent at the state dir's socket: answers every question with
+/// what `answer` makes of it, and records the questions.
+struct Agent {
+    questions: Arc<Mutex<Vec<Request>>>,
+}
+
+impl Agent {
+    fn start(state_dir: &Path, answer: impl Fn(&Request) -> Vec<u8> + Send + 'static) -> Agent {
+        let path = state_dir.join(lookup::SOCKET);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let questions = Arc::new(Mutex::new(Vec::new()));
+        let seen = questions.clone();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(s) = s else { return };
+                let mut line = String::new();
+                let _ = BufReader::new(&s).read_line(&mut line);
+                let Ok(q) = Request::decode(line.trim_end().as_bytes()) else {
+                    continue;
+                };
+                let reply = answer(&q);
+                seen.lock().unwrap().push(q);
+                let _ = (&s).write_all(&reply);
+            }
+        });
+        Agent { questions }
+    }
+
+    fn asked(&self) -> Vec<Request> {
+        self.questions.lock().unwrap().clone()
+    }
+}
+
+fn pod_answer(pod: &Pod, ns: Value, service: Option<Value>) -> Vec<u8> {
+    Answer::new(Body::Pod {
+        pod: pod.json(),
+        namespace: Some(ns),
+        service,
+        source: Source::Watch,
+    })
+    .encode()
+}
+
+fn state_dir(c: &Cluster) -> PathBuf {
+    c.kubeconfig.parent().unwrap().to_path_buf()
+}
+
+fn decide(c: &Cluster, ns: &str, name: &str) -> Result<Decision, CniError> {
+    let env = cni_env("ADD", Path::new("/run/netns/unused"), Some((ns, name)));
+    let inv = invocation(&env, &netconf(&c.kubeconfig, json!({})));
+    let config = PluginConfig::from_netconf(&inv.conf)?;
+    pod::decide(&inv, &config)
+}
+
+fn mesh(d: Decision) -> Plan {
+    match d {
+        Decision::Mesh(p) => p,
+        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
+    }
+}
+
+fn outbound_ignored(plan: &Plan) -> String {
+    plan.spec
+        .outbound_ports_to_ignore
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn the_agents_answer_decides_without_an_api_call() {
+    let c = Cluster::start("agent");
+    let web = Pod::meshed("shop", "web-1").annotation("config.linkerd.io/proxy-uid", "2103");
+    let plain = Pod::new("shop", "plain-1");
+    let control = Pod::meshed("linkerd", "destination-0")
+        .label("linkerd.io/control-plane-component", "destination");
+    let agent = Agent::start(&state_dir(&c), move |q| match q.name.as_str() {
+        "web-1" => pod_answer(
+            &web,
+            namespace("shop", &[("config.linkerd.io/skip-outbound-ports", "3306")]),
+            None,
+        ),
+        "plain-1" => pod_answer(&plain, namespace("shop", &[]), None),
+        _ => pod_answer(
+            &control,
+            namespace("linkerd", &[]),
+            Some(kubernetes_service(&[(443, json!(6443))])),
+        ),
+    });
+
+    let plan = mesh(decide(&c, "shop", "web-1").unwrap());
+    assert_eq!(plan.spec.proxy_uid, 2103, "the pod's annotation");
+    assert_eq!(
+        outbound_ignored(&plan),
+        "3306",
+        "the namespace's annotation"
+    );
+    match decide(&c, "shop", "plain-1").unwrap() {
+        Decision::PassThrough(s) => assert!(s.why.contains("no linkerd-proxy"), "{}", s.why),
+        Decision::Mesh(p) => panic!("meshed {}", p.pod),
+    }
+    let plan = mesh(decide(&c, "linkerd", "destination-0").unwrap());
+    assert_eq!(outbound_ignored(&plan), "443,6443", "the Service's ports");
+
+    assert_eq!(c.api.total_requests(), 0, "no API call at all");
+    let asked = agent.asked();
+    assert_eq!(asked.len(), 3);
+    assert_eq!(
+        (asked[0].namespace.as_str(), asked[0].name.as_str()),
+        ("shop", "web-1")
+    );
+    assert!(asked[0].budget_ms > 0 && asked[0].budget_ms <= 3000);
+}
+
+#[test]
+fn an_agent_that_cannot_answer_sends_the_plugin_to_the_api_server() {
+    let c = Cluster::start("agent-direct");
+    let p = Pod::meshed("shop", "web-1");
+    c.api.add_pod(&p);
+    c.api
+        .add_namespace("shop", &[("config.linkerd.io/skip-outbound-ports", "25")]);
+    let answers: Vec<Vec<u8>> = vec![
+        Answer::new(Body::Unavailable {
+            message: "API server down".into(),
+        })
+        .encode(),
+        b"<html>502 Bad Gateway</html>\n".to_vec(),
+        br#"{"v":2,"answer":"not_found","message":"a newer agent"}
+"#
+        .to_vec(),
+        // A pod answer without the namespace cannot be decided on.
+        Answer::new(Body::Pod {
+            pod: p.json(),
+            namespace: None,
+            service: None,
+            source: Source::Watch,
+        })
+        .encode(),
+    ];
+    for (i, answer) in answers.into_iter().enumerate() {
+        let before = c.api.requests(&p.path());
+        let _agent = Agent::start(&state_dir(&c), move |_| answer.clone());
+        let plan = mesh(decide(&c, "shop", "web-1").unwrap());
+        assert_eq!(outbound_ignored(&plan), "25", "answer {i}");
+        assert_eq!(c.api.requests(&p.path()), before + 1, "answer {i}");
+    }
+    // No agent at all: the direct path, as before there was one.
+    std::fs::remove_file(state_dir(&c).join(lookup::SOCKET)).unwrap();
+    mesh(decide(&c, "shop", "web-1").unwrap());
+}
+
+#[test]
+fn a_pod_the_api_server_says_is_gone_fails_the_add() {
+    let c = Cluster::start("agent-gone");
+    let _agent = Agent::start(&state_dir(&c), |_| {
+        Answer::new(Body::NotFound {
+            message: "pod shop/web-1 does not exist".into(),
+        })
+        .encode()
+    });
+    let e = decide(&c, "shop", "web-1").unwrap_err();
+    assert_eq!(e.code, code::KUBERNETES);
+    assert!(e.msg.contains("does not exist"), "{}", e.msg);
+    assert_eq!(c.api.total_requests(), 0);
+}
+
+#[test]
+fn the_binary_installs_the_rules_from_the_agents_answer() {
+    let c = Cluster::start("agent-bin");
+    let ns = TestNetns::new("agent-add").unwrap();
+    let web = Pod::meshed("shop", "web-1");
+    let agent = Agent::start(&state_dir(&c), move |_| {
+        pod_answer(&web, namespace("shop", &[]), None)
+    });
+    let conf = netconf(&c.kubeconfig, json!({"iptables-mode": "nft"}));
+    let mut env = cni_env("ADD", ns.path(), Some(("shop", "web-1")));
+    for (k, v) in &mut env {
+        if k == "CNI_ARGS" {
+            v.push_str(";K8S_POD_UID=uid-7");
+        }
+    }
+    let o = run_plugin(&env, &conf);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(nat_table(&ns, "iptables-nft-save"), default_save());
+    assert_eq!(c.api.total_requests(), 0);
+    assert_eq!(agent.asked()[0].uid.as_deref(), Some("uid-7"));
+}
