@@ -9,9 +9,8 @@ its node deleted) and what a stolen token would try (another node, another
 taint, any other field of the node, another node's pod, an unmeshed pod, a
 static pod's mirror pod, a token without node claims). Each denied request
 names the validations that must deny it, by a fragment of their messages:
-every validation of the policy is evaluated (the API server stops at the
-first failure; evaluating all of them shows which rules a request trips),
-and the failing ones must be exactly those. Objects are plain JSON, as the
+every validation of the policy is evaluated on every request, and the
+failing ones must be exactly those. Objects are plain JSON, as the
 API server hands an unstructured object to CEL: `has()` on an absent field
 is false, `object` is null for a DELETE.
 
@@ -263,10 +262,10 @@ def wrong_answers(policy):
     wrong = []
     for what, req, obj, old, expected in cases():
         denials = policy.denials(req, obj, old)
-        # Each expected validation among the denials, once, and no other.
-        matched = [[d for d in denials if key in d] for key in expected]
-        if all(len(m) == 1 for m in matched) and len(denials) == len(expected) and \
-                len({m[0] for m in matched}) == len(expected):
+        # Each fragment names one denial, each denial is named once.
+        named = [[d for d in denials if key in d] for key in expected]
+        if len(denials) == len(expected) and all(len(n) == 1 for n in named) and \
+                len({n[0] for n in named}) == len(denials):
             continue
         got = "allowed" if not denials else "denied by: " + " | ".join(denials)
         want = "allowed" if not expected else "denied by: " + " | ".join(expected)
