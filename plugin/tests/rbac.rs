@@ -470,6 +470,9 @@ fn the_admission_policy_narrows_every_node_and_pod_mutation_of_the_daemonsets_ac
         "oldObject.metadata.name == variables.nodeName",
         "oldObject.spec.nodeName == variables.nodeName",
         "variables.oldTaints.filter(t, t.key != variables.startupTaint)",
+        // The pods the repair controller watches, never a mirror pod.
+        r#""linkerd.io/control-plane-ns" in oldObject.metadata.labels"#,
+        r#""kubernetes.io/config.mirror" in oldObject.metadata.annotations"#,
     ] {
         assert!(
             validations

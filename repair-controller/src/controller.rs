@@ -3,9 +3,11 @@
 //! One task does everything, in order: it applies watch events to the set
 //! of pods waiting for a repair, and when one is due (its backoff elapsed)
 //! and the node's chain allows it, deletes it and publishes an Event. A pod
-//! without a controller owner reference is never deleted (nothing would
-//! create it again): it is reported once instead, with a Warning Event, a
-//! metric and a log line telling the operator to recreate it. Pods
+//! that a deletion would not repair is never deleted: one without a
+//! controller owner reference (nothing would create it again) or a static
+//! pod's mirror pod (the kubelet creates the mirror again and restarts
+//! nothing). It is reported once instead, with a Warning Event, a metric
+//! and a log line telling the operator what to do. Pods
 //! are kept in a set keyed by namespace and name, not in a queue: a pod
 //! that fails again and again is one entry, and a burst of watch events
 //! cannot crowd out other pods.
@@ -43,7 +45,7 @@ use tokio::time::Instant;
 use crate::backoff::{self, Backoff, Retry};
 use crate::chain_gate::{self, Verdict};
 use crate::metrics::Metrics;
-use crate::pod::{DATA_PLANE_LABEL, controller_of, needs_repair};
+use crate::pod::{DATA_PLANE_LABEL, Remedy, needs_repair, remedy};
 
 /// `reportingController` of the Events, as upstream's controller names it.
 pub const REPORTER: &str = "linkerd-cni-repair-controller";
@@ -79,8 +81,8 @@ type Key = (String, String);
 struct Candidate {
     uid: Option<String>,
     reference: ObjectReference,
-    /// It has a controller owner reference: deleting it repairs it.
-    owned: bool,
+    /// Whether deleting it repairs it.
+    remedy: Remedy,
 }
 
 /// A (re-)list in progress: the pods needing a repair, and the UIDs of
@@ -109,8 +111,8 @@ pub struct Controller {
     relist: Option<Relist>,
     backoff: Backoff<Key>,
     deleted: HashMap<String, Instant>,
-    /// UIDs of pods without a controller that were reported: once each,
-    /// for as long as they exist.
+    /// UIDs of pods that a deletion would not repair and that were
+    /// reported: once each, for as long as they exist.
     reported: HashSet<String>,
     /// While the chain holds repairs back: when to look again.
     chain_recheck_at: Option<Instant>,
@@ -260,7 +262,7 @@ impl Controller {
             Candidate {
                 uid,
                 reference: pod.object_ref(&()),
-                owned: controller_of(pod).is_some(),
+                remedy: remedy(pod),
             },
         );
     }
@@ -301,9 +303,9 @@ impl Controller {
             let Some(c) = self.pending.get(&key).cloned() else {
                 continue;
             };
-            if !c.owned {
+            if c.remedy != Remedy::Delete {
                 self.pending.remove(&key);
-                self.report_unowned(&key, &c).await;
+                self.report_not_deleted(&key, &c).await;
                 continue;
             }
             let outcome = self.delete(&key, &c).await;
@@ -404,20 +406,30 @@ impl Controller {
         }
     }
 
-    /// A pod that needs a repair but that nothing would create again:
+    /// A pod that needs a repair but that a deletion would not repair:
     /// left in place, and the operator told what to do.
-    async fn report_unowned(&mut self, key: &Key, c: &Candidate) {
+    async fn report_not_deleted(&mut self, key: &Key, c: &Candidate) {
         let (ns, name) = key;
         if let Some(uid) = &c.uid {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        tracing::warn!(
-            namespace = %ns,
-            pod = %name,
-            "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
-        );
-        let event = unowned_event_for(&c.reference, &self.settings.controller_pod_name);
+        let instance = &self.settings.controller_pod_name;
+        let event = if c.remedy == Remedy::MirrorPod {
+            tracing::warn!(
+                namespace = %ns,
+                pod = %name,
+                "static pod started without linkerd-cni's rules (linkerd-network-validator exited 95); its mirror pod is not deleted, as the kubelet would only create the mirror again: restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back) now that this node's chain is healthy"
+            );
+            mirror_event_for(&c.reference, instance)
+        } else {
+            tracing::warn!(
+                namespace = %ns,
+                pod = %name,
+                "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
+            );
+            unowned_event_for(&c.reference, instance)
+        };
         self.publish(key, event).await;
     }
 
@@ -481,6 +493,18 @@ pub fn unowned_event_for(regarding: &ObjectReference, instance: &str) -> K8sEven
     )
 }
 
+/// The Warning Event about `regarding`, a static pod's mirror pod that
+/// needs a repair: deleting the mirror would not restart the static pod.
+pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
+    event(
+        regarding,
+        instance,
+        "Warning",
+        EVENT_ACTION_UNOWNED,
+        "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it is a static pod's mirror pod, which the kubelet would only create again. Now that the node's chain is healthy, restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back)",
+    )
+}
+
 fn event(
     regarding: &ObjectReference,
     instance: &str,
@@ -535,9 +559,13 @@ mod tests {
         );
         assert_eq!(e.regarding, Some(pod.clone()));
 
-        let w = unowned_event_for(&pod, "linkerd-cni-x1");
-        assert_eq!(w.type_.as_deref(), Some("Warning"));
-        assert_eq!(w.action.as_deref(), Some(EVENT_ACTION_UNOWNED));
-        assert!(w.note.unwrap().len() <= 1024);
+        for w in [
+            unowned_event_for(&pod, "linkerd-cni-x1"),
+            mirror_event_for(&pod, "linkerd-cni-x1"),
+        ] {
+            assert_eq!(w.type_.as_deref(), Some("Warning"));
+            assert_eq!(w.action.as_deref(), Some(EVENT_ACTION_UNOWNED));
+            assert!(w.note.unwrap().len() <= 1024);
+        }
     }
 }

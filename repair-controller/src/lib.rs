@@ -9,6 +9,8 @@
 //! crash-loops forever; deleting it is the repair when a controller (its
 //! ReplicaSet, StatefulSet, DaemonSet, Job...) creates it again. A pod
 //! without one is left in place and reported: deleting it would lose it.
+//! So is a static pod's mirror pod: the kubelet would only create the
+//! mirror again, restarting nothing.
 //!
 //! The crate owns:
 //!

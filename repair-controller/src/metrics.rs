@@ -30,7 +30,7 @@ pub struct Metrics {
     /// 1 while the node's chain holds repairs back.
     pub chain_broken: Gauge,
     /// Pods that needed a repair but were left in place: no controller
-    /// would create them again.
+    /// would create them again (static pods' mirror pods included).
     pub pods_unowned: Counter,
 }
 
@@ -103,7 +103,7 @@ impl Metrics {
         );
         reg.register(
             "pods_unowned",
-            "Pods that started without linkerd-cni's rules but were not deleted because no controller owns them; recreate them by hand",
+            "Pods that started without linkerd-cni's rules but were not deleted because no controller would create them again (no controller owner, or a static pod's mirror pod); recreate or restart them by hand",
             m.pods_unowned.clone(),
         );
         m

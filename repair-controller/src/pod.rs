@@ -46,10 +46,56 @@ pub fn needs_repair(pod: &Pod, node: &str) -> bool {
         .any(|t| t.exit_code == VALIDATOR_FAILED_EXIT_CODE)
 }
 
+/// The annotation the kubelet puts on a static pod's mirror pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// What deleting a pod that needs a repair would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// Its controller creates it again, through the node's chain this time.
+    Delete,
+    /// Nothing would create it again (a bare pod, `kubectl run`, a pod a
+    /// script made, or one whose owners merely reference it): a deletion
+    /// loses it for good.
+    NoController,
+    /// A static pod's mirror pod: the kubelet runs the static pod from a
+    /// file on the node and only creates the mirror again, so a deletion
+    /// restarts nothing and would be repeated after every backoff.
+    MirrorPod,
+}
+
+/// Whether deleting `pod` repairs it. A mirror pod's owner reference (its
+/// Node, marked `controller`) does not count: no controller of the API
+/// recreates the pod itself.
+pub fn remedy(pod: &Pod) -> Remedy {
+    if is_mirror_pod(pod) {
+        Remedy::MirrorPod
+    } else if controller_of(pod).is_some() {
+        Remedy::Delete
+    } else {
+        Remedy::NoController
+    }
+}
+
+/// A static pod's mirror pod, as the kubelet marks it: the annotation, or
+/// an owner reference to a Node (the API server's NodeRestriction requires
+/// one on the mirror pods a kubelet creates). Either suffices, so that a
+/// pod the admission policy refuses to let us delete is never tried.
+pub fn is_mirror_pod(pod: &Pod) -> bool {
+    let meta = &pod.metadata;
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
+        || meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "Node" && o.api_version == "v1")
+}
+
 /// The controller that creates `pod` again once it is deleted: its owner
 /// reference marked `controller` (a ReplicaSet, StatefulSet, DaemonSet,
-/// Job...). Without one (a bare pod, `kubectl run`, a pod a script made, or
-/// one whose owners merely reference it) a deletion loses the pod for good.
+/// Job...), or none.
 pub fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
     pod.metadata
         .owner_references
@@ -157,6 +203,58 @@ mod tests {
             controller_of(&p).map(|o| o.kind.as_str()),
             Some("ReplicaSet")
         );
+    }
+
+    fn reference(api_version: &str, kind: &str, controller: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "owner".into(),
+            uid: "u".into(),
+            controller,
+            block_owner_deletion: None,
+        }
+    }
+
+    #[test]
+    fn only_a_controller_recreates_a_pod() {
+        let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
+        assert_eq!(remedy(&p), Remedy::NoController);
+        p.metadata.owner_references = Some(vec![reference("apps/v1", "ReplicaSet", Some(false))]);
+        assert_eq!(remedy(&p), Remedy::NoController);
+        p.metadata.owner_references = Some(vec![reference("apps/v1", "ReplicaSet", Some(true))]);
+        assert_eq!(remedy(&p), Remedy::Delete);
+        // A custom resource named Node is a controller like any other.
+        p.metadata.owner_references = Some(vec![reference("example.com/v1", "Node", Some(true))]);
+        assert_eq!(remedy(&p), Remedy::Delete);
+    }
+
+    #[test]
+    fn a_mirror_pod_is_never_deleted() {
+        // As the kubelet creates it: the annotation and its Node as
+        // controller.
+        let mut p = pod("n1", true, VALIDATOR_CONTAINER, Some(95));
+        p.metadata.annotations = Some(
+            [(MIRROR_ANNOTATION.to_string(), "3f2a".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        p.metadata.owner_references = Some(vec![reference("v1", "Node", Some(true))]);
+        assert!(needs_repair(&p, "n1"));
+        assert_eq!(remedy(&p), Remedy::MirrorPod);
+        // Either mark alone, whatever other controller it names.
+        let mut annotated = p.clone();
+        annotated.metadata.owner_references =
+            Some(vec![reference("apps/v1", "ReplicaSet", Some(true))]);
+        assert_eq!(remedy(&annotated), Remedy::MirrorPod);
+        let mut node_owned = p.clone();
+        node_owned.metadata.annotations = None;
+        assert_eq!(remedy(&node_owned), Remedy::MirrorPod);
+        node_owned.metadata.owner_references = Some(vec![
+            reference("apps/v1", "ReplicaSet", Some(true)),
+            reference("v1", "Node", None),
+        ]);
+        assert_eq!(remedy(&node_owned), Remedy::MirrorPod);
     }
 
     #[test]

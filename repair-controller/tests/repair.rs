@@ -174,6 +174,69 @@ fn deletes_only_pods_that_a_controller_creates_again() {
     );
 }
 
+/// A static pod's mirror pod, as the kubelet creates it: the mirror
+/// annotation and its node as controller owner.
+fn mirror(ns: &str, name: &str) -> Value {
+    let p = Pod::meshed(ns, name)
+        .label("linkerd.io/control-plane-ns", "linkerd")
+        .annotation("kubernetes.io/config.mirror", "9b1f0c3e");
+    let p = with_init_status(on_node(p.json(), NODE), VALIDATOR, Some(95));
+    owned_by(p, "Node", NODE, true)
+}
+
+#[test]
+fn never_deletes_a_static_pods_mirror_pod() {
+    let api = WatchApiServer::start();
+    let conf = ConfDir::new(true);
+    api.put_pod(mirror("kube-system", "etcd-node-a"));
+    // Either mark alone makes a mirror pod.
+    let mut annotated = mirror("kube-system", "annotated-node-a");
+    annotated["metadata"]["ownerReferences"] = Value::Array(vec![]);
+    api.put_pod(owned_by(annotated, "ReplicaSet", "web-5d8f", true));
+    let mut node_owned = mirror("kube-system", "node-owned-node-a");
+    node_owned["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kubernetes.io/config.mirror");
+    api.put_pod(node_owned);
+    api.put_pod(broken("shop", "web-1"));
+
+    let ctl = Controller::start(&api, conf.path(), &[]);
+    // An Event per pod, whether deleted or not.
+    ctl.wait("four events", || api.events().len() == 4);
+    assert_eq!(deleted_names(&api), ["shop/web-1"]);
+    let events = api.events();
+    for name in ["etcd-node-a", "annotated-node-a", "node-owned-node-a"] {
+        assert!(api.pod("kube-system", name).is_some(), "{name} was deleted");
+        let e = event_for(&events, "kube-system", name).expect("an Event");
+        let field = |p: &str| e.pointer(p).and_then(Value::as_str).unwrap_or("");
+        assert_eq!(field("/type"), "Warning");
+        assert_eq!(field("/action"), "NotDeleting");
+        assert!(field("/note").contains("restart the static pod"), "{e:#}");
+    }
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(3.0)
+    );
+    let log = ctl.log_text();
+    assert!(
+        log.contains("pod=etcd-node-a") && log.contains("restart the static pod"),
+        "{log}"
+    );
+
+    // The kubelet updates the mirror's status as the validator fails
+    // again: still not deleted, nor reported again. The deletion of a
+    // later pod shows the update was handled.
+    api.put_pod(mirror("kube-system", "etcd-node-a"));
+    api.put_pod(broken("shop", "web-2"));
+    ctl.wait("the deletion of web-2", || api.events().len() == 5);
+    assert_eq!(deleted_names(&api), ["shop/web-1", "shop/web-2"]);
+    assert_eq!(
+        ctl.metric("linkerd_cni_repair_controller_pods_unowned_total"),
+        Some(3.0)
+    );
+}
+
 #[test]
 fn waits_while_the_chain_is_broken_and_repairs_once_it_is_healthy() {
     let api = WatchApiServer::start();
