@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-bash scripts/setup.sh
+bash scripts/setup.sh test
+# setup.sh and tool.sh themselves, against fakes (a second or two).
+bash scripts/check-scripts.sh
 
 cargo fmt --all --check
 # The conformance tests' libcni driver is Go; they build it themselves.
@@ -16,7 +18,7 @@ if [[ -n "$(gofmt -l conformance/cnidriver)" ]]; then
 fi
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The binaries under test first: the conformance tests run the plugin and
-# the installer from target/<host triple>/debug/ and never build them.
+# the installer from <target dir>/<host triple>/debug/ and never build them.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
 
