@@ -33,6 +33,12 @@ for k8s in 1.25.0 1.37.0; do
   "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
   echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
 done
+# The alerting rules: promtool's check and their unit tests (promtool is in
+# the venv's bin/, see scripts/setup.sh), then the metrics they read
+# against the programs' sources.
+"$lint/promtool" check rules deploy/prometheus/linkerd-cni-alerts.yaml
+"$lint/promtool" test rules deploy/prometheus/linkerd-cni-alerts.test.yaml
+bash scripts/check-alert-metrics.sh
 # ValidatingAdmissionPolicy is GA (v1) from Kubernetes 1.30: its file is
 # checked against the first version that has it and the newest.
 for k8s in 1.30.0 1.37.0; do

