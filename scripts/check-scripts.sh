@@ -53,19 +53,24 @@ fake_rust() {
     chmod +x "$bin/$t"
   done
 }
-# fake_apt LOCKED_CALLS: every package missing; apt-get answers its first
-# LOCKED_CALLS calls as a held lock does, then succeeds (-1: never), and
-# logs its arguments.
+# fake_apt LOCKED_CALLS [SUBCOMMAND]: every package missing; apt-get
+# answers the first LOCKED_CALLS calls of SUBCOMMAND (update, install;
+# default update) as it does when another process holds the lock, then
+# succeeds (-1: never), and logs its arguments. APT_FAIL: an install's error.
 fake_apt() {
   printf '#!/bin/sh\nexit 1\n' >"$bin/dpkg-query"
   cat >"$bin/apt-get" <<EOF
 #!/bin/bash
 echo "\$*" >>"$tmp/apt.log"
 n=\$(cat "$tmp/apt.count" 2>/dev/null || echo 0)
-echo \$((n + 1)) >"$tmp/apt.count"
-if (($1 < 0 || n < $1)); then
-  echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 4242 (apt-get)" >&2
-  echo "E: Unable to lock directory /var/lib/apt/lists/" >&2
+if [[ " \$* " == *" ${2:-update} "* ]] && (($1 < 0 || n < $1)); then
+  echo \$((n + 1)) >"$tmp/apt.count"
+  if [[ " \$* " == *" update "* ]]; then
+    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 4242 (apt-get)" >&2
+    echo "E: Unable to lock directory /var/lib/apt/lists/" >&2
+  else
+    echo "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?" >&2
+  fi
   exit 100
 fi
 [[ -z "\${APT_FAIL:-}" || "\$*" != *" install "* ]] || { echo "E: \$APT_FAIL" >&2; exit 100; }
@@ -75,6 +80,7 @@ EOF
 }
 setup() {
   rc=0
+  # No pause between tries unless a case asks for one.
   env -i PATH="$bin" HOME="$tmp" LINKERD_CNI_SETUP_LOCK_POLL=0 "$@" \
     "$(command -v bash)" scripts/setup.sh "$mode" >/dev/null 2>"$tmp/err" || rc=$?
 }
@@ -113,9 +119,17 @@ for p in containerd runc gcc nftables; do
   [[ " $install " != *" $p "* ]] || fail "demo: $p installed, which only the tests use: $install"
 done
 
+# The dpkg lock, held for an install's first try.
+fake_apt 1 install
+setup
+expect_rc "demo, dpkg lock held once" 0
+expect_err "demo, dpkg lock held once" "waiting for apt's lock /var/lib/dpkg/lock-frontend, held by another apt-get or dpkg"
+[[ $(grep -c ' install ' "$tmp/apt.log") == 2 ]] ||
+  fail "demo: apt-get install not tried twice: $(cat "$tmp/apt.log")"
+
 # A lock never released: given up on, saying so.
 fake_apt -1
-setup LINKERD_CNI_SETUP_LOCK_WAIT=1
+setup LINKERD_CNI_SETUP_LOCK_WAIT=1 LINKERD_CNI_SETUP_LOCK_POLL=1
 expect_rc "lock held for good" 1
 expect_err "lock held for good" "apt's lock is still held after"
 
@@ -124,7 +138,14 @@ fake_apt 0
 setup APT_FAIL="Unable to locate package golang-go"
 expect_rc "apt-get failing" 100
 expect_err "apt-get failing" "Unable to locate package golang-go"
-[[ $(wc -l <"$tmp/apt.log") == 2 ]] || fail "apt-get failing: retried: $(cat "$tmp/apt.log")"
+[[ $(wc -l <"$tmp/apt.log") == 2 ]] || fail "apt-get failing: retried ($(wc -l <"$tmp/apt.log") calls)"
+
+# A lock this user may not take (not root): no wait.
+fake_apt 0
+setup LINKERD_CNI_SETUP_LOCK_WAIT=2 APT_FAIL="Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?"
+expect_rc "apt-get not as root" 100
+expect_err "apt-get not as root" "are you root?"
+[[ $(wc -l <"$tmp/apt.log") == 2 ]] || fail "apt-get not as root: retried ($(wc -l <"$tmp/apt.log") calls)"
 
 # The tests': the demo's and theirs; then cargo fmt, missing here, with no
 # rustup to add it.

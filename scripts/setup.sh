@@ -90,11 +90,15 @@ apt_get() {
     attempt=$SECONDS
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$LOCK_POLL" "$@" \
       >/dev/null 2>"$err" || rc=$?
-    if ((rc == 0)) || ! grep -Eq 'Could not get lock|Unable to (acquire|lock)' "$err"; then
+    # A lock another process holds (apt-get update: "Could not get lock
+    # ... held by process"; install, past DPkg::Lock::Timeout: "is another
+    # process using it?"), not one this user may not take.
+    if ((rc == 0)) || ! grep -Eq 'Could not get lock|is another process using it' "$err" ||
+      grep -Eq 'Permission denied|are you root' "$err"; then
       cat "$err" >&2
       rm -f "$err"
       if ((rc != 0)); then
-        echo "setup: \`apt-get $*\` failed (exit $rc), see above" >&2
+        echo "setup: \`apt-get $*\` failed (exit $rc), see above$(((EUID)) && echo ': run me as root (sudo)')" >&2
       fi
       return "$rc"
     fi
