@@ -47,7 +47,7 @@ TEST_PACKAGES=(
 # here: how to get one is the user's choice.
 check_rust() {
   local want have tool
-  want=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' "$repo/Cargo.toml" | head -n1)
+  want=$(sed -n 's/^rust-version *= *"\([0-9]*\.[0-9]*\).*/\1/p' "$repo/Cargo.toml" | head -n1)
   want=${want:-1.91}
   local how="install a current toolchain with rustup (https://rustup.rs): \`curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh\`, or \`rustup toolchain install stable\` where rustup is installed; then open a new shell (or \`. \"\$HOME/.cargo/env\"\`). Debian's rustc and cargo packages are too old. Under sudo, root's PATH must find them too."
   for tool in cargo rustc; do
