@@ -187,13 +187,17 @@ fi
 # on a machine booted with systemd (a Go binary, it needs only libc).
 if ! "$LINT_VENV/bin/promtool" --version >/dev/null 2>&1; then
   echo "setup: installing promtool (from Debian's prometheus package) into $LINT_VENV/bin" >&2
-  apt_update
   deb=$(mktemp -d)
   trap 'rm -rf "$deb"' EXIT
   # The download is made by apt's unprivileged user where it can write.
   chmod 755 "$deb"
   chown _apt "$deb" 2>/dev/null || true
-  (cd "$deb" && apt_get download -qq prometheus)
+  # With the lists there are (a download needs no root), else after an
+  # update (which does).
+  if ! (cd "$deb" && apt-get download -qq prometheus >/dev/null 2>&1); then
+    apt_update
+    (cd "$deb" && apt_get download -qq prometheus)
+  fi
   dpkg-deb -x "$deb"/prometheus_*.deb "$deb/x"
   install -m 755 "$deb/x/usr/bin/promtool" "$LINT_VENV/bin/promtool"
   "$LINT_VENV/bin/promtool" --version >/dev/null
