@@ -11,5 +11,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-bash scripts/setup.sh
+bash scripts/setup.sh demo
 exec bash scripts/tool.sh demo "$@"

@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-bash scripts/setup.sh
+bash scripts/setup.sh test
+# setup.sh and tool.sh themselves, against fakes (a second or two).
+bash scripts/check-scripts.sh
 
 cargo fmt --all --check
 # The conformance tests' libcni driver is Go; they build it themselves.
@@ -16,7 +18,7 @@ if [[ -n "$(gofmt -l conformance/cnidriver)" ]]; then
 fi
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The binaries under test first: the conformance tests run the plugin and
-# the installer from target/<host triple>/debug/ and never build them.
+# the installer from <target dir>/<host triple>/debug/ and never build them.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
 
@@ -31,6 +33,12 @@ for k8s in 1.25.0 1.37.0; do
   "$lint/kubernetes-validate" --strict --quiet -k "$k8s" deploy/linkerd-cni.yaml
   echo "kubernetes-validate: deploy/linkerd-cni.yaml ok for Kubernetes $k8s"
 done
+# The alerting rules: promtool's check and their unit tests (promtool is in
+# the venv's bin/, see scripts/setup.sh), then the metrics they read
+# against the programs' sources.
+"$lint/promtool" check rules deploy/prometheus/linkerd-cni-alerts.yaml
+"$lint/promtool" test rules deploy/prometheus/linkerd-cni-alerts.test.yaml
+bash scripts/check-alert-metrics.sh
 # ValidatingAdmissionPolicy is GA (v1) from Kubernetes 1.30: its file is
 # checked against the first version that has it and the newest.
 for k8s in 1.30.0 1.37.0; do

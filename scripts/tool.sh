@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # Builds and runs one of the tools (tools/src/bin/<name>.rs: demo, bench,
-# cri_bench) on
-# the release binaries, as root:
+# cri_bench) on the release binaries, as root:
 #
 #   bash scripts/tool.sh bench [--quick]
+#   bash scripts/tool.sh --print-bin-dir   # where the binaries are run from
 #
 # The plugin and the installer are built as they ship (`release`); the tool
 # with the `tools` profile, which unwinds on panic so that its Drop guards
 # remove what it made. .cargo/config.toml builds for the host's triple, in
-# target/<triple>/. `exec` makes the tool the process a signal reaches.
+# <target dir>/<triple>/, the target dir being cargo's (CARGO_TARGET_DIR
+# when set). `exec` makes the tool the process a signal reaches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-name=${1:?usage: scripts/tool.sh demo|bench|cri_bench [args...]}
+usage="usage: scripts/tool.sh demo|bench|cri_bench [args...] | --print-bin-dir"
+name=${1:?$usage}
 shift
+target_dir="$(bash scripts/target-dir.sh)/$(rustc --print host-tuple)"
+if [[ "$name" == --print-bin-dir ]]; then
+  # What a run would use, without building: the release binaries' dir and
+  # the tools' dir.
+  echo "$target_dir/release"
+  echo "$target_dir/tools"
+  exit 0
+fi
+[[ "$name" != -* ]] || { echo "$usage" >&2; exit 2; }
 echo "$name: building (release)..." >&2
 cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-installer
 cargo build --profile tools --locked --quiet -p linkerd-cni-tools --bin "$name"
-target_dir="$PWD/target/$(rustc --print host-tuple)"
 LINKERD_CNI_BIN_DIR="$target_dir/release" exec "$target_dir/tools/$name" "$@"
