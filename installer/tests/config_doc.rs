@@ -61,7 +61,7 @@ fn every_installer_variable_is_documented_and_every_documented_one_is_read() {
         variables_array(),
         "config::VARIABLES must list exactly the variables Config::from_env reads"
     );
-    let text = docs::read(docs::CONFIGURATION);
+    let text = docs::configuration(env!("CARGO_MANIFEST_DIR"));
     let documented = docs::names_in_column(&docs::section(&text, SECTION), 0);
     if let Some(msg) = docs::compare("installer variables", &read, &documented, SECTION) {
         panic!("{msg}");

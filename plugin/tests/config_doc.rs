@@ -68,7 +68,7 @@ fn every_plugin_key_is_documented_and_every_documented_one_is_read() {
         read.len()
     );
     let code: BTreeSet<String> = read.union(&chain_keys()).cloned().collect();
-    let text = docs::read(docs::CONFIGURATION);
+    let text = docs::configuration(env!("CARGO_MANIFEST_DIR"));
     let documented = docs::names_in_column(&docs::section(&text, SECTION), 0);
     if let Some(msg) = docs::compare("plugin config keys", &code, &documented, SECTION) {
         panic!("{msg}");

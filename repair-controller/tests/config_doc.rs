@@ -29,7 +29,7 @@ fn every_flag_and_variable_is_documented_and_every_documented_one_exists() {
         flags.len() >= 10 && vars.len() >= 8,
         "clap lists too few arguments: {flags:?} {vars:?}"
     );
-    let text = docs::read(docs::CONFIGURATION);
+    let text = docs::configuration(env!("CARGO_MANIFEST_DIR"));
     let lines = docs::section(&text, SECTION);
     let mut failures = String::new();
     let doc_flags = docs::names_in_column(&lines, 0);

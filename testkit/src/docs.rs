@@ -9,26 +9,22 @@
 //! and separator rows do not count.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::Path;
 
 /// `docs/configuration.md`, relative to the workspace root.
 pub const CONFIGURATION: &str = "docs/configuration.md";
 
-/// The text of a document of the workspace, by its path from the
-/// workspace root.
-pub fn read(relative: &str) -> String {
-    let path = workspace_root().join(relative);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
-
-/// The workspace root (testkit's parent directory).
-pub fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
+/// The text of `docs/configuration.md`, found from the calling crate's
+/// manifest dir (pass `env!("CARGO_MANIFEST_DIR")`): the crates are
+/// direct children of the workspace root. The caller's own directory, not
+/// testkit's, so that the document read is the one beside the code tested.
+pub fn configuration(crate_dir: &str) -> String {
+    let crate_dir = Path::new(crate_dir);
+    let root = crate_dir
         .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("{} has no parent directory", manifest.display()))
+        .unwrap_or_else(|| panic!("{} has no parent directory", crate_dir.display()));
+    let path = root.join(CONFIGURATION);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
 /// The lines of the section whose heading text is `heading` (without the
@@ -68,7 +64,10 @@ pub fn names_in_column(lines: &[&str], column: usize) -> BTreeSet<String> {
             continue;
         }
         let cells: Vec<&str> = row.trim_matches('|').split('|').collect();
-        if cells.iter().all(|c| c.trim().chars().all(|ch| "-: ".contains(ch))) {
+        if cells
+            .iter()
+            .all(|c| c.trim().chars().all(|ch| "-: ".contains(ch)))
+        {
             continue;
         }
         if let Some(cell) = cells.get(column) {
