@@ -22,6 +22,8 @@
 //! - [`chain`]: the chain library's fixture conf dirs and the tree and
 //!   JSON comparisons repairs are judged with.
 //! - [`chart`]: the entry template the shipped manifest's ConfigMap holds.
+//! - [`docs`]: the reference tables of `docs/configuration.md`, which the
+//!   crates owning the settings compare with their code.
 //! - [`installer`]: the real installer as a child process, with the chart's
 //!   environment.
 //! - [`kubeconfig`]: kubeconfig text as the installer writes it.
@@ -39,6 +41,7 @@ pub mod api;
 pub mod api_watch;
 pub mod chain;
 pub mod chart;
+pub mod docs;
 #[cfg(feature = "api")]
 mod http;
 pub mod installer;
