@@ -143,7 +143,8 @@ pub enum ApiError {
         /// The answer's Kubernetes `Status` body; None when the body was
         /// not one (a proxy's page, an empty answer), so that a caller can
         /// tell the API server's own NotFound from something in the way.
-        status: Option<StatusBody>,
+        /// (Boxed: it would make every `ApiError` larger.)
+        status: Option<Box<StatusBody>>,
     },
     #[error("{method} {path}: HTTP {status}: {message}")]
     Status {
@@ -525,7 +526,7 @@ impl Client {
             404 => Err(ApiError::NotFound {
                 method,
                 path: path.into(),
-                status: StatusBody::parse(&body),
+                status: StatusBody::parse(&body).map(Box::new),
             }),
             _ => Err(ApiError::Status {
                 method,

@@ -110,7 +110,7 @@ fn error(call: Call, fail: Fail) -> ApiError {
         404 => ApiError::NotFound {
             method: Method::Get,
             path,
-            status: StatusBody::parse(text.as_bytes()),
+            status: StatusBody::parse(text.as_bytes()).map(Box::new),
         },
         _ => ApiError::Status {
             method: Method::Get,
@@ -208,7 +208,8 @@ fn cases() -> Vec<(String, Answers, Want)> {
                 daemonset_get: Some(Err(ApiError::NotFound {
                     method: Method::Get,
                     path: Call::DaemonSet.path(),
-                    status: StatusBody::parse(br#"{"kind":"Status","reason":"NotFound"}"#),
+                    status: StatusBody::parse(br#"{"kind":"Status","reason":"NotFound"}"#)
+                        .map(Box::new),
                 })),
                 ..present()
             },
