@@ -18,7 +18,6 @@
 //! period): a pass can take seconds, and a rolling update leaves a gap
 //! between the old installer's last beat and the new one's first.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -98,13 +97,6 @@ const FUTURE_TOLERANCE: Duration = Duration::from_secs(1);
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// The beat's key for [`Beat::plugin_denied`].
 const DENIED_KEY: &str = "plugin_access_denied";
-/// The beat's key for [`Beat::installers`].
-const INSTALLERS_KEY: &str = "installers";
-/// Another installer counts as alive while its last beat is within this
-/// many of the file's resync periods...
-const ALIVE_RESYNCS: u32 = 2;
-/// ...plus this, for a long pass.
-const ALIVE_SLACK: Duration = Duration::from_secs(5);
 
 /// One beat: what the file holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,11 +112,6 @@ pub struct Beat {
     /// then a 403 is not the installer's to fix, and the plugin does not
     /// ask the runtime to retry for it. What the installer found.
     pub plugin_denied: Option<String>,
-    /// The installer pods that beat here lately, each at its last beat
-    /// (boot clock): two on one node (a force-delete overlap, a `maxSurge`
-    /// rollout) share the file, and each tells from it that the other is
-    /// alive ([`other_installer`]).
-    pub installers: BTreeMap<String, Duration>,
 }
 
 impl Beat {
@@ -135,7 +122,6 @@ impl Beat {
             at: boot_clock(),
             resync,
             plugin_denied: None,
-            installers: BTreeMap::new(),
         }
     }
 
@@ -147,14 +133,6 @@ impl Beat {
         });
         if let Some(d) = &self.plugin_denied {
             v[DENIED_KEY] = Value::String(d.clone());
-        }
-        if !self.installers.is_empty() {
-            v[INSTALLERS_KEY] = self
-                .installers
-                .iter()
-                .map(|(pod, at)| (pod.clone(), json!(at.as_secs_f64())))
-                .collect::<serde_json::Map<_, _>>()
-                .into();
         }
         v.to_string()
     }
@@ -171,15 +149,6 @@ impl Beat {
             at: secs("boot_time_seconds")?,
             resync: secs("resync_seconds")?,
             plugin_denied: v[DENIED_KEY].as_str().map(str::to_string),
-            installers: v[INSTALLERS_KEY]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(pod, at)| {
-                    let at = at.as_f64().filter(|s| s.is_finite() && *s >= 0.0)?;
-                    Some((pod.clone(), Duration::try_from_secs_f64(at).ok()?))
-                })
-                .collect(),
         })
     }
 
@@ -209,63 +178,6 @@ pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
     fs::create_dir_all(state_dir)
         .map_err(|e| ChainError::io("create the state dir", state_dir, e))?;
     crate::write::write_atomic(&path(state_dir), beat.to_json().as_bytes(), 0o644)
-}
-
-/// The beat in `state_dir`, if it is one written on this boot.
-fn read_beat(state_dir: &Path) -> Option<Beat> {
-    let beat = Beat::from_json(&crate::scan::read_file(&path(state_dir)).ok()?)?;
-    beat.this_boot(boot_clock()).then_some(beat)
-}
-
-/// Whether an installer's beat `at` is recent for a file resyncing every
-/// `resync`, at `now`.
-fn alive(at: Duration, resync: Duration, now: Duration) -> bool {
-    now.saturating_sub(at) <= resync.saturating_mul(ALIVE_RESYNCS) + ALIVE_SLACK
-}
-
-/// Writes `beat` as installer pod `me` (`None`: unnamed): the other
-/// installers the file names are carried over while alive, and `me` is
-/// added at the beat's time. Two installers writing at once may drop one
-/// entry; its owner adds it again at its next beat.
-pub fn beat_as(state_dir: &Path, mut beat: Beat, me: Option<&str>) -> Result<(), ChainError> {
-    if let Some(old) = read_beat(state_dir) {
-        let now = beat.at;
-        beat.installers = old
-            .installers
-            .into_iter()
-            .filter(|(pod, at)| Some(pod.as_str()) != me && alive(*at, old.resync, now))
-            .collect();
-    }
-    if let Some(me) = me {
-        beat.installers.insert(me.to_string(), beat.at);
-    }
-    write(state_dir, &beat)
-}
-
-/// Another installer pod than `me` that beat here within two of the
-/// file's resync periods: its name, and how long ago.
-pub fn other_installer(state_dir: &Path, me: &str) -> Option<(String, Duration)> {
-    let beat = read_beat(state_dir)?;
-    let now = boot_clock();
-    beat.installers
-        .into_iter()
-        .filter(|(pod, at)| pod != me && alive(*at, beat.resync, now))
-        .map(|(pod, at)| (pod, now.saturating_sub(at)))
-        .min_by_key(|(_, age)| *age)
-}
-
-/// Takes `me` out of the heartbeat's installers (an installer that stops
-/// and leaves the node installed: the plugin still sees its last beat,
-/// another installer no longer takes it for alive). Nothing to do without
-/// a heartbeat or without `me` in it.
-pub fn leave(state_dir: &Path, me: &str) -> Result<(), ChainError> {
-    let Some(mut beat) = read_beat(state_dir) else {
-        return Ok(());
-    };
-    if beat.installers.remove(me).is_none() {
-        return Ok(());
-    }
-    write(state_dir, &beat)
 }
 
 /// Removes the heartbeat (an uninstall): the plugin then takes the
@@ -461,44 +373,6 @@ mod tests {
             liveness(dir.path(), None),
             Liveness::Gone(Gone::OtherBoot(_))
         ));
-    }
-
-    /// Two installers sharing the file each see the other; one that left,
-    /// or beat too long ago, is not counted.
-    #[test]
-    fn installers_on_one_node_see_each_other() {
-        let dir = TempDir::new("heartbeat-two");
-        let resync = Duration::from_secs(10);
-        assert_eq!(other_installer(dir.path(), "a"), None, "no heartbeat");
-        beat_as(dir.path(), Beat::now(resync), Some("a")).unwrap();
-        assert_eq!(other_installer(dir.path(), "a"), None, "only itself");
-        beat_as(dir.path(), Beat::now(resync), Some("b")).unwrap();
-        beat_as(dir.path(), Beat::now(resync), Some("a")).unwrap();
-        let (other, age) = other_installer(dir.path(), "a").expect("b is alive");
-        assert_eq!(other, "b");
-        assert!(age < resync, "{age:?}");
-        assert_eq!(
-            other_installer(dir.path(), "b").map(|(o, _)| o).as_deref(),
-            Some("a")
-        );
-        // The plugin reads the same file as before.
-        assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
-        // b leaves (it exits, the node stays installed).
-        leave(dir.path(), "b").unwrap();
-        assert_eq!(other_installer(dir.path(), "a"), None);
-        assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
-        // A beat of c older than two resyncs and the slack: not alive, and
-        // not carried over by the next beat.
-        let mut old = Beat::now(resync);
-        old.installers.insert(
-            "c".into(),
-            boot_clock().saturating_sub(resync * 2 + ALIVE_SLACK + Duration::from_secs(1)),
-        );
-        write(dir.path(), &old).unwrap();
-        assert_eq!(other_installer(dir.path(), "a"), None);
-        beat_as(dir.path(), Beat::now(resync), Some("a")).unwrap();
-        let text = std::fs::read_to_string(path(dir.path())).unwrap();
-        assert!(!text.contains("\"c\""), "{text}");
     }
 
     #[test]

@@ -5,9 +5,15 @@
 //! the plugin's own ServiceAccount and dies with that account.
 //!
 //! - The DaemonSet is deleted (background cascade: NotFound; foreground:
-//!   deletionTimestamp; the whole manifest or chart: both ServiceAccounts
-//!   gone too): at SIGTERM the installer unchains the node, then the token
-//!   is revoked, and pods, meshed or not, start through libcni.
+//!   deletionTimestamp; `helm uninstall`: NotFound and the namespace being
+//!   deleted; `kubectl delete -f`: the namespace being deleted while the
+//!   DaemonSet still answers): at SIGTERM the installer unchains the node,
+//!   then the token is revoked, and pods, meshed or not, start through
+//!   libcni.
+//! - The ServiceAccounts deleted before the pod's SIGTERM (its token
+//!   rejected): the installer cannot tell an uninstall from a force-delete
+//!   and leaves the node chained, saying how to clean it; once no installer
+//!   beats the plugin passes pods through.
 //! - With the upstream chart's RBAC (no `get daemonsets`, no TokenRequest)
 //!   the kubeconfig holds the installer's own token, which it says once;
 //!   the installer cannot tell and leaves the node chained; once the token
@@ -22,7 +28,8 @@
 //!   installer writes its own token.
 //! - Forced answers at SIGTERM while the DaemonSet exists (one 401, one
 //!   403, a proxy's HTML 401, a 401 on the DaemonSet after a 200 on the
-//!   pod, a stale token in the node's kubeconfig): the node stays chained.
+//!   pod, a stale token in the node's kubeconfig, a proxy's 404 on the
+//!   DaemonSet): the node stays chained.
 //! - Two installers on one node (a force-delete overlap): the kubeconfig
 //!   is written at most 3 times in 10 s, and the node stays chained, also
 //!   when the force-deleted one gets SIGTERM.
@@ -34,15 +41,14 @@ use conformance::expect::*;
 use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
 use serde_json::{Value, json};
-use testkit::objects::{daemonset, daemonset_path, daemonset_pod, pod_path};
+use testkit::objects::{daemonset, daemonset_path, daemonset_pod, namespace_path, pod_path};
 use testkit::{FakeApiServer, TokenPolicy};
 
 const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(5);
-/// The installer's bound at SIGTERM: the API question (5 s for its calls,
-/// 2 s for the check of the plugin's token), then the uninstall (a few file
-/// operations).
+/// The installer's bound at SIGTERM: the API question (5 s for its calls),
+/// then the uninstall (a few file operations), with room to spare.
 const SIGTERM_BOUND: Duration = Duration::from_secs(7);
 const NS: &str = "linkerd-cni";
 const DS: &str = "linkerd-cni";
@@ -252,51 +258,111 @@ enum Deletion {
     Background,
     /// `kubectl delete --cascade=foreground`: a deletionTimestamp.
     Foreground,
-    /// `kubectl delete -f` of the manifest or `helm uninstall`: by the time
-    /// the pods get SIGTERM both ServiceAccounts are gone (their tokens get
-    /// 401), whatever RBAC there was (here without daemonsets) with them.
-    Everything,
+    /// `helm uninstall`: the DaemonSet deleted first (NotFound), the
+    /// chart's namespace last (being deleted), while the pod's token is
+    /// still accepted.
+    HelmUninstall,
+    /// `kubectl delete -f deploy/linkerd-cni.yaml`: the namespace first
+    /// (being deleted), while the DaemonSet still answers.
+    DeleteManifest,
 }
 
-/// Each deletion: unchained at SIGTERM, within the stated bound; then, the
+/// Namespace `linkerd-cni` being deleted, as the API server shows it.
+fn terminating_namespace(api: &FakeApiServer) {
+    let mut ns = testkit::objects::namespace(NS, &[]);
+    ns["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+    ns["status"] = json!({"phase": "Terminating"});
+    api.set(&namespace_path(NS), ns);
+}
+
+/// `deletion`: unchained at SIGTERM, within the stated bound; then, the
 /// token revoked, pods start through libcni.
+fn deletion_unchains_the_node(deletion: Deletion) {
+    let (node, api, net, conf, pod) = chained_node();
+    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
+    assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+
+    match deletion {
+        Deletion::Background => api.remove(&daemonset_path(NS, DS)),
+        Deletion::Foreground => api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true)),
+        Deletion::HelmUninstall => {
+            api.remove(&daemonset_path(NS, DS));
+            terminating_namespace(&api);
+        }
+        Deletion::DeleteManifest => terminating_namespace(&api),
+    }
+    let log = pod.stop(&api);
+    assert!(log.contains("uninstalling"), "{deletion:?}: {log}");
+    uninstalled(&node, &conf);
+
+    for (spec, what) in [
+        (kube::serve_unmeshed(&api, "plain-1"), "unmeshed"),
+        (kube::serve_meshed(&api, "web-1"), "meshed"),
+    ] {
+        let steps = add(&node, &net, spec)
+            .unwrap_or_else(|e| panic!("{deletion:?}: {what} pod after uninstall: {e}"));
+        assert_eq!(steps, ORDER_WITHOUT, "{deletion:?}: {what}");
+    }
+    expect_no_reserved_ips(&node, &net);
+}
+
 #[test]
 fn deleting_the_daemonset_unchains_the_node() {
-    for deletion in [
-        Deletion::Background,
-        Deletion::Foreground,
-        Deletion::Everything,
-    ] {
-        let (node, api, net, conf, pod) = chained_node();
-        let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
-        assert_eq!(meshed.last().map(String::as_str), Some("(rules)"));
+    deletion_unchains_the_node(Deletion::Background);
+    deletion_unchains_the_node(Deletion::Foreground);
+}
 
-        match deletion {
-            Deletion::Background => api.remove(&daemonset_path(NS, DS)),
-            Deletion::Foreground => {
-                api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true))
-            }
-            Deletion::Everything => {
-                api.forbid(&daemonset_path(NS, DS));
-                api.remove(&daemonset_path(NS, DS));
-                api.revoke_token(&pod.token);
-                api.delete_account(NS, PLUGIN_SA);
-            }
-        }
-        let log = pod.stop(&api);
-        assert!(log.contains("uninstalling"), "{deletion:?}: {log}");
-        uninstalled(&node, &conf);
+#[test]
+fn helm_uninstall_unchains_the_node() {
+    deletion_unchains_the_node(Deletion::HelmUninstall);
+}
 
-        for (spec, what) in [
-            (kube::serve_unmeshed(&api, "plain-1"), "unmeshed"),
-            (kube::serve_meshed(&api, "web-1"), "meshed"),
-        ] {
-            let steps = add(&node, &net, spec)
-                .unwrap_or_else(|e| panic!("{deletion:?}: {what} pod after uninstall: {e}"));
-            assert_eq!(steps, ORDER_WITHOUT, "{deletion:?}: {what}");
-        }
-        expect_no_reserved_ips(&node, &net);
-    }
+#[test]
+fn kubectl_delete_manifest_unchains_the_node() {
+    deletion_unchains_the_node(Deletion::DeleteManifest);
+}
+
+/// `kubectl delete -f` or `helm uninstall` that deleted both
+/// ServiceAccounts (and the RBAC) before the pod's SIGTERM: its token is
+/// rejected, as a force-deleted pod's is, and the installer cannot tell
+/// them apart. It leaves the node chained and says how to clean it; once
+/// no installer has beaten for `installer_gone_after_seconds` (short
+/// here), the plugin, its token rejected too, passes every pod through.
+#[test]
+fn a_revoked_token_at_sigterm_leaves_the_node_installed() {
+    let Chained {
+        node,
+        api,
+        net,
+        conf,
+        pod,
+        entry,
+        ..
+    } = chained_node_with(
+        TokenPolicy::default(),
+        &json!({"installer_gone_after_seconds": 2}),
+        &[],
+    );
+    api.forbid(&daemonset_path(NS, DS));
+    api.remove(&daemonset_path(NS, DS));
+    api.revoke_token(&pod.token);
+    api.delete_account(NS, PLUGIN_SA);
+    let log = pod.stop(&api);
+    assert!(!log.contains("uninstalling"), "{log}");
+    assert!(
+        log.contains("cannot tell whether the DaemonSet is being deleted"),
+        "{log}"
+    );
+    assert!(log.contains("HTTP 401"), "{log}");
+    assert!(log.contains("linkerd-cni-installer uninstall"), "{log}");
+    node.healthy_now_with(&entry, &conf);
+
+    std::thread::sleep(Duration::from_secs(3));
+    let plain = add(&node, &net, kube::serve_unmeshed(&api, "plain-0")).unwrap();
+    assert_eq!(plain, ORDER_WITH);
+    let meshed = add(&node, &net, kube::serve_meshed(&api, "web-0")).unwrap();
+    assert_eq!(meshed, ORDER_WITH, "passed through, without rules");
+    expect_no_reserved_ips(&node, &net);
 }
 
 /// The upstream chart's RBAC has no `get daemonsets` and no TokenRequest:
@@ -587,13 +653,14 @@ fn quiet_node() -> (Node, FakeApiServer, String, Value, InstallerPod) {
     (c.node, c.api, c.net, c.conf, c.pod)
 }
 
-/// Forced answers at SIGTERM while the DaemonSet exists: none uninstalls;
-/// the question is asked with the pod's own token. With the DaemonSet
-/// NotFound or being deleted: uninstall.
+/// Forced answers at SIGTERM while the DaemonSet exists (or, for a proxy's
+/// 404, whatever it is): none uninstalls; the question is asked with the
+/// pod's own token. With the DaemonSet NotFound (the API server's Status
+/// body) or being deleted, or the namespace being deleted: uninstall.
 #[test]
 fn forced_answers_at_sigterm() {
     type Force = fn(&FakeApiServer, &Node);
-    let cases: [(&str, Force); 5] = [
+    let cases: [(&str, Force); 7] = [
         ("one 401", |api, _| {
             api.fail_next_on(&pod_path(NS, "linkerd-cni-old"), 1, 401)
         }),
@@ -621,6 +688,17 @@ fn forced_answers_at_sigterm() {
             std::fs::write(&path, text.replace(&token, &stale)).unwrap();
             assert_eq!(kubeconfig_token(node), stale);
         }),
+        ("a proxy's HTML 404 on the DaemonSet", |api, _| {
+            api.fail_next_on_with(
+                &daemonset_path(NS, DS),
+                1,
+                404,
+                "<html><body><h1>404 Not Found</h1></body></html>",
+            )
+        }),
+        ("an empty 404 on the DaemonSet", |api, _| {
+            api.fail_next_on_with(&daemonset_path(NS, DS), 1, 404, "")
+        }),
     ];
     for (what, force) in cases {
         let (node, api, _net, conf, pod) = quiet_node();
@@ -637,12 +715,12 @@ fn forced_answers_at_sigterm() {
             "{what}: asked with the pod's own token only"
         );
     }
-    for gone in ["not found", "being deleted"] {
+    for gone in ["not found", "being deleted", "namespace being deleted"] {
         let (node, api, _net, conf, pod) = quiet_node();
-        if gone == "not found" {
-            api.remove(&daemonset_path(NS, DS));
-        } else {
-            api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true));
+        match gone {
+            "not found" => api.remove(&daemonset_path(NS, DS)),
+            "being deleted" => api.set(&daemonset_path(NS, DS), daemonset(NS, DS, DS_UID, true)),
+            _ => terminating_namespace(&api),
         }
         let log = pod.stop(&api);
         assert!(log.contains("uninstalling"), "{gone}: {log}");
@@ -690,9 +768,8 @@ fn overlap_for_10_s(
 /// TokenRequest: each has only its own pod's token): the second keeps the
 /// first one's token while it is accepted, so no write for 10 s and the
 /// node stays chained. Then the first is force-deleted (its token
-/// revoked) and gets SIGTERM at once: its rejected token is no uninstall
-/// while another installer beats on the node, and the second writes its
-/// own token within a pass.
+/// revoked) and gets SIGTERM at once: its rejected token is no uninstall,
+/// and the second writes its own token within a pass.
 #[test]
 fn two_installers_converge_under_the_chart_rbac() {
     let c = chained_node_with(chart_rbac(), &json!({}), &[]);

@@ -344,7 +344,7 @@ impl Installer {
             plugin_denied: self.plugin_denied.clone(),
             ..heartbeat::Beat::now(self.cfg.resync)
         };
-        match heartbeat::beat_as(&dir, beat, self.cfg.pod_name.as_deref()) {
+        match heartbeat::write(&dir, &beat) {
             Ok(()) => self.notes.clear("heartbeat", || {
                 format!("the heartbeat in {} is written again", dir.display())
             }),

@@ -22,13 +22,14 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use linkerd_cni_kube::owner::Verdict;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
-use crate::owner::{self, Verdict};
+use crate::owner;
 use crate::signals::Signals;
 use crate::taint::StartupTaint;
 use crate::watch::{Wanted, Watcher};
@@ -171,16 +172,13 @@ pub fn run(mut inst: Installer) -> ExitCode {
     }
 }
 
-/// SIGTERM: uninstall when the DaemonSet is gone or being deleted (or
-/// always, or never, as configured); otherwise leave everything, so that a
-/// rolling update or a restart never unchains pods.
+/// SIGTERM: uninstall only when the API server says the DaemonSet is gone
+/// or being deleted (or always, or never, as configured); otherwise leave
+/// everything, so that a rolling update, a restart or a force-delete never
+/// unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
-    let why = match uninstall_why(inst, sig) {
-        Some(why) => why,
-        None => {
-            leave_heartbeat(inst);
-            return ExitCode::SUCCESS;
-        }
+    let Some(why) = uninstall_why(inst, sig) else {
+        return ExitCode::SUCCESS;
     };
     log::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
@@ -196,54 +194,38 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
     }
 }
 
-/// An installer that exits and leaves the node installed is no longer
-/// counted alive by another on the node (its last beat stays for the
-/// plugin).
-fn leave_heartbeat(inst: &Installer) {
-    let Some(me) = &inst.config().pod_name else {
-        return;
-    };
-    let dir = inst.state_dir();
-    if let Err(e) = linkerd_cni_chain::heartbeat::leave(&dir, me) {
-        log::debug!(
-            "cannot take {me} out of the heartbeat in {}: {e}",
-            dir.display()
-        );
-    }
-}
-
 /// Why SIGTERM uninstalls, or `None` (said in the log) when it does not.
 fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
-    let why = match inst.config().on_exit {
+    match inst.config().on_exit {
         OnExit::Leave => {
             log::info!(
                 "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
             );
-            return None;
+            None
         }
-        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
-        OnExit::Auto => match owner::ask(inst.config(), &inst.state_dir()) {
-            Verdict::Gone(how) => how,
+        OnExit::Uninstall => Some("LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string()),
+        OnExit::Auto => match owner::ask(inst.config()) {
+            Verdict::Uninstall(how) => Some(how),
             Verdict::Present(how) => {
                 log::info!(
                     "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
                 );
-                return None;
+                None
             }
-            Verdict::Unknown(why) => {
+            Verdict::CannotTell(why) => {
                 let why = why.trim_end_matches('.');
                 log::warn!(
                     "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
-                     the DaemonSet is being deleted: {why}. If it is being deleted, the plugin \
-                     passes pods through once this pod's token is revoked; remove what is left \
-                     with `linkerd-cni-installer uninstall` or by deleting the linkerd-cni entry \
-                     from the node's CNI config."
+                     the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
+                     the plugin passes pods through once no installer beats on this node; remove \
+                     what is left by running `linkerd-cni-installer uninstall` on the node, or by \
+                     deleting the linkerd-cni entry from the node's CNI config and the \
+                     ZZZ-linkerd-cni-* files next to it."
                 );
-                return None;
+                None
             }
         },
-    };
-    Some(why)
+    }
 }
 
 /// Sleeps until the resync deadline, a signal, or a relevant event,

@@ -137,7 +137,15 @@ pub enum ApiError {
         reason: Option<String>,
     },
     #[error("{method} {path}: not found")]
-    NotFound { method: Method, path: String },
+    NotFound {
+        method: Method,
+        path: String,
+        /// The answer's Kubernetes `Status` body; None when the body was
+        /// not one (a proxy's page, an empty answer), so that a caller can
+        /// tell the API server's own NotFound from something in the way.
+        /// (Boxed: it would make every `ApiError` larger.)
+        status: Option<Box<StatusBody>>,
+    },
     #[error("{method} {path}: HTTP {status}: {message}")]
     Status {
         method: Method,
@@ -518,6 +526,7 @@ impl Client {
             404 => Err(ApiError::NotFound {
                 method,
                 path: path.into(),
+                status: StatusBody::parse(&body).map(Box::new),
             }),
             _ => Err(ApiError::Status {
                 method,
@@ -670,6 +679,35 @@ fn status_reason(body: &[u8]) -> Option<String> {
         return None;
     }
     Some(v.get("reason")?.as_str()?.to_string())
+}
+
+/// What a Kubernetes `Status` body (`kind: Status`) says about a failed
+/// call: the API server's own answer, as a proxy's page is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusBody {
+    /// `reason`, e.g. `NotFound` (empty when absent).
+    pub reason: String,
+    /// `details.kind`, the resource the answer is about (e.g. `daemonsets`).
+    pub kind: Option<String>,
+    /// `details.name`, the object's name.
+    pub name: Option<String>,
+}
+
+impl StatusBody {
+    /// The Status body in `body`; None for any other body.
+    pub fn parse(body: &[u8]) -> Option<StatusBody> {
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        if v.get("kind")?.as_str()? != "Status" {
+            return None;
+        }
+        let text = |v: Option<&serde_json::Value>| v?.as_str().map(str::to_string);
+        let details = v.get("details");
+        Some(StatusBody {
+            reason: text(v.get("reason")).unwrap_or_default(),
+            kind: text(details.and_then(|d| d.get("kind"))),
+            name: text(details.and_then(|d| d.get("name"))),
+        })
+    }
 }
 
 /// Resolves a server given as an IP address without a lookup: ureq's

@@ -2,9 +2,9 @@
 //! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
 //! server within a time budget, synchronously and without an async runtime
 //! ([`client`]), and the fields of the objects they read ([`objects`]);
-//! for the installer, whether its DaemonSet is gone ([`owner`]), removing a
-//! startup taint from a node ([`taint`]), minting the plugin's token
-//! ([`token`]), the self reviews that corroborate a refusal ([`review`])
+//! for the installer, whether SIGTERM uninstalls the node ([`owner`]),
+//! removing a startup taint from a node ([`taint`]), minting the plugin's
+//! token ([`token`]), whether the plugin's token may get pods ([`review`])
 //! and Events about its node ([`events`]).
 
 pub mod client;

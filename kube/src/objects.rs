@@ -83,6 +83,15 @@ pub struct Container {
 #[serde(default)]
 pub struct Namespace {
     pub metadata: ObjectMeta,
+    pub status: NamespaceStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NamespaceStatus {
+    /// `Active`, or `Terminating` once the namespace is being deleted.
+    #[serde(deserialize_with = "nullable")]
+    pub phase: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,318 +1,231 @@
-//! Whether the DaemonSet that owns a pod is gone: the question the
-//! installer asks when it gets SIGTERM, to tell an uninstall (uninstall the
-//! node) from a rolling update or a restart (leave everything).
+//! At SIGTERM: is this an uninstall (uninstall the node) or a rolling
+//! update, a restart, a force-delete (leave everything)? [`ask`] makes the
+//! calls and records the answers; [`verdict`], a pure function of them,
+//! decides.
 //!
-//! Gone means one of:
-//! - the pod's controlling DaemonSet is NotFound, or has a
-//!   `deletionTimestamp` (a foreground cascade deletes the pods first);
-//! - the pod's namespace has a `deletionTimestamp` (`kubectl delete -f` of
-//!   a manifest that starts with the namespace);
-//! - the API server rejects the pod's own token (401) or its RBAC no longer
-//!   lets it get pods (403 on its own pod), corroborated: the answer is the
-//!   API server's own (a Kubernetes `Status` body with reason
-//!   `Unauthorized` or `Forbidden`, not a proxy's page), the same when asked
-//!   again, and agreed by a question any identity may ask (a
-//!   SelfSubjectReview gets 401 too; a SelfSubjectAccessReview says `get`
-//!   on the pod is not allowed). The asker is that pod, still terminating,
-//!   so its pod-bound token is valid unless its ServiceAccount was deleted;
-//!   and without `get pods` the plugin could not work on the node anyway.
-//!   `kubectl delete -f` and `helm uninstall` delete the RBAC and the
-//!   ServiceAccount right after the DaemonSet, before the pods' SIGTERM, so
-//!   this is what an uninstall usually looks like.
+//! Only the API server's own word uninstalls:
+//! - the pod's controlling DaemonSet answers NotFound with a Kubernetes
+//!   `Status` body (reason `NotFound`, about `daemonsets` when it says);
+//! - the DaemonSet has a `deletionTimestamp` (a foreground cascade, or the
+//!   garbage collector still at work);
+//! - the pod's namespace is being deleted (`deletionTimestamp`, phase
+//!   `Terminating`): everything in it goes, the DaemonSet included.
 //!
-//! The DaemonSet exists (including one recreated under the same name) is
-//! present. Anything else is "cannot tell", and the caller leaves the node
-//! as it is: an API server down, a 403 on the DaemonSet alone (the upstream
-//! chart's RBAC has no `daemonsets`) in a namespace that is not being
-//! deleted, a pod not owned by a DaemonSet, a refusal not corroborated, and
-//! a 401 right after a 200 with the same token (a token cannot be both
-//! valid and revoked: something in between answered).
+//! Everything else leaves the node installed: the DaemonSet present (or
+//! one recreated under the same name), and every answer that is no answer
+//! (a timeout, a 5xx, a 429, a 404 without a Status body: a proxy's or a
+//! load balancer's), a pod without a controlling DaemonSet, and a refused
+//! token or RBAC (401, 403), whatever the body says. A refusal tells this
+//! pod's credentials apart, not the DaemonSet: a force-deleted or evicted
+//! pod's token is rejected while linkerd-cni stays installed, and so is
+//! every token while an authenticator is out. The cost is asymmetric: an
+//! uninstall missed leaves a node the plugin passes pods through once no
+//! installer beats on it (and `linkerd-cni-installer uninstall` cleans);
+//! an uninstall made wrongly starts meshed pods without their rules.
 
 use std::fmt;
-use std::time::Duration;
 
-use crate::objects::Pod;
-use crate::{ApiError, Client, review};
+use crate::client::StatusBody;
+use crate::objects::{DaemonSet, Namespace, OwnerReference, Pod};
+use crate::{ApiError, Client};
 
-/// The pause before asking again about a refusal: long enough for a
-/// passing glitch (an authenticator's cache, a webhook's restart) to pass.
-const REPEAT_AFTER: Duration = Duration::from_millis(500);
-
-/// The DaemonSet owning a pod, as far as the API can tell.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnerState {
-    /// It exists and is not being deleted.
-    Present { daemonset: String },
-    /// NotFound: the pod's owner is gone. (One recreated under the same
-    /// name, whatever its uid, is [`OwnerState::Present`]: a rolling
-    /// re-apply must not uninstall the node.)
-    Gone { daemonset: String, why: String },
-    /// It exists with a `deletionTimestamp`.
-    Deleting { daemonset: String },
-    /// The namespace has a `deletionTimestamp`.
-    NamespaceDeleting { namespace: String },
-    /// The pod's own credentials or RBAC are gone.
-    Revoked { pod: String, status: u16 },
+/// What the API server answered to the question's calls.
+#[derive(Debug)]
+pub struct Answers {
+    /// The asking pod's namespace (its DaemonSet's too) and name.
+    pub namespace: String,
+    pub pod: String,
+    /// The GET of the pod.
+    pub pod_get: Result<Pod, ApiError>,
+    /// The GET of the DaemonSet the pod names as its controller; None when
+    /// not asked (the pod's GET failed, or it names none).
+    pub daemonset_get: Option<Result<DaemonSet, ApiError>>,
+    /// The GET of the namespace.
+    pub namespace_get: Result<Namespace, ApiError>,
 }
 
-impl OwnerState {
-    /// Gone or being deleted: the node should be uninstalled.
-    pub fn is_gone(&self) -> bool {
-        !matches!(self, OwnerState::Present { .. })
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The API server says the DaemonSet is gone or being deleted: how.
+    Uninstall(String),
+    /// The DaemonSet is there (a rolling update, a restart): leave
+    /// everything. What the API said.
+    Present(String),
+    /// No word from the API server either way: leave everything. Why, and
+    /// what an operator can do.
+    CannotTell(String),
+}
+
+impl Verdict {
+    pub fn uninstalls(&self) -> bool {
+        matches!(self, Verdict::Uninstall(_))
     }
 }
 
-impl fmt::Display for OwnerState {
+impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OwnerState::Present { daemonset } => {
-                write!(f, "DaemonSet {daemonset} exists and is not being deleted")
-            }
-            OwnerState::Gone { daemonset, why } => {
-                write!(f, "DaemonSet {daemonset} is gone: {why}")
-            }
-            OwnerState::Deleting { daemonset } => {
-                write!(
-                    f,
-                    "DaemonSet {daemonset} is being deleted (deletionTimestamp set)"
-                )
-            }
-            OwnerState::NamespaceDeleting { namespace } => {
-                write!(
-                    f,
-                    "namespace {namespace} is being deleted (deletionTimestamp set)"
-                )
-            }
-            OwnerState::Revoked { pod, status: 401 } => write!(
-                f,
-                "the API server rejects pod {pod}'s own token (HTTP 401) while it terminates: its ServiceAccount was deleted"
-            ),
-            OwnerState::Revoked { pod, status } => write!(
-                f,
-                "pod {pod} may no longer get itself (HTTP {status}): linkerd-cni's RBAC was deleted"
-            ),
+            Verdict::Uninstall(s) | Verdict::Present(s) | Verdict::CannotTell(s) => f.write_str(s),
         }
     }
 }
 
-/// Why the question has no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum OwnerError {
-    #[error("cannot get pod {pod}: {source}")]
-    Pod {
-        pod: String,
-        #[source]
-        source: ApiError,
-    },
-    #[error("pod {pod} has no controlling DaemonSet in its ownerReferences")]
-    NotOwned { pod: String },
-    #[error("cannot get DaemonSet {daemonset}: {source}")]
-    DaemonSet {
-        daemonset: String,
-        #[source]
-        source: ApiError,
-    },
-    /// A refusal (401, 403) that did not hold up, and why.
-    #[error("pod {pod}: {why}")]
-    Uncorroborated { pod: String, why: String },
-}
-
-impl OwnerError {
-    /// What an operator can do about the open question, for this cause:
-    /// RBAC advice only when RBAC was the cause.
-    pub fn advice(&self) -> String {
-        match self {
-            OwnerError::DaemonSet {
-                source: ApiError::Unauthorized { status: 403, .. },
-                ..
-            } => "Granting the service account `get` on daemonsets in its namespace (as \
-                  deploy/linkerd-cni.yaml's Role linkerd-cni-installer does) lets the installer \
-                  tell, and uninstall by itself."
-                .into(),
-            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. }
-                if source.transient() =>
-            {
-                "The API server is unavailable or did not answer in time: no permission is missing."
-                    .into()
-            }
-            OwnerError::Pod { source, .. } | OwnerError::DaemonSet { source, .. } => {
-                format!("To fix the cause: {}.", source.hint())
-            }
-            OwnerError::NotOwned { .. } => {
-                "Only a pod of the linkerd-cni DaemonSet can tell; this one is not.".into()
-            }
-            OwnerError::Uncorroborated { .. } => {
-                "The refusal may not be the API server's (a proxy or a load balancer in \
-                 between?): check the kubeconfig's server address."
-                    .into()
-            }
-        }
+/// Asks about pod `namespace/pod`: its GET, then its controlling
+/// DaemonSet's (when it names one), then the namespace's, all within the
+/// client's budget. Whatever each answers is recorded, for [`verdict`].
+pub fn ask(client: &Client, namespace: &str, pod: &str) -> Answers {
+    let pod_get = client.pod(namespace, pod);
+    let daemonset_get = pod_get
+        .as_ref()
+        .ok()
+        .and_then(controller)
+        .map(|o| client.daemonset(namespace, &o.name));
+    let namespace_get = client.namespace(namespace);
+    Answers {
+        namespace: namespace.to_string(),
+        pod: pod.to_string(),
+        pod_get,
+        daemonset_get,
+        namespace_get,
     }
 }
 
-/// Looks up pod `namespace/pod`, its controlling DaemonSet, and that
-/// DaemonSet's state (see the module docs for what counts as gone).
-pub fn daemonset_of(client: &Client, namespace: &str, pod: &str) -> Result<OwnerState, OwnerError> {
-    let pod_id = format!("{namespace}/{pod}");
-    let p = match client.pod(namespace, pod) {
-        Ok(p) => p,
-        Err(ApiError::Unauthorized { status, reason, .. }) => {
-            match corroborate(client, namespace, pod, status, reason.as_deref())? {
-                // Asked again, it answered: go on with that answer.
-                Some(p) => p,
-                None => {
-                    return Ok(OwnerState::Revoked {
-                        pod: pod_id,
-                        status,
-                    });
-                }
-            }
-        }
-        Err(source) => {
-            return Err(OwnerError::Pod {
-                pod: pod_id,
-                source,
-            });
-        }
-    };
-    owner_of(client, namespace, &pod_id, &p)
-}
-
-/// After a 200 on the pod: its DaemonSet's state.
-fn owner_of(
-    client: &Client,
-    namespace: &str,
-    pod_id: &str,
-    p: &Pod,
-) -> Result<OwnerState, OwnerError> {
-    let owner = p
-        .metadata
+/// The pod's controlling DaemonSet, as its ownerReferences name it.
+fn controller(p: &Pod) -> Option<&OwnerReference> {
+    p.metadata
         .owner_references
         .iter()
         .find(|o| o.kind == "DaemonSet" && o.controller == Some(true) && !o.name.is_empty())
-        .ok_or(OwnerError::NotOwned {
-            pod: pod_id.to_string(),
-        })?;
-    let daemonset = format!("{namespace}/{}", owner.name);
-    // The token was just accepted: a 401 now is not the API server
-    // revoking it.
-    let contradiction = |what: &str| OwnerError::Uncorroborated {
-        pod: pod_id.to_string(),
-        why: format!(
-            "HTTP 401 on {what} right after HTTP 200 on the pod with the same token: cannot tell"
-        ),
+}
+
+/// The decision over the recorded answers (see the module docs).
+pub fn verdict(a: &Answers) -> Verdict {
+    let ns = &a.namespace;
+    let pod_id = format!("{ns}/{}", a.pod);
+    // None: the pod's GET failed; Some(None): the pod names no DaemonSet.
+    let owner = a.pod_get.as_ref().ok().map(controller);
+    let ns_deleting = a.namespace_get.as_ref().ok().and_then(deleting);
+    if let Some(how) = &ns_deleting
+        && !matches!(owner, Some(None))
+    {
+        return Verdict::Uninstall(format!(
+            "namespace {ns} is being deleted ({how}): so is everything in it"
+        ));
+    }
+    let owner = match (&a.pod_get, owner.flatten()) {
+        (Err(e), _) => {
+            return Verdict::CannotTell(format!(
+                "cannot get pod {pod_id}: {e}. {}",
+                advice(e, "pods")
+            ));
+        }
+        (Ok(_), None) => {
+            return Verdict::CannotTell(format!(
+                "pod {pod_id} has no controlling DaemonSet in its ownerReferences. Only a pod \
+                 of the linkerd-cni DaemonSet can tell; this one is not."
+            ));
+        }
+        (Ok(_), Some(o)) => o,
     };
-    match client.daemonset(namespace, &owner.name) {
-        Err(ApiError::NotFound { .. }) => Ok(OwnerState::Gone {
-            daemonset,
-            why: "not found".into(),
-        }),
-        Err(ApiError::Unauthorized { status: 401, .. }) => {
-            Err(contradiction(&format!("DaemonSet {daemonset}")))
-        }
-        // No RBAC for daemonsets (the upstream chart's): the namespace,
-        // which every linkerd-cni RBAC may get, may still tell.
-        Err(source @ ApiError::Unauthorized { status: 403, .. }) => {
-            match client.namespace(namespace) {
-                Ok(ns) if ns.metadata.deletion_timestamp.is_some() => {
-                    Ok(OwnerState::NamespaceDeleting {
-                        namespace: namespace.to_string(),
-                    })
-                }
-                Err(ApiError::Unauthorized { status: 401, .. }) => {
-                    Err(contradiction(&format!("namespace {namespace}")))
-                }
-                _ => Err(OwnerError::DaemonSet { daemonset, source }),
+    let ds_id = format!("{ns}/{}", owner.name);
+    let Some(answer) = &a.daemonset_get else {
+        return Verdict::CannotTell(format!("DaemonSet {ds_id} was not asked about"));
+    };
+    match answer {
+        Ok(ds) if ds.metadata.deletion_timestamp.is_some() => Verdict::Uninstall(format!(
+            "DaemonSet {ds_id} is being deleted (deletionTimestamp set)"
+        )),
+        Err(ApiError::NotFound {
+            status: Some(s), ..
+        }) if not_found(s, &owner.name) => Verdict::Uninstall(format!(
+            "DaemonSet {ds_id} is gone: the API server answers NotFound"
+        )),
+        Ok(ds) => {
+            let mut s = format!("DaemonSet {ds_id} exists and is not being deleted");
+            // Deleted and created again under the same name (helm
+            // uninstall then install, kubectl replace --force): its new
+            // pods take the node over, so leaving it serves them best.
+            if !owner.uid.is_empty() && !ds.metadata.uid.is_empty() && ds.metadata.uid != owner.uid
+            {
+                s += &format!(
+                    " (recreated: uid {} instead of {}; its new pods take over)",
+                    ds.metadata.uid, owner.uid
+                );
             }
+            if let Err(e) = &a.namespace_get {
+                s += &format!("; namespace {ns} could not be read: {e}");
+            }
+            Verdict::Present(s)
         }
-        Err(source) => Err(OwnerError::DaemonSet { daemonset, source }),
-        Ok(ds) if ds.metadata.deletion_timestamp.is_some() => {
-            Ok(OwnerState::Deleting { daemonset })
-        }
-        // A DaemonSet deleted and created again under the same name (helm
-        // uninstall then install, kubectl replace --force) has new pods that
-        // take the node over: leaving the node as it is serves them best.
-        Ok(ds)
-            if !owner.uid.is_empty()
-                && !ds.metadata.uid.is_empty()
-                && ds.metadata.uid != owner.uid =>
-        {
-            log::info!(
-                "DaemonSet {daemonset} was recreated (uid {} instead of {}): its new pods take over",
-                ds.metadata.uid,
-                owner.uid
-            );
-            Ok(OwnerState::Present { daemonset })
-        }
-        Ok(_) => Ok(OwnerState::Present { daemonset }),
+        Err(e) => Verdict::CannotTell(format!(
+            "cannot get DaemonSet {ds_id}: {e}. {}",
+            advice(e, "daemonsets")
+        )),
     }
 }
 
-/// Whether the refusal of the pod GET (HTTP `status`, the `reason` of its
-/// Status body) holds up (see the module docs): Ok(None) when it does;
-/// Ok(Some(pod)) when asking again got the pod; Err says why it does not.
-fn corroborate(
-    client: &Client,
-    namespace: &str,
-    pod: &str,
-    status: u16,
-    reason: Option<&str>,
-) -> Result<Option<Pod>, OwnerError> {
-    let pod_id = format!("{namespace}/{pod}");
-    let open = |why: String| OwnerError::Uncorroborated {
-        pod: pod_id.clone(),
-        why,
-    };
-    let want = if status == 401 {
-        "Unauthorized"
+/// How namespace `n` is being deleted, if it is.
+fn deleting(n: &Namespace) -> Option<&'static str> {
+    if n.metadata.deletion_timestamp.is_some() {
+        Some("deletionTimestamp set")
+    } else if n.status.phase == "Terminating" {
+        Some("phase Terminating")
     } else {
-        "Forbidden"
-    };
-    if reason != Some(want) {
-        return Err(open(format!(
-            "HTTP {status} without the API server's Status body (reason {want}; got {}): something else answered, cannot tell",
-            reason.unwrap_or("no Status")
-        )));
-    }
-    if client.remaining() <= REPEAT_AFTER {
-        return Err(open(format!(
-            "HTTP {status} once, and no time left to ask again"
-        )));
-    }
-    std::thread::sleep(REPEAT_AFTER);
-    match client.pod(namespace, pod) {
-        Ok(p) => return Ok(Some(p)),
-        Err(ApiError::Unauthorized {
-            status: again,
-            reason: r,
-            ..
-        }) if again == status && r.as_deref() == Some(want) => {}
-        Err(e) => {
-            return Err(open(format!(
-                "HTTP {status} once, then another answer ({e}): cannot tell"
-            )));
-        }
-    }
-    if status == 401 {
-        match review::who_am_i(client) {
-            Err(ApiError::Unauthorized { status: 401, .. }) => Ok(None),
-            Ok(user) => Err(open(format!(
-                "HTTP 401 on the pod, but a SelfSubjectReview authenticates the token as {user}: cannot tell"
-            ))),
-            Err(e) => Err(open(format!(
-                "HTTP 401 twice on the pod, not corroborated by a SelfSubjectReview ({e})"
-            ))),
-        }
-    } else {
-        match review::may(client, "get", "pods", namespace, pod) {
-            Ok(false) => Ok(None),
-            Ok(true) => Err(open(
-                "HTTP 403 on the pod, but a SelfSubjectAccessReview says get pods is allowed: cannot tell"
-                    .into(),
-            )),
-            Err(e) => Err(open(format!(
-                "HTTP 403 twice on the pod, not corroborated by a SelfSubjectAccessReview ({e})"
-            ))),
-        }
+        None
     }
 }
+
+/// Whether Status body `s` is the API server's NotFound of DaemonSet
+/// `name` (its details, when it has them, must name that DaemonSet).
+fn not_found(s: &StatusBody, name: &str) -> bool {
+    s.reason == "NotFound"
+        && s.kind.as_deref().is_none_or(|k| k == "daemonsets")
+        && s.name.as_deref().is_none_or(|n| n == name)
+}
+
+/// What an operator can do about a failed GET of `resource`: RBAC advice
+/// only when RBAC refused it.
+fn advice(e: &ApiError, resource: &str) -> String {
+    match e {
+        _ if e.transient() => {
+            "The API server is unavailable or did not answer in time: no permission is missing."
+                .into()
+        }
+        ApiError::Unauthorized { status: 401, .. } => {
+            "The API server rejects this pod's token: its ServiceAccount was deleted (an \
+             uninstall), this pod was force-deleted, or the authenticator fails; a refusal \
+             does not tell which."
+                .into()
+        }
+        ApiError::Unauthorized { .. } => format!(
+            "Granting the service account `get` on {resource} in its namespace (as \
+             deploy/linkerd-cni.yaml's Role linkerd-cni-installer does) lets the installer tell; \
+             a refusal also follows the deletion of that RBAC (an uninstall), which it does not \
+             tell apart."
+        ),
+        ApiError::NotFound { status: None, .. } => {
+            "The 404 came without the API server's Status body: something else answered (a \
+             proxy or a load balancer in between?): check the kubeconfig's server address."
+                .into()
+        }
+        ApiError::NotFound { .. } if resource == "pods" => {
+            "This pod is gone (force-deleted?): without it the installer cannot tell which \
+             DaemonSet owned it."
+                .into()
+        }
+        ApiError::NotFound {
+            status: Some(s), ..
+        } => format!(
+            "The 404's Status body (reason {:?}, about {} {}) is not the API server's NotFound of \
+             this DaemonSet.",
+            s.reason,
+            s.kind.as_deref().unwrap_or("?"),
+            s.name.as_deref().unwrap_or("?")
+        ),
+        _ => format!("To fix the cause: {}.", e.hint()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -36,6 +36,7 @@
 //! forbidden (asked cluster-wide: `/api/v1/pods`).
 //! [`FakeApiServer::fail_next_on`] fails the next requests of one path,
 //! [`FakeApiServer::fail_next_with`] with any body (a proxy's HTML page),
+//! [`FakeApiServer::fail_next_on_with`] both on one path,
 //! and [`FakeApiServer::bearers`] lists the tokens a path was asked with.
 //!
 //! It can listen inside a network namespace ([`FakeApiServer::start_in_netns`])
@@ -97,6 +98,8 @@ struct State {
     fail_path: Mutex<HashMap<String, VecDeque<u16>>>,
     /// The next requests get this status and raw body.
     fail_raw: Mutex<VecDeque<(u16, String)>>,
+    /// Per path: status and raw body for its next requests.
+    fail_raw_path: Mutex<HashMap<String, VecDeque<(u16, String)>>>,
     /// (path, bearer token) of every request, in order.
     bearers: Mutex<Vec<(String, String)>>,
 }
@@ -219,6 +222,7 @@ impl FakeApiServer {
             tokens: Mutex::new(Tokens::default()),
             fail_path: Mutex::new(HashMap::new()),
             fail_raw: Mutex::new(VecDeque::new()),
+            fail_raw_path: Mutex::new(HashMap::new()),
             bearers: Mutex::new(Vec::new()),
         });
         let token = format!("testkit-token-{}", crate::unique_name("t"));
@@ -319,6 +323,15 @@ impl FakeApiServer {
     /// HTML page, as a proxy in the way answers).
     pub fn fail_next_with(&self, n: usize, status: u16, body: &str) {
         lock(&self.state.fail_raw).extend(std::iter::repeat_n((status, body.to_string()), n));
+    }
+
+    /// The next `n` requests of `path` get `status` with `body` as it is
+    /// (a proxy's page, an empty answer).
+    pub fn fail_next_on_with(&self, path: &str, n: usize, status: u16, body: &str) {
+        lock(&self.state.fail_raw_path)
+            .entry(path.to_string())
+            .or_default()
+            .extend(std::iter::repeat_n((status, body.to_string()), n));
     }
 
     /// How TokenRequests are answered from now on.
@@ -580,7 +593,11 @@ fn serve_connection(
             .unwrap_or_default()
             .to_string();
         lock(&state.bearers).push((req.path.clone(), bearer));
-        let raw = lock(&state.fail_raw).pop_front();
+        let raw = lock(&state.fail_raw).pop_front().or_else(|| {
+            lock(&state.fail_raw_path)
+                .get_mut(&req.path)
+                .and_then(VecDeque::pop_front)
+        });
         let mode = *lock(&state.mode);
         if let Mode::Slow(d) = mode {
             std::thread::sleep(d);
