@@ -5,11 +5,12 @@
 #   bash scripts/tool.sh bench [--quick]
 #   bash scripts/tool.sh --print-bin-dir   # where the binaries are run from
 #
-# The plugin and the installer are built as they ship (`release`); the tool
-# with the `tools` profile, which unwinds on panic so that its Drop guards
-# remove what it made. .cargo/config.toml builds for the host's triple, in
-# <target dir>/<triple>/, the target dir being cargo's (CARGO_TARGET_DIR
-# when set). `exec` makes the tool the process a signal reaches.
+# The plugin, the installer and the repair controller are built as they
+# ship (`release`); the tool with the `tools` profile, which unwinds on
+# panic so that its Drop guards remove what it made. .cargo/config.toml
+# builds for the host's triple, in <target dir>/<triple>/, the target dir
+# being cargo's (CARGO_TARGET_DIR when set). `exec` makes the tool the
+# process a signal reaches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,6 @@ if [[ "$name" == --print-bin-dir ]]; then
 fi
 [[ "$name" != -* ]] || { echo "$usage" >&2; exit 2; }
 echo "$name: building (release)..." >&2
-cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-installer
+cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-installer -p linkerd-cni-repair-controller
 cargo build --profile tools --locked --quiet -p linkerd-cni-tools --bin "$name"
 LINKERD_CNI_BIN_DIR="$target_dir/release" exec "$target_dir/tools/$name" "$@"

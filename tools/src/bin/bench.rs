@@ -18,7 +18,9 @@
 //! 5. throughput of concurrent ADDs; 7. a meshed ADD's instructions per
 //! process; 8. its wall time run directly; 9. upstream's per-pod command
 //! sequence vs ours; 10. a meshed ADD in nft mode in-process vs the restore
-//! path (then the chain modes, `mode_bench`; 6 is `cri_bench`'s). `--nft` prints 10 only; `--add` prints
+//! path; 11. a meshed ADD with its facts from the node agent vs the direct
+//! path vs `tuning` (then the chain modes, `mode_bench`; 6 is
+//! `cri_bench`'s). `--nft` prints 10 only, `--agent` 11 only; `--add` prints
 //! 2, 3, 7, 8 and 9 only; `--baseline` adds another build's plugin (e.g.
 //! main's) to 7 and 8, interleaved with this one.
 
@@ -119,9 +121,11 @@ enum Sections {
     Add,
     /// `--nft`: only nft mode in-process vs the restore path (section 10).
     Nft,
+    /// `--agent`: only the ADD through the node agent (section 11).
+    Agent,
 }
 
-const USAGE: &str = "usage: bench [--modes | --spacing | --add | --nft] [--quick] [--rsa] \
+const USAGE: &str = "usage: bench [--modes | --spacing | --add | --nft | --agent] [--quick] [--rsa] \
                      [--baseline PLUGIN_DIR]";
 
 /// `--rsa`: the fake API server's CA and certificate have RSA-2048 keys
@@ -147,6 +151,7 @@ fn story() -> ExitCode {
             "--spacing" => sections = Sections::Spacing,
             "--add" => sections = Sections::Add,
             "--nft" => sections = Sections::Nft,
+            "--agent" => sections = Sections::Agent,
             "--quick" => quick = true,
             "--rsa" => RSA_API_SERVER.store(true, Ordering::Relaxed),
             // The directory of another build's plugin (e.g. the main
@@ -182,6 +187,9 @@ fn story() -> ExitCode {
         Sections::Spacing => stop::run_story(|| standalone(|_| spacing(&plan))),
         Sections::Add => stop::run_story(|| run_add(&plan, baseline)),
         Sections::Nft => stop::run_story(|| run_nft(&plan)),
+        Sections::Agent => {
+            stop::run_story(|| standalone(|bins| agent_add(&BenchNode::new(bins)?, &plan)))
+        }
         Sections::All => stop::run_story(|| run(&plan, baseline)),
     };
     match result {
@@ -239,6 +247,8 @@ fn run(plan: &Plan, baseline: Option<&Path>) -> Result<(), Stop> {
     add_cost(&bench, plan, baseline)?;
     progress("nft mode: in-process vs the restore path");
     nft_mode(&bench, plan)?;
+    progress("a meshed ADD through the node agent");
+    agent_add(&bench, plan)?;
     modes(plan)?;
 
     footer(&load_before, started);
@@ -1257,6 +1267,372 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
             tree.median() / counts[0].0.median()
         );
     }
+    Ok(())
+}
+
+// 11 ---------------------------------------------------------------------
+
+/// The node agent (the repair controller's binary) answering lookups from
+/// a watch of the stateful fake API server; killed on drop.
+struct AgentProcess {
+    child: std::process::Child,
+    _dir: testkit::TempDir,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AgentProcess {
+    /// Its CPU time so far (user + system), from /proc.
+    fn cpu(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        // utime and stime: fields 14 and 15, 12 and 13 after the command.
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+            .sum();
+        Duration::from_millis(ticks * 10)
+    }
+
+    /// Its resident memory, from /proc.
+    fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("VmRSS:")?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// 11: a meshed ADD (nft mode) whose pod facts come from the node agent
+/// over its socket, beside the same ADD on the direct path (GET pod and
+/// namespace over TLS from the fake API server) and Debian's `tuning`.
+/// Wall time spawn to exit, rounds rotated; instructions across the
+/// process tree under callgrind; the agent's own CPU per lookup.
+fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
+    let agent_bin = artifacts::try_workspace_bin("linkerd-cni-repair-controller").map_err(fail)?;
+    let cluster = testkit::WatchApiServer::start();
+    let node_name = "bench-node";
+    cluster.put_object("namespaces", objects::namespace("bench", &[]));
+    cluster.put_pod(objects::on_node(
+        objects::Pod::meshed("bench", "meshed").json(),
+        node_name,
+    ));
+    let dir = testkit::TempDir::new("bench-agent").map_err(|e| fail(e.to_string()))?;
+    let state = b.node.dir().join("agent-state");
+    std::fs::create_dir_all(&state).map_err(|e| fail(e.to_string()))?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, cluster.kubeconfig_yaml()).map_err(|e| fail(e.to_string()))?;
+    let log =
+        std::fs::File::create(dir.path().join("agent.log")).map_err(|e| fail(e.to_string()))?;
+    let child = Command::new(&agent_bin)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--node-name", node_name, "--controller-pod-name", "bench"])
+        .args(["--admin-addr", "127.0.0.1:0", "--log-level", "warn"])
+        .arg("--cni-net-dir")
+        .arg(b.node.conf_dir())
+        .arg("--state-dir")
+        .arg(&state)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {}: {e}", agent_bin.display())))?;
+    let agent = AgentProcess { child, _dir: dir };
+    let question = linkerd_cni_lookup::Request {
+        v: linkerd_cni_lookup::VERSION,
+        namespace: "bench".into(),
+        name: "meshed".into(),
+        uid: None,
+        budget_ms: 1000,
+    };
+    let socket = state.join(linkerd_cni_lookup::SOCKET);
+    let up = testkit::wait_until(Duration::from_secs(30), || {
+        matches!(
+            linkerd_cni_lookup::ask(&socket, &question, Duration::from_secs(1)).map(|a| a.body),
+            Ok(linkerd_cni_lookup::Body::Pod {
+                source: linkerd_cni_lookup::Source::Watch,
+                ..
+            })
+        )
+    });
+    if !up {
+        return Err(fail("the node agent never answered from its watch"));
+    }
+
+    let mut via_agent = b.entry.clone();
+    via_agent["state_dir"] = state.display().to_string().into();
+    via_agent["linkerd"]["iptables-mode"] = "nft".into();
+    let mut direct = b.entry.clone();
+    direct["linkerd"]["iptables-mode"] = "nft".into();
+    let tuning_conf = json!({"type": "tuning", "dataDir": b.node.dir().join("tuning")});
+    let tuning = b.node.bin_dir().join("tuning");
+    let direct_name = format!(
+        "linkerd-cni, meshed pod, direct: GET pod + namespace over TLS ({})",
+        api_server_key()
+    );
+    let variants: [(&str, Option<&Value>); 3] = [
+        (
+            "linkerd-cni, meshed pod, facts from the node agent",
+            Some(&via_agent),
+        ),
+        (&direct_name, Some(&direct)),
+        ("tuning (Go reference plugin), no settings", None),
+    ];
+    let invocation = |k: usize, ns: &testkit::TestNetns| match variants[k].1 {
+        Some(entry) => {
+            let mut inv = b.invocation(&b.plugin, entry, "bench", "meshed");
+            for (key, v) in &mut inv.env {
+                if key == "CNI_NETNS" {
+                    *v = ns.path().display().to_string();
+                }
+            }
+            inv
+        }
+        None => b.invocation(&tuning, &tuning_conf, "bench", "direct"),
+    };
+    // The steady state of a node: its files older than the memo's racy
+    // bound, so that the warm-up ADD remembers the healthy verdict.
+    std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
+    let n = variants.len();
+    let rounds = plan.direct_rounds / 4;
+    let requests = b.api.total_requests();
+    let cpu_before = agent.cpu();
+    let samples: Vec<Samples> = b.node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for i in 0..rounds + 2 {
+            checkpoint()?;
+            for k in 0..n {
+                let v = (i + k) % n;
+                let ns = testkit::TestNetns::new("bench-agent").map_err(|e| fail(e.to_string()))?;
+                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
+                if i == 0 && variants[v].1.is_some() {
+                    let lines =
+                        conformance::NatTable::read(&ns, Backend::Nft, Family::V4).linkerd_lines();
+                    if lines.len() != 9 {
+                        return Err(fail(format!(
+                            "{}: not linkerd's 9 nat lines: {lines:?}",
+                            variants[v].0
+                        )));
+                    }
+                }
+                if i >= 2 {
+                    s[v].push_duration(d);
+                }
+            }
+        }
+        Ok::<_, Stop>(s)
+    })?;
+    let agent_cpu = agent.cpu().saturating_sub(cpu_before);
+    // Two GETs (pod, namespace) per direct ADD, none through the agent.
+    let gets = b.api.total_requests() - requests;
+    if gets != 2 * (rounds + 2) {
+        return Err(fail(format!(
+            "expected two API requests per direct ADD and none through the agent ({}), the \
+             plugin's API server got {gets}",
+            2 * (rounds + 2)
+        )));
+    }
+    println!();
+    println!("## 11. Meshed ADD: facts from the node agent vs the direct path vs `tuning`");
+    println!();
+    println!(
+        "{rounds} rounds, order rotated, a fresh pod netns per linkerd-cni ADD (nft mode). The \
+         plugin spawned directly in the node, timed from spawn to exit; the agent (the repair \
+         controller's binary) answers from its watch of a fake API server on loopback."
+    );
+    println!();
+    println!("| plugin execution | median [p10–p90] | vs tuning |");
+    println!("|---|---|---|");
+    for ((name, _), smp) in variants.iter().zip(&samples) {
+        println!(
+            "| {name} | {} | {:.2}× |",
+            smp.summary("ms"),
+            ratio(smp, &samples[2])
+        );
+    }
+    // The agent's own cost per lookup, over enough questions for /proc's
+    // 10 ms ticks, asked back to back from here.
+    const ASKED: usize = 2000;
+    let cpu_before = agent.cpu();
+    let started = Instant::now();
+    for _ in 0..ASKED {
+        linkerd_cni_lookup::ask(&socket, &question, Duration::from_secs(1))
+            .map_err(|e| fail(format!("lookup: {e}")))?;
+    }
+    let asked_wall = started.elapsed();
+    let asked_cpu = agent.cpu().saturating_sub(cpu_before);
+    println!();
+    println!(
+        "The agent's own CPU: {:.0} ms over the {} lookups above; over {ASKED} lookups asked \
+         back to back, {:.0} µs per lookup (/proc ticks of 10 ms: ±{:.0} µs), {:.0} µs round \
+         trip each as the asker sees it. Its resident memory: {} KiB.",
+        agent_cpu.as_secs_f64() * 1e3,
+        rounds + 2,
+        asked_cpu.as_secs_f64() * 1e6 / ASKED as f64,
+        10e3 / ASKED as f64,
+        asked_wall.as_secs_f64() * 1e6 / ASKED as f64,
+        agent.rss_kib()
+    );
+
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(());
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_arg = format!(
+        "--callgrind-out-file={}",
+        b.node.dir().join("agent.%p.callgrind").display()
+    );
+    let counts: Vec<(Samples, usize)> = b.node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (k, (name, _)) in variants.iter().enumerate() {
+            let mut tree = Samples::new();
+            let mut processes = 0;
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let ns = testkit::TestNetns::new("bench-agent").map_err(|e| fail(e.to_string()))?;
+                let mut inv = invocation(k, &ns);
+                if variants[k].1.is_none() {
+                    // Go's preemption signals crash valgrind now and then.
+                    inv.env.push(("GODEBUG".into(), "asyncpreemptoff=1".into()));
+                }
+                let cmd = inv.command(&[
+                    &valgrind,
+                    "--tool=callgrind",
+                    "--trace-children=yes",
+                    &out_arg,
+                ]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
+                }
+                let outputs = callgrind_outputs(b.node.dir());
+                processes = outputs.len();
+                tree.push(outputs.iter().map(|(_, total)| total).sum());
+            }
+            all.push((tree, processes));
+        }
+        Ok::<_, Stop>(all)
+    })?;
+    println!();
+    println!(
+        "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
+        plan.callgrind_runs
+    );
+    println!();
+    println!("| plugin execution | processes | whole process tree | vs tuning |");
+    println!("|---|---|---|---|");
+    for ((name, _), (tree, processes)) in variants.iter().zip(&counts) {
+        println!(
+            "| {name} | {processes} | {:.0} | {:.2}× |",
+            tree.median(),
+            tree.median() / counts[2].0.median()
+        );
+    }
+    agent_scale(&agent, &cluster, &socket, node_name)
+}
+
+/// The agent at a node's and a large cluster's scale: its memory and idle
+/// CPU with 110 pods on its node (the kubelet's default maximum) and
+/// 10,000 namespaces, and what its watches cost the API server while idle.
+fn agent_scale(
+    agent: &AgentProcess,
+    cluster: &testkit::WatchApiServer,
+    socket: &Path,
+    node_name: &str,
+) -> Result<(), Stop> {
+    const PODS: usize = 110;
+    const NAMESPACES: usize = 10_000;
+    const IDLE: Duration = Duration::from_secs(20);
+    let (rss_small, watches) = (agent.rss_kib(), cluster.open_watches());
+    for i in 0..NAMESPACES {
+        cluster.put_object(
+            "namespaces",
+            objects::namespace(
+                &format!("team-{i}"),
+                &[
+                    ("config.linkerd.io/skip-outbound-ports", "3306"),
+                    (
+                        "kubectl.kubernetes.io/last-applied-configuration",
+                        &"x".repeat(512),
+                    ),
+                ],
+            ),
+        );
+    }
+    for i in 1..PODS {
+        let ns = format!("team-{}", i * NAMESPACES / PODS);
+        cluster.put_pod(objects::on_node(
+            objects::Pod::meshed(&ns, &format!("web-{i}"))
+                .annotation(
+                    "kubectl.kubernetes.io/last-applied-configuration",
+                    &"y".repeat(2048),
+                )
+                .json(),
+            node_name,
+        ));
+    }
+    let last = linkerd_cni_lookup::Request {
+        v: linkerd_cni_lookup::VERSION,
+        namespace: format!("team-{}", (PODS - 1) * NAMESPACES / PODS),
+        name: format!("web-{}", PODS - 1),
+        uid: None,
+        budget_ms: 1000,
+    };
+    let synced = testkit::wait_until(Duration::from_secs(60), || {
+        matches!(
+            linkerd_cni_lookup::ask(socket, &last, Duration::from_secs(1)).map(|a| a.body),
+            Ok(linkerd_cni_lookup::Body::Pod {
+                source: linkerd_cni_lookup::Source::Watch,
+                namespace: Some(_),
+                ..
+            })
+        )
+    });
+    if !synced {
+        return Err(fail("the agent never saw the 110th pod"));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let requests = cluster.requests().len();
+    let cpu = agent.cpu();
+    std::thread::sleep(IDLE);
+    let idle_cpu = agent.cpu().saturating_sub(cpu);
+    let idle_requests = cluster.requests().len() - requests;
+    println!();
+    println!("### The agent at scale");
+    println!();
+    println!(
+        "| agent | resident memory | idle CPU over {:.0} s | API requests while idle | open watches |",
+        IDLE.as_secs_f64()
+    );
+    println!("|---|---|---|---|---|");
+    println!("| 1 pod, 1 namespace | {rss_small} KiB | | | {watches} |");
+    println!(
+        "| {PODS} pods on its node, {NAMESPACES} namespaces (each with a 512-byte annotation it does not keep) | {} KiB | {:.0} ms | {idle_requests} | {} |",
+        agent.rss_kib(),
+        idle_cpu.as_secs_f64() * 1e3,
+        cluster.open_watches()
+    );
     Ok(())
 }
 
