@@ -39,7 +39,8 @@ pub fn who_am_i(client: &Client) -> Result<String, ApiError> {
         SELF_SUBJECT_REVIEW_PATH,
         &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
     )?;
-    Ok(r.status.user_info.username)
+    // Logged by the caller: the server's word, made printable.
+    Ok(crate::text::printable(&r.status.user_info.username, 256))
 }
 
 /// Whether the client may `verb` the `resource` named `name` in
