@@ -220,7 +220,11 @@ fn read_beat(state_dir: &Path) -> Option<Beat> {
 /// Whether an installer's beat `at` is recent for a file resyncing every
 /// `resync`, at `now`.
 fn alive(at: Duration, resync: Duration, now: Duration) -> bool {
-    now.saturating_sub(at) <= resync.saturating_mul(ALIVE_RESYNCS) + ALIVE_SLACK
+    // Saturating: the resync is read from the file, whatever it says.
+    now.saturating_sub(at)
+        <= resync
+            .saturating_mul(ALIVE_RESYNCS)
+            .saturating_add(ALIVE_SLACK)
 }
 
 /// Writes `beat` as installer pod `me` (`None`: unnamed): the other
@@ -499,6 +503,33 @@ mod tests {
         beat_as(dir.path(), Beat::now(resync), Some("a")).unwrap();
         let text = std::fs::read_to_string(path(dir.path())).unwrap();
         assert!(!text.contains("\"c\""), "{text}");
+    }
+
+    /// A resync period the file claims at the top of what a Duration holds
+    /// reads without a panic (an abort in the release build, in every ADD
+    /// and pass reading the file): its installers are alive for ever, as
+    /// such a period says.
+    #[test]
+    fn a_huge_resync_in_the_file_does_not_panic() {
+        let dir = TempDir::new("heartbeat-huge");
+        let now = boot_clock().as_secs_f64();
+        for resync in ["1e19", "1.8e19"] {
+            let text = format!(
+                r#"{{"boot_id":"{}","boot_time_seconds":{now},"resync_seconds":{resync},"installers":{{"b":{now}}}}}"#,
+                boot_id()
+            );
+            std::fs::write(path(dir.path()), text).unwrap();
+            assert!(
+                matches!(liveness(dir.path(), None), Liveness::Alive { .. }),
+                "{resync}"
+            );
+            assert_eq!(
+                other_installer(dir.path(), "a").map(|(o, _)| o).as_deref(),
+                Some("b"),
+                "{resync}"
+            );
+            beat_as(dir.path(), Beat::now(Duration::from_secs(10)), Some("a")).unwrap();
+        }
     }
 
     #[test]
