@@ -122,7 +122,8 @@ fn plugin_line(dir: &std::path::Path) -> String {
                 by_kind.len() - 1
             }
         };
-        by_kind[i].1 += n;
+        // Counts read from a file: saturating, whatever it holds.
+        by_kind[i].1 = by_kind[i].1.saturating_add(n);
         if n > 0 && !o.cause().is_empty() {
             by_kind[i].2.push(format!("{} {n}", o.cause()));
         }
@@ -368,6 +369,20 @@ mod tests {
         let m = scrape(addr).unwrap();
         assert_eq!(m.get("linkerd_cni_passes_total"), Some(&3.0));
         assert_eq!(m.get("linkerd_cni_chain_fights_total"), Some(&1.0));
+    }
+
+    /// Counters at the top of a u64 (a corrupt file) add up without a
+    /// panic: the sum saturates.
+    #[test]
+    fn plugin_counts_at_their_maximum_saturate() {
+        let tmp = testkit::TempDir::new("status-max").unwrap();
+        std::fs::write(
+            tmp.path().join(outcomes::OUTCOMES_FILE),
+            vec![0xff; outcomes::SLOTS * 8],
+        )
+        .unwrap();
+        let l = plugin_line(tmp.path());
+        assert!(l.contains(&format!("failed {}", u64::MAX)), "{l}");
     }
 
     #[test]
