@@ -375,6 +375,23 @@ mod tests {
         ));
     }
 
+    /// A resync period the file claims at the top of what a Duration holds
+    /// reads without a panic (an abort in the release build, in every ADD
+    /// and pass reading the file).
+    #[test]
+    fn a_huge_resync_in_the_file_does_not_panic() {
+        let dir = TempDir::new("heartbeat-huge");
+        let now = boot_clock().as_secs_f64();
+        for resync in ["1e19", "1.8e19"] {
+            let text = format!(
+                r#"{{"boot_id":"{}","boot_time_seconds":{now},"resync_seconds":{resync}}}"#,
+                boot_id()
+            );
+            std::fs::write(path(dir.path()), text).unwrap();
+            let _ = liveness(dir.path(), None);
+        }
+    }
+
     #[test]
     fn the_state_dir_is_outside_the_conf_dir_and_absolute() {
         let conf = Path::new("/etc/cni/net.d");

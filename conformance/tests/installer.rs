@@ -172,3 +172,61 @@ fn seed_race_without_watch_is_chained_within_a_resync() {
     assert!(inst.running(), "{}", inst.log());
     pods_on_installed_node(&node, &api, &net);
 }
+
+/// `SKIP_TLS_VERIFY=true` concerns the kubeconfig written for the plugin
+/// only: the installer, pointed at an API server that its service
+/// account's CA did not sign, sends it nothing (no TokenRequest carrying
+/// its token, so nothing of its answers to act on), says why, and still
+/// chains the node with a kubeconfig that skips verification, as asked.
+#[test]
+fn skip_tls_verify_leaves_the_installers_own_calls_verified() {
+    let node = Node::without_linkerd_cni();
+    // The service account's CA is this server's...
+    let trusted = node.start_api_server_only();
+    // ...and the installer is pointed at another, signed by another CA.
+    let other = node.start_api_server_only();
+    for api in [&trusted, &other] {
+        api.set_tokens(testkit::TokenPolicy::default());
+    }
+    let net = node.network_name("skiptls");
+    let file = format!("10-{net}.conflist");
+    let primary = chains::primary_generation(&node, &net, 0);
+    node.write_conf(&file, &primary);
+    let port = other.addr().port().to_string();
+    let mut inst = installer::start(
+        &node,
+        &trusted,
+        &[
+            ("SKIP_TLS_VERIFY", "true"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+            ("LINKERD_CNI_RESYNC_SECONDS", &RESYNC.as_secs().to_string()),
+        ],
+    );
+    node.wait_healthy(&installer::expected_entry(&node), &primary, RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    assert!(
+        inst.wait_log("cannot mint the plugin's token", RESYNC + GRACE),
+        "{}",
+        inst.log()
+    );
+    assert!(
+        other.connections() > 0,
+        "the installer never tried the server\n{}",
+        inst.log()
+    );
+    assert_eq!(
+        other.total_requests(),
+        0,
+        "a request reached a server the CA did not sign\n{}",
+        inst.log()
+    );
+    assert!(other.minted().is_empty() && trusted.minted().is_empty());
+    let kc: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.kubeconfig_path()).unwrap()).unwrap();
+    assert_eq!(
+        kc["clusters"][0]["cluster"]["insecure-skip-tls-verify"], true,
+        "{kc}"
+    );
+    assert!(kc["users"][0]["user"].get("token").is_none(), "{kc}");
+    assert!(inst.running(), "{}", inst.log());
+}

@@ -57,6 +57,18 @@ pub enum KubeconfigError {
     },
     #[error("the API server CA {} (KUBE_CA_FILE) is empty", path.display())]
     EmptyCa { path: PathBuf },
+    /// No CA for the installer's own calls: those always verify the
+    /// server, whatever `SKIP_TLS_VERIFY` says.
+    #[error(
+        "the installer's own API calls need the API server's CA, and {} (KUBE_CA_FILE, by \
+         default the service account's ca.crt) {problem}: they always verify the server they \
+         send a token to, whatever SKIP_TLS_VERIFY says (it only concerns the kubeconfig \
+         written for the plugin); mount the service account's ca.crt \
+         (automountServiceAccountToken, or a projected volume with the kube-root-ca.crt \
+         ConfigMap) or set KUBE_CA_FILE to the cluster's CA",
+        path.display()
+    )]
+    OwnCallsCa { path: PathBuf, problem: String },
     #[error(transparent)]
     Fs(#[from] FsError),
 }
@@ -189,11 +201,36 @@ pub fn own_api(cfg: &Config) -> Result<ApiConfig, String> {
     api_with(cfg, &token)
 }
 
-/// The server and CA of the configuration, with `token`.
+/// The server and CA of the configuration, with `token`: an identity for
+/// the installer's own calls, which always verify the server with the CA
+/// (`KUBE_CA_FILE`, by default the service account's `ca.crt`).
+/// `SKIP_TLS_VERIFY` concerns the kubeconfig written for the plugin only,
+/// as upstream's installer has it: these calls carry a token (this pod's,
+/// or the plugin's it checks) and the installer acts on their answers, so
+/// a server the CA does not vouch for gets neither. Without a CA they
+/// fail, naming what to mount or set.
 pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
-    let text = render(cfg, Some(token)).map_err(|e| e.to_string())?.text();
-    linkerd_cni_kube::kubeconfig::from_text(&text, &cfg.service_account_dir.join("token"))
-        .map_err(|e| e.to_string())
+    let tls = ca_trust(cfg).map_err(|e| {
+        let problem = match e {
+            KubeconfigError::Ca { source, .. } => format!("cannot be read ({source})"),
+            _ => "is empty".into(),
+        };
+        KubeconfigError::OwnCallsCa {
+            path: cfg.kube_ca_file.clone(),
+            problem,
+        }
+        .to_string()
+    })?;
+    let rendered = Rendered {
+        server: cfg.server_url(),
+        tls,
+        token: Some(token.to_string()),
+    };
+    linkerd_cni_kube::kubeconfig::from_text(
+        &rendered.text(),
+        &cfg.service_account_dir.join("token"),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// The token in the kubeconfig on disk, as [`Rendered::text`] writes it
@@ -219,30 +256,29 @@ pub fn render(cfg: &Config, token: Option<&str>) -> Result<Rendered, KubeconfigE
     // system roots, which in-cluster API servers are almost never signed by:
     // the plugin could not use it, and no entry goes in without a
     // kubeconfig the plugin can use.
-    let tls = if cfg.skip_tls_verify {
-        Trust::Insecure
-    } else {
-        match fsutil::read_capped(&cfg.kube_ca_file) {
-            Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => {
-                return Err(KubeconfigError::EmptyCa {
-                    path: cfg.kube_ca_file.clone(),
-                });
-            }
-            Ok(ca) => Trust::CaData(STANDARD.encode(ca)),
-            Err(source) => {
-                return Err(KubeconfigError::Ca {
-                    path: cfg.kube_ca_file.clone(),
-                    source,
-                });
-            }
-        }
+    let tls = match cfg.skip_tls_verify {
+        true => Trust::Insecure,
+        false => ca_trust(cfg)?,
     };
-
     Ok(Rendered {
         server: cfg.server_url(),
         tls,
         token: token.map(str::to_string),
     })
+}
+
+/// Trust in the CA file as it is now.
+fn ca_trust(cfg: &Config) -> Result<Trust, KubeconfigError> {
+    match fsutil::read_capped(&cfg.kube_ca_file) {
+        Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => Err(KubeconfigError::EmptyCa {
+            path: cfg.kube_ca_file.clone(),
+        }),
+        Ok(ca) => Ok(Trust::CaData(STANDARD.encode(ca))),
+        Err(source) => Err(KubeconfigError::Ca {
+            path: cfg.kube_ca_file.clone(),
+            source,
+        }),
+    }
 }
 
 /// Compares the file with `want`.
@@ -290,6 +326,72 @@ pub fn ensure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A self-signed CA certificate (its key thrown away), for a CA file
+    /// the kube crate accepts.
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBqDCCAU2gAwIBAgIULLZsvw/Qi5P9Iw9enU/p5RK9DhEwCgYIKoZIzj0EAwIw\nKDEmMCQGA1UEAwwdbGlua2VyZC1jbmkgaW5zdGFsbGVyIHRlc3QgQ0EwIBcNMjYx\nMjAxMjI0MzI5WhgPMjEyNjExMDcyMjQzMjlaMCgxJjAkBgNVBAMMHWxpbmtlcmQt\nY25pIGluc3RhbGxlciB0ZXN0IENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\nozjvTd+WdFrDCdJTg5bfpe1tNn0iHhRSRyjoFANbxmdyUo9KPPO5tgETM3FlL+8q\ndZ16fnOGTzTP/KfsltJBbaNTMFEwHQYDVR0OBBYEFFdelIvv1hbINRrkuzHW5IiG\nPhJwMB8GA1UdIwQYMBaAFFdelIvv1hbINRrkuzHW5IiGPhJwMA8GA1UdEwEB/wQF\nMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIhAPbDHx7F83NsI0LZHSL3/2FnY0m1HQsU\nNGcbmlvUZytLAiEAx7sX24omgQJEfq5gEqEo8IfpJCo3YX7k/ElKXmjF5zs=\n-----END CERTIFICATE-----\n";
+
+    fn cfg(sa: &std::path::Path, skip: bool) -> Config {
+        let sa = sa.display().to_string();
+        Config::from_env(|k| {
+            match k {
+                "KUBERNETES_SERVICE_HOST" => Some("127.0.0.1"),
+                "KUBERNETES_SERVICE_PORT" => Some("6443"),
+                "CNI_NETWORK_CONFIG" => Some(r#"{"type":"linkerd-cni"}"#),
+                "LINKERD_CNI_SERVICE_ACCOUNT_DIR" => Some(sa.as_str()),
+                "SKIP_TLS_VERIFY" => Some(if skip { "true" } else { "false" }),
+                _ => None,
+            }
+            .map(str::to_string)
+        })
+        .unwrap()
+    }
+
+    /// SKIP_TLS_VERIFY=true concerns the kubeconfig written for the plugin
+    /// only: the installer's own calls verify the server with the service
+    /// account's CA, and without a usable one they are not made.
+    #[test]
+    fn skip_tls_verify_never_covers_the_installers_own_calls() {
+        let tmp = testkit::TempDir::new("kubeconfig-own-ca").unwrap();
+        let sa = tmp.path();
+        fs::write(sa.join("token"), "own-token").unwrap();
+        let c = cfg(sa, true);
+        let insecure = |r: &Rendered| r.text().contains("\"insecure-skip-tls-verify\": true");
+        // No CA: the plugin's kubeconfig skips verification, as asked; the
+        // installer's calls fail, saying why and what to do.
+        assert!(insecure(&render(&c, Some("t")).unwrap()));
+        for e in [api_with(&c, "t").unwrap_err(), own_api(&c).unwrap_err()] {
+            assert!(e.contains(&sa.join("ca.crt").display().to_string()), "{e}");
+            assert!(
+                e.contains("SKIP_TLS_VERIFY") && e.contains("KUBE_CA_FILE"),
+                "{e}"
+            );
+        }
+        fs::write(sa.join("ca.crt"), "").unwrap();
+        assert!(api_with(&c, "t").unwrap_err().contains("is empty"));
+        // A CA file that holds no certificate is refused, not skipped.
+        fs::write(sa.join("ca.crt"), "CA-1").unwrap();
+        assert!(api_with(&c, "t").is_err());
+        // The service account's CA: the installer's calls trust it alone.
+        fs::write(sa.join("ca.crt"), TEST_CA).unwrap();
+        assert!(insecure(&render(&c, Some("t")).unwrap()));
+        for api in [api_with(&c, "t").unwrap(), own_api(&c).unwrap()] {
+            assert!(
+                matches!(&api.trust, linkerd_cni_kube::Trust::Roots(r) if r.len() == 1),
+                "{api:?}"
+            );
+        }
+        // KUBE_CA_FILE, when set, is that CA.
+        let elsewhere = tmp.path().join("elsewhere.pem");
+        fs::write(&elsewhere, TEST_CA).unwrap();
+        fs::remove_file(sa.join("ca.crt")).unwrap();
+        let mut c = cfg(sa, true);
+        c.kube_ca_file = elsewhere;
+        assert!(api_with(&c, "t").is_ok());
+        // Without SKIP_TLS_VERIFY, the plugin's kubeconfig has the CA too.
+        let c = cfg(sa, false);
+        assert!(render(&c, Some("t")).is_err());
+    }
 
     #[test]
     fn shape_and_diff() {

@@ -13,11 +13,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
+use linkerd_cni_kube::token::unix_time;
 
 use crate::events::{Events, Kind};
 
@@ -478,14 +479,16 @@ impl Sources {
         let (iat, exp) = token_times(&token)?;
         let own =
             crate::fsutil::read_capped_text(&self.token_file).is_ok_and(|t| t.trim() == token);
+        // The claims are whatever the file holds: saturating arithmetic and
+        // checked times, for a token claiming times no clock can hold.
         let ttl = exp.saturating_sub(iat);
         let refresh = match own {
-            true => iat + (ttl * 8 / 10).min(24 * 3600),
-            false => iat + ttl / 2,
+            true => iat.saturating_add((ttl.saturating_mul(8) / 10).min(24 * 3600)),
+            false => iat.saturating_add(ttl / 2),
         };
         Some(Credential {
-            issued: UNIX_EPOCH + Duration::from_secs(iat),
-            next_refresh: Some(UNIX_EPOCH + Duration::from_secs(refresh)),
+            issued: unix_time(iat)?,
+            next_refresh: unix_time(refresh),
         })
     }
 }
@@ -762,6 +765,7 @@ fn render_plugin(o: &mut String, dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn sources(dir: &Path) -> Sources {
         Sources {
@@ -872,6 +876,58 @@ mod tests {
         .unwrap();
         // Not the installer's own token: refreshed at half its lifetime.
         assert_eq!(c.next_refresh, Some(UNIX_EPOCH + Duration::from_secs(6000)));
+    }
+
+    /// Claimed times past what the clock can hold (2^63 s and more) are
+    /// read without a panic (the release build aborts on one, and the
+    /// kubeconfig holding such a token would abort every scrape and
+    /// `status`): no credential when its issue time cannot be held, no
+    /// next refresh when that cannot.
+    #[test]
+    fn token_times_out_of_the_clock_range_do_not_panic() {
+        use base64::Engine;
+        let tmp = testkit::TempDir::new("metrics-huge").unwrap();
+        let big = 1u64 << 63;
+        for (iat, exp, own, want) in [
+            (big, big + 10, false, None),
+            (u64::MAX, u64::MAX, true, None),
+            (1000, u64::MAX, false, Some((1000, None))),
+            // The installer's own token: 80% of a lifetime this long would
+            // overflow a u64.
+            (1000, u64::MAX, true, Some((1000, Some(1000 + 24 * 3600)))),
+            (1000, big, true, Some((1000, Some(1000 + 24 * 3600)))),
+        ] {
+            let claims = format!(r#"{{"iat":{iat},"exp":{exp}}}"#);
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+            let token = format!("h.{b64}.s");
+            let own_file = match own {
+                true => token.clone(),
+                false => "another".into(),
+            };
+            std::fs::write(tmp.path().join("token"), own_file).unwrap();
+            std::fs::write(
+                tmp.path().join("kubeconfig"),
+                format!(r#"{{"users":[{{"name":"x","user":{{"token":"{token}"}}}}]}}"#),
+            )
+            .unwrap();
+            let src = sources(tmp.path());
+            let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+            let got = src.credential();
+            assert_eq!(
+                got,
+                want.map(|(i, r): (u64, Option<u64>)| Credential {
+                    issued: at(i),
+                    next_refresh: r.map(at),
+                }),
+                "iat {iat}, exp {exp}, own {own}"
+            );
+            let text = render(&NodeState::default(), &src, SystemTime::now());
+            assert_eq!(
+                text.contains("linkerd_cni_credential_age_seconds "),
+                want.is_some(),
+                "{text}"
+            );
+        }
     }
 
     #[test]

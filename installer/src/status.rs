@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::ChainMode;
@@ -19,6 +19,8 @@ use crate::metrics::{REPAIR_CAUSES, Verdict};
 
 /// The most a scrape of the running installer may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most of it read.
+const MAX_PAGE: usize = 4 << 20;
 
 /// The report, and whether the node is healthy (chained and ready).
 pub fn report(inst: &Installer) -> (String, bool) {
@@ -120,7 +122,8 @@ fn plugin_line(dir: &std::path::Path) -> String {
                 by_kind.len() - 1
             }
         };
-        by_kind[i].1 += n;
+        // Counts read from a file: saturating, whatever it holds.
+        by_kind[i].1 = by_kind[i].1.saturating_add(n);
         if n > 0 && !o.cause().is_empty() {
             by_kind[i].2.push(format!("{} {n}", o.cause()));
         }
@@ -160,13 +163,7 @@ fn installer_line(addr: Option<SocketAddr>, now: SystemTime) -> String {
         .sum();
     let last = m
         .get("linkerd_cni_last_pass_timestamp_seconds")
-        .map(|t| {
-            let at = UNIX_EPOCH + Duration::from_secs_f64(*t);
-            format!(
-                "last pass {} ago",
-                human(now.duration_since(at).unwrap_or_default())
-            )
-        })
+        .map(|&t| last_pass(t, now))
         .unwrap_or_else(|| "no pass yet".into());
     let mut s = format!(
         "{} passes, {last}; repairs {total}",
@@ -184,15 +181,72 @@ fn installer_line(addr: Option<SocketAddr>, now: SystemTime) -> String {
     s
 }
 
+/// The last pass's Unix time `t` as its age at `now`. The page's number is
+/// whatever answers at the address: one no clock can hold (negative, not
+/// finite, past the clock's range) is said as it is.
+fn last_pass(t: f64, now: SystemTime) -> String {
+    match Duration::try_from_secs_f64(t)
+        .ok()
+        .and_then(|d| UNIX_EPOCH.checked_add(d))
+    {
+        Some(at) => format!(
+            "last pass {} ago",
+            human(now.duration_since(at).unwrap_or_default())
+        ),
+        None => format!("last pass at an invalid time ({t})"),
+    }
+}
+
 /// One GET of the running installer's page, each sample as
-/// `name{labels}` -> value.
+/// `name{labels}` -> value; all of it within [`SCRAPE_TIMEOUT`], however
+/// slowly the other end answers (a timeout per read alone would let one
+/// byte per read keep it waiting forever).
 fn scrape(addr: SocketAddr) -> std::io::Result<BTreeMap<String, f64>> {
-    let mut s = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT)?;
-    s.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
-    s.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
+    use std::io::ErrorKind;
+    let deadline = Instant::now() + SCRAPE_TIMEOUT;
+    let timed_out = || {
+        std::io::Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "no complete answer within {} s",
+                SCRAPE_TIMEOUT.as_secs_f32()
+            ),
+        )
+    };
+    let left = || {
+        let d = deadline.saturating_duration_since(Instant::now());
+        match d.is_zero() {
+            true => Err(timed_out()),
+            false => Ok(d),
+        }
+    };
+    let mut s = TcpStream::connect_timeout(&addr, left()?)?;
+    s.set_write_timeout(Some(left()?))?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: status\r\n\r\n")?;
-    let mut text = String::new();
-    s.take(4 << 20).read_to_string(&mut text)?;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        s.set_read_timeout(Some(left()?))?;
+        let n = match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // A read timeout reads as EAGAIN on Linux.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(timed_out());
+            }
+            Err(e) => return Err(e),
+        };
+        if bytes.len() + n > MAX_PAGE {
+            return Err(std::io::Error::other(format!(
+                "the answer is larger than {} MiB",
+                MAX_PAGE >> 20
+            )));
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::other("the answer is not UTF-8 text"))?;
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
         return Err(std::io::Error::other("no HTTP answer"));
     };
@@ -232,6 +286,103 @@ mod tests {
         assert_eq!(human(Duration::from_secs(300)), "5 min");
         assert_eq!(human(Duration::from_secs(12_000)), "3 h 20 min");
         assert_eq!(human(Duration::from_secs(187_200)), "2 d 4 h");
+    }
+
+    /// A one-shot HTTP server on loopback answering `page` with `200`,
+    /// `pause` between its bytes.
+    fn serve_once(page: String, pause: Duration) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut c, _)) = l.accept() else { return };
+            let mut head = [0u8; 1024];
+            let _ = c.read(&mut head);
+            let answer = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n{page}");
+            if pause.is_zero() {
+                let _ = c.write_all(answer.as_bytes());
+                return;
+            }
+            for b in answer.as_bytes() {
+                if c.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(pause);
+            }
+        });
+        addr
+    }
+
+    /// The page's last-pass time is the answering server's word: values no
+    /// clock holds are reported, not a panic (an abort in the release
+    /// build).
+    #[test]
+    fn a_last_pass_time_no_clock_holds_is_reported_not_a_panic() {
+        for t in [
+            "-1",
+            "NaN",
+            "+Inf",
+            "-Inf",
+            "1e19",
+            "1.8446744073709552e19",
+            "1e300",
+        ] {
+            let addr = serve_once(
+                format!(
+                    "linkerd_cni_last_pass_timestamp_seconds {t}\nlinkerd_cni_passes_total 3\n"
+                ),
+                Duration::ZERO,
+            );
+            let l = installer_line(Some(addr), SystemTime::now());
+            assert!(l.contains("last pass at an invalid time ("), "{t}: {l}");
+            assert!(l.starts_with("3 passes"), "{t}: {l}");
+        }
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_100);
+        assert_eq!(last_pass(1_000_000.0, now), "last pass 100 s ago");
+    }
+
+    /// The 2 s bound the whole exchange: a server sending a byte every
+    /// 1.5 s (each read within a per-read timeout) is given up on at 2 s.
+    #[test]
+    fn a_server_trickling_its_answer_is_given_up_on_in_time() {
+        let addr = serve_once(
+            "linkerd_cni_passes_total 3\n".into(),
+            Duration::from_millis(1500),
+        );
+        let start = Instant::now();
+        let got = scrape(addr);
+        let took = start.elapsed();
+        assert!(got.is_err(), "{got:?}");
+        assert!(
+            took < SCRAPE_TIMEOUT + Duration::from_secs(1),
+            "took {took:?}"
+        );
+        let e = got.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    }
+
+    #[test]
+    fn a_scrape_reads_the_samples() {
+        let addr = serve_once(
+            "# HELP x y\nlinkerd_cni_passes_total 3\nlinkerd_cni_chain_fights_total 1\n".into(),
+            Duration::ZERO,
+        );
+        let m = scrape(addr).unwrap();
+        assert_eq!(m.get("linkerd_cni_passes_total"), Some(&3.0));
+        assert_eq!(m.get("linkerd_cni_chain_fights_total"), Some(&1.0));
+    }
+
+    /// Counters at the top of a u64 (a corrupt file) add up without a
+    /// panic: the sum saturates.
+    #[test]
+    fn plugin_counts_at_their_maximum_saturate() {
+        let tmp = testkit::TempDir::new("status-max").unwrap();
+        std::fs::write(
+            tmp.path().join(outcomes::OUTCOMES_FILE),
+            vec![0xff; outcomes::SLOTS * 8],
+        )
+        .unwrap();
+        let l = plugin_line(tmp.path());
+        assert!(l.contains(&format!("failed {}", u64::MAX)), "{l}");
     }
 
     #[test]

@@ -302,3 +302,62 @@ fn no_api_server_to_mint_from_puts_no_token_on_disk() {
     assert_eq!(out.status.code(), Some(1), "{why}");
     assert!(why.contains("holds no token yet"), "{why}");
 }
+
+/// A token in the node's kubeconfig claiming times no clock can hold
+/// (`iat` and `exp` of 2^63 s and more): `status` and `check` report on
+/// it, and the installer's loop, in either token mode, replaces it; none
+/// aborts (the release build aborts on a panic, and the file would make
+/// every restart abort again).
+#[test]
+fn a_token_claiming_times_no_clock_holds_aborts_nothing() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    for (iat, exp) in [(1u64 << 63, u64::MAX), (1000, u64::MAX)] {
+        for mode in ["own", "mint"] {
+            let node = Node::new("huge-claims");
+            node.write_by_rename("10-calico.conflist", &calico_text(0));
+            let claims = format!(
+                r#"{{"sub":"system:serviceaccount:linkerd-cni:linkerd-cni-plugin","iat":{iat},"exp":{exp},"kubernetes.io":{{"node":{{"name":"node-1"}}}}}}"#
+            );
+            let token = format!(
+                "{}.{}.{}",
+                b64(r#"{"alg":"RS256"}"#),
+                b64(&claims),
+                b64("sig")
+            );
+            let kc = serde_json::json!({
+                "apiVersion": "v1", "kind": "Config",
+                "users": [{"name": "linkerd-cni", "user": {"token": token}}],
+            });
+            fs::write(node.conf(KUBECONFIG_NAME), kc.to_string()).unwrap();
+            let env = [
+                ("LINKERD_CNI_PLUGIN_TOKEN", mode),
+                ("LINKERD_CNI_NODE_NAME", "node-1"),
+            ];
+            for args in [&["status"][..], &["check"]] {
+                let o = node.run(args, &env);
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert_eq!(
+                    o.status.code(),
+                    Some(1),
+                    "{mode} {args:?} {iat} {exp}: {out}\n{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                if args == ["status"] {
+                    assert!(out.contains("credential:"), "{out}");
+                }
+            }
+            let mut inst = node.start(&[FAST, &env[..]].concat());
+            node.wait_healthy(RESYNC + GRACE)
+                .unwrap_or_else(|e| panic!("{mode} {iat} {exp}: {e}\n{}", inst.log()));
+            assert!(
+                wait_until(RESYNC + GRACE, || node
+                    .kubeconfig()
+                    .is_some_and(|k| !k.contains(&token))),
+                "{mode} {iat} {exp}: the token is kept\n{}",
+                inst.log()
+            );
+            assert!(inst.running(), "{mode} {iat} {exp}: {}", inst.log());
+        }
+    }
+}

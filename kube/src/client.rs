@@ -672,13 +672,21 @@ impl<In: Transport> Connector<In> for Mark {
     }
 }
 
-/// The `reason` of a Kubernetes `Status` body; None for any other body.
+/// The most of an answer's message an error carries: it is logged, and
+/// returned to the runtime as the CNI error's details.
+const MAX_MESSAGE_CHARS: usize = 512;
+/// A `reason` is one CamelCase word.
+const MAX_REASON_CHARS: usize = 64;
+
+/// The `reason` of a Kubernetes `Status` body, made printable; None for any
+/// other body.
 fn status_reason(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     if v.get("kind")?.as_str()? != "Status" {
         return None;
     }
-    Some(v.get("reason")?.as_str()?.to_string())
+    let reason = v.get("reason")?.as_str()?;
+    Some(crate::text::printable(reason, MAX_REASON_CHARS))
 }
 
 /// What a Kubernetes `Status` body (`kind: Status`) says about a failed
@@ -753,19 +761,18 @@ fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
     ))
 }
 
-/// The `message` of a Kubernetes `Status` body, else the start of the body.
+/// The `message` of a Kubernetes `Status` body, else the start of the body;
+/// either made printable (one line, no terminal escapes, bounded).
 fn status_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
         && let Some(m) = v.get("message").and_then(|m| m.as_str())
     {
-        return m.to_string();
+        return crate::text::printable(m, MAX_MESSAGE_CHARS);
     }
     let s = String::from_utf8_lossy(body);
-    let s = s.trim();
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None if s.is_empty() => "empty answer".into(),
-        None => s.to_string(),
+    match s.trim() {
+        "" => "empty answer".into(),
+        s => crate::text::printable(s, 200),
     }
 }
 
@@ -784,6 +791,34 @@ mod tests {
         assert_eq!(ours[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
         assert_eq!(ours.len(), ring.len());
         assert!(ring.iter().all(|s| ours.contains(s)));
+    }
+
+    /// What the server says in an error is logged and returned to the
+    /// runtime: one line, no terminal escapes, bounded, whether it is a
+    /// Status body's message or reason or any other body.
+    #[test]
+    fn error_bodies_become_one_printable_bounded_line() {
+        let forged = "denied\n2026-01-01T00:00:00.000Z WARN  linkerd-cni[1]: \u{1b}[31mforged\r\n";
+        let status = serde_json::json!({
+            "kind": "Status", "reason": "Forbidden\nforged", "message": forged,
+        })
+        .to_string();
+        for m in [
+            status_message(status.as_bytes()),
+            status_message(forged.as_bytes()),
+            status_reason(status.as_bytes()).unwrap(),
+        ] {
+            assert!(!m.chars().any(char::is_control), "{m:?}");
+            assert!(m.contains("\\n"), "{m:?}");
+        }
+        let long = serde_json::json!({"kind": "Status", "message": "x".repeat(100_000)});
+        let m = status_message(long.to_string().as_bytes());
+        assert_eq!(m.len(), MAX_MESSAGE_CHARS + 3, "{m}");
+        assert_eq!(status_message(b"  "), "empty answer");
+        assert_eq!(
+            status_message(br#"{"kind":"Status","message":"pods \"p\" not found"}"#),
+            r#"pods "p" not found"#
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod objects;
 pub mod owner;
 pub mod review;
 pub mod taint;
+pub mod text;
 pub mod token;
 
 pub use client::{ApiError, Client};

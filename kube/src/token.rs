@@ -85,8 +85,8 @@ pub fn claims(token: &str) -> Option<Claims> {
     let raw: RawClaims = serde_json::from_slice(&bytes).ok()?;
     Some(Claims {
         subject: raw.sub,
-        issued_at: UNIX_EPOCH + Duration::from_secs(raw.iat),
-        expires_at: UNIX_EPOCH + Duration::from_secs(raw.exp),
+        issued_at: unix_time(raw.iat)?,
+        expires_at: unix_time(raw.exp)?,
         node: raw
             .kubernetes
             .as_ref()
@@ -94,6 +94,13 @@ pub fn claims(token: &str) -> Option<Claims> {
             .map(|n| n.name.clone()),
         pod: raw.kubernetes.and_then(|k| k.pod).map(|n| n.name),
     })
+}
+
+/// `secs` after the epoch, if the system's time can hold it: a claim is
+/// anything the token's issuer (or whoever wrote the file it was read
+/// from) put there, and adding a Duration past that range panics.
+pub fn unix_time(secs: u64) -> Option<SystemTime> {
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
 /// A token the API server issued.
@@ -250,5 +257,21 @@ mod tests {
         for not in ["", "opaque-token", "a.b.c", "a.b", &format!("{t}.x")] {
             assert_eq!(claims(not), None, "{not}");
         }
+    }
+
+    /// Times past what the system's clock can hold are no claims (adding
+    /// them to the epoch would panic, and the release build aborts): such
+    /// a token is not worth keeping, and whoever reads it replaces it.
+    #[test]
+    fn claims_out_of_the_clock_range_are_none() {
+        let big = 1u64 << 63;
+        for (iat, exp) in [(big, big + 1), (1000, big), (1000, u64::MAX), (u64::MAX, 1)] {
+            let t = jwt(&json!({"sub": "s", "iat": iat, "exp": exp}));
+            assert_eq!(claims(&t), None, "iat {iat}, exp {exp}");
+        }
+        // The largest the clock holds still reads.
+        let max = (1u64 << 63) - 1;
+        let t = jwt(&json!({"sub": "s", "iat": 1000, "exp": max}));
+        assert_eq!(claims(&t).unwrap().expires_at, unix_time(max).unwrap());
     }
 }

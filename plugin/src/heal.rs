@@ -84,20 +84,31 @@ const STALE_RETRIES_WINDOW: Duration = Duration::from_secs(600);
 const STALE_RETRIES_LOCK: Duration = Duration::from_secs(1);
 
 /// Whether `pod` may be sent back once more for a stale copy (and counts
-/// it), or has been sent back enough and is let through. Best effort: a
-/// history that cannot be locked, read or saved sends the ADD back, as
-/// before any bound.
+/// it), or has been sent back enough and is let through. A pod is sent
+/// back only once that is recorded: when the history cannot be locked (a
+/// write without the lock could lose another ADD's count) or saved, the ADD
+/// is let through (the copy it ran holds linkerd-cni), since a send-back
+/// nobody counted could be one more than [`MAX_STALE_RETRIES`]. A history
+/// that cannot be read is none.
 fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
     let Some(id) = pod else { return true };
     let path = config.state_dir.join(STALE_RETRIES_FILE);
-    let _lock = std::fs::create_dir_all(&config.state_dir)
+    let locked = std::fs::create_dir_all(&config.state_dir)
         .map_err(|e| e.to_string())
         .and_then(|()| {
             linkerd_cni_chain::lock_dir(&config.state_dir, STALE_RETRIES_LOCK, None)
                 .map_err(|e| e.to_string())
-        })
-        .inspect_err(|e| log::warn!("retry history updated without its lock: {e}"))
-        .ok();
+        });
+    let _lock = match locked {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!(
+                "retry history {} not updated: {e}; this ADD is not sent back",
+                path.display()
+            );
+            return false;
+        }
+    };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -126,10 +137,18 @@ fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
         Value::Object(seen).to_string().as_bytes(),
         0o600,
     );
-    if let Err(e) = saved {
-        log::debug!("cannot save {}: {e}", path.display());
+    match saved {
+        Ok(()) => again,
+        Err(e) => {
+            if again {
+                log::warn!(
+                    "cannot save the retry history {}: {e}; this ADD is not sent back",
+                    path.display()
+                );
+            }
+            false
+        }
     }
-    again
 }
 
 /// Keeps the chain within `config.chain_repair_budget`. `Err` (code 11)
@@ -345,6 +364,44 @@ mod tests {
         assert!(fs::metadata(&history).unwrap().is_file());
         let saved: Value = serde_json::from_str(&n.state.read(STALE_RETRIES_FILE)).unwrap();
         assert_eq!(saved["uid-1"][0], 1, "{saved}");
+    }
+
+    /// A pod is sent back only once that is recorded: while another ADD
+    /// holds the state dir's lock past the wait, the history is neither
+    /// written (that could lose the holder's count) nor taken as a reason
+    /// to send the pod back, and the bound holds once the lock is free.
+    #[test]
+    fn a_retry_history_that_cannot_be_locked_lets_the_add_through() {
+        let n = node();
+        let history = n.state.path().join(STALE_RETRIES_FILE);
+        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        {
+            let _held =
+                linkerd_cni_chain::lock_dir(n.state.path(), Duration::from_secs(5), None).unwrap();
+            for _ in 0..3 {
+                assert!(!send_back_again(&config, Some("uid-1")));
+            }
+            assert!(!history.exists(), "written without the lock");
+        }
+        let sent: Vec<bool> = (0..4)
+            .map(|_| send_back_again(&config, Some("uid-1")))
+            .collect();
+        assert_eq!(sent, [true, true, false, true]);
+    }
+
+    /// A send-back that cannot be saved is not made: it would not count.
+    #[test]
+    fn a_retry_history_that_cannot_be_saved_lets_the_add_through() {
+        let n = node();
+        let history = n.state.path().join(STALE_RETRIES_FILE);
+        // A directory in its place: nothing renames a file over it.
+        fs::create_dir_all(history.join("d")).unwrap();
+        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        for _ in 0..3 {
+            assert!(!send_back_again(&config, Some("uid-1")));
+        }
+        fs::remove_dir_all(&history).unwrap();
+        assert!(send_back_again(&config, Some("uid-1")));
     }
 
     #[test]

@@ -505,3 +505,33 @@ fn each_fact_is_said_once() {
     assert_eq!(r.lines().len(), 1, "{r}");
     assert_eq!(r.to_string().matches("wrote").count(), 1, "{r}");
 }
+
+/// A stale linkerd-cni entry in the primary that carries a meta-plugin's
+/// key (`delegates`) does not make owned mode take the primary for a
+/// meta-plugin's config: one pass makes our copy the active file and takes
+/// the stale entry out of the primary, rather than repairing it inline.
+#[test]
+fn a_stale_entry_of_ours_with_delegates_does_not_stop_owned_mode() {
+    let mut n = Node::new(Program::Installer);
+    let mut stale = desired().as_map().clone();
+    stale.insert("delegates".into(), serde_json::json!([{"type": "calico"}]));
+    let calico = CALICO.replacen(
+        "\"plugins\": [\n",
+        &format!(
+            "\"plugins\": [\n    {},\n",
+            serde_json::Value::Object(stale)
+        ),
+        1,
+    );
+    n.write("10-calico.conflist", &calico);
+    let r = n.keep(ChainMode::Owned, Refusal::None);
+    assert!(!matches!(r.layout, Layout::Fallback(_)), "{r}");
+    ends_with_us(&n, "10-calico-linkerd-cni.conflist");
+    let primary = n.conf.read("10-calico.conflist");
+    assert!(!primary.contains("linkerd-cni"), "{primary}");
+    assert!(
+        !n.conf
+            .read("10-calico-linkerd-cni.conflist")
+            .contains("delegates")
+    );
+}

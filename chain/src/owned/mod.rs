@@ -136,6 +136,11 @@ fn meta_plugin(kind: Kind, top: &Map<String, Value>) -> Option<String> {
     };
     for p in all {
         let t = p.get("type").and_then(Value::as_str).unwrap_or("?");
+        // Our own entries are never the meta-plugin, whatever keys a stale
+        // or hand-edited one carries: they are dropped from the copy.
+        if t == PLUGIN_TYPE {
+            continue;
+        }
         if META_TYPES.contains(&t) {
             return Some(format!("plugin type {t:?} is a meta-plugin"));
         }

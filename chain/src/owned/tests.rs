@@ -331,6 +331,51 @@ fn a_meta_plugin_is_never_shadowed() {
     ));
 }
 
+/// A stale linkerd-cni entry in the primary carrying a meta-plugin's key
+/// (`delegates`, `clusterNetwork`...) makes it no meta-plugin's config: the
+/// copy is made without that entry, and the primary is not rewritten.
+#[test]
+fn our_own_entry_with_a_meta_key_is_no_meta_plugin() {
+    for key in ["delegates", "clusterNetwork", "defaultNetworks"] {
+        let d = TempDir::new("owned-own-meta-key");
+        let mut stale = desired().as_map().clone();
+        stale.insert(key.into(), serde_json::json!([{"type": "calico"}]));
+        let calico = CALICO.replacen(
+            "\"plugins\": [\n",
+            &format!("\"plugins\": [\n    {},\n", Value::Object(stale)),
+            1,
+        );
+        d.write("10-calico.conflist", &calico);
+        let want = owned_desired();
+        let diag = diagnose(d.path(), &want).unwrap();
+        assert_eq!(diag.state, OwnedState::Missing, "{key}: {diag}");
+        let r = sync(d.path(), &want, &opts()).unwrap();
+        assert!(r.changed, "{key}");
+        assert_eq!(
+            d.names(),
+            ["10-calico-linkerd-cni.conflist", "10-calico.conflist"],
+            "{key}"
+        );
+        assert_eq!(
+            d.read("10-calico.conflist"),
+            calico,
+            "{key}: primary rewritten"
+        );
+        let copy = json(&d.read("10-calico-linkerd-cni.conflist"));
+        let plugins = copy["plugins"].as_array().unwrap();
+        let types: Vec<&str> = plugins
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["calico", "portmap", PLUGIN_TYPE], "{key}: {copy}");
+        assert!(plugins[2].get(key).is_none(), "{key}: {copy}");
+        // The copy is current; the stale entry left in the primary is the
+        // mode switch's to remove, once the copy is in place.
+        let after = diagnose(d.path(), &want).unwrap();
+        assert_eq!(after.state, OwnedState::Current, "{key}: {after}");
+    }
+}
+
 #[test]
 fn an_invalid_primary_is_left_alone_and_so_is_our_file() {
     let d = TempDir::new("owned-invalid");
