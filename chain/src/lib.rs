@@ -49,6 +49,7 @@ mod recover;
 mod scan;
 mod sha256;
 mod state;
+pub mod statefile;
 mod text;
 pub mod write;
 
@@ -65,7 +66,7 @@ pub use keeper::{
     Action, Context, Health, HeldBack, HoldCause, Layout, ModeChoice, NoLimit, RepairLimit, Report,
     Retired, health, keep, unchain,
 };
-pub use lock::{DirLock, lock_dir};
+pub use lock::{DirLock, LOCK_FILE, lock_dir, remove_lock_file};
 pub use names::{CONFIG_EXTENSIONS, is_config_name};
 pub use options::RepairOptions;
 pub use scan::{MAX_CONFIG_SIZE, open_regular, read_file};

@@ -101,14 +101,22 @@ fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut seen: Map<String, Value> = linkerd_cni_chain::read_file(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    // Root's own file only, never through a link: another's could let a
+    // pod through at once, or send it back for ever.
+    let mut seen: Map<String, Value> = match linkerd_cni_chain::statefile::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("the retry history {}: {e}", path.display());
+            }
+            Map::new()
+        }
+    };
+    // Times ahead of now are no times (they would never expire).
     seen.retain(|_, v| {
-        v.get(1)
-            .and_then(Value::as_u64)
-            .is_some_and(|t| now.saturating_sub(t) < STALE_RETRIES_WINDOW.as_secs())
+        v.get(1).and_then(Value::as_u64).is_some_and(|t| {
+            t <= now.saturating_add(1) && now - t.min(now) < STALE_RETRIES_WINDOW.as_secs()
+        })
     });
     let count = seen
         .get(id)
@@ -217,7 +225,7 @@ pub fn chain_on_add(
 mod tests {
     //! Healing on ADD, with the plugin's config as the runtime passes it.
 
-    use std::fs::{self, File};
+    use std::fs;
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
@@ -467,8 +475,8 @@ mod tests {
         let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(30))]);
         heal(&conf);
         let m1 = fs::metadata(&f).unwrap();
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
+        let _holder =
+            linkerd_cni_chain::lock_dir(n.conf.path(), Duration::from_secs(1), None).unwrap();
         let start = Instant::now();
         for _ in 0..20 {
             heal(&conf);
@@ -484,8 +492,8 @@ mod tests {
         let n = node();
         let f = n.conf.write("10-calico.conflist", CALICO);
         let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
+        let holder =
+            linkerd_cni_chain::lock_dir(n.conf.path(), Duration::from_secs(1), None).unwrap();
         let start = Instant::now();
         heal(&conf);
         let took = start.elapsed();

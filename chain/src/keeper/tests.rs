@@ -102,9 +102,7 @@ impl Node {
         }
         let holder = (refusal == Refusal::Lock).then(|| {
             ctx.deadline = Instant::now() + Duration::from_millis(200);
-            let f = File::open(self.conf.path()).unwrap();
-            f.lock().unwrap();
-            f
+            crate::lock_dir(self.conf.path(), Duration::from_secs(1), None).unwrap()
         });
         let mut limit = self.limit();
         let r = keep(&ctx, &mut *limit).unwrap();
