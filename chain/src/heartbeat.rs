@@ -200,7 +200,11 @@ impl Beat {
         let plugin_denied = match &v[DENIED_KEY] {
             Value::Null => None,
             Value::String(d) if d.len() <= MAX_DENIED_LEN => Some(d.clone()),
-            _ => return Err(format!("{DENIED_KEY} is not a string of at most {MAX_DENIED_LEN} bytes")),
+            _ => {
+                return Err(format!(
+                    "{DENIED_KEY} is not a string of at most {MAX_DENIED_LEN} bytes"
+                ));
+            }
         };
         let latest = boot_clock() + FUTURE_TOLERANCE;
         Ok(Beat {
@@ -390,10 +394,7 @@ pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
             return Liveness::Gone(Gone::Absent(path));
         }
         Err(e) => {
-            log::warn!(
-                "{}: {e}; the installer is taken for gone",
-                path.display()
-            );
+            log::warn!("{}: {e}; the installer is taken for gone", path.display());
             return Liveness::Gone(Gone::Unreadable {
                 path,
                 why: e.to_string(),
@@ -404,10 +405,7 @@ pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
         Ok(b) => b,
         Err(why) => {
             let why = format!("not a heartbeat: {why}");
-            log::warn!(
-                "{}: {why}; the installer is taken for gone",
-                path.display()
-            );
+            log::warn!("{}: {why}; the installer is taken for gone", path.display());
             return Liveness::Gone(Gone::Unreadable { path, why });
         }
     };
@@ -670,7 +668,10 @@ mod tests {
         let p = path(dir.path());
         assert!(matches!(
             liveness(dir.path(), None),
-            Liveness::Alive { plugin_denied: Some(_), .. }
+            Liveness::Alive {
+                plugin_denied: Some(_),
+                ..
+            }
         ));
         assert!(other_installer(dir.path(), "b").is_some());
         let not_trusted = |dir: &Path| match liveness(dir, None) {

@@ -25,7 +25,6 @@ use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
 pub const OUTCOMES_FILE: &str = "add-outcomes.v1";

@@ -137,7 +137,10 @@ mod tests {
         let dangling = tmp.path().join("dangling");
         std::os::unix::fs::symlink(tmp.path().join("target"), &dangling).unwrap();
         assert!(open_rw(&dangling, 0o600).is_err());
-        assert!(!tmp.path().join("target").exists(), "no file made through it");
+        assert!(
+            !tmp.path().join("target").exists(),
+            "no file made through it"
+        );
         // A directory.
         assert!(read(tmp.path()).is_err());
     }

@@ -367,7 +367,10 @@ fn a_conf_dir_flocked_by_another_user_does_not_stop_a_repair() {
     let meta = fs::symlink_metadata(&lock).unwrap();
     assert!(meta.is_file());
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o600));
-    assert!(testkit::flock_as_nobody(&lock).is_none(), "nobody cannot open it");
+    assert!(
+        testkit::flock_as_nobody(&lock).is_none(),
+        "nobody cannot open it"
+    );
 }
 
 /// Older versions' writers (which lock the conf dir only) and ours still
@@ -384,11 +387,18 @@ fn an_older_writer_holding_the_conf_dir_is_waited_for_briefly() {
     });
     let start = Instant::now();
     let held = lock_dir(d.path(), Duration::from_secs(5), None).unwrap();
-    assert!(start.elapsed() >= Duration::from_millis(90), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= Duration::from_millis(90),
+        "{:?}",
+        start.elapsed()
+    );
     release.join().unwrap();
     // An older writer now waits for us.
     let again = File::open(d.path()).unwrap();
-    assert!(again.try_lock().is_err(), "the conf dir is held with the lock");
+    assert!(
+        again.try_lock().is_err(),
+        "the conf dir is held with the lock"
+    );
     drop(held);
     again.try_lock().expect("released with the lock");
 }
@@ -405,7 +415,10 @@ fn the_lock_file_is_roots_own_and_may_be_removed_at_any_time() {
     let elsewhere = d.write("elsewhere", "");
     symlink(&elsewhere, &lock).unwrap();
     let e = lock_dir(d.path(), Duration::from_millis(100), None).unwrap_err();
-    assert!(e.to_string().contains("symlink") && e.to_string().contains("remove it"), "{e}");
+    assert!(
+        e.to_string().contains("symlink") && e.to_string().contains("remove it"),
+        "{e}"
+    );
     fs::remove_file(&lock).unwrap();
     fs::write(&lock, "").unwrap();
     std::os::unix::fs::chown(&lock, Some(1000), None).unwrap();

@@ -308,7 +308,11 @@ fn a_conf_dir_flocked_by_another_user_does_not_stop_repairs() {
     for (tag, env) in [("nowatch", no_watch()), ("watch", FAST.to_vec())] {
         let node = Node::new(&format!("nobody-flock-{tag}"));
         // Nobody must reach the conf dir to open it.
-        for d in node.conf_dir.ancestors().take_while(|d| d.starts_with(&node.root)) {
+        for d in node
+            .conf_dir
+            .ancestors()
+            .take_while(|d| d.starts_with(&node.root))
+        {
             std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .unwrap();
         }

@@ -294,8 +294,7 @@ fn add_is_not_delayed_past_the_budget() {
     let f = calico(&d);
     let mut e = healing_entry(&d, &state);
     e.insert("chain_repair_budget_seconds".into(), Value::from(0.5));
-    let holder =
-        linkerd_cni_chain::lock_dir(d.path(), Duration::from_secs(1), None).unwrap();
+    let _holder = linkerd_cni_chain::lock_dir(d.path(), Duration::from_secs(1), None).unwrap();
     let start = std::time::Instant::now();
     let (stdin, prev) = add_stdin(&e);
     let o = run_cni("ADD", &stdin);
@@ -333,7 +332,10 @@ fn an_add_heals_while_another_user_flocks_the_conf_dir() {
     assert!(fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
     let _holder = testkit::flock_as_nobody(d.path()).expect("nobody can flock the conf dir");
     // The primary rewrites its file without us.
-    let rewritten = d.write(".calico-new", &fs::read_to_string(fixtures().join("calico/in/10-calico.conflist")).unwrap());
+    let rewritten = d.write(
+        ".calico-new",
+        &fs::read_to_string(fixtures().join("calico/in/10-calico.conflist")).unwrap(),
+    );
     fs::rename(&rewritten, &f).unwrap();
     let start = std::time::Instant::now();
     let o = run_cni("ADD", &stdin);

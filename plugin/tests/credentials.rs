@@ -294,7 +294,10 @@ fn a_heartbeat_with_an_absurd_resync_is_no_heartbeat() {
 fn a_heartbeat_that_is_not_roots_own_claims_nothing() {
     testkit::require_root("chown");
     for (case, set_up) in [
-        ("owned by uid 1000", (|p: &Path| std::os::unix::fs::chown(p, Some(1000), Some(1000)).unwrap()) as fn(&Path)),
+        (
+            "owned by uid 1000",
+            (|p: &Path| std::os::unix::fs::chown(p, Some(1000), Some(1000)).unwrap()) as fn(&Path),
+        ),
         ("writable by group or others", |p: &Path| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap()
         }),

@@ -216,7 +216,11 @@ pub fn flock_as_nobody(path: &std::path::Path) -> Option<ForeignFlock> {
         held.0.try_wait().ok().flatten().is_some()
             || std::fs::File::open(path).is_ok_and(|f| f.try_lock_shared().is_err())
     });
-    assert!(settled, "flock as nobody neither held {} nor exited", path.display());
+    assert!(
+        settled,
+        "flock as nobody neither held {} nor exited",
+        path.display()
+    );
     match held.0.try_wait() {
         Ok(Some(_)) => None,
         _ => Some(held),

@@ -3,7 +3,7 @@
 //! file the runtime loads holds linkerd-cni last (judged here by name order
 //! and the last plugin's type, without the library's own diagnosis).
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

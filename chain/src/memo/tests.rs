@@ -381,6 +381,11 @@ fn a_memo_that_is_not_roots_own_holds_nothing() {
     assert!(!n.holds(None), "a link");
     // Remembered anew over the link, as root's own file.
     assert!(n.look(None));
-    assert!(!fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    assert!(
+        !fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
     assert!(n.holds(None));
 }
