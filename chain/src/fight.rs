@@ -447,6 +447,29 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    /// The persisted history holds a repair back only when it is root's
+    /// own file: another's (or one anyone may write) claiming a fight is
+    /// no history.
+    #[test]
+    fn a_persisted_history_that_is_not_roots_own_is_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        testkit::require_root("chown");
+        let tmp = crate::testutil::TempDir::new("fight-owner");
+        let f = Path::new("/x/a.conflist");
+        let mut p = PersistedFights::load(tmp.path(), Duration::from_secs(600), 2);
+        assert_eq!(p.record_of(f, "one"), None);
+        assert!(p.record_of(f, "one").is_some());
+        let file = tmp.path().join(FIGHT_STATE_FILE);
+        let fighting =
+            || !PersistedFights::load(tmp.path(), Duration::from_secs(600), 2).allow_of(f, "one");
+        assert!(fighting(), "root's own history holds the repair back");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!fighting(), "writable by others");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&file, Some(1000), None).unwrap();
+        assert!(!fighting(), "owned by uid 1000");
+    }
+
     #[test]
     fn spaced_repairs_are_no_fight() {
         let f = Path::new("/x/a.conflist");

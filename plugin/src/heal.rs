@@ -355,6 +355,43 @@ mod tests {
         assert_eq!(saved["uid-1"][0], 1, "{saved}");
     }
 
+    /// The retry history's times are bounded: one far ahead of now would
+    /// never expire, and its count would let the pod through at once for
+    /// good. Nor is a history believed unless root's own.
+    #[test]
+    fn a_retry_history_from_the_future_or_not_roots_own_is_no_history() {
+        use std::os::unix::fs::PermissionsExt;
+        let n = node();
+        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let history = n.state.path().join(STALE_RETRIES_FILE);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let sent_back = [MAX_STALE_RETRIES, now];
+        let write = |t: u64| {
+            fs::write(
+                &history,
+                serde_json::json!({"uid-1": [sent_back[0], t]}).to_string(),
+            )
+            .unwrap();
+            fs::set_permissions(&history, fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        write(sent_back[1]);
+        assert!(!send_back_again(&config, Some("uid-1")), "sent back enough");
+        write(now + 1_000_000_000);
+        assert!(
+            send_back_again(&config, Some("uid-1")),
+            "a time ahead of now"
+        );
+        write(now);
+        fs::set_permissions(&history, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(
+            send_back_again(&config, Some("uid-1")),
+            "writable by others"
+        );
+    }
+
     #[test]
     fn stdin_entry_is_the_config_minus_runtime_keys() {
         let n = node();

@@ -335,7 +335,7 @@ fn a_memo_that_leaves_out_a_file_holds_nothing() {
     assert!(only_dir.lines().any(|l| l.ends_with(" .")), "{only_dir}");
     assert!(!only_dir.contains(ENTRY_FILE), "{only_dir}");
     for partial in [
-        only_dir,
+        only_dir.clone(),
         good.lines()
             .filter(|l| !l.ends_with(" 10-calico.conflist"))
             .map(|l| format!("{l}\n"))
@@ -354,6 +354,18 @@ fn a_memo_that_leaves_out_a_file_holds_nothing() {
     }
     fs::write(&path, &good).expect("write");
     assert!(n.holds(None));
+    // The primary rewritten in place without our entry (the dir's stamp
+    // stays): under a memo naming only the dir, the ADD's look happens and
+    // repairs it.
+    fs::write(&path, &only_dir).expect("write");
+    fs::write(n.conf.path().join("10-calico.conflist"), CALICO).expect("rewrite");
+    assert!(!n.holds(None));
+    assert!(!n.look(None), "the look repairs the unchained primary");
+    assert!(
+        n.conf
+            .read("10-calico.conflist")
+            .contains(crate::PLUGIN_TYPE)
+    );
 }
 
 /// Only root's own memo is believed: one another user owns, or anyone may
