@@ -30,7 +30,9 @@
 //! - the plugin's healthy verdict remembered by the files' stamps between
 //!   ADDs ([`memo`]);
 //! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
-//!   which the installer exports.
+//!   which the installer exports;
+//! - the rule every state file is read and written by: root's own regular
+//!   files only, never through a link ([`statefile`]).
 
 mod entry;
 mod error;

@@ -219,9 +219,11 @@ fn same_file(file: &File, path: &Path) -> bool {
 /// repair in progress (ours between its exchange and its fsync) are not
 /// leftovers, and while the lock is held shared no writer can start or
 /// finish. Root readers look at [`LOCK_FILE`], which every writer of this
-/// version holds; others (who cannot open it), and any reader while no
-/// lock file exists yet, at the conf dir's own lock, which writers of
-/// every version take. Nothing openable: no writer to wait for.
+/// version holds (through an upgrade, an older writer's temp file may then
+/// be reported as a leftover for the moment its repair lasts); others (who
+/// cannot open it), and any reader while no lock file exists yet, at the
+/// conf dir's own lock, which writers of every version take. Nothing
+/// openable: no writer to wait for.
 pub(crate) fn unless_writing<T>(dir: &Path, still: impl FnOnce() -> T) -> Option<T> {
     let file = OpenOptions::new()
         .read(true)
