@@ -410,6 +410,8 @@ fn an_older_writer_holding_the_conf_dir_is_waited_for_briefly() {
 #[test]
 fn the_lock_file_is_roots_own_and_may_be_removed_at_any_time() {
     testkit::require_root("chown");
+    // The name the test helpers leave out of their listings.
+    assert_eq!(LOCK_FILE, testkit::names::LOCK_FILE);
     let d = TempDir::new("lock-file");
     let lock = d.path().join(LOCK_FILE);
     let elsewhere = d.write("elsewhere", "");
