@@ -213,6 +213,11 @@ pub struct PersistedFights {
     repairs: std::cell::OnceCell<BTreeMap<String, History>>,
 }
 
+/// At most this many files' histories are read back...
+const MAX_HISTORIES: usize = 1024;
+/// ...each of at most this many repairs (far above any threshold).
+const MAX_HISTORY_LEN: usize = 64;
+
 /// The history file [`PersistedFights`] keeps in the plugin's state dir.
 pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
 
@@ -318,13 +323,27 @@ impl PersistedFights {
 /// The history in `path`; empty when absent or unreadable.
 fn read_history(path: &Path) -> BTreeMap<String, History> {
     let mut repairs = BTreeMap::new();
-    if let Ok(bytes) = super::scan::read_file(path)
-        && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes)
-    {
-        for (k, v) in m {
+    let bytes = match super::statefile::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("the repair history {}: {e}", path.display());
+            }
+            return repairs;
+        }
+    };
+    if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes) {
+        // Bounded: a history holds the last `threshold` repairs of the few
+        // files and contents one node has; times not finite are no times.
+        for (k, v) in m.into_iter().take(MAX_HISTORIES) {
             if let Value::Array(ts) = v {
-                let h = History(ts.iter().filter_map(Value::as_f64).collect());
-                repairs.insert(k, h);
+                let ts: VecDeque<f64> = ts
+                    .iter()
+                    .filter_map(Value::as_f64)
+                    .filter(|t| t.is_finite())
+                    .collect();
+                let skip = ts.len().saturating_sub(MAX_HISTORY_LEN);
+                repairs.insert(k, History(ts.into_iter().skip(skip).collect()));
             }
         }
     }
@@ -426,6 +445,29 @@ mod tests {
         assert!(!p.allow_of(f, "one"));
         assert!(p.allow_of(f, "four"));
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// The persisted history holds a repair back only when it is root's
+    /// own file: another's (or one anyone may write) claiming a fight is
+    /// no history.
+    #[test]
+    fn a_persisted_history_that_is_not_roots_own_is_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        testkit::require_root("chown");
+        let tmp = crate::testutil::TempDir::new("fight-owner");
+        let f = Path::new("/x/a.conflist");
+        let mut p = PersistedFights::load(tmp.path(), Duration::from_secs(600), 2);
+        assert_eq!(p.record_of(f, "one"), None);
+        assert!(p.record_of(f, "one").is_some());
+        let file = tmp.path().join(FIGHT_STATE_FILE);
+        let fighting =
+            || !PersistedFights::load(tmp.path(), Duration::from_secs(600), 2).allow_of(f, "one");
+        assert!(fighting(), "root's own history holds the repair back");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!fighting(), "writable by others");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&file, Some(1000), None).unwrap();
+        assert!(!fighting(), "owned by uid 1000");
     }
 
     #[test]

@@ -17,6 +17,13 @@
 //! resync periods plus [`GONE_AFTER_SLACK`] (60 s with the default 10 s
 //! period): a pass can take seconds, and a rolling update leaves a gap
 //! between the old installer's last beat and the new one's first.
+//!
+//! The file steers what a pod gets, so it is believed only when it is
+//! root's own ([`crate::statefile`]: a regular file, not a link, owned by
+//! root and writable by nobody else) and every number in it is within
+//! bounds (a resync period in (0, [`MAX_RESYNC`]], times not ahead of this
+//! boot's clock). Anything else is no heartbeat: the installer is taken for
+//! gone, and the plugin logs why.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -97,6 +104,15 @@ const FUTURE_TOLERANCE: Duration = Duration::from_secs(1);
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// The beat's key for [`Beat::plugin_denied`].
 const DENIED_KEY: &str = "plugin_access_denied";
+/// The longest resync period a beat may claim: the installer's own bound
+/// (`LINKERD_CNI_RESYNC_SECONDS`). A larger one would keep a gone installer
+/// alive, and every ADD with rejected credentials answered "try again
+/// later", for years.
+pub const MAX_RESYNC: Duration = Duration::from_secs(3600);
+/// Bounds on the beat's strings and names: what an installer writes is far
+/// below them.
+const MAX_DENIED_LEN: usize = 4096;
+const MAX_BOOT_ID_LEN: usize = 64;
 
 /// One beat: what the file holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,18 +153,45 @@ impl Beat {
         v.to_string()
     }
 
-    fn from_json(bytes: &[u8]) -> Option<Beat> {
-        let v: Value = serde_json::from_slice(bytes).ok()?;
+    /// The beat `bytes` hold, every number within its bounds (a resync
+    /// period in (0, [`MAX_RESYNC`]], times not ahead of this boot's
+    /// clock); else why not.
+    fn from_json(bytes: &[u8]) -> Result<Beat, String> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|_| "not JSON".to_string())?;
         let secs = |k: &str| {
-            v[k].as_f64()
-                .filter(|s| s.is_finite() && *s >= 0.0)
+            let s = v[k].as_f64().ok_or_else(|| format!("no number {k}"))?;
+            s.is_finite()
+                .then_some(s)
+                .filter(|s| *s >= 0.0)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .ok_or_else(|| format!("{k} {s} is out of range"))
         };
-        Some(Beat {
-            boot_id: v["boot_id"].as_str()?.to_string(),
+        let resync = secs("resync_seconds")?;
+        if resync.is_zero() || resync > MAX_RESYNC {
+            return Err(format!(
+                "resync_seconds {} is out of range (0, {}]",
+                resync.as_secs_f64(),
+                MAX_RESYNC.as_secs()
+            ));
+        }
+        let plugin_denied = match &v[DENIED_KEY] {
+            Value::Null => None,
+            Value::String(d) if d.len() <= MAX_DENIED_LEN => Some(d.clone()),
+            _ => {
+                return Err(format!(
+                    "{DENIED_KEY} is not a string of at most {MAX_DENIED_LEN} bytes"
+                ));
+            }
+        };
+        Ok(Beat {
+            boot_id: v["boot_id"]
+                .as_str()
+                .filter(|b| b.len() <= MAX_BOOT_ID_LEN)
+                .ok_or("no boot_id")?
+                .to_string(),
             at: secs("boot_time_seconds")?,
-            resync: secs("resync_seconds")?,
-            plugin_denied: v[DENIED_KEY].as_str().map(str::to_string),
+            resync,
+            plugin_denied,
         })
     }
 
@@ -253,23 +296,26 @@ impl std::fmt::Display for Gone {
 /// default limit ([`Beat::default_limit`]).
 pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
     let path = path(state_dir);
-    let bytes = match crate::scan::read_file(&path) {
+    let bytes = match crate::statefile::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Liveness::Gone(Gone::Absent(path));
         }
         Err(e) => {
+            log::warn!("{}: {e}; the installer is taken for gone", path.display());
             return Liveness::Gone(Gone::Unreadable {
                 path,
                 why: e.to_string(),
             });
         }
     };
-    let Some(beat) = Beat::from_json(&bytes) else {
-        return Liveness::Gone(Gone::Unreadable {
-            path,
-            why: "not a heartbeat".into(),
-        });
+    let beat = match Beat::from_json(&bytes) {
+        Ok(b) => b,
+        Err(why) => {
+            let why = format!("not a heartbeat: {why}");
+            log::warn!("{}: {why}; the installer is taken for gone", path.display());
+            return Liveness::Gone(Gone::Unreadable { path, why });
+        }
     };
     let now = boot_clock();
     if !beat.this_boot(now) {
@@ -375,23 +421,6 @@ mod tests {
         ));
     }
 
-    /// A resync period the file claims at the top of what a Duration holds
-    /// reads without a panic (an abort in the release build, in every ADD
-    /// and pass reading the file).
-    #[test]
-    fn a_huge_resync_in_the_file_does_not_panic() {
-        let dir = TempDir::new("heartbeat-huge");
-        let now = boot_clock().as_secs_f64();
-        for resync in ["1e19", "1.8e19"] {
-            let text = format!(
-                r#"{{"boot_id":"{}","boot_time_seconds":{now},"resync_seconds":{resync}}}"#,
-                boot_id()
-            );
-            std::fs::write(path(dir.path()), text).unwrap();
-            let _ = liveness(dir.path(), None);
-        }
-    }
-
     #[test]
     fn the_state_dir_is_outside_the_conf_dir_and_absolute() {
         let conf = Path::new("/etc/cni/net.d");
@@ -454,5 +483,93 @@ mod tests {
                 String::from_utf8_lossy(junk)
             );
         }
+    }
+
+    /// A beat's numbers within bounds, or no beat: a resync period of
+    /// 1e9 s would keep an installer alive for ever (every ADD with
+    /// rejected credentials held to its deadline and answered code 11).
+    #[test]
+    fn numbers_out_of_range_make_no_heartbeat() {
+        let dir = TempDir::new("heartbeat-bounds");
+        let now = boot_clock().as_secs_f64();
+        for (resync, ok) in [
+            ("10", true),
+            ("3600", true),
+            ("1e9", false),
+            ("1e19", false),
+            ("1.8e19", false),
+            ("3601", false),
+            ("0", false),
+        ] {
+            let text = format!(
+                "{{\"boot_id\":\"{}\",\"boot_time_seconds\":{now},\"resync_seconds\":{resync}}}",
+                boot_id()
+            );
+            write_root_file(&path(dir.path()), &text);
+            match liveness(dir.path(), None) {
+                Liveness::Alive { .. } if ok => {}
+                Liveness::Gone(Gone::Unreadable { why, .. }) if !ok => {
+                    assert!(why.contains("resync_seconds"), "{why}")
+                }
+                other => panic!("resync {resync}: {other:?}"),
+            }
+        }
+        let long = "x".repeat(MAX_DENIED_LEN + 1);
+        let text = format!(
+            "{{\"boot_id\":\"{}\",\"boot_time_seconds\":{now},\"resync_seconds\":10,\"{DENIED_KEY}\":\"{long}\"}}",
+            boot_id()
+        );
+        write_root_file(&path(dir.path()), &text);
+        assert!(matches!(
+            liveness(dir.path(), None),
+            Liveness::Gone(Gone::Unreadable { .. })
+        ));
+    }
+
+    /// Only root's own heartbeat counts: one another user owns, anyone may
+    /// write, or a link to one, claims nothing (not an installer alive,
+    /// nor the plugin's RBAC missing), for the plugin and the installer.
+    #[test]
+    fn a_heartbeat_that_is_not_roots_own_is_no_heartbeat() {
+        use std::os::unix::fs::PermissionsExt;
+        testkit::require_root("chown");
+        let dir = TempDir::new("heartbeat-owner");
+        let mut b = Beat::now(Duration::from_secs(10));
+        b.plugin_denied = Some("get pods: denied".into());
+        write(dir.path(), &b).unwrap();
+        let p = path(dir.path());
+        assert!(matches!(
+            liveness(dir.path(), None),
+            Liveness::Alive {
+                plugin_denied: Some(_),
+                ..
+            }
+        ));
+        let not_trusted = |dir: &Path| match liveness(dir, None) {
+            Liveness::Gone(Gone::Unreadable { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(not_trusted(dir.path()).contains("writable by group or others"));
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::chown(&p, Some(1000), Some(1000)).unwrap();
+        assert!(not_trusted(dir.path()).contains("owned by uid 1000"));
+        let moved = dir.path().join("elsewhere");
+        fs::rename(&p, &moved).unwrap();
+        std::os::unix::fs::chown(&moved, Some(0), Some(0)).unwrap();
+        std::os::unix::fs::symlink(&moved, &p).unwrap();
+        assert!(not_trusted(dir.path()).contains("symlink"));
+        // The next beat replaces the link, never writing through it.
+        let before = fs::read(&moved).unwrap();
+        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        assert_eq!(fs::read(&moved).unwrap(), before);
+        assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
+    }
+
+    /// `text` into `p`, root's, mode 0644.
+    fn write_root_file(p: &Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::write(p, text).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(0o644)).unwrap();
     }
 }

@@ -30,7 +30,9 @@
 //! - the plugin's healthy verdict remembered by the files' stamps between
 //!   ADDs ([`memo`]);
 //! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
-//!   which the installer exports.
+//!   which the installer exports;
+//! - the rule every state file is read and written by: root's own regular
+//!   files only, never through a link ([`statefile`]).
 
 mod entry;
 mod error;
@@ -49,6 +51,7 @@ mod recover;
 mod scan;
 mod sha256;
 mod state;
+pub mod statefile;
 mod text;
 pub mod write;
 
@@ -65,7 +68,7 @@ pub use keeper::{
     Action, Context, Health, HeldBack, HoldCause, Layout, ModeChoice, NoLimit, RepairLimit, Report,
     Retired, health, keep, unchain,
 };
-pub use lock::{DirLock, lock_dir};
+pub use lock::{DirLock, LOCK_FILE, lock_dir, remove_lock_file};
 pub use names::{CONFIG_EXTENSIONS, is_config_name};
 pub use options::RepairOptions;
 pub use scan::{MAX_CONFIG_SIZE, open_regular, read_file};

@@ -7,7 +7,9 @@
 //! inode, size, modification and change times, and the conf dir's own,
 //! which change with every name added, removed or renamed) and reused
 //! while every stamp is unchanged: a look that costs a few `statx` calls
-//! instead of reading and parsing the files.
+//! and one listing (the memo must name the entry file and every config
+//! the conf dir holds now, or it vouches for a file it never saw) instead
+//! of reading and parsing the files.
 //!
 //! Timestamps are coarse (the kernel's clock tick, the file system's
 //! granularity), so two writes close together can leave one stamp. As git
@@ -20,7 +22,10 @@
 //! owned mode, per copy the runtime ran (its marker): the stale-copy
 //! verdict depends on it. A wrong memo could only skip a repair at ADD,
 //! which the installer's watch makes anyway; it can never make a repair.
+//! Still, a memo is believed only when it is root's own file
+//! ([`crate::statefile`]): nobody else can make an ADD skip one.
 
+use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::fs;
@@ -31,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::names::is_config_name;
 use crate::owned::Marker;
-use crate::{ENTRY_FILE, Report, scan, write};
+use crate::{ENTRY_FILE, Report, statefile, write};
 
 /// The memo's file in the plugin's state dir.
 pub const MEMO_FILE: &str = "chain-healthy";
@@ -189,8 +194,14 @@ impl Memo {
         let Some(key) = ran_key(ran) else {
             return false;
         };
-        let Ok(bytes) = scan::read_file(&self.path) else {
-            return false;
+        let bytes = match statefile::read(&self.path) {
+            Ok(b) => b,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("the healthy-chain memo {}: {e}", self.path.display());
+                }
+                return false;
+            }
         };
         let Ok(text) = std::str::from_utf8(&bytes) else {
             return false;
@@ -210,22 +221,32 @@ impl Memo {
         if taken.is_none_or(|t| t > now_ns()) {
             return false;
         }
-        let mut any = false;
+        let mut dir = false;
+        let mut names = BTreeSet::new();
         for line in lines {
             let Some((stamp, name)) = parse_line(line) else {
                 return false;
             };
             let meta = if name == "." {
+                if std::mem::replace(&mut dir, true) {
+                    return false;
+                }
                 fs::metadata(conf_dir)
             } else {
+                if name.contains('/') || name == ".." || !names.insert(name) {
+                    return false;
+                }
                 fs::symlink_metadata(conf_dir.join(OsStr::new(name)))
             };
             match meta {
-                Ok(m) if Stamp::of(&m) == stamp => any = true,
+                Ok(m) if Stamp::of(&m) == stamp => {}
                 _ => return false,
             }
         }
-        any
+        // The verdict covers every file a check reads: the conf dir itself
+        // (its names), the entry file and each config. A memo missing one
+        // of them would vouch for a file it never saw.
+        dir && names.contains(ENTRY_FILE) && lists_every_config(conf_dir, &names)
     }
 
     /// Remembers `report` when it is a steady healthy verdict on the files
@@ -261,6 +282,27 @@ impl Memo {
             log::debug!("cannot remember the healthy chain: {e}");
         }
     }
+}
+
+/// Whether `names` holds every config in `conf_dir` (and, with the entry
+/// file, nothing else).
+fn lists_every_config(conf_dir: &Path, names: &BTreeSet<&str>) -> bool {
+    let Ok(entries) = fs::read_dir(conf_dir) else {
+        return false;
+    };
+    let mut found = 0;
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let name = e.file_name();
+        if !is_config_name(&name) && name != ENTRY_FILE {
+            continue;
+        }
+        if !name.to_str().is_some_and(|n| names.contains(n)) {
+            return false;
+        }
+        found += 1;
+    }
+    found == names.len()
 }
 
 /// A memo line: the stamp, then the name.

@@ -16,14 +16,14 @@
 //!
 //! Counting is best effort: a state dir that cannot be written, or a lock
 //! held past [`LOCK_WAIT`], loses that one count and never fails the ADD.
+//! The file is opened without following links and used only when it is
+//! root's own regular file ([`crate::statefile`]), for counting and reading.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-use nix::fcntl::OFlag;
 
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
@@ -61,6 +61,9 @@ pub enum RetryCause {
     /// The API server rejected the plugin's credentials while an installer
     /// is alive to renew them.
     CredentialsRejected,
+    /// The kubeconfig does not exist while an installer is alive: it is
+    /// being written (or rewritten) by it.
+    KubeconfigMissing,
     /// A cause this table does not name.
     Other,
 }
@@ -104,6 +107,7 @@ impl Outcome {
                     RetryCause::ApiUnavailable => 1,
                     RetryCause::Deadline => 2,
                     RetryCause::CredentialsRejected => 3,
+                    RetryCause::KubeconfigMissing => 4,
                     RetryCause::Other => 15,
                 }
             }
@@ -132,6 +136,7 @@ impl Outcome {
                 RetryCause::ApiUnavailable,
                 RetryCause::Deadline,
                 RetryCause::CredentialsRejected,
+                RetryCause::KubeconfigMissing,
                 RetryCause::Other,
             ]
             .map(Outcome::TryAgain),
@@ -171,6 +176,7 @@ impl Outcome {
                 RetryCause::ApiUnavailable => "api_unavailable",
                 RetryCause::Deadline => "deadline",
                 RetryCause::CredentialsRejected => "credentials_rejected",
+                RetryCause::KubeconfigMissing => "kubeconfig_missing",
                 RetryCause::Other => "other",
             }
             .into(),
@@ -184,25 +190,10 @@ impl Outcome {
 /// and the file (0600) when missing.
 pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
     let path = state_dir.join(OUTCOMES_FILE);
-    // Non-blocking, and refused unless regular: whatever sits in its
-    // place (a FIFO, a device) must not hold up an ADD.
-    let open = || {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
-            .open(&path)?;
-        if !f.metadata()?.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            ));
-        }
-        Ok(f)
-    };
+    // Non-blocking, never through a link, and refused unless root's own
+    // regular file: whatever sits in its place (a FIFO, a device) must not
+    // hold up an ADD, and no ADD may write into a file a link points at.
+    let open = || crate::statefile::open_rw(&path, 0o600);
     let file = match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::DirBuilder::new()
@@ -231,7 +222,7 @@ pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
 /// does not exist yet.
 pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
     let mut buf = [0u8; FILE_LEN as usize];
-    match crate::open_regular(&state_dir.join(OUTCOMES_FILE)) {
+    match crate::statefile::open(&state_dir.join(OUTCOMES_FILE)) {
         Ok(file) => {
             lock(&file, false)?;
             let mut got = 0;
@@ -374,5 +365,38 @@ mod tests {
         let after = read(tmp.path()).unwrap();
         assert_eq!(after[0].1, 5);
         assert_eq!(after[2], (Outcome::Exempt, 1));
+    }
+
+    /// The counters file is never opened through a link (every ADD would
+    /// write into the link's target, or create it) nor used unless root's
+    /// own: the count is lost, the target untouched.
+    #[test]
+    fn a_counter_file_that_is_a_link_or_not_roots_own_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        testkit::require_root("chown");
+        let tmp = testkit::TempDir::new("outcomes-link").unwrap();
+        let path = tmp.path().join(OUTCOMES_FILE);
+        let absent = tmp.path().join("created-through-the-link");
+        std::os::unix::fs::symlink(&absent, &path).unwrap();
+        assert!(count(tmp.path(), Outcome::Meshed).is_err());
+        assert!(!absent.exists(), "created through the link");
+        assert!(read(tmp.path()).is_err());
+        std::fs::remove_file(&path).unwrap();
+        let target = tmp.path().join("target");
+        std::fs::write(&target, [7u8; 16]).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(count(tmp.path(), Outcome::Meshed).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), [7u8; 16]);
+        std::fs::remove_file(&path).unwrap();
+        count(tmp.path(), Outcome::Meshed).unwrap();
+        std::os::unix::fs::chown(&path, Some(1000), None).unwrap();
+        assert!(count(tmp.path(), Outcome::Meshed).is_err());
+        assert!(read(tmp.path()).is_err());
+        std::os::unix::fs::chown(&path, Some(0), None).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(count(tmp.path(), Outcome::Meshed).is_err());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        count(tmp.path(), Outcome::Meshed).unwrap();
+        assert_eq!(read(tmp.path()).unwrap()[0], (Outcome::Meshed, 2));
     }
 }

@@ -310,8 +310,7 @@ fn a_conf_dir_that_is_not_a_directory_is_refused_at_once() {
 fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
     let d = TempDir::new("lock");
     let f = d.write("10-calico.conflist", CALICO);
-    let holder = File::open(d.path()).unwrap();
-    holder.lock().unwrap();
+    let holder = lock_dir(d.path(), Duration::from_secs(1), None).unwrap();
     let start = Instant::now();
     let o = RepairOptions {
         lock_timeout: Duration::from_millis(150),
@@ -339,6 +338,117 @@ fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
     );
     drop(holder);
     assert!(repair(d.path(), &desired(), &opts()).unwrap().changed);
+}
+
+/// Any uid can `flock` the conf dir (it needs only a descriptor), the lock
+/// of older versions: held by nobody, it must not stop a repair, which
+/// waits for it only [`crate::lock::OLD_LOCK_WAIT`]. Nobody cannot open
+/// the lock file repairs now take.
+#[test]
+fn a_conf_dir_flocked_by_another_user_does_not_stop_a_repair() {
+    testkit::require_root("flock as another uid");
+    let d = TempDir::new("lock-nobody");
+    fs::set_permissions(d.path(), Permissions::from_mode(0o755)).unwrap();
+    let f = d.write("10-calico.conflist", CALICO);
+    let holder = testkit::flock_as_nobody(d.path()).expect("nobody can flock the conf dir");
+    let start = Instant::now();
+    let o = RepairOptions {
+        lock_timeout: Duration::from_secs(5),
+        ..RepairOptions::default()
+    };
+    let r = repair(d.path(), &desired(), &o);
+    let took = start.elapsed();
+    drop(holder);
+    assert!(r.unwrap().changed, "repaired");
+    assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // The lock file: root's, 0600, and nobody cannot hold it.
+    let lock = d.path().join(LOCK_FILE);
+    let meta = fs::symlink_metadata(&lock).unwrap();
+    assert!(meta.is_file());
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o600));
+    assert!(
+        testkit::flock_as_nobody(&lock).is_none(),
+        "nobody cannot open it"
+    );
+}
+
+/// Older versions' writers (which lock the conf dir only) and ours still
+/// exclude each other: a writer waits for the dir's flock held briefly,
+/// and holds it while it writes.
+#[test]
+fn an_older_writer_holding_the_conf_dir_is_waited_for_briefly() {
+    let d = TempDir::new("lock-old");
+    let old = File::open(d.path()).unwrap();
+    old.lock().unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(old);
+    });
+    let start = Instant::now();
+    let held = lock_dir(d.path(), Duration::from_secs(5), None).unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(90),
+        "{:?}",
+        start.elapsed()
+    );
+    release.join().unwrap();
+    // An older writer now waits for us.
+    let again = File::open(d.path()).unwrap();
+    assert!(
+        again.try_lock().is_err(),
+        "the conf dir is held with the lock"
+    );
+    drop(held);
+    again.try_lock().expect("released with the lock");
+}
+
+/// The lock file is only ever root's regular file: a symlink in its place
+/// or another owner's file is refused (no repair then, and the error says
+/// what to do), a looser mode is tightened, and a lock file removed while
+/// a writer waited on it is not the one it ends up holding.
+#[test]
+fn the_lock_file_is_roots_own_and_may_be_removed_at_any_time() {
+    testkit::require_root("chown");
+    // The name the test helpers leave out of their listings.
+    assert_eq!(LOCK_FILE, testkit::names::LOCK_FILE);
+    let d = TempDir::new("lock-file");
+    let lock = d.path().join(LOCK_FILE);
+    let elsewhere = d.write("elsewhere", "");
+    symlink(&elsewhere, &lock).unwrap();
+    let e = lock_dir(d.path(), Duration::from_millis(100), None).unwrap_err();
+    assert!(
+        e.to_string().contains("symlink") && e.to_string().contains("remove it"),
+        "{e}"
+    );
+    fs::remove_file(&lock).unwrap();
+    fs::write(&lock, "").unwrap();
+    std::os::unix::fs::chown(&lock, Some(1000), None).unwrap();
+    let e = lock_dir(d.path(), Duration::from_millis(100), None).unwrap_err();
+    assert!(e.to_string().contains("owned by root"), "{e}");
+    fs::remove_file(&lock).unwrap();
+    fs::write(&lock, "").unwrap();
+    fs::set_permissions(&lock, Permissions::from_mode(0o644)).unwrap();
+    drop(lock_dir(d.path(), Duration::from_millis(100), None).unwrap());
+    assert_eq!(fs::metadata(&lock).unwrap().mode() & 0o7777, 0o600);
+    // Removed (an uninstall) while another writer waits: the waiter makes
+    // and holds a new one, which a third writer then waits for.
+    let first = lock_dir(d.path(), Duration::from_secs(1), None).unwrap();
+    let dir = d.path().to_path_buf();
+    let waiter = std::thread::spawn(move || lock_dir(&dir, Duration::from_secs(5), None));
+    std::thread::sleep(Duration::from_millis(50));
+    fs::remove_file(&lock).unwrap();
+    drop(first);
+    let second = waiter.join().unwrap().unwrap();
+    assert!(lock.is_file(), "made anew");
+    assert!(matches!(
+        lock_dir(d.path(), Duration::from_millis(100), None),
+        Err(ChainError::LockTimeout { .. })
+    ));
+    drop(second);
+    assert!(remove_lock_file(d.path(), Duration::from_secs(1)).unwrap());
+    assert!(!lock.exists());
+    assert!(!remove_lock_file(d.path(), Duration::from_secs(1)).unwrap());
 }
 
 #[test]
@@ -1065,6 +1175,7 @@ fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != crate::LOCK_FILE)
         .collect();
     v.sort();
     v

@@ -601,17 +601,19 @@ impl Installer {
         };
         unchain("uninstall")?;
 
-        let kc = self.cfg.kubeconfig_path();
-        match fsutil::remove(&kc) {
-            Ok(true) => log::info!("removed {} (uninstall)", kc.display()),
-            Ok(false) => {}
-            Err(e) => log::error!("{e}"),
-        }
+        // The heartbeat before the kubeconfig: while it is fresh, an ADD
+        // that finds no kubeconfig is sent back to wait for one.
         match heartbeat::remove(&self.state_dir()) {
             Ok(true) => log::info!(
                 "removed {} (uninstall)",
                 heartbeat::path(&self.state_dir()).display()
             ),
+            Ok(false) => {}
+            Err(e) => log::error!("{e}"),
+        }
+        let kc = self.cfg.kubeconfig_path();
+        match fsutil::remove(&kc) {
+            Ok(true) => log::info!("removed {} (uninstall)", kc.display()),
             Ok(false) => {}
             Err(e) => log::error!("{e}"),
         }
@@ -628,6 +630,17 @@ impl Installer {
         // checked under the conf-dir lock, so after this sweep (which takes
         // the lock) no ADD can chain the node again.
         unchain("second sweep")?;
+        // Last in the conf dir: every sweep above took the lock.
+        if dir.is_dir() {
+            match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
+                Ok(true) => log::info!(
+                    "removed {} (uninstall)",
+                    dir.join(chain::LOCK_FILE).display()
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!("the conf dir's lock file stays: {e}"),
+            }
+        }
 
         let mut failed = vec![];
         for b in &self.bins {

@@ -133,6 +133,11 @@ fn uninstall_order_and_byte_identical_conflists() {
         ["10-calico.conflist", "20-old.conflist"]
     );
     assert!(file_names(&node.bin_dir).is_empty());
+    // Nor the lock file every repair took (which file_names leaves out).
+    assert!(
+        !node.conf_dir.join(testkit::names::LOCK_FILE).exists(),
+        "the uninstall left the conf dir's lock file"
+    );
     // Idempotent: a second uninstall finds nothing to do and succeeds.
     let again = node.run(&["uninstall"], &[]);
     assert!(again.status.success());

@@ -297,3 +297,41 @@ fn absolute_symlink_is_resolved_under_the_host_mount() {
     );
     assert_eq!(testkit::names::file_names(&real), ["calico.conflist"]);
 }
+
+/// Any uid can `flock` the conf dir (it needs only a descriptor), the lock
+/// older versions took: held by another user (here nobody), it must not
+/// stop repairs. A primary's rewrite is chained again within one resync,
+/// with the watch off (the timer's pass) and on.
+#[test]
+fn a_conf_dir_flocked_by_another_user_does_not_stop_repairs() {
+    testkit::require_root("flock as nobody");
+    for (tag, env) in [("nowatch", no_watch()), ("watch", FAST.to_vec())] {
+        let node = Node::new(&format!("nobody-flock-{tag}"));
+        // Nobody must reach the conf dir to open it.
+        for d in node
+            .conf_dir
+            .ancestors()
+            .take_while(|d| d.starts_with(&node.root))
+        {
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        node.write_by_rename("10-calico.conflist", &calico_text(0));
+        let inst = node.start(&env);
+        node.wait_healthy(RESYNC + GRACE).unwrap();
+        let _holder =
+            testkit::flock_as_nobody(&node.conf_dir).expect("nobody can flock the conf dir");
+        for round in 1..=2 {
+            node.write_by_rename("10-calico.conflist", &calico_text(round));
+            let v = node
+                .wait_healthy(RESYNC + GRACE)
+                .unwrap_or_else(|e| panic!("{tag}, round {round}: {e}\n{}", inst.log()));
+            assert_eq!(primary_part(&v), calico(round));
+        }
+        assert!(
+            !inst.log().contains("timed out waiting for the lock"),
+            "{tag}: {}",
+            inst.log()
+        );
+    }
+}

@@ -112,14 +112,22 @@ fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut seen: Map<String, Value> = linkerd_cni_chain::read_file(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    // Root's own file only, never through a link: another's could let a
+    // pod through at once, or send it back for ever.
+    let mut seen: Map<String, Value> = match linkerd_cni_chain::statefile::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("the retry history {}: {e}", path.display());
+            }
+            Map::new()
+        }
+    };
+    // Times ahead of now are no times (they would never expire).
     seen.retain(|_, v| {
-        v.get(1)
-            .and_then(Value::as_u64)
-            .is_some_and(|t| now.saturating_sub(t) < STALE_RETRIES_WINDOW.as_secs())
+        v.get(1).and_then(Value::as_u64).is_some_and(|t| {
+            t <= now.saturating_add(1) && now - t.min(now) < STALE_RETRIES_WINDOW.as_secs()
+        })
     });
     let count = seen
         .get(id)
@@ -236,7 +244,7 @@ pub fn chain_on_add(
 mod tests {
     //! Healing on ADD, with the plugin's config as the runtime passes it.
 
-    use std::fs::{self, File};
+    use std::fs;
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
@@ -404,6 +412,43 @@ mod tests {
         assert!(send_back_again(&config, Some("uid-1")));
     }
 
+    /// The retry history's times are bounded: one far ahead of now would
+    /// never expire, and its count would let the pod through at once for
+    /// good. Nor is a history believed unless root's own.
+    #[test]
+    fn a_retry_history_from_the_future_or_not_roots_own_is_no_history() {
+        use std::os::unix::fs::PermissionsExt;
+        let n = node();
+        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let history = n.state.path().join(STALE_RETRIES_FILE);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let sent_back = [MAX_STALE_RETRIES, now];
+        let write = |t: u64| {
+            fs::write(
+                &history,
+                serde_json::json!({"uid-1": [sent_back[0], t]}).to_string(),
+            )
+            .unwrap();
+            fs::set_permissions(&history, fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        write(sent_back[1]);
+        assert!(!send_back_again(&config, Some("uid-1")), "sent back enough");
+        write(now + 1_000_000_000);
+        assert!(
+            send_back_again(&config, Some("uid-1")),
+            "a time ahead of now"
+        );
+        write(now);
+        fs::set_permissions(&history, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(
+            send_back_again(&config, Some("uid-1")),
+            "writable by others"
+        );
+    }
+
     #[test]
     fn stdin_entry_is_the_config_minus_runtime_keys() {
         let n = node();
@@ -524,8 +569,8 @@ mod tests {
         let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(30))]);
         heal(&conf);
         let m1 = fs::metadata(&f).unwrap();
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
+        let _holder =
+            linkerd_cni_chain::lock_dir(n.conf.path(), Duration::from_secs(1), None).unwrap();
         let start = Instant::now();
         for _ in 0..20 {
             heal(&conf);
@@ -541,8 +586,8 @@ mod tests {
         let n = node();
         let f = n.conf.write("10-calico.conflist", CALICO);
         let conf = stdin(&n, &[("chain_repair_budget_seconds", Value::from(0.3))]);
-        let holder = File::open(n.conf.path()).unwrap();
-        holder.lock().unwrap();
+        let holder =
+            linkerd_cni_chain::lock_dir(n.conf.path(), Duration::from_secs(1), None).unwrap();
         let start = Instant::now();
         heal(&conf);
         let took = start.elapsed();

@@ -425,14 +425,7 @@ fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<
     // Only a kubeconfig known to be absent: one that cannot be checked
     // (permissions) is an error below, like any unusable one.
     if matches!(path.try_exists(), Ok(false)) {
-        let why = format!(
-            "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
-             (linkerd-cni is being uninstalled, or its installer has not run on this node); \
-             the pod starts without linkerd's redirect rules",
-            path.display()
-        );
-        log::error!("{why}");
-        return Err(skip(Skip::CannotTell(PassCause::KubeconfigMissing), why));
+        return Err(credentials::kubeconfig_missing(config, pod_id, path).1);
     }
     let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());

@@ -4,7 +4,7 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -294,8 +294,7 @@ fn add_is_not_delayed_past_the_budget() {
     let f = calico(&d);
     let mut e = healing_entry(&d, &state);
     e.insert("chain_repair_budget_seconds".into(), Value::from(0.5));
-    let holder = fs::File::open(d.path()).unwrap();
-    holder.lock().unwrap();
+    let _holder = linkerd_cni_chain::lock_dir(d.path(), Duration::from_secs(1), None).unwrap();
     let start = std::time::Instant::now();
     let (stdin, prev) = add_stdin(&e);
     let o = run_cni("ADD", &stdin);
@@ -314,6 +313,40 @@ fn add_is_not_delayed_past_the_budget() {
         text(&o)
     );
     assert!(!fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
+}
+
+/// Any uid can `flock` the conf dir, which older versions locked: held by
+/// another user (here nobody), it must not stop the ADD-time repair of a
+/// primary that rewrote its file without linkerd-cni.
+#[test]
+fn an_add_heals_while_another_user_flocks_the_conf_dir() {
+    testkit::require_root("flock as nobody");
+    let d = TempDir::new("nobody-flock").unwrap();
+    let state = TempDir::new("nobody-flock-state").unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let f = calico(&d);
+    let e = healing_entry(&d, &state);
+    let (stdin, _) = add_stdin(&e);
+    let o = run_cni("ADD", &stdin);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(fs::read_to_string(&f).unwrap().contains("linkerd-cni"));
+    let _holder = testkit::flock_as_nobody(d.path()).expect("nobody can flock the conf dir");
+    // The primary rewrites its file without us.
+    let rewritten = d.write(
+        ".calico-new",
+        &fs::read_to_string(fixtures().join("calico/in/10-calico.conflist")).unwrap(),
+    );
+    fs::rename(&rewritten, &f).unwrap();
+    let start = std::time::Instant::now();
+    let o = run_cni("ADD", &stdin);
+    let took = start.elapsed();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        fs::read_to_string(&f).unwrap().contains("linkerd-cni"),
+        "not healed: {}",
+        text(&o)
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 /// A symlinked conflist leading outside the conf dir: status says the

@@ -291,10 +291,14 @@ fn kill_9_at_random_points_leaves_old_or_new_and_no_held_lock() {
         {
             saw_temp += 1;
         }
-        // The kernel dropped the dead repair's lock.
-        let lock = File::open(d.path()).unwrap();
-        lock.try_lock()
-            .unwrap_or_else(|e| panic!("{ctx}: lock still held: {e:?}"));
+        // The kernel dropped the dead repair's locks: the lock file's and
+        // the conf dir's own.
+        let dir = File::open(d.path()).unwrap();
+        dir.try_lock()
+            .unwrap_or_else(|e| panic!("{ctx}: the conf dir is still locked: {e:?}"));
+        drop(dir);
+        let lock = linkerd_cni_chain::lock_dir(d.path(), Duration::from_millis(100), None)
+            .unwrap_or_else(|e| panic!("{ctx}: lock still held: {e}"));
         drop(lock);
         // The next repair succeeds and cleans up.
         let o = repair_cmd(d.path(), &entry).output().unwrap();

@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -221,27 +222,98 @@ fn lasting_rejection_without_an_installer_passes_the_pod_through() {
     }
 }
 
-/// No kubeconfig (an uninstall): a pass-through without any API call,
-/// installer heartbeat or not; also when it goes while the ADD retries.
+/// No kubeconfig and no installer alive (an uninstall removes the
+/// heartbeat, then the kubeconfig): a pass-through without any API call;
+/// also when both go while the ADD retries.
 #[test]
 fn no_kubeconfig_passes_the_pod_through() {
     let c = cluster();
-    beat(&c, Duration::ZERO);
     let kubeconfig = std::fs::read_to_string(&c.kubeconfig).unwrap();
     std::fs::remove_file(&c.kubeconfig).unwrap();
     let why = passed(decide(&c, json!({})).unwrap());
     assert!(why.contains("does not exist"), "{why}");
+    assert!(why.contains("no installer heartbeat"), "{why}");
     assert_eq!(c.api.connections(), 0);
 
     std::fs::write(&c.kubeconfig, kubeconfig).unwrap();
+    beat(&c, Duration::ZERO);
     c.api.set_mode(Mode::Unauthorized);
     std::thread::scope(|s| {
         let uninstall = s.spawn(|| {
             assert!(wait_until(BOUND, || c.api.requests(&pod_path()) >= 1));
+            heartbeat::remove(&state_dir(&c)).unwrap();
             std::fs::remove_file(&c.kubeconfig).unwrap();
         });
         let why = passed(decide(&c, json!({})).unwrap());
         assert!(why.contains("does not exist"), "{why}");
         uninstall.join().unwrap();
     });
+}
+
+/// No kubeconfig while the installer's heartbeat is fresh: the installer
+/// is (re)writing it, so "try again later" (code 11), never a meshed pod
+/// passed through by whoever could delete the file.
+#[test]
+fn no_kubeconfig_with_the_installer_alive_is_try_again_later() {
+    let c = cluster();
+    beat(&c, Duration::ZERO);
+    std::fs::remove_file(&c.kubeconfig).unwrap();
+    let e = decide(&c, json!({})).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+    assert!(e.msg.contains("does not exist"), "{e}");
+    assert!(e.msg.contains("installer on this node is alive"), "{e}");
+    assert_eq!(c.api.connections(), 0);
+}
+
+/// A heartbeat claiming a resync period of 1e9 s is no heartbeat: it
+/// would keep the installer "alive" for ever, every ADD with rejected
+/// credentials held to its deadline and sent back (code 11) for good.
+#[test]
+fn a_heartbeat_with_an_absurd_resync_is_no_heartbeat() {
+    let c = cluster();
+    let b = Beat::now(RESYNC);
+    let text = format!(
+        "{{\"boot_id\":\"{}\",\"boot_time_seconds\":{},\"resync_seconds\":1e9}}",
+        b.boot_id,
+        b.at.as_secs_f64()
+    );
+    let p = heartbeat::path(&state_dir(&c));
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    c.api.set_mode(Mode::Unauthorized);
+    let t = Instant::now();
+    let why = passed(decide(&c, json!({})).unwrap());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(why.contains("resync_seconds"), "{why}");
+    assert_eq!(c.api.requests(&pod_path()), CONFIRM_ATTEMPTS as usize);
+}
+
+/// A heartbeat that is not root's own (another owner, writable by others)
+/// claims nothing: not the installer alive, nor the plugin's RBAC missing.
+#[test]
+fn a_heartbeat_that_is_not_roots_own_claims_nothing() {
+    testkit::require_root("chown");
+    for (case, set_up) in [
+        (
+            "owned by uid 1000",
+            (|p: &Path| std::os::unix::fs::chown(p, Some(1000), Some(1000)).unwrap()) as fn(&Path),
+        ),
+        ("writable by group or others", |p: &Path| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap()
+        }),
+    ] {
+        let c = cluster();
+        let mut b = Beat::now(RESYNC);
+        b.plugin_denied = Some("the API server says linkerd-cni-plugin may not get pods".into());
+        heartbeat::write(&state_dir(&c), &b).unwrap();
+        set_up(&heartbeat::path(&state_dir(&c)));
+        c.api.set_mode(Mode::Forbidden);
+        let why = passed(decide(&c, json!({})).unwrap());
+        assert!(why.contains(case), "{case}: {why}");
+        assert!(!why.contains("RBAC is missing"), "{case}: {why}");
+        // Nor an installer alive, for a 401.
+        c.api.set_mode(Mode::Unauthorized);
+        let why = passed(decide(&c, json!({"add_deadline_seconds": 6})).unwrap());
+        assert!(why.contains(case), "{case}: {why}");
+    }
 }

@@ -100,11 +100,15 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Every file of a tree, as (relative path, bytes), sorted.
+/// Every file of a tree, as (relative path, bytes), sorted; but the conf
+/// dir's lock file ([`crate::names::LOCK_FILE`]).
 pub fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
         for e in fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
+            if e.file_name() == crate::names::LOCK_FILE {
+                continue;
+            }
             let p = e.path();
             if e.file_type().unwrap().is_dir() {
                 out.push((

@@ -187,3 +187,45 @@ pub fn bounded<T: Send + 'static>(
     rx.recv_timeout(within)
         .unwrap_or_else(|_| panic!("{what}: still blocked after {within:?}"))
 }
+
+/// A `flock` held by another uid; released (the holder killed) on drop.
+pub struct ForeignFlock(std::process::Child);
+
+impl Drop for ForeignFlock {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `flock -x <path> sleep 600` as uid 65534 (nobody), as any local
+/// account (or a container with a read-only mount of the path) can; the
+/// holder once it holds the lock, or `None` when it could not take it (it
+/// could not open `path`). `path` and its parents must be searchable by
+/// others.
+pub fn flock_as_nobody(path: &std::path::Path) -> Option<ForeignFlock> {
+    let child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["flock", "-x"])
+        .arg(path)
+        .args(["sleep", "600"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("setpriv and flock (util-linux) run");
+    let mut held = ForeignFlock(child);
+    let settled = wait_until(Duration::from_secs(20), || {
+        held.0.try_wait().ok().flatten().is_some()
+            || std::fs::File::open(path).is_ok_and(|f| f.try_lock_shared().is_err())
+    });
+    assert!(
+        settled,
+        "flock as nobody neither held {} nor exited",
+        path.display()
+    );
+    match held.0.try_wait() {
+        Ok(Some(_)) => None,
+        _ => Some(held),
+    }
+}

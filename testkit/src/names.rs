@@ -157,12 +157,19 @@ impl Drop for TempDir {
     }
 }
 
-/// The names directly in `dir`, sorted; panics when it cannot be read.
+/// The conf dir's lock file (`linkerd_cni_chain::LOCK_FILE`), which stays
+/// in a conf dir once any repair locked it: not part of what a test judges
+/// (the tests of the lock and of uninstall look for it by name).
+pub const LOCK_FILE: &str = ".linkerd-cni-lock";
+
+/// The names directly in `dir`, sorted, but the lock file; panics when it
+/// cannot be read.
 pub fn file_names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != LOCK_FILE)
         .collect();
     v.sort();
     v

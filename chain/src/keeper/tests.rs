@@ -3,7 +3,7 @@
 //! file the runtime loads holds linkerd-cni last (judged here by name order
 //! and the last plugin's type, without the library's own diagnosis).
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -102,9 +102,7 @@ impl Node {
         }
         let holder = (refusal == Refusal::Lock).then(|| {
             ctx.deadline = Instant::now() + Duration::from_millis(200);
-            let f = File::open(self.conf.path()).unwrap();
-            f.lock().unwrap();
-            f
+            crate::lock_dir(self.conf.path(), Duration::from_secs(1), None).unwrap()
         });
         let mut limit = self.limit();
         let r = keep(&ctx, &mut *limit).unwrap();

@@ -313,3 +313,91 @@ fn a_damaged_memo_or_one_from_the_future_holds_nothing() {
     );
     assert!(!n.holds(None));
 }
+
+/// A memo must name the conf dir, the entry file and every config: one
+/// that lists only the dir (with its current stamps) vouches for files it
+/// never saw, and would let an ADD skip the repair of a primary rewritten
+/// in place.
+#[test]
+fn a_memo_that_leaves_out_a_file_holds_nothing() {
+    let n = Node::chained(ChainMode::Inline);
+    settle();
+    assert!(n.look(None));
+    assert!(n.holds(None));
+    let path = n.state.path().join(MEMO_FILE);
+    let good = fs::read_to_string(&path).expect("memo");
+    let only_dir: String = good
+        .lines()
+        .take(4)
+        .chain(good.lines().filter(|l| l.ends_with(" .")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(only_dir.lines().any(|l| l.ends_with(" .")), "{only_dir}");
+    assert!(!only_dir.contains(ENTRY_FILE), "{only_dir}");
+    for partial in [
+        only_dir.clone(),
+        good.lines()
+            .filter(|l| !l.ends_with(" 10-calico.conflist"))
+            .map(|l| format!("{l}\n"))
+            .collect(),
+        good.lines()
+            .filter(|l| !l.ends_with(&format!(" {ENTRY_FILE}")))
+            .map(|l| format!("{l}\n"))
+            .collect(),
+        good.lines()
+            .filter(|l| !l.ends_with(" ."))
+            .map(|l| format!("{l}\n"))
+            .collect(),
+    ] {
+        fs::write(&path, &partial).expect("write");
+        assert!(!n.holds(None), "{partial}");
+    }
+    fs::write(&path, &good).expect("write");
+    assert!(n.holds(None));
+    // The primary rewritten in place without our entry (the dir's stamp
+    // stays): under a memo naming only the dir, the ADD's look happens and
+    // repairs it.
+    fs::write(&path, &only_dir).expect("write");
+    fs::write(n.conf.path().join("10-calico.conflist"), CALICO).expect("rewrite");
+    assert!(!n.holds(None));
+    assert!(!n.look(None), "the look repairs the unchained primary");
+    assert!(
+        n.conf
+            .read("10-calico.conflist")
+            .contains(crate::PLUGIN_TYPE)
+    );
+}
+
+/// Only root's own memo is believed: one another user owns, or anyone may
+/// write, or a link to one, is no memo.
+#[test]
+fn a_memo_that_is_not_roots_own_holds_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    testkit::require_root("chown");
+    let n = Node::chained(ChainMode::Inline);
+    settle();
+    assert!(n.look(None));
+    assert!(n.holds(None));
+    let path = n.state.path().join(MEMO_FILE);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+    assert!(!n.holds(None), "writable by others");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(n.holds(None));
+    std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+    assert!(!n.holds(None), "owned by uid 1000");
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+    assert!(n.holds(None));
+    let moved = n.state.path().join("elsewhere");
+    fs::rename(&path, &moved).unwrap();
+    symlink(&moved, &path).unwrap();
+    assert!(!n.holds(None), "a link");
+    // Remembered anew over the link, as root's own file.
+    assert!(n.look(None));
+    assert!(
+        !fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(n.holds(None));
+}

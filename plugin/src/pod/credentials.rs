@@ -18,6 +18,11 @@
 //!   the node starts, and a meshed one is refused by linkerd's
 //!   network-validator. A single rejection is not taken for dead:
 //!   [`CONFIRM_ATTEMPTS`] are;
+//! - no kubeconfig at all: passed through when no installer is alive (an
+//!   uninstall removes its heartbeat with it), but "try again later" while
+//!   one is (it writes the kubeconfig: the pod gets its rules on a retry,
+//!   and nobody who can only remove the file can let a meshed pod start
+//!   without them);
 //! - a 403 while the installer is alive but has found, by asking the API
 //!   server, that the plugin's credentials may not get pods (their RBAC is
 //!   missing, which no new token fixes): passed through as when no
@@ -42,6 +47,9 @@ pub enum CredentialCause {
     /// The kubeconfig does not exist (an uninstall, or no installer ever
     /// ran here): passed through.
     NoKubeconfig,
+    /// The kubeconfig does not exist while an installer is alive to write
+    /// it: try again later (code 11).
+    NoKubeconfigInstallerAlive,
     /// Rejected, and no installer is alive to renew them: passed through.
     RejectedInstallerGone,
     /// Rejected while an installer is alive: try again later (code 11).
@@ -64,7 +72,8 @@ impl CredentialCause {
             CredentialCause::NoKubeconfig
             | CredentialCause::RejectedInstallerGone
             | CredentialCause::ForbiddenRbacMissing => CredentialOutcome::PassThrough,
-            CredentialCause::RejectedInstallerAlive => CredentialOutcome::TryAgainLater,
+            CredentialCause::RejectedInstallerAlive
+            | CredentialCause::NoKubeconfigInstallerAlive => CredentialOutcome::TryAgainLater,
         }
     }
 
@@ -72,6 +81,7 @@ impl CredentialCause {
     pub fn as_str(self) -> &'static str {
         match self {
             CredentialCause::NoKubeconfig => "no_kubeconfig",
+            CredentialCause::NoKubeconfigInstallerAlive => "no_kubeconfig_installer_alive",
             CredentialCause::RejectedInstallerGone => "rejected_installer_gone",
             CredentialCause::RejectedInstallerAlive => "rejected_installer_alive",
             CredentialCause::ForbiddenRbacMissing => "forbidden_rbac_missing",
@@ -249,6 +259,49 @@ fn renewal_awaited(
     );
     log::warn!("{}: {}", e.msg, e.details);
     (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
+}
+
+/// No kubeconfig at `path`: a pass-through when no installer is alive to
+/// write it (an uninstall, which removes the heartbeat too, or no
+/// installer ever ran here), else "try again later" while it does.
+pub(super) fn kubeconfig_missing(
+    config: &PluginConfig,
+    pod_id: &str,
+    path: &Path,
+) -> (CredentialCause, Stop) {
+    match installer(config) {
+        Liveness::Alive { age, .. } => {
+            let e = CniError::try_again(
+                RetryCause::KubeconfigMissing,
+                format!(
+                    "cannot tell yet whether pod {pod_id} is meshed: the kubeconfig {} does not \
+                     exist while the linkerd-cni installer on this node is alive (last heartbeat \
+                     {:.0} s ago) to write it; try again later",
+                    path.display(),
+                    age.as_secs_f64()
+                ),
+                "the installer writes the kubeconfig on its next pass; the runtime retries the \
+                 pod. If this lasts, read the installer's log (kubectl -n linkerd-cni logs \
+                 daemonset/linkerd-cni -c install-cni)",
+            );
+            log::warn!("{}: {}", e.msg, e.details);
+            (CredentialCause::NoKubeconfigInstallerAlive, Stop::Failed(e))
+        }
+        Liveness::Gone(gone) => {
+            let why = format!(
+                "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
+                 and no linkerd-cni installer is alive on this node to write it ({gone}): \
+                 linkerd-cni is being uninstalled, or its installer has not run on this node; \
+                 the pod starts without linkerd's redirect rules",
+                path.display()
+            );
+            log::error!("{why}");
+            (
+                CredentialCause::NoKubeconfig,
+                super::skip(super::Skip::CannotTell(PassCause::KubeconfigMissing), why),
+            )
+        }
+    }
 }
 
 /// Whether a rejection with `status` is worth retrying for the installer
