@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex};
 
 use linkerd_cni::cni::{CniError, code};
 use linkerd_cni::config::PluginConfig;
-use linkerd_cni::pod::{self, Decision, Plan};
+use linkerd_cni::pod::{self, Decision};
 use linkerd_cni_lookup::{self as lookup, Answer, Body, Request, Source};
 use serde_json::{Value, json};
 use testkit::TestNetns;
 use testkit::iptables::{default_save, nat_table};
 use testkit::objects::{Pod, kubernetes_service, namespace};
 
-use common::{Cluster, cni_env, invocation, netconf, run_plugin, stderr};
+use common::{Cluster, cni_env, invocation, mesh, netconf, outbound_ignored, run_plugin, stderr};
 
 /// A stand-in agent at the state dir's socket: answers every question with
 /// what `answer` makes of it, and records the questions.
@@ -75,22 +75,6 @@ fn decide(c: &Cluster, ns: &str, name: &str) -> Result<Decision, CniError> {
     let inv = invocation(&env, &netconf(&c.kubeconfig, json!({})));
     let config = PluginConfig::from_netconf(&inv.conf)?;
     pod::decide(&inv, &config)
-}
-
-fn mesh(d: Decision) -> Plan {
-    match d {
-        Decision::Mesh(p) => p,
-        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
-    }
-}
-
-fn outbound_ignored(plan: &Plan) -> String {
-    plan.spec
-        .outbound_ports_to_ignore
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[test]

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use linkerd_cni::cni::{CniError, code};
 use linkerd_cni::config::PluginConfig;
 use linkerd_cni::iptables::rules::{self, Rule};
-use linkerd_cni::pod::{self, Decision, Plan, annotation};
+use linkerd_cni::pod::{self, Decision, annotation};
 use serde_json::{Value, json};
 use testkit::objects::{KUBERNETES_SERVICE_PATH, Pod, kubernetes_service, namespace_path};
 use testkit::{FakeApiServer, Mode, TempDir};
 
-use common::{Cluster, cni_env, invocation, netconf};
+use common::{Cluster, cni_env, invocation, mesh, netconf, outbound_ignored};
 
 fn cluster() -> Cluster {
     Cluster::start("kube")
@@ -34,27 +34,11 @@ impl Cluster {
     }
 }
 
-fn mesh(d: Decision) -> Plan {
-    match d {
-        Decision::Mesh(p) => p,
-        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
-    }
-}
-
 fn pass(d: Decision) -> String {
     match d {
         Decision::PassThrough(s) => s.why,
         Decision::Mesh(p) => panic!("expected pass-through, got a plan for {}", p.pod),
     }
-}
-
-fn outbound_ignored(plan: &Plan) -> String {
-    plan.spec
-        .outbound_ports_to_ignore
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use linkerd_cni::cni::{Env, Invocation, NetConf};
+use linkerd_cni::pod::{Decision, Plan};
 use serde_json::{Value, json};
 use testkit::{FakeApiServer, TempDir};
 
@@ -214,4 +215,23 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The plan of a decision that meshes the pod; panics with the reason of a
+/// pass-through.
+pub fn mesh(d: Decision) -> Plan {
+    match d {
+        Decision::Mesh(p) => p,
+        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
+    }
+}
+
+/// A plan's outbound ports to ignore, as `a,b-c`.
+pub fn outbound_ignored(plan: &Plan) -> String {
+    plan.spec
+        .outbound_ports_to_ignore
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

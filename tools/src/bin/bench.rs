@@ -1148,34 +1148,9 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
             Backend::Nft
         }
     };
-    let n = variants.len();
+    let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     let rounds = plan.direct_rounds / 4;
-    let samples: Vec<Samples> = b.node.netns().enter(|| {
-        let mut s = vec![Samples::new(); n];
-        for i in 0..rounds + 2 {
-            checkpoint()?;
-            for k in 0..n {
-                let v = (i + k) % n;
-                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
-                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
-                if i == 0 {
-                    let lines =
-                        conformance::NatTable::read(&ns, backend(v), Family::V4).linkerd_lines();
-                    if lines.len() != 9 {
-                        return Err(fail(format!(
-                            "{}: not linkerd's 9 nat lines: {lines:?}",
-                            variants[v].0
-                        )));
-                    }
-                }
-                // Two warm-up rounds.
-                if i >= 2 {
-                    s[v].push_duration(d);
-                }
-            }
-        }
-        Ok::<_, Stop>(s)
-    })?;
+    let samples = rotated_adds(b, &names, rounds, &invocation, &|k| Some(backend(k)))?;
     println!();
     println!("## 10. Meshed ADD: nft mode in-process vs the restore path");
     println!();
@@ -1200,55 +1175,9 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         paired_differences(&samples[1], &samples[0]).summary("ms")
     );
 
-    let Some(valgrind) = conformance::sys::which("valgrind") else {
-        println!();
-        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+    let Some(counts) = tree_instructions(b, plan, &names, &invocation)? else {
         return Ok(());
     };
-    let valgrind = valgrind.display().to_string();
-    let out_arg = format!(
-        "--callgrind-out-file={}",
-        b.node.dir().join("nft.%p.callgrind").display()
-    );
-    let counts: Vec<(Samples, Samples, usize)> = b.node.netns().enter(|| {
-        let mut all = Vec::new();
-        for (k, (name, _)) in variants.iter().enumerate() {
-            let (mut tree, mut plugin) = (Samples::new(), Samples::new());
-            let mut processes = 0;
-            for _ in 0..plan.callgrind_runs {
-                checkpoint()?;
-                let ns = testkit::TestNetns::new("bench-nft").map_err(|e| fail(e.to_string()))?;
-                let inv = invocation(k, &ns);
-                let cmd = inv.command(&[
-                    &valgrind,
-                    "--tool=callgrind",
-                    "--trace-children=yes",
-                    &out_arg,
-                ]);
-                let out = spawn_with_stdin(cmd, &inv.stdin)?;
-                if !out.status.success() {
-                    let stderr = String::from_utf8_lossy(&out.stderr);
-                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
-                }
-                // One output file per process (children's valgrind
-                // output goes to the pipes the plugin reads): its command
-                // and its total.
-                let (mut sum, mut own) = (0.0, 0.0);
-                let outputs = callgrind_outputs(b.node.dir());
-                processes = outputs.len();
-                for (cmd, total) in outputs {
-                    sum += total;
-                    if cmd.contains("linkerd-cni") {
-                        own += total;
-                    }
-                }
-                tree.push(sum);
-                plugin.push(own);
-            }
-            all.push((tree, plugin, processes));
-        }
-        Ok::<_, Stop>(all)
-    })?;
     println!();
     println!(
         "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
@@ -1259,12 +1188,13 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         "| iptables-mode | processes | whole process tree | the plugin process | vs nft in-process (tree) |"
     );
     println!("|---|---|---|---|---|");
-    for ((name, _), (tree, plugin, processes)) in variants.iter().zip(&counts) {
+    for ((name, _), c) in variants.iter().zip(&counts) {
         println!(
-            "| {name} | {processes} | {:.0} | {:.0} | {:.2}× |",
-            tree.median(),
-            plugin.median(),
-            tree.median() / counts[0].0.median()
+            "| {name} | {} | {:.0} | {:.0} | {:.2}× |",
+            c.processes,
+            c.tree.median(),
+            c.plugin.median(),
+            c.tree.median() / counts[0].tree.median()
         );
     }
     Ok(())
@@ -1406,39 +1336,23 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
             }
             inv
         }
-        None => b.invocation(&tuning, &tuning_conf, "bench", "direct"),
+        None => {
+            let mut inv = b.invocation(&tuning, &tuning_conf, "bench", "direct");
+            // Go's preemption signals crash valgrind now and then; a
+            // process of a few milliseconds is not preempted anyway.
+            inv.env.push(("GODEBUG".into(), "asyncpreemptoff=1".into()));
+            inv
+        }
     };
     // The steady state of a node: its files older than the memo's racy
     // bound, so that the warm-up ADD remembers the healthy verdict.
     std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
-    let n = variants.len();
+    let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     let rounds = plan.direct_rounds / 4;
     let requests = b.api.total_requests();
     let cpu_before = agent.cpu();
-    let samples: Vec<Samples> = b.node.netns().enter(|| {
-        let mut s = vec![Samples::new(); n];
-        for i in 0..rounds + 2 {
-            checkpoint()?;
-            for k in 0..n {
-                let v = (i + k) % n;
-                let ns = testkit::TestNetns::new("bench-agent").map_err(|e| fail(e.to_string()))?;
-                let (d, _) = invocation(v, &ns).run_ok(variants[v].0)?;
-                if i == 0 && variants[v].1.is_some() {
-                    let lines =
-                        conformance::NatTable::read(&ns, Backend::Nft, Family::V4).linkerd_lines();
-                    if lines.len() != 9 {
-                        return Err(fail(format!(
-                            "{}: not linkerd's 9 nat lines: {lines:?}",
-                            variants[v].0
-                        )));
-                    }
-                }
-                if i >= 2 {
-                    s[v].push_duration(d);
-                }
-            }
-        }
-        Ok::<_, Stop>(s)
+    let samples = rotated_adds(b, &names, rounds, &invocation, &|k| {
+        variants[k].1.map(|_| Backend::Nft)
     })?;
     let agent_cpu = agent.cpu().saturating_sub(cpu_before);
     // Two GETs (pod, namespace) per direct ADD, none through the agent.
@@ -1492,48 +1406,9 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         agent.rss_kib()
     );
 
-    let Some(valgrind) = conformance::sys::which("valgrind") else {
-        println!();
-        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+    let Some(counts) = tree_instructions(b, plan, &names, &invocation)? else {
         return Ok(());
     };
-    let valgrind = valgrind.display().to_string();
-    let out_arg = format!(
-        "--callgrind-out-file={}",
-        b.node.dir().join("agent.%p.callgrind").display()
-    );
-    let counts: Vec<(Samples, usize)> = b.node.netns().enter(|| {
-        let mut all = Vec::new();
-        for (k, (name, _)) in variants.iter().enumerate() {
-            let mut tree = Samples::new();
-            let mut processes = 0;
-            for _ in 0..plan.callgrind_runs {
-                checkpoint()?;
-                let ns = testkit::TestNetns::new("bench-agent").map_err(|e| fail(e.to_string()))?;
-                let mut inv = invocation(k, &ns);
-                if variants[k].1.is_none() {
-                    // Go's preemption signals crash valgrind now and then.
-                    inv.env.push(("GODEBUG".into(), "asyncpreemptoff=1".into()));
-                }
-                let cmd = inv.command(&[
-                    &valgrind,
-                    "--tool=callgrind",
-                    "--trace-children=yes",
-                    &out_arg,
-                ]);
-                let out = spawn_with_stdin(cmd, &inv.stdin)?;
-                if !out.status.success() {
-                    let stderr = String::from_utf8_lossy(&out.stderr);
-                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
-                }
-                let outputs = callgrind_outputs(b.node.dir());
-                processes = outputs.len();
-                tree.push(outputs.iter().map(|(_, total)| total).sum());
-            }
-            all.push((tree, processes));
-        }
-        Ok::<_, Stop>(all)
-    })?;
     println!();
     println!(
         "Instructions (`valgrind --tool=callgrind --trace-children=yes`, median of {} run(s)):",
@@ -1542,11 +1417,12 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     println!();
     println!("| plugin execution | processes | whole process tree | vs tuning |");
     println!("|---|---|---|---|");
-    for ((name, _), (tree, processes)) in variants.iter().zip(&counts) {
+    for ((name, _), c) in variants.iter().zip(&counts) {
         println!(
-            "| {name} | {processes} | {:.0} | {:.2}× |",
-            tree.median(),
-            tree.median() / counts[2].0.median()
+            "| {name} | {} | {:.0} | {:.2}× |",
+            c.processes,
+            c.tree.median(),
+            c.tree.median() / counts[2].tree.median()
         );
     }
     agent_scale(&agent, &cluster, &socket, node_name)
@@ -1634,6 +1510,118 @@ fn agent_scale(
         cluster.open_watches()
     );
     Ok(())
+}
+
+/// `rounds` of ADDs in the node, each in a fresh pod netns, the variants'
+/// order rotated, after two warm-up rounds: the wall time of each. On the
+/// first round, a variant for which `backend` names a table must have left
+/// linkerd's 9 nat lines there.
+fn rotated_adds(
+    b: &BenchNode,
+    names: &[&str],
+    rounds: usize,
+    invocation: &(dyn Fn(usize, &testkit::TestNetns) -> Invocation + Sync),
+    backend: &(dyn Fn(usize) -> Option<Backend> + Sync),
+) -> Result<Vec<Samples>, Stop> {
+    let n = names.len();
+    b.node.netns().enter(|| {
+        let mut s = vec![Samples::new(); n];
+        for i in 0..rounds + 2 {
+            checkpoint()?;
+            for k in 0..n {
+                let v = (i + k) % n;
+                let ns = testkit::TestNetns::new("bench-add").map_err(|e| fail(e.to_string()))?;
+                let (d, _) = invocation(v, &ns).run_ok(names[v])?;
+                if let (0, Some(backend)) = (i, backend(v)) {
+                    let lines =
+                        conformance::NatTable::read(&ns, backend, Family::V4).linkerd_lines();
+                    if lines.len() != 9 {
+                        return Err(fail(format!(
+                            "{}: not linkerd's 9 nat lines: {lines:?}",
+                            names[v]
+                        )));
+                    }
+                }
+                if i >= 2 {
+                    s[v].push_duration(d);
+                }
+            }
+        }
+        Ok::<_, Stop>(s)
+    })
+}
+
+/// Instructions of one variant's runs under callgrind.
+struct Counted {
+    /// The whole process tree's.
+    tree: Samples,
+    /// The plugin process's alone.
+    plugin: Samples,
+    /// How many processes the tree had.
+    processes: usize,
+}
+
+/// Instructions of each variant's ADD under callgrind, in a fresh pod netns
+/// per run, or `None` (said on stdout) without valgrind.
+fn tree_instructions(
+    b: &BenchNode,
+    plan: &Plan,
+    names: &[&str],
+    invocation: &(dyn Fn(usize, &testkit::TestNetns) -> Invocation + Sync),
+) -> Result<Option<Vec<Counted>>, Stop> {
+    let Some(valgrind) = conformance::sys::which("valgrind") else {
+        println!();
+        println!("(valgrind is not installed: no instruction counts; `apt-get install valgrind`.)");
+        return Ok(None);
+    };
+    let valgrind = valgrind.display().to_string();
+    let out_arg = format!(
+        "--callgrind-out-file={}",
+        b.node.dir().join("add.%p.callgrind").display()
+    );
+    b.node.netns().enter(|| {
+        let mut all = Vec::new();
+        for (k, name) in names.iter().enumerate() {
+            let (mut tree, mut plugin) = (Samples::new(), Samples::new());
+            let mut processes = 0;
+            for _ in 0..plan.callgrind_runs {
+                checkpoint()?;
+                let ns = testkit::TestNetns::new("bench-add").map_err(|e| fail(e.to_string()))?;
+                let inv = invocation(k, &ns);
+                let cmd = inv.command(&[
+                    &valgrind,
+                    "--tool=callgrind",
+                    "--trace-children=yes",
+                    &out_arg,
+                ]);
+                let out = spawn_with_stdin(cmd, &inv.stdin)?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    return Err(fail(format!("callgrind of {name} failed: {stderr}")));
+                }
+                // One output file per process (children's valgrind
+                // output goes to the pipes the plugin reads): its command
+                // and its total.
+                let (mut sum, mut own) = (0.0, 0.0);
+                let outputs = callgrind_outputs(b.node.dir());
+                processes = outputs.len();
+                for (cmd, total) in outputs {
+                    sum += total;
+                    if cmd.contains("linkerd-cni") {
+                        own += total;
+                    }
+                }
+                tree.push(sum);
+                plugin.push(own);
+            }
+            all.push(Counted {
+                tree,
+                plugin,
+                processes,
+            });
+        }
+        Ok::<_, Stop>(Some(all))
+    })
 }
 
 /// The `(cmd, total instructions)` of every `*.callgrind` file in `dir`,
