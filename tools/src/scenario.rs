@@ -4,9 +4,11 @@
 //!
 //! [`Binaries::find`] finds the workspace binaries where the conformance
 //! harness looks for them (`demo.sh` builds them first), and
-//! [`start_installer`] runs the installer the way the demo shows it: with
-//! the host's paths as its own (mount prefix `/`), stopped with SIGTERM as
-//! the kubelet stops it, its log read as it grows.
+//! [`start_installer`] runs the installer the way the benchmarks need it:
+//! with the host's paths as its own (mount prefix `/`), stopped with SIGTERM
+//! as the kubelet stops it, its log read as it grows. The demo builds its
+//! command with [`installer_command`] under a view of the host of its own
+//! ([`host_mount`]), where it puts the runtime's settings that `auto` reads.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
