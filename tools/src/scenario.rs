@@ -4,9 +4,11 @@
 //!
 //! [`Binaries::find`] finds the workspace binaries where the conformance
 //! harness looks for them (`demo.sh` builds them first), and
-//! [`start_installer`] runs the installer the way the demo shows it: with
-//! the host's paths as its own (mount prefix `/`), stopped with SIGTERM as
-//! the kubelet stops it, its log read as it grows.
+//! [`start_installer`] runs the installer the way the benchmarks need it:
+//! with the host's paths as its own (mount prefix `/`), stopped with SIGTERM
+//! as the kubelet stops it, its log read as it grows. The demo builds its
+//! command with [`installer_command`] under a view of the host of its own
+//! ([`host_mount`]), where it puts the runtime's settings that `auto` reads.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -104,6 +106,48 @@ pub fn start_installer_as(
     opts: InstallerOptions,
     pod: Option<&InstallerPod>,
 ) -> Result<InstallerProcess, String> {
+    let mut cmd = installer_command(node, bins, api, pod, Path::new("/"))?;
+    cmd.env("LINKERD_CNI_WATCH", opts.watch.to_string()).env(
+        "LINKERD_CNI_RESYNC_SECONDS",
+        format!("{}", opts.resync.as_secs_f64()),
+    );
+    Ok(spawn_installer(node, cmd))
+}
+
+/// A mount prefix for the installer's container under the node's dir, in
+/// which the node's dir appears at its own path (a symlink standing in for
+/// the `/host` bind mount, as the conformance harness makes it). The
+/// installer then reads the runtime's settings (for `chain_mode: auto`)
+/// from under this prefix, where the caller may put them, never from the
+/// machine's own /etc.
+pub fn host_mount(node: &Node) -> Result<PathBuf, String> {
+    let prefix = node.dir().join("host");
+    let mounted = prefix.join(node.dir().strip_prefix("/").unwrap_or(node.dir()));
+    if let Some(parent) = mounted.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    if !mounted.exists() {
+        std::os::unix::fs::symlink(node.dir(), &mounted)
+            .map_err(|e| format!("cannot link {}: {e}", mounted.display()))?;
+    }
+    Ok(prefix)
+}
+
+/// The installer's command in a node (any subcommand may be added), as the
+/// DaemonSet's container runs it, through testkit's launcher: the image's
+/// bin dir holds the plugin, the service-account dir the API server's token
+/// and CA (or `pod`'s token, with its name and namespace as the downward
+/// API gives them), the host's conf and bin dirs are the node's, seen
+/// under `mount_prefix`. `api`: the server the kubeconfig it writes points
+/// at (any address when the scenario makes no API call).
+pub fn installer_command(
+    node: &Node,
+    bins: &Binaries,
+    api: Option<&FakeApiServer>,
+    pod: Option<&InstallerPod>,
+    mount_prefix: &Path,
+) -> Result<Command, String> {
     let io =
         |what: &str, p: &Path, e: std::io::Error| format!("cannot {what} {}: {e}", p.display());
     let image = node.dir().join("image");
@@ -126,12 +170,15 @@ pub fn start_installer_as(
         ),
         None => ("127.0.0.1".into(), 1, "unused".into(), String::new()),
     };
-    std::fs::write(sa.join("token"), &token).map_err(|e| io("write", &sa, e))?;
+    // The installer watches this dir: a file is replaced only when its
+    // content changes, and whole (a running installer must never read a
+    // half-written CA when a second command is set up beside it).
+    replace(&sa.join("token"), &token).map_err(|e| io("write", &sa, e))?;
     if !ca.is_empty() {
-        std::fs::write(sa.join("ca.crt"), &ca).map_err(|e| io("write", &sa, e))?;
+        replace(&sa.join("ca.crt"), &ca).map_err(|e| io("write", &sa, e))?;
     }
     let env = ChartEnv {
-        mount_prefix: "/".into(),
+        mount_prefix: mount_prefix.to_path_buf(),
         image_bin: image,
         service_account: sa,
         dest_conf_dir: node.conf_dir(),
@@ -141,17 +188,29 @@ pub fn start_installer_as(
         template: chart_template(node),
     };
     let mut cmd = node.netns().command(&bins.installer);
-    cmd.env_clear()
-        .envs(env.vars())
-        .env("LINKERD_CNI_WATCH", opts.watch.to_string())
-        .env(
-            "LINKERD_CNI_RESYNC_SECONDS",
-            format!("{}", opts.resync.as_secs_f64()),
-        );
+    cmd.env_clear().envs(env.vars());
     if let Some(p) = pod {
         cmd.env("LINKERD_CNI_POD_NAME", &p.name)
             .env("LINKERD_CNI_POD_NAMESPACE", "linkerd-cni");
     }
+    Ok(cmd)
+}
+
+/// Writes `content` to `path` through a temp file and a rename, unless it
+/// already holds it.
+fn replace(path: &Path, content: &str) -> std::io::Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|c| c == content) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Starts the installer's reconcile loop from [`installer_command`]'s
+/// `cmd`, its log in the node's dir. Killed on drop, and by the kernel if
+/// the thread that started it dies (`PR_SET_PDEATHSIG`).
+pub fn spawn_installer(node: &Node, mut cmd: Command) -> InstallerProcess {
     // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only
     // the child being set up. `ip netns exec` execs the installer in place,
     // which keeps the setting.
@@ -166,5 +225,5 @@ pub fn start_installer_as(
     let log = node
         .dir()
         .join(format!("installer-{}.log", testkit::names::unique_id()));
-    Ok(InstallerProcess::spawn(cmd, log))
+    InstallerProcess::spawn(cmd, log)
 }

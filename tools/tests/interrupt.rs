@@ -210,3 +210,10 @@ fn ctrl_c_while_a_pod_is_added_leaves_nothing() {
 fn sigterm_while_the_installer_starts_leaves_nothing() {
     interrupted_run("2. ", |pid| kill(pid, libc::SIGTERM));
 }
+
+/// SIGTERM to the demo alone while the node agent (a process of its own,
+/// outside the node's namespace) answers: its guard stops it too.
+#[test]
+fn sigterm_while_the_node_agent_runs_leaves_nothing() {
+    interrupted_run("✓ it answers on", |pid| kill(pid, libc::SIGTERM));
+}
