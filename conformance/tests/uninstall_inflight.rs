@@ -81,17 +81,17 @@ fn pods_starting_during_an_uninstall_never_fail() {
                     while !stop.load(Ordering::SeqCst) {
                         adds.fetch_add(1, Ordering::Relaxed);
                         if let Err(e) = node.add(net, pod) {
-                            failures.lock().unwrap().push(format!(
-                                "round {round}: ADD {}: {e}",
-                                pod.container_id()
-                            ));
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("round {round}: ADD {}: {e}", pod.container_id()));
                         }
                         dels.fetch_add(1, Ordering::Relaxed);
                         if let Err(e) = node.del(net, pod) {
-                            failures.lock().unwrap().push(format!(
-                                "round {round}: DEL {}: {e}",
-                                pod.container_id()
-                            ));
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("round {round}: DEL {}: {e}", pod.container_id()));
                         }
                     }
                 });

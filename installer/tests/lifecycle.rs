@@ -162,7 +162,8 @@ fn uninstall_on_exit() {
     node.wait_healthy(RESYNC + GRACE).unwrap();
     inst.signal(Signal::SIGTERM);
     assert!(
-        wait_until(GRACE, || file_names(&node.conf_dir) == ["10-calico.conflist"]),
+        wait_until(GRACE, || file_names(&node.conf_dir)
+            == ["10-calico.conflist"]),
         "not unchained: {:?}\n{}",
         file_names(&node.conf_dir),
         inst.log()
