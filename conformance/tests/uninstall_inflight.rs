@@ -112,7 +112,7 @@ fn pods_starting_during_an_uninstall_never_fail() {
         assert!(inst.log().contains("uninstalled"), "{}", inst.log());
         assert_eq!(
             node.conf_dir_names(),
-            [file.clone()],
+            std::slice::from_ref(&file),
             "round {round}: kubeconfig and entry file removed"
         );
         assert!(
