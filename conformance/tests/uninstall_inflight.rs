@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use conformance::chains::{self, Primary};
 use conformance::installer;
 use conformance::{Node, kube};
+use testkit::names::LOCK_FILE;
 
 const PODS: usize = 20;
 const ROUNDS: usize = 3;
@@ -118,6 +119,12 @@ fn pods_starting_during_an_uninstall_never_fail() {
         assert!(
             !node.bin_dir().join("linkerd-cni").exists(),
             "round {round}: binary removed"
+        );
+        // Listings leave it out; an ADD on the old chain that took the lock
+        // must not leave it behind either.
+        assert!(
+            !node.conf_dir().join(LOCK_FILE).exists(),
+            "round {round}: the conf dir's lock file left behind"
         );
         eprintln!("round {round}: the installer exited {took:?} after SIGTERM");
     }

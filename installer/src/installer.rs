@@ -648,17 +648,6 @@ impl Installer {
         // checked under the conf-dir lock, so after this sweep (which takes
         // the lock) no ADD can chain the node again.
         unchain("second sweep")?;
-        // Last in the conf dir: every sweep above took the lock.
-        if dir.is_dir() {
-            match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
-                Ok(true) => log::info!(
-                    "removed {} (uninstall)",
-                    dir.join(chain::LOCK_FILE).display()
-                ),
-                Ok(false) => {}
-                Err(e) => log::warn!("the conf dir's lock file stays: {e}"),
-            }
-        }
 
         let present: Vec<_> = self
             .bins
@@ -674,6 +663,20 @@ impl Installer {
                 UNINSTALL_DRAIN.as_secs()
             );
             std::thread::sleep(UNINSTALL_DRAIN);
+        }
+        // Last in the conf dir, after the wait: every sweep above took the
+        // lock, and so may a pod start on the old chain (its plugin checks
+        // the chain, finds no kubeconfig under the lock, and repairs
+        // nothing), which would create the file again.
+        if dir.is_dir() {
+            match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
+                Ok(true) => log::info!(
+                    "removed {} (uninstall)",
+                    dir.join(chain::LOCK_FILE).display()
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!("the conf dir's lock file stays: {e}"),
+            }
         }
 
         let mut failed = vec![];
