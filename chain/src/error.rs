@@ -76,15 +76,20 @@ impl ChainError {
 }
 
 /// What a permission error means for linkerd-cni, which runs as uid 0:
-/// the installer's container has only the capabilities deploy/ grants, so
-/// root is bound by owners and modes like any user (empty for other
-/// errors).
+/// the installer's and the repair controller's containers have only the
+/// capabilities deploy/ grants, so root is bound by owners and modes like
+/// any user (empty for other errors). Reading is not fixed by granting
+/// CAP_DAC_READ_SEARCH: with it the runtime's default seccomp profile
+/// allows open_by_handle_at, which opens any file of the host's file system
+/// behind the conf dir's mount.
 pub(crate) fn permission_hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(code) if code == nix::errno::Errno::EACCES as i32 => {
-            " (without CAP_DAC_READ_SEARCH, root may read only what a file's owner and mode \
-             allow: grant the installer's container that capability, as deploy/linkerd-cni.yaml \
-             does, or make the file readable by root)"
+            " (root without CAP_DAC_READ_SEARCH may read only what a file's owner and mode \
+             allow, and deploy/linkerd-cni.yaml grants that capability to no container: with \
+             it, open_by_handle_at reaches every file of the host. The plugin, which the \
+             runtime runs as root, repairs the file at each ADD that runs it; to chain it now, \
+             run `linkerd-cni chain repair` as root on the node, or let root read the file)"
         }
         Some(code) if code == nix::errno::Errno::EPERM as i32 => {
             " (keeping the owner of a file another uid owns takes CAP_CHOWN: grant the \

@@ -48,6 +48,28 @@ pub fn start_with_token(
     token: &str,
     extra: &[(&str, &str)],
 ) -> Installer {
+    spawn(node, api, token, extra, None)
+}
+
+/// [`start`], confined as deploy/ runs it: uid 0 with only the
+/// capabilities `caps` (names without `CAP_`, e.g. `CHOWN`), through
+/// util-linux's `setpriv`, so that root is bound by owners and modes.
+pub fn start_confined(
+    node: &Node,
+    api: &FakeApiServer,
+    caps: &[&str],
+    extra: &[(&str, &str)],
+) -> Installer {
+    spawn(node, api, api.token(), extra, Some(caps))
+}
+
+fn spawn(
+    node: &Node,
+    api: &FakeApiServer,
+    token: &str,
+    extra: &[(&str, &str)],
+    caps: Option<&[&str]>,
+) -> Installer {
     let root = node.scratch_dir().join(testkit::unique_name("installer"));
     let prefix = root.join("host");
     let image_bin = root.join("image-bin");
@@ -82,7 +104,26 @@ pub fn start_with_token(
         api_port: api.addr().port(),
         template: template(node),
     };
-    let mut cmd = node.netns().command(artifacts::installer());
+    let mut cmd = match caps {
+        None => node.netns().command(artifacts::installer()),
+        Some(caps) => {
+            let bounding = std::iter::once("-all".to_string())
+                .chain(caps.iter().map(|c| format!("+{}", c.to_ascii_lowercase())))
+                .collect::<Vec<_>>()
+                .join(",");
+            // By its path: the environment is cleared below.
+            let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+                .into_iter()
+                .find(|p| Path::new(p).is_file())
+                .expect("setpriv (util-linux) installed");
+            let mut c = node.netns().command(setpriv);
+            c.args(["--inh-caps=-all", "--ambient-caps=-all"])
+                .arg(format!("--bounding-set={bounding}"))
+                .arg("--")
+                .arg(artifacts::installer());
+            c
+        }
+    };
     cmd.env_clear().envs(env.vars()).envs(extra.iter().copied());
     InstallerProcess::spawn(cmd, root.join("installer.log"))
 }

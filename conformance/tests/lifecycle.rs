@@ -48,8 +48,9 @@ const RESYNC: Duration = Duration::from_secs(2);
 /// Scheduling slack on a small shared machine running other tests.
 const GRACE: Duration = Duration::from_secs(5);
 /// The installer's bound at SIGTERM: the API question (5 s for its calls),
-/// then the uninstall (a few file operations), with room to spare.
-const SIGTERM_BOUND: Duration = Duration::from_secs(7);
+/// then the uninstall (a few file operations, then 5 s more for the
+/// binary, for pod starts that loaded the old chain), with room to spare.
+const SIGTERM_BOUND: Duration = Duration::from_secs(12);
 const NS: &str = "linkerd-cni";
 const DS: &str = "linkerd-cni";
 const DS_UID: &str = "5d1e8a7c-0000-4000-8000-00000000d5e7";

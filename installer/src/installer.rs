@@ -29,6 +29,23 @@ use crate::notes::Notes;
 /// The longest a pass may spend repairing the chain: a pass must stay short
 /// so that SIGTERM is answered promptly.
 const REPAIR_BUDGET: Duration = Duration::from_secs(3);
+
+/// How long an uninstall keeps the plugin binary after taking the last
+/// entry out of the configs. A runtime loads the chain once per ADD (or
+/// DEL), then runs its plugins one after another, looking each up in the
+/// bin dir just before running it: an ADD that loaded the chain before the
+/// unchain reaches linkerd-cni after the runtime's reload (containerd:
+/// 7-17 ms) and the primary's own plugins (an IPAM call can take seconds on
+/// a busy node), and fails with `failed to find plugin "linkerd-cni"` if
+/// the binary is gone by then. The plugin cannot announce such an ADD: the
+/// window is before its process exists (once running, it no longer needs
+/// the file), so the bound is a time. Meanwhile the kubeconfig is gone, so
+/// a late ADD passes its pod through. 5 s keeps the whole SIGTERM (at most
+/// 5 s of API questions, then this) within the chart's preStop
+/// (`kill -15 1; sleep 15s`) and the default 30 s grace period; a SIGKILL
+/// during the wait leaves the binary and no config naming it: harmless,
+/// and the next install overwrites it.
+const UNINSTALL_DRAIN: Duration = Duration::from_secs(5);
 /// This many repairs of the same content of one file within the window is a
 /// fight; repairs of that content are then limited to one per window /
 /// threshold (6 s). A primary writing new content is repaired at once each
@@ -575,8 +592,9 @@ impl Installer {
     }
 
     /// Uninstall, in the order that never leaves a config naming a missing
-    /// binary: linkerd entries out of every config first; then the
-    /// kubeconfig and the persisted entry; then the binaries.
+    /// binary, nor a pod start that loaded one without it: linkerd entries
+    /// out of every config first; then the kubeconfig and the persisted
+    /// entry; then, [`UNINSTALL_DRAIN`] later, the binaries.
     pub fn uninstall(&self) -> Result<(), String> {
         let dir = self.cfg.conf_dir();
         let opts = self.repair_options();
@@ -630,7 +648,26 @@ impl Installer {
         // checked under the conf-dir lock, so after this sweep (which takes
         // the lock) no ADD can chain the node again.
         unchain("second sweep")?;
-        // Last in the conf dir: every sweep above took the lock.
+
+        let present: Vec<_> = self
+            .bins
+            .iter()
+            .filter(|b| b.dest.symlink_metadata().is_ok())
+            .map(|b| b.dest.display().to_string())
+            .collect();
+        if !present.is_empty() {
+            log::info!(
+                "keeping {} for {} s: pod starts that loaded the chain before linkerd-cni \
+                 left it still run it (they pass their pods through)",
+                present.join(", "),
+                UNINSTALL_DRAIN.as_secs()
+            );
+            std::thread::sleep(UNINSTALL_DRAIN);
+        }
+        // Last in the conf dir, after the wait: every sweep above took the
+        // lock, and so may a pod start on the old chain (its plugin checks
+        // the chain, finds no kubeconfig under the lock, and repairs
+        // nothing), which would create the file again.
         if dir.is_dir() {
             match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
                 Ok(true) => log::info!(

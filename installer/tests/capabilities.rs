@@ -1,8 +1,11 @@
-//! The installer as deploy/ runs it: uid 0 with only the capabilities the
-//! manifest grants (CHOWN, DAC_READ_SEARCH), against a primary conflist
-//! that root does not own. Without them, `check` and the log say what is
-//! missing and what to do; with them, the primary is chained with its
-//! owner, group and mode kept (0644 and 0600). Needs root (chown, setpriv).
+//! The installer as deploy/ runs it: uid 0 with only the capability the
+//! manifest grants (CHOWN), against a primary conflist that root does not
+//! own. Without it, `check` and the log say what is missing and what to
+//! do; with it, the primary is chained with its owner, group and mode kept.
+//! A 0600 primary of another uid it cannot read: deploy/ grants no
+//! DAC_READ_SEARCH (with it, open_by_handle_at reaches every file of the
+//! host), so `check` names the file and the way to chain it, and leaves it
+//! alone. Needs root (chown, setpriv).
 
 mod common;
 
@@ -18,7 +21,13 @@ use common::{Installer, Node, calico_text, wait_until};
 const OTHER_UID: u32 = 1000;
 
 /// The capabilities deploy/ grants the install-cni container.
-const DEPLOY_CAPS: [&str; 2] = ["CHOWN", "DAC_READ_SEARCH"];
+const DEPLOY_CAPS: [&str; 1] = ["CHOWN"];
+
+/// Capabilities no container of deploy/ may have, as a list item anywhere
+/// in it: each reaches files beyond the mounts it is given
+/// (DAC_READ_SEARCH through open_by_handle_at, which the runtime's default
+/// seccomp profile allows to a holder of it).
+const NEVER: [&str; 3] = ["DAC_READ_SEARCH", "DAC_OVERRIDE", "SYS_ADMIN"];
 
 fn setpriv(node: &Node, caps: &[&str], args: &[&str]) -> Command {
     testkit::require_root("chowns files to another uid and drops capabilities");
@@ -59,36 +68,80 @@ fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn the_manifest_grants_what_these_tests_grant() {
-    let m = testkit::chart::MANIFEST;
-    let add = format!(
-        "add:\n{}",
-        DEPLOY_CAPS
-            .iter()
-            .map(|c| format!("            - {c}\n"))
-            .collect::<String>()
-    );
-    assert!(m.contains(&add), "deploy/ does not add {DEPLOY_CAPS:?}");
+/// Every `capabilities.add` list of the manifest, in order: each `add:`
+/// line and the list items under it.
+fn added_capabilities(manifest: &str) -> Vec<Vec<String>> {
+    let mut lists = vec![];
+    let mut lines = manifest.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() != "add:" {
+            continue;
+        }
+        let mut caps = vec![];
+        while let Some(item) = lines.peek().and_then(|l| l.trim().strip_prefix("- ")) {
+            caps.push(item.trim().to_string());
+            lines.next();
+        }
+        lists.push(caps);
+    }
+    lists
 }
 
 #[test]
-fn a_primary_only_its_owner_may_read_needs_dac_read_search() {
+fn the_manifest_grants_what_these_tests_grant_and_never_dac_read_search() {
+    let m = testkit::chart::MANIFEST;
+    assert_eq!(
+        added_capabilities(m),
+        [DEPLOY_CAPS.map(String::from).to_vec()],
+        "deploy/ adds exactly {DEPLOY_CAPS:?}, to the installer alone"
+    );
+    // Also as a list item anywhere (a capability added in another form).
+    for cap in NEVER {
+        for form in [cap.to_string(), format!("CAP_{cap}")] {
+            assert!(
+                !m.lines().any(|l| {
+                    let l = l.trim().trim_start_matches("- ").trim_matches('"');
+                    l == form
+                }),
+                "deploy/ grants {form}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_primary_only_its_owner_may_read_is_named_and_left_alone() {
     let node = Node::new("caps-read");
     let p = primary(&node, 0o600);
-    let o = check(&node, &[]);
-    assert!(!o.status.success());
-    let out = text(&o);
+    let before = fs::read(&p).unwrap();
+    for caps in [&[][..], &DEPLOY_CAPS] {
+        let o = check(&node, caps);
+        assert!(!o.status.success());
+        let out = text(&o);
+        assert!(
+            out.contains("10-calico.conflist")
+                && out.contains("CAP_DAC_READ_SEARCH")
+                && out.contains("open_by_handle_at")
+                && out.contains("linkerd-cni chain repair"),
+            "{out}"
+        );
+    }
+    // The installer as deployed names it and what to do, and leaves it.
+    let log = node.root.join("deploy-caps-0600.log");
+    let i = Installer::spawn(setpriv(&node, &DEPLOY_CAPS, &[]), log);
     assert!(
-        out.contains("10-calico.conflist") && out.contains("CAP_DAC_READ_SEARCH"),
-        "{out}"
+        i.wait_log("linkerd-cni chain repair", Duration::from_secs(30)),
+        "{}",
+        i.log()
     );
-    // With deploy/'s capabilities it reads it: not chained yet, no error.
-    let o = check(&node, &DEPLOY_CAPS);
-    let out = text(&o);
-    assert!(!out.contains("Permission denied"), "{out}");
-    // And chains it: owner, group and mode 0600 kept.
-    chained_as_it_was(&node, &p, 0o600);
+    drop(i);
+    let m = fs::metadata(&p).unwrap();
+    assert_eq!((m.uid(), m.gid()), (OTHER_UID, OTHER_UID));
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    assert_eq!(fs::read(&p).unwrap(), before, "left alone");
+    // Made readable by root, it is chained, owner and mode kept.
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o604)).unwrap();
+    chained_as_it_was(&node, &p, 0o604);
 }
 
 /// The installer with deploy/'s capabilities chains `p`, keeping its

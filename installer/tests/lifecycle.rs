@@ -148,6 +148,8 @@ fn uninstall_order_and_byte_identical_conflists() {
 }
 
 /// LINKERD_CNI_UNINSTALL_ON_EXIT=true: SIGTERM uninstalls, then exits 0.
+/// The binary stays a while after the unchain: a pod start that loaded the
+/// chain before it still runs linkerd-cni.
 #[test]
 fn uninstall_on_exit() {
     let node = Node::new("uninstall-on-exit");
@@ -159,7 +161,27 @@ fn uninstall_on_exit() {
     ]);
     node.wait_healthy(RESYNC + GRACE).unwrap();
     inst.signal(Signal::SIGTERM);
-    let status = inst.wait_exit(Duration::from_secs(3)).unwrap();
+    assert!(
+        wait_until(GRACE, || file_names(&node.conf_dir)
+            == ["10-calico.conflist"]),
+        "not unchained: {:?}\n{}",
+        file_names(&node.conf_dir),
+        inst.log()
+    );
+    let unchained = Instant::now();
+    assert_eq!(
+        fs::read_to_string(node.conf("10-calico.conflist")).unwrap(),
+        calico
+    );
+    assert_eq!(file_names(&node.bin_dir), ["linkerd-cni"], "{}", inst.log());
+    let status = inst
+        .wait_exit(UNINSTALL_DRAIN + Duration::from_secs(3))
+        .unwrap();
+    assert!(
+        unchained.elapsed() >= UNINSTALL_DRAIN - Duration::from_secs(1),
+        "the binary went {:?} after the unchain",
+        unchained.elapsed()
+    );
     assert!(status.success(), "{}", inst.log());
     assert_eq!(
         fs::read_to_string(node.conf("10-calico.conflist")).unwrap(),
@@ -457,6 +479,10 @@ fn heartbeat_in_the_state_dir_while_the_kubeconfig_is_current() {
     );
 
     inst.signal(Signal::SIGTERM);
-    assert!(inst.wait_exit(Duration::from_secs(3)).unwrap().success());
+    assert!(
+        inst.wait_exit(UNINSTALL_DRAIN + Duration::from_secs(3))
+            .unwrap()
+            .success()
+    );
     assert!(!beat.exists(), "the uninstall left the heartbeat");
 }

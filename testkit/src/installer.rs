@@ -149,8 +149,9 @@ impl InstallerProcess {
     }
 
     /// SIGTERM, as the kubelet stops it (it then exits and leaves
-    /// everything installed), SIGKILL if it has not exited within 5 s.
-    /// Its exit code.
+    /// everything installed, or uninstalls, which keeps the plugin binary
+    /// 5 s after the unchain), SIGKILL if it has not exited within 15 s
+    /// (the chart's preStop). Its exit code.
     pub fn stop(&mut self) -> Option<i32> {
         if self.running() {
             let _ = kill(
@@ -158,7 +159,7 @@ impl InstallerProcess {
                 Signal::SIGTERM,
             );
         }
-        match self.wait_exit(Duration::from_secs(5)) {
+        match self.wait_exit(Duration::from_secs(15)) {
             Some(s) => s.code(),
             None => {
                 let _ = self.child.kill();

@@ -123,7 +123,8 @@ pub(crate) fn classify(listing: &mut Listing) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             // Still a config to the runtime, which may fail to load it too.
             Err(e) => {
-                listing.unreadable.push((c.clone(), e.to_string()));
+                let why = format!("{e}{}", crate::error::permission_hint(&e));
+                listing.unreadable.push((c.clone(), why));
                 listing.configs.push(c);
                 others = true;
             }

@@ -499,7 +499,7 @@ fn read_primary(listing: &Listing, primary: &Path) -> Result<Vec<u8>, OwnedState
     listing
         .read(primary)
         .map_err(|e| OwnedState::PrimaryInvalid {
-            reason: format!("cannot read it: {e}"),
+            reason: format!("cannot read it: {e}{}", crate::error::permission_hint(&e)),
         })
 }
 

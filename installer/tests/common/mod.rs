@@ -36,6 +36,11 @@ use testkit::installer::ChartEnv;
 pub use testkit::installer::InstallerProcess as Installer;
 pub use testkit::wait_until;
 
+/// How long an uninstall keeps the plugin binary after taking the entry
+/// out of the configs (the installer's `UNINSTALL_DRAIN`): pod starts that
+/// loaded the old chain still run it.
+pub const UNINSTALL_DRAIN: Duration = Duration::from_secs(5);
+
 /// Scheduling slack on top of a bound the installer promises: CI machines
 /// are small and shared, and a bound is about the design, not about speed.
 /// A loopback port nothing listens on (tcpmux, never run): the API server
