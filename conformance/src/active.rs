@@ -196,13 +196,15 @@ impl Node {
         }
     }
 
-    /// The names in the conf dir, sorted: to see that nothing else (a temp
-    /// file, a second config) was left there.
+    /// The names in the conf dir, sorted, but the lock file every repair
+    /// leaves (tests of the lock and of uninstall look for it by name): to
+    /// see that nothing else (a temp file, a second config) was left there.
     pub fn conf_dir_names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.conf_dir())
             .map(|rd| {
                 rd.flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != testkit::names::LOCK_FILE)
                     .collect()
             })
             .unwrap_or_default();
