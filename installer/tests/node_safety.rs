@@ -361,3 +361,35 @@ fn a_token_claiming_times_no_clock_holds_aborts_nothing() {
         }
     }
 }
+
+/// A failed TokenRequest is one log line, not one per attempt: the API
+/// path once, the cause, and what to do.
+#[test]
+fn a_failed_token_request_is_one_line_with_the_cause_and_what_to_do() {
+    let node = Node::new("mint-log");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    // A CA the client takes: the request itself is made, and refused.
+    node.rotate_service_account("token-1", &testkit::pki::TestPki::new().ca_pem);
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_PLUGIN_TOKEN", "mint"),
+    ]);
+    assert!(
+        inst.wait_log("cannot mint the plugin's token", Duration::from_secs(20)),
+        "{}",
+        inst.log()
+    );
+    // Whatever the pass logs after the failure is in too.
+    node.wait_healthy(RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let log = inst.log();
+    let path = "/serviceaccounts/";
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(path)).collect();
+    assert!(!lines.is_empty(), "{log}");
+    for l in &lines {
+        assert_eq!(l.matches(path).count(), 1, "the path more than once: {l}");
+        assert!(l.contains("cannot mint the plugin's token"), "{log}");
+        assert!(l.to_lowercase().contains("refused"), "no cause: {l}");
+        assert!(l.contains("check that the API server"), "no remedy: {l}");
+    }
+}
