@@ -369,7 +369,7 @@ fn a_failed_token_request_is_one_line_with_the_cause_and_what_to_do() {
     let node = Node::new("mint-log");
     node.write_by_rename("10-calico.conflist", &calico_text(0));
     // A CA the client takes: the request itself is made, and refused.
-    node.rotate_service_account("token-1", &testkit::pki::TestPki::new().ca_pem);
+    node.rotate_service_account("token-1", TEST_CA);
     let inst = node.start(&[
         ("LINKERD_CNI_RESYNC_SECONDS", "1"),
         ("LINKERD_CNI_PLUGIN_TOKEN", "mint"),
@@ -393,3 +393,18 @@ fn a_failed_token_request_is_one_line_with_the_cause_and_what_to_do() {
         assert!(l.contains("check that the API server"), "no remedy: {l}");
     }
 }
+
+/// A self-signed CA certificate (its key thrown away): something the API
+/// client accepts as a CA, for a server that is never reached.
+const TEST_CA: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIIBkzCCATmgAwIBAgIURLAoPl7vO+uDQc7CPq2UIkR3+fgwCgYIKoZIzj0EAwIw\n\
+HjEcMBoGA1UEAwwTbGlua2VyZC1jbmktdGVzdC1jYTAgFw0yNjEyMDEyMzI4MDha\n\
+GA8yMTI2MTEwNzIzMjgwOFowHjEcMBoGA1UEAwwTbGlua2VyZC1jbmktdGVzdC1j\n\
+YTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABP4yqekg6JyR3SPrxznIuvh6+SUi\n\
+peuzWgsv/4mXwnKLCgU4DeBSMYNvmoHu+lXfKkPLIbKAltx/pUkufgA3CdCjUzBR\n\
+MB0GA1UdDgQWBBRvQ523G8k+b2Yvr+wbBvqKEnatVTAfBgNVHSMEGDAWgBRvQ523\n\
+G8k+b2Yvr+wbBvqKEnatVTAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gA\n\
+MEUCIQD+prK5SRVEtQJjS34PLj2FGRBEFyXcrpjR3UaJJAFHUAIgDu2JMRW9kNvb\n\
+/zJ3IzyxzBTe6YHQ6f9rPapSKIPRizI=\n\
+-----END CERTIFICATE-----\n";
