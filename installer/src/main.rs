@@ -61,8 +61,8 @@ fn help() -> String {
     let mut s = format!(
         "{USAGE}\nSETTINGS:\n    Environment variables; each with its default and meaning in\n    \
          docs/configuration.md (\"Installer environment variables\") in the\n    \
-         linkerd-cni repository. check and status read them as run does;\n    \
-         uninstall needs only the conf and bin dirs.\n"
+         linkerd-cni repository. run and check need them all; status and\n    \
+         uninstall only where the conf and bin dirs are.\n"
     );
     let mut line = String::from("   ");
     for var in config::VARIABLES {
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
     };
     logging::init(level);
 
-    let installer = match load(&command) {
+    let (installer, stood_in) = match load(&command) {
         Ok(i) => i,
         Err(e) => {
             log::error!("{e}");
@@ -140,7 +140,7 @@ fn main() -> ExitCode {
             code
         }
         Command::Status => {
-            let (text, healthy) = status::report(&installer);
+            let (text, healthy) = status::report(&installer, &stood_in);
             print!("{text}");
             if healthy {
                 ExitCode::SUCCESS
@@ -168,11 +168,14 @@ enum Command {
     Uninstall,
 }
 
-/// What `uninstall` stands in for the settings it never uses when they
-/// are unset: the API server's address (it calls no API) and the entry
-/// template (it removes every linkerd-cni entry, whatever it says). Only
-/// so that the configuration's checks pass: nothing reads these values.
-fn unused_by_uninstall(var: &str) -> Option<String> {
+/// What `uninstall` and `status` stand in for settings they can do
+/// without when unset: the API server's address (uninstall calls no API;
+/// status reads the node) and the entry template (uninstall removes every
+/// linkerd-cni entry, whatever it says; status then judges the chain
+/// against the entry file the installer wrote). Only so that the
+/// configuration's checks pass: uninstall reads none of these values, and
+/// status says which readiness checks it could not make.
+fn stand_in(var: &str) -> Option<String> {
     match var {
         "KUBERNETES_SERVICE_HOST" => Some("unused.invalid".into()),
         "KUBERNETES_SERVICE_PORT" => Some("443".into()),
@@ -181,28 +184,37 @@ fn unused_by_uninstall(var: &str) -> Option<String> {
     }
 }
 
-/// See [`unused_by_uninstall`].
+/// See [`stand_in`].
 const UNINSTALL_TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}"#;
 
 /// The configuration a command needs, and nothing more: `status` and
 /// `uninstall` go on without the image's binaries (`CONTAINER_CNI_BIN_DIR`:
 /// status then reports the host's copy as not comparable, uninstall
-/// removes the plugin binary by its name), and `uninstall` without the API
-/// server's address and the template.
-fn load(command: &Command) -> Result<Installer, ConfigError> {
+/// removes the plugin binary by its name), the API server's address and
+/// the template (see [`stand_in`]). With the variables stood in for.
+fn load(command: &Command) -> Result<(Installer, Vec<&'static str>), ConfigError> {
     for var in config::VARIABLES {
         if std::env::var_os(var).is_some_and(|v| v.to_str().is_none()) {
             return Err(ConfigError::new(var, "not valid UTF-8"));
         }
     }
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let uninstall = matches!(command, Command::Uninstall);
+    let lenient = matches!(command, Command::Status | Command::Uninstall);
     let templated = env("CNI_NETWORK_CONFIG").is_some() || env("CNI_NETWORK_CONFIG_FILE").is_some();
-    let cfg = if uninstall {
+    let mut stood_in = vec![];
+    let cfg = if lenient {
+        for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+            if env(var).is_none() {
+                stood_in.push(var);
+            }
+        }
+        if !templated {
+            stood_in.push("CNI_NETWORK_CONFIG");
+        }
         Config::from_env(|k| {
             env(k).or_else(|| match k {
                 "CNI_NETWORK_CONFIG" if templated => None,
-                _ => unused_by_uninstall(k),
+                _ => stand_in(k),
             })
         })?
     } else {
@@ -218,7 +230,7 @@ fn load(command: &Command) -> Result<Installer, ConfigError> {
     };
     // Without a template, the entry the plugin was given (its state dir is
     // where uninstall removes the heartbeat).
-    let persisted = match (uninstall, templated) {
+    let persisted = match (lenient, templated) {
         (true, false) => linkerd_cni_chain::load_entry(&cfg.conf_dir())
             .ok()
             .flatten(),
@@ -228,5 +240,5 @@ fn load(command: &Command) -> Result<Installer, ConfigError> {
         Some(e) => e,
         None => cfg.desired_entry()?,
     };
-    Ok(Installer::new(cfg, bins, entry))
+    Ok((Installer::new(cfg, bins, entry), stood_in))
 }

@@ -549,6 +549,20 @@ fn uninstall_and_status_need_only_what_they_use() {
     );
     assert_ne!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("mode:") && text.contains("chain:"), "{text}");
+    // status with nothing but the places: the chain judged against the
+    // entry file, readiness said to be unknown and why.
+    let out = bare(&["status"], &[]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("chain:         healthy")
+            && text.contains("ready:         unknown: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT, CNI_NETWORK_CONFIG not set"),
+        "{text}"
+    );
 
     let out = bare(&["uninstall"], &[]);
     assert!(
