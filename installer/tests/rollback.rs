@@ -231,4 +231,11 @@ fn rolling_back_straight_from_owned_mode_leaves_our_copy_loaded() {
     upstream_kubeconfig(&node);
     let e = upstream_in_charge(&node, &[ENTRY_FILE]).unwrap_err();
     assert!(e.contains(&format!("loads {OUR_COPY}")), "{e}");
+    // The repair by hand: an installer that replaces linkerd-cni entries,
+    // as this stand-in does, took our marker with ours, so the copy goes
+    // by its name.
+    let copy = fs::read_to_string(node.conf(OUR_COPY)).unwrap();
+    assert!(!copy.contains("owned_copy_of"), "{copy}");
+    fs::remove_file(node.conf(OUR_COPY)).unwrap();
+    upstream_in_charge(&node, &[ENTRY_FILE]).unwrap();
 }
