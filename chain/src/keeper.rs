@@ -866,7 +866,7 @@ pub fn health(ctx: &Context) -> Result<Health, ChainError> {
         .unwrap_or_default();
     }
     let inline = inline::diagnose_listing(&listing, &ctx.desired).0;
-    let runtime_active = runtime_active(&inline);
+    let runtime_active = inline.runtime_active();
     let ours_active = runtime_active.is_some() && runtime_active != inline.active;
     let inline_chained = inline.state == ChainState::Healthy || ours_active;
     let (layout, owned, chained, healthy) = match ctx.mode.mode {
@@ -908,16 +908,6 @@ pub fn health(ctx: &Context) -> Result<Health, ChainError> {
         chained,
         healthy,
     })
-}
-
-/// The file the runtime loads: the first config by name, ours included.
-fn runtime_active(d: &Diagnosis) -> Option<PathBuf> {
-    let name = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
-    match (d.owned.first(), &d.active) {
-        (Some(o), Some(a)) if name(o) < name(a) => Some(o.clone()),
-        (Some(o), None) => Some(o.clone()),
-        (_, a) => a.clone(),
-    }
 }
 
 #[cfg(test)]

@@ -225,3 +225,68 @@ fn a_chain_whose_primary_is_gone_is_not_run() {
         t.elapsed()
     );
 }
+
+/// Leaving owned mode, the first step of a rollback to upstream
+/// (docs/operations.md, "Roll back to upstream"): a pod added between the
+/// owned installer's exit and the inline one's start runs our copy and is
+/// meshed; once the inline installer has run, the runtime loads the
+/// primary's own file, and pods added then are meshed from it without the
+/// plugin's ADD writing a copy again (it follows the installer's entry
+/// file, which now says inline).
+#[test]
+fn leaving_owned_mode_meshes_every_pod_and_writes_no_copy_again() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("leave");
+    let file = format!("10-{net}.conflist");
+    let conf = primary_conf(&node, &net, 0);
+    node.write_conf(&file, &conf);
+    let owned = ChainMode::Owned;
+    let inst = installer::start(
+        &node,
+        &api,
+        &[("LINKERD_CNI_RESYNC_SECONDS", "1"), owned.installer_env()],
+    );
+    node.wait_healthy(&owned.entry(installer::expected_entry(&node)), &conf, GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let ours = node.conf_dir().join(ChainMode::owned_name(&file));
+    assert!(ours.exists());
+
+    // The rollout: the owned installer goes (killed: it leaves the node
+    // as it is, as at SIGTERM on a rolling update)...
+    drop(inst);
+    let pod = node.pod(kube::serve_meshed(&api, "web-0"));
+    let (run, _) = add_as_kubelet(&node, &net, &pod);
+    assert!(run.execs("linkerd-cni").next().is_some(), "{run:?}");
+    expect_reference_rules(&pod, testkit::chart::backend());
+    del_as_kubelet(&node, &net, &pod, "between the installers");
+
+    // ...and the inline one comes.
+    let inst = installer::start(
+        &node,
+        &api,
+        &[
+            ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+            ChainMode::Inline.installer_env(),
+        ],
+    );
+    node.wait_healthy(&installer::expected_entry(&node), &conf, GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    assert!(!ours.exists(), "{:?}", node.conf_dir_names());
+    for i in 1..=3 {
+        let pod = node.pod(kube::serve_meshed(&api, &format!("web-{i}")));
+        let (run, retries) = add_as_kubelet(&node, &net, &pod);
+        let ctx = format!("pod {i} after the switch, {retries} retries");
+        assert!(run.execs("linkerd-cni").next().is_some(), "{ctx}: {run:?}");
+        expect_reference_rules(&pod, testkit::chart::backend());
+        del_as_kubelet(&node, &net, &pod, &ctx);
+        assert!(!ours.exists(), "{ctx}: {:?}", node.conf_dir_names());
+        assert_eq!(
+            node.active_conf()
+                .and_then(|p| p.file_name().map(|n| n.to_owned())),
+            Some(file.clone().into()),
+            "{ctx}"
+        );
+    }
+    expect_no_reserved_ips(&node, &net);
+}

@@ -78,6 +78,18 @@ impl fmt::Display for BinaryState {
 
 /// Lists the regular files of `CONTAINER_CNI_BIN_DIR` (by name order). The
 /// image is immutable, so this is read once at start.
+/// The plugin binary alone, without looking at the image: for the
+/// commands that only read or remove the host's copy (`status`,
+/// `uninstall`) when `CONTAINER_CNI_BIN_DIR` cannot be listed.
+pub fn plugin_only(cfg: &Config) -> Vec<Binary> {
+    vec![Binary {
+        name: PLUGIN_BINARY.to_string(),
+        source: cfg.container_cni_bin_dir.join(PLUGIN_BINARY),
+        dest: cfg.bin_dir().join(PLUGIN_BINARY),
+        verified: Cell::new(None),
+    }]
+}
+
 pub fn list(cfg: &Config) -> Result<Vec<Binary>, ConfigError> {
     const VAR: &str = "CONTAINER_CNI_BIN_DIR";
     let dir = &cfg.container_cni_bin_dir;

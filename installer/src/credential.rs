@@ -73,6 +73,26 @@ enum Failed {
     Other(String),
 }
 
+/// What to do about a TokenRequest the API server did not answer as
+/// asked (the installer's own call, made with this pod's token).
+fn mint_hint(e: &ApiError) -> &'static str {
+    match e {
+        _ if e.transient() => {
+            "check that the API server (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT) is up \
+             and reachable from this node; the plugin's kubeconfig keeps the token it holds \
+             while that one is valid"
+        }
+        ApiError::Unauthorized { status: 401, .. } => {
+            "the API server refused this pod's own service-account token: restart the pod \
+             (kubectl -n linkerd-cni rollout restart daemonset/linkerd-cni)"
+        }
+        ApiError::Tls { .. } => {
+            "check the API server's CA (KUBE_CA_FILE) and address (KUBERNETES_SERVICE_HOST)"
+        }
+        _ => "the API server's answer was unexpected: see the message",
+    }
+}
+
 pub struct Credential {
     /// The plugin's token last minted, or found in the file and not
     /// refused: kept without asking again.
@@ -274,11 +294,21 @@ impl Credential {
                     .saturating_mul(1 << (self.failures - 1).min(16))
                     .min(MAX_BACKOFF);
                 self.next_try = Instant::now() + backoff;
+                // One line for the failure, what it leaves the node with
+                // included (said once, as keep_or_none would say it).
+                let interim = if file.is_none() && !self.said_interim {
+                    self.said_interim = true;
+                    "; no token for the plugin yet: the kubeconfig holds none until a \
+                     TokenRequest succeeds, and meshed and unmeshed pods on this node are \
+                     retried by the runtime meanwhile"
+                } else {
+                    ""
+                };
                 log::warn!(
-                    "cannot mint the plugin's token: {e}; retrying in {} s",
+                    "cannot mint the plugin's token: {e}; retrying in {} s{interim}",
                     backoff.as_secs()
                 );
-                Ok(self.keep_or_none(file, &e))
+                Ok(file)
             }
         }
     }
@@ -380,7 +410,9 @@ impl Credential {
                 "{e} (LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT names the plugin's ServiceAccount, \
                  which deploy/linkerd-cni.yaml creates)"
             )),
-            TokenError::Api { .. } => Failed::Other(e.to_string()),
+            TokenError::Api { ref source, .. } => {
+                Failed::Other(format!("{e}; {}", mint_hint(source)))
+            }
         })?;
         if node.is_some() && !minted.node_bound {
             self.unbound = true;

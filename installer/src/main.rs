@@ -55,6 +55,30 @@ USAGE:
 /// Exit code for a configuration the installer cannot run with.
 const EXIT_CONFIG: u8 = 2;
 
+/// `--help`: the usage, then the settings, named from the list the
+/// installer checks at start so that none is left out.
+fn help() -> String {
+    let mut s = format!(
+        "{USAGE}\nSETTINGS:\n    Environment variables; each with its default and meaning in\n    \
+         docs/configuration.md (\"Installer environment variables\") in the\n    \
+         linkerd-cni repository. run and check need them all; status and\n    \
+         uninstall only where the conf and bin dirs are.\n"
+    );
+    let mut line = String::from("   ");
+    for var in config::VARIABLES {
+        if line.len() + 1 + var.len() > 78 {
+            s.push_str(&line);
+            s.push('\n');
+            line = String::from("   ");
+        }
+        line.push(' ');
+        line.push_str(var);
+    }
+    s.push_str(&line);
+    s.push('\n');
+    s
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -68,11 +92,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         ["-h" | "--help" | "help"] => {
-            print!("{USAGE}");
+            print!("{}", help());
             return ExitCode::SUCCESS;
         }
         _ => {
-            eprintln!("linkerd-cni-installer: unknown arguments {args:?}\n\n{USAGE}");
+            eprintln!(
+                "linkerd-cni-installer: unknown arguments {args:?}\n\n{}",
+                help()
+            );
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -84,7 +111,7 @@ fn main() -> ExitCode {
     };
     logging::init(level);
 
-    let installer = match load() {
+    let (installer, stood_in) = match load(&command) {
         Ok(i) => i,
         Err(e) => {
             log::error!("{e}");
@@ -113,7 +140,7 @@ fn main() -> ExitCode {
             code
         }
         Command::Status => {
-            let (text, healthy) = status::report(&installer);
+            let (text, healthy) = status::report(&installer, &stood_in);
             print!("{text}");
             if healthy {
                 ExitCode::SUCCESS
@@ -141,14 +168,77 @@ enum Command {
     Uninstall,
 }
 
-fn load() -> Result<Installer, ConfigError> {
+/// What `uninstall` and `status` stand in for settings they can do
+/// without when unset: the API server's address (uninstall calls no API;
+/// status reads the node) and the entry template (uninstall removes every
+/// linkerd-cni entry, whatever it says; status then judges the chain
+/// against the entry file the installer wrote). Only so that the
+/// configuration's checks pass: uninstall reads none of these values, and
+/// status says which readiness checks it could not make.
+fn stand_in(var: &str) -> Option<String> {
+    match var {
+        "KUBERNETES_SERVICE_HOST" => Some("unused.invalid".into()),
+        "KUBERNETES_SERVICE_PORT" => Some("443".into()),
+        "CNI_NETWORK_CONFIG" => Some(UNINSTALL_TEMPLATE.into()),
+        _ => None,
+    }
+}
+
+/// See [`stand_in`].
+const UNINSTALL_TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}"#;
+
+/// The configuration a command needs, and nothing more: `status` and
+/// `uninstall` go on without the image's binaries (`CONTAINER_CNI_BIN_DIR`:
+/// status then reports the host's copy as not comparable, uninstall
+/// removes the plugin binary by its name), the API server's address and
+/// the template (see [`stand_in`]). With the variables stood in for.
+fn load(command: &Command) -> Result<(Installer, Vec<&'static str>), ConfigError> {
     for var in config::VARIABLES {
         if std::env::var_os(var).is_some_and(|v| v.to_str().is_none()) {
             return Err(ConfigError::new(var, "not valid UTF-8"));
         }
     }
-    let cfg = Config::from_env(|k| std::env::var(k).ok())?;
-    let bins = binaries::list(&cfg)?;
-    let entry = cfg.desired_entry()?;
-    Ok(Installer::new(cfg, bins, entry))
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let lenient = matches!(command, Command::Status | Command::Uninstall);
+    let templated = env("CNI_NETWORK_CONFIG").is_some() || env("CNI_NETWORK_CONFIG_FILE").is_some();
+    let mut stood_in = vec![];
+    let cfg = if lenient {
+        for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+            if env(var).is_none() {
+                stood_in.push(var);
+            }
+        }
+        if !templated {
+            stood_in.push("CNI_NETWORK_CONFIG");
+        }
+        Config::from_env(|k| {
+            env(k).or_else(|| match k {
+                "CNI_NETWORK_CONFIG" if templated => None,
+                _ => stand_in(k),
+            })
+        })?
+    } else {
+        Config::from_env(env)?
+    };
+    let bins = match binaries::list(&cfg) {
+        Ok(b) => b,
+        Err(e) if matches!(command, Command::Status | Command::Uninstall) => {
+            log::debug!("{e}; only the plugin binary is looked at");
+            binaries::plugin_only(&cfg)
+        }
+        Err(e) => return Err(e),
+    };
+    // Without a template, the entry the plugin was given (its state dir is
+    // where uninstall removes the heartbeat).
+    let persisted = match (lenient, templated) {
+        (true, false) => linkerd_cni_chain::load_entry(&cfg.conf_dir())
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    let entry = match persisted {
+        Some(e) => e,
+        None => cfg.desired_entry()?,
+    };
+    Ok((Installer::new(cfg, bins, entry), stood_in))
 }

@@ -23,11 +23,25 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_PAGE: usize = 4 << 20;
 
 /// The report, and whether the node is healthy (chained and ready).
-pub fn report(inst: &Installer) -> (String, bool) {
+/// `stood_in`: the variables unset in this process (see `main`), without
+/// which readiness cannot be judged: said, and left out of the verdict.
+pub fn report(inst: &Installer, stood_in: &[&str]) -> (String, bool) {
     let cfg = inst.config();
-    let entry = inst.current_entry();
+    // Without a template, the entry the installer wrote is the one to judge
+    // the chain against.
+    let entry = match stood_in.contains(&"CNI_NETWORK_CONFIG") {
+        true => linkerd_cni_chain::load_entry(&cfg.conf_dir())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| inst.current_entry()),
+        false => inst.current_entry(),
+    };
     let v = inst.chain_verdict(&entry);
-    let problems = inst.check();
+    let problems = if stood_in.is_empty() {
+        inst.check()
+    } else {
+        vec![]
+    };
     let sources = inst.metrics_sources();
     let mut o = String::new();
     let line = |o: &mut String, key: &str, value: &str| {
@@ -49,6 +63,12 @@ pub fn report(inst: &Installer) -> (String, bool) {
         &mut o,
         "ready",
         &match problems.first() {
+            None if !stood_in.is_empty() => format!(
+                "unknown: {} not set here (readiness compares the kubeconfig and the entry \
+                 with them: run this in the install-cni container, or set them); the chain is \
+                 judged against the entry file on the node",
+                stood_in.join(", ")
+            ),
             None => "yes".to_string(),
             Some(p) => format!(
                 "no: {}",

@@ -67,3 +67,54 @@ fn every_installer_variable_is_documented_and_every_documented_one_is_read() {
         panic!("{msg}");
     }
 }
+
+/// Each binary's `--help` lists its subcommands and its settings: every
+/// installer variable of the document by name, and where they are
+/// explained, in a section that exists; `linkerd-cni-sh` says it has none.
+#[test]
+fn help_lists_the_settings_and_points_at_the_reference() {
+    let text = docs::configuration(env!("CARGO_MANIFEST_DIR"));
+    assert!(text.contains(&format!("\n## {SECTION}\n")));
+    let documented = docs::names_in_column(&docs::section(&text, SECTION), 0);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-installer"))
+        .arg("--help")
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["check", "status", "uninstall", "version"] {
+        assert!(
+            help.contains(&format!("linkerd-cni-installer {cmd}")),
+            "{help}"
+        );
+    }
+    assert!(
+        help.contains("docs/configuration.md") && help.contains(&format!("\"{SECTION}\"")),
+        "{help}"
+    );
+    let words: BTreeSet<&str> = help.split_whitespace().collect();
+    let missing: Vec<&String> = documented
+        .iter()
+        .filter(|v| !words.contains(v.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "--help does not list {missing:?}:\n{help}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-sh"))
+        .arg("--help")
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("-c SCRIPT")
+            && help.contains("SETTINGS")
+            && help.contains("docs/configuration.md"),
+        "{help}"
+    );
+}

@@ -260,6 +260,11 @@ fn invalid_configuration_names_the_variable() {
         ("SKIP_TLS_VERIFY", "sure"),
     ] {
         for args in [&[][..], &["check"], &["uninstall"]] {
+            // Unset, it is none of uninstall's business (see
+            // uninstall_and_status_need_only_what_they_use).
+            if value.is_empty() && args == ["uninstall"] {
+                continue;
+            }
             let out = node.run(args, &[(var, value)]);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{var}={value} {args:?}: {err}");
@@ -485,4 +490,91 @@ fn heartbeat_in_the_state_dir_while_the_kubeconfig_is_current() {
             .success()
     );
     assert!(!beat.exists(), "the uninstall left the heartbeat");
+}
+
+/// `uninstall` needs only the places it cleans: without the API server's
+/// address, the template and a listable image bin dir (none of which it
+/// uses), it removes everything, the heartbeat in the state dir the entry
+/// file names included; `status` goes on without the image bin dir.
+#[test]
+fn uninstall_and_status_need_only_what_they_use() {
+    use linkerd_cni_chain::heartbeat;
+    let node = Node::new("uninstall-bare");
+    let calico = calico_text(0);
+    node.write_by_rename("10-calico.conflist", &calico);
+    let beat = node
+        .prefix
+        .join("run/linkerd-cni")
+        .join(heartbeat::HEARTBEAT_FILE);
+    let mut inst = node.start(FAST);
+    node.wait_healthy(RESYNC + GRACE).unwrap();
+    assert!(
+        wait_until(RESYNC + GRACE, || beat.exists()),
+        "{}",
+        inst.log()
+    );
+    inst.signal(Signal::SIGTERM);
+    assert!(inst.wait_exit(Duration::from_secs(2)).unwrap().success());
+
+    let bare = |args: &[&str], extra: &[(String, String)]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-installer"));
+        c.args(args)
+            .env_clear()
+            .env("CONTAINER_MOUNT_PREFIX", &node.prefix)
+            .env("DEST_CNI_NET_DIR", HOST_CONF_DIR)
+            .env("DEST_CNI_BIN_DIR", "/opt/cni/bin")
+            .env("LINKERD_CNI_SERVICE_ACCOUNT_DIR", &node.sa_dir)
+            .env("CONTAINER_CNI_BIN_DIR", node.root.join("no-such-dir"));
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+
+    // status: the rest of the environment as the pod has it.
+    let full: Vec<(String, String)> = node
+        .env()
+        .into_iter()
+        .filter(|(k, _)| {
+            k.starts_with("KUBERNETES_")
+                || k.starts_with("CNI_NETWORK")
+                || k == "LINKERD_CNI_PLUGIN_TOKEN"
+        })
+        .collect();
+    let out = bare(&["status"], &full);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("mode:") && text.contains("chain:"), "{text}");
+    // status with nothing but the places: the chain judged against the
+    // entry file, readiness said to be unknown and why.
+    let out = bare(&["status"], &[]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("chain:         healthy")
+            && text.contains("ready:         unknown: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT, CNI_NETWORK_CONFIG not set"),
+        "{text}"
+    );
+
+    let out = bare(&["uninstall"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(file_names(&node.conf_dir), vec!["10-calico.conflist"]);
+    assert_eq!(
+        fs::read_to_string(node.conf("10-calico.conflist")).unwrap(),
+        calico
+    );
+    assert!(file_names(&node.bin_dir).is_empty());
+    assert!(!beat.exists(), "the heartbeat is left");
 }

@@ -361,3 +361,50 @@ fn a_token_claiming_times_no_clock_holds_aborts_nothing() {
         }
     }
 }
+
+/// A failed TokenRequest is one log line, not one per attempt: the API
+/// path once, the cause, and what to do.
+#[test]
+fn a_failed_token_request_is_one_line_with_the_cause_and_what_to_do() {
+    let node = Node::new("mint-log");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    // A CA the client takes: the request itself is made, and refused.
+    node.rotate_service_account("token-1", TEST_CA);
+    let inst = node.start(&[
+        ("LINKERD_CNI_RESYNC_SECONDS", "1"),
+        ("LINKERD_CNI_PLUGIN_TOKEN", "mint"),
+    ]);
+    assert!(
+        inst.wait_log("cannot mint the plugin's token", Duration::from_secs(20)),
+        "{}",
+        inst.log()
+    );
+    // Whatever the pass logs after the failure is in too.
+    node.wait_healthy(RESYNC + GRACE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+    let log = inst.log();
+    let path = "/serviceaccounts/";
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(path)).collect();
+    assert!(!lines.is_empty(), "{log}");
+    for l in &lines {
+        assert_eq!(l.matches(path).count(), 1, "the path more than once: {l}");
+        assert!(l.contains("cannot mint the plugin's token"), "{log}");
+        assert!(l.to_lowercase().contains("refused"), "no cause: {l}");
+        assert!(l.contains("check that the API server"), "no remedy: {l}");
+    }
+}
+
+/// A self-signed CA certificate (its key thrown away): something the API
+/// client accepts as a CA, for a server that is never reached.
+const TEST_CA: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIIBkzCCATmgAwIBAgIURLAoPl7vO+uDQc7CPq2UIkR3+fgwCgYIKoZIzj0EAwIw\n\
+HjEcMBoGA1UEAwwTbGlua2VyZC1jbmktdGVzdC1jYTAgFw0yNjEyMDEyMzI4MDha\n\
+GA8yMTI2MTEwNzIzMjgwOFowHjEcMBoGA1UEAwwTbGlua2VyZC1jbmktdGVzdC1j\n\
+YTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABP4yqekg6JyR3SPrxznIuvh6+SUi\n\
+peuzWgsv/4mXwnKLCgU4DeBSMYNvmoHu+lXfKkPLIbKAltx/pUkufgA3CdCjUzBR\n\
+MB0GA1UdDgQWBBRvQ523G8k+b2Yvr+wbBvqKEnatVTAfBgNVHSMEGDAWgBRvQ523\n\
+G8k+b2Yvr+wbBvqKEnatVTAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gA\n\
+MEUCIQD+prK5SRVEtQJjS34PLj2FGRBEFyXcrpjR3UaJJAFHUAIgDu2JMRW9kNvb\n\
+/zJ3IzyxzBTe6YHQ6f9rPapSKIPRizI=\n\
+-----END CERTIFICATE-----\n";

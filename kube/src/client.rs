@@ -444,7 +444,10 @@ impl Client {
                     err
                 });
             }
-            log::info!("{method} {path} failed ({err}); retrying in {backoff:?}");
+            // Debug only: the error the call ends with, if it fails, counts
+            // its attempts and says the last cause; one that then succeeds
+            // needs nobody's attention.
+            log::debug!("{method} {path} failed ({err}); retrying in {backoff:?}");
             std::thread::sleep(backoff);
             attempt += 1;
         }

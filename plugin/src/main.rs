@@ -38,6 +38,14 @@ USAGE:
     --conf-dir DIR   the runtime's CNI conf dir (default /etc/cni/net.d)
     --entry FILE     JSON file holding the desired linkerd-cni entry (default:
                      the installer's ZZZ-linkerd-cni-entry in the conf dir)
+
+SETTINGS:
+    The plugin reads no environment of its own (besides the CNI_* variables
+    the runtime sets): its settings are the keys of its entry in the network
+    config (top level, `kubernetes`, `linkerd`), rendered by the installer
+    from its template, and the pods' and namespaces' config.linkerd.io/*
+    annotations. Each key with its default and meaning: docs/configuration.md
+    (\"Plugin config keys\") in the linkerd-cni repository.
 ";
 
 fn main() -> ExitCode {
@@ -86,6 +94,11 @@ fn chain_cli(args: &[&str]) -> ExitCode {
             _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
         }
         rest = tail;
+    }
+    // Before the entry: a missing conf dir would otherwise be reported as
+    // a missing entry file in it.
+    if let Err(msg) = conf_dir_usable(&conf_dir) {
+        return fail(&msg);
     }
     let desired = match desired_entry(&conf_dir, entry_file.as_deref()) {
         Ok(e) => e,
@@ -208,6 +221,23 @@ fn print_transport_warnings(desired: &Entry) {
             }
         }
         Err(e) => println!("warning: {e}"),
+    }
+}
+
+/// The conf dir exists and is a directory, or what to do about it.
+fn conf_dir_usable(dir: &Path) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!(
+            "the conf dir {} is not a directory; pass --conf-dir DIR, the container runtime's CNI conf dir",
+            dir.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "the conf dir {} does not exist; pass --conf-dir DIR, the container runtime's CNI conf dir \
+             (containerd's and CRI-O's default is {DEFAULT_CONF_DIR}; some distributions move it)",
+            dir.display()
+        )),
+        Err(e) => Err(format!("cannot read the conf dir {}: {e}", dir.display())),
     }
 }
 

@@ -148,7 +148,15 @@ fn help_and_version_for_people() {
         .output()
         .unwrap();
     assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).contains("USAGE"));
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(help.contains("USAGE"));
+    // The settings: where they are listed, a section that exists.
+    assert!(
+        help.contains("docs/configuration.md") && help.contains("\"Plugin config keys\""),
+        "{help}"
+    );
+    let doc = testkit::docs::configuration(env!("CARGO_MANIFEST_DIR"));
+    assert!(doc.contains("\n## Plugin config keys\n"));
     let o = Command::new(BIN)
         .arg("version")
         .env_clear()

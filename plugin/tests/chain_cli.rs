@@ -437,3 +437,27 @@ fn an_entry_file_that_is_not_regular_is_refused_without_blocking() {
         "{out}"
     );
 }
+
+/// A conf dir that does not exist is named as such, with what to do; not
+/// reported as a missing entry file in it.
+#[test]
+fn a_missing_conf_dir_is_said_to_be_missing() {
+    let d = TempDir::new("cli-noconf").unwrap();
+    let missing = d.join("net.d");
+    let entry_file = entry_fixture(&d);
+    let dir = missing.to_str().unwrap();
+    for cmd in ["status", "repair"] {
+        for extra in [&[][..], &["--entry", entry_file.to_str().unwrap()][..]] {
+            let o = chain(&[&[cmd, "--conf-dir", dir][..], extra].concat());
+            assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains(&format!("the conf dir {dir} does not exist"))
+                    && err.contains("--conf-dir DIR"),
+                "{err}"
+            );
+            assert!(!err.contains("ZZZ-linkerd-cni-entry"), "{err}");
+        }
+    }
+    assert!(!missing.exists());
+}

@@ -85,6 +85,34 @@ impl Setup {
     }
 }
 
+/// A node switching from owned back to inline mode (the entry asks for
+/// inline, our file not yet removed): the runtime loads our file, and
+/// `chain status` names that one as the active config, the primary's apart.
+#[test]
+fn status_names_the_file_the_runtime_loads_while_leaving_owned_mode() {
+    let s = repaired("owned-leaving");
+    let mut e: Value = serde_json::from_str(&fs::read_to_string(&s.entry_file).unwrap()).unwrap();
+    e["chain_mode"] = "inline".into();
+    fs::write(&s.entry_file, e.to_string()).unwrap();
+    assert_eq!(
+        testkit::chain::runtime_active(s.conf.path()).map(|(name, _)| name),
+        Some(OURS.to_string())
+    );
+    let o = chain(&s.args("status"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("mode:          inline"), "{}", text(&o));
+    let active = out
+        .lines()
+        .find(|l| l.starts_with("active config:"))
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(active.contains(OURS), "{}", text(&o));
+    let primary = out
+        .lines()
+        .find(|l| l.starts_with("primary:"))
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(primary.ends_with("/10-calico.conflist"), "{}", text(&o));
+}
+
 #[test]
 fn status_and_repair_in_owned_mode() {
     let s = setup("owned-cli");

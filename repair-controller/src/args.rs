@@ -20,7 +20,12 @@ pub enum LogFormat {
 /// (exit code 95, started without linkerd-cni's rules), once the node's
 /// chain is healthy, so that their owners create them again.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "linkerd-cni-repair-controller", version)]
+#[command(
+    name = "linkerd-cni-repair-controller",
+    version,
+    after_help = "Each flag, its variable and its default, with what it does: \
+                  docs/configuration.md (\"Repair controller flags\") in the linkerd-cni repository."
+)]
 pub struct Args {
     /// Log filter: a level (`info`) or per-target directives
     /// (`linkerd_cni_repair_controller=debug,warn`).

@@ -47,3 +47,15 @@ fn every_flag_and_variable_is_documented_and_every_documented_one_exists() {
     }
     assert!(failures.is_empty(), "{failures}");
 }
+
+/// `--help` says where each flag is explained, in a section that exists.
+#[test]
+fn help_points_at_the_configuration_reference() {
+    let help = Args::command().render_long_help().to_string();
+    assert!(
+        help.contains("docs/configuration.md") && help.contains(&format!("\"{SECTION}\"")),
+        "{help}"
+    );
+    let text = docs::configuration(env!("CARGO_MANIFEST_DIR"));
+    assert!(text.contains(&format!("\n## {SECTION}\n")));
+}

@@ -54,6 +54,17 @@ impl Diagnosis {
         (self.state.is_repairable() && self.refused.is_none()) || !self.leftovers.is_empty()
     }
 
+    /// The file the runtime loads: the first config file by bytewise name,
+    /// ours (owned mode's) included.
+    pub fn runtime_active(&self) -> Option<PathBuf> {
+        let name = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
+        match (self.owned.first(), &self.active) {
+            (Some(o), Some(a)) if name(o) < name(a) => Some(o.clone()),
+            (Some(o), None) => Some(o.clone()),
+            (_, a) => a.clone(),
+        }
+    }
+
     /// The file a `.conf` becomes.
     fn conflist_for(active: &Path) -> PathBuf {
         active.with_extension("conflist")
@@ -101,9 +112,25 @@ impl Diagnosis {
 
 impl fmt::Display for Diagnosis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.active {
-            Some(a) => writeln!(f, "active config: {}", a.display())?,
-            None => writeln!(f, "active config: none")?,
+        // The file the runtime loads, which is ours while one of our
+        // owned-mode files sorts first (a node switching back to inline
+        // mode, before the switch removes it): never the primary's then.
+        match (self.runtime_active(), &self.active) {
+            (Some(loaded), Some(a)) if loaded != *a => {
+                writeln!(
+                    f,
+                    "active config: {} (linkerd-cni's own, from owned mode)",
+                    loaded.display()
+                )?;
+                writeln!(f, "primary:       {}", a.display())?;
+            }
+            (Some(loaded), None) => writeln!(
+                f,
+                "active config: {} (linkerd-cni's own, from owned mode; no primary config)",
+                loaded.display()
+            )?,
+            (Some(loaded), Some(_)) => writeln!(f, "active config: {}", loaded.display())?,
+            (None, _) => writeln!(f, "active config: none")?,
         }
         if !self.plugins.is_empty() {
             writeln!(f, "chain:         {}", self.plugins.join(" -> "))?;

@@ -15,6 +15,22 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+const HELP: &str = "\
+linkerd-cni-sh: the image's /bin/sh, which is not a shell. It runs only the
+linkerd2-cni chart's preStop hook and scripts like it; anything else is
+refused as a whole, before anything runs, with exit 127.
+
+USAGE:
+    linkerd-cni-sh -c SCRIPT   commands separated by `;` or newlines, each
+                               `kill [-SIG | -N | -s SIG] PID...` or
+                               `sleep N[s|m|h]`
+    linkerd-cni-sh --help      print this help
+
+SETTINGS:
+    None: it reads no environment and no file. The image's other programs'
+    settings are in docs/configuration.md in the linkerd-cni repository.
+";
+
 /// What a shell exits with for a command it cannot run.
 const NOT_SUPPORTED: u8 = 127;
 
@@ -27,6 +43,10 @@ enum Step {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let script = match args.as_slice() {
+        [flag] if flag == "--help" || flag == "-h" => {
+            print!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
         [flag, script, ..] if flag == "-c" => script,
         _ => {
             return refuse(&format!(
