@@ -46,8 +46,9 @@ USAGE:
                                      from its /metrics when that is on
                                      (exit 0 healthy, 1 not, 2 error)
     linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
-                                     config, then the kubeconfig and the
-                                     persisted entry, then the binaries
+                                     config, then the heartbeat, the
+                                     kubeconfig and the persisted entry,
+                                     then, 5 s later, the binaries
     linkerd-cni-installer version
     linkerd-cni-installer --help
 ";
