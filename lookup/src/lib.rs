@@ -26,6 +26,11 @@ use serde_json::Value;
 mod client;
 pub use client::ask;
 
+/// Set (non-empty) on linkerd's control-plane pods, which skip the API
+/// server's ports: the agent sends Service `default/kubernetes` with their
+/// answer, fetched when its watch has not seen it.
+pub const CONTROL_PLANE_LABEL: &str = "linkerd.io/control-plane-component";
+
 /// The socket's file name in the plugin's state dir.
 pub const SOCKET: &str = "agent.sock";
 /// The protocol's version; a peer answering another one is not used.

@@ -47,7 +47,7 @@ pub const PROXY_CONTAINER: &str = "linkerd-proxy";
 /// rules.
 pub const INIT_CONTAINER: &str = "linkerd-init";
 /// Set (non-empty) on linkerd's control-plane pods.
-pub const CONTROL_PLANE_LABEL: &str = "linkerd.io/control-plane-component";
+pub const CONTROL_PLANE_LABEL: &str = linkerd_cni_lookup::CONTROL_PLANE_LABEL;
 /// Outbound ports a control-plane pod skips when Service `default/kubernetes`
 /// cannot be read (upstream's fallback).
 pub const FALLBACK_API_PORTS: [u16; 2] = [443, 6443];

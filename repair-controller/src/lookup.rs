@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
-use linkerd_cni_lookup::{Answer, Body, MAX_REQUEST, Request, SOCKET, Source};
+use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, SOCKET, Source};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -156,10 +156,7 @@ impl Facts {
             Ok(ns) => ns,
             Err(message) => return Body::Unavailable { message },
         };
-        let service = self
-            .service
-            .get(&ObjectRef::new("kubernetes").within("default"))
-            .and_then(|s| json(&*s));
+        let service = self.service(&pod, deadline).await;
         match json(&*pod) {
             Some(pod) => Body::Pod {
                 pod,
@@ -220,6 +217,40 @@ impl Facts {
                 ),
             }),
             Ok(Ok(Some(p))) => Ok((Arc::new(strip_pod_owned(p)), Source::Fetched)),
+        }
+    }
+
+    /// Service `default/kubernetes`, for a control-plane pod: from the
+    /// watch, else fetched, as the plugin's direct path would; `None` when
+    /// it cannot be had (the plugin then skips upstream's fallback ports).
+    async fn service(&self, pod: &Pod, deadline: Instant) -> Option<serde_json::Value> {
+        if let Some(s) = self
+            .service
+            .get(&ObjectRef::new("kubernetes").within("default"))
+        {
+            return json(&*s);
+        }
+        let control_plane = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CONTROL_PLANE_LABEL))
+            .is_some_and(|v| !v.is_empty());
+        if !control_plane {
+            return None;
+        }
+        let api = Api::<Service>::namespaced(self.client.clone(), "default");
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left.min(self.api_timeout), api.get("kubernetes")).await {
+            Ok(Ok(mut svc)) => {
+                strip_service(&mut svc);
+                json(&svc)
+            }
+            Ok(Err(e)) => {
+                tracing::info!(error = %e, "cannot get Service default/kubernetes for a control-plane pod's lookup");
+                None
+            }
+            Err(_) => None,
         }
     }
 

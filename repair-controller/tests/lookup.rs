@@ -260,3 +260,55 @@ fn refuses_what_is_not_a_question_and_leaves_other_files_alone() {
         "mine"
     );
 }
+
+#[test]
+fn a_control_plane_pods_service_is_fetched_when_the_watch_has_not_seen_it() {
+    let api = WatchApiServer::start();
+    api.put_object("namespaces", objects::namespace("linkerd", &[]));
+    api.put_pod(on_node(
+        Pod::meshed("linkerd", "destination-0")
+            .label(lookup::CONTROL_PLANE_LABEL, "destination")
+            .json(),
+        NODE,
+    ));
+    api.put_pod(on_node(Pod::meshed("linkerd", "web-0").json(), NODE));
+    let agent = start(&api);
+    agent.ctl.wait("the watch of this node's pods", || {
+        matches!(
+            ask(&agent.socket, "linkerd", "web-0", None),
+            Ok(Body::Pod {
+                source: Source::Watch,
+                ..
+            })
+        )
+    });
+    // The Service exists, but the agent's watch has not shown it yet.
+    api.with_cluster(|c| {
+        c.put_object_unwatched(
+            "services",
+            objects::kubernetes_service(&[(443, json!(8443))]),
+        )
+    });
+    let service_gets = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == objects::KUBERNETES_SERVICE_PATH)
+            .count()
+    };
+    // Not a control-plane pod: no Service, and no GET for it.
+    match ask(&agent.socket, "linkerd", "web-0", None) {
+        Ok(Body::Pod { service, .. }) => assert_eq!(service, None),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(service_gets(), 0);
+    match ask(&agent.socket, "linkerd", "destination-0", None) {
+        Ok(Body::Pod { service, .. }) => assert_eq!(
+            service.and_then(|s| s.pointer("/spec/ports/0/targetPort").cloned()),
+            Some(json!(8443)),
+            "{}",
+            agent.ctl.log_text()
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(service_gets(), 1);
+}

@@ -101,6 +101,8 @@ pub struct Cluster {
     /// Namespaces and services, by (resource, namespace, name); a
     /// namespace's own namespace is "".
     others: BTreeMap<(&'static str, String, String), Value>,
+    /// Objects only GETs find (see [`Cluster::put_object_unwatched`]).
+    unwatched: BTreeMap<(&'static str, String, String), Value>,
     /// Changes of pods, namespaces and services: (resource version, watch
     /// event type, resource, object).
     history: Vec<(u64, &'static str, &'static str, Value)>,
@@ -184,6 +186,22 @@ impl Cluster {
         self.others.insert(key, obj);
     }
 
+    /// Creates a namespace or service that GETs find but no list or watch
+    /// has shown yet: a watch that has not caught up.
+    pub fn put_object_unwatched(&mut self, resource: &'static str, obj: Value) {
+        let ns = if resource == "namespaces" {
+            String::new()
+        } else {
+            str_at(&obj, &["metadata", "namespace"]).to_string()
+        };
+        let key = (
+            resource,
+            ns,
+            str_at(&obj, &["metadata", "name"]).to_string(),
+        );
+        self.unwatched.insert(key, obj);
+    }
+
     pub fn put_node(&mut self, mut node: Value) {
         let name = str_at(&node, &["metadata", "name"]).to_string();
         let rv = self.bump();
@@ -244,6 +262,7 @@ impl WatchApiServer {
                 pods: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 others: BTreeMap::new(),
+                unwatched: BTreeMap::new(),
                 history: vec![],
                 oldest_rv: 0,
                 events: vec![],
@@ -644,7 +663,8 @@ fn answer(state: &State, req: &Request, token: &str) -> Answer {
 }
 
 fn other(state: &State, key: (&'static str, String, String)) -> Answer {
-    match lock(&state.cluster).others.get(&key) {
+    let c = lock(&state.cluster);
+    match c.others.get(&key).or_else(|| c.unwatched.get(&key)) {
         Some(o) => Answer::Json(200, o.clone()),
         None => not_found(key.0, &key.2),
     }
