@@ -37,6 +37,7 @@
 //!   the primary.
 
 pub mod active;
+pub mod agent;
 pub mod artifacts;
 pub mod chains;
 // The CRI tier: containerd driven over CRI, and the image as the

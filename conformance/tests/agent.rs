@@ -6,98 +6,17 @@
 //! the agent's (the stateful one, watched) on the host's loopback, and the
 //! plugin's direct path (the one its kubeconfig names) inside the node.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use conformance::agent::AgentProcess;
 use conformance::chains::{self, Primary};
 use conformance::kube::APP_NAMESPACE;
-use conformance::{Backend, Family, Node, PodSpec, artifacts};
-use linkerd_cni_lookup::{self as lookup, Body, Request};
+use conformance::{Backend, Family, Node, PodSpec};
 use testkit::api_watch::WatchApiServer;
 use testkit::objects::{Pod as ApiPod, namespace, on_node};
-use testkit::{TempDir, wait_until};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const PODS: usize = 50;
-
-/// The agent (the repair controller's binary) for `node`; killed on drop.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-    _dir: TempDir,
-}
-
-impl Agent {
-    fn start(api: &WatchApiServer, node: &Node, node_name: &str) -> Agent {
-        let dir = TempDir::new("conf-agent").unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
-        let log = dir.path().join("agent.log");
-        std::fs::create_dir_all(node.state_dir()).unwrap();
-        let mut cmd = Command::new(artifacts::workspace_bin("linkerd-cni-repair-controller"));
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy()
-                .starts_with("LINKERD_CNI_REPAIR_CONTROLLER_")
-            {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--node-name", node_name, "--controller-pod-name", "agent"])
-            .args(["--admin-addr", "127.0.0.1:0"])
-            .args(["--log-level", "linkerd_cni_repair_controller=debug,warn"])
-            .arg("--cni-net-dir")
-            .arg(node.conf_dir())
-            .arg("--state-dir")
-            .arg(node.state_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        Agent {
-            child: cmd.spawn().expect("start the agent"),
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// How many lookups it answered with `result`, from its metrics.
-    fn lookups(&self, result: &str) -> u64 {
-        let addr = self.log_text().lines().find_map(|l| {
-            let rest = l.split("admin server listening").nth(1)?;
-            rest.split("addr=")
-                .nth(1)?
-                .split_whitespace()
-                .next()
-                .map(String::from)
-        });
-        let Some(addr) = addr else { return 0 };
-        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-            return 0;
-        };
-        use std::io::{Read, Write};
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        let name = format!("linkerd_cni_agent_pod_lookups_total{{result=\"{result}\"}}");
-        out.lines()
-            .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn a_burst_of_pods_makes_no_request_with_the_plugins_token() {
@@ -106,7 +25,8 @@ fn a_burst_of_pods_makes_no_request_with_the_plugins_token() {
     let cluster = WatchApiServer::start();
     let node_name = format!("node-{}", node.id());
     cluster.put_object("namespaces", namespace(APP_NAMESPACE, &[]));
-    let agent = Agent::start(&cluster, &node, &node_name);
+    let agent = AgentProcess::start(&cluster, &node_name, &node.conf_dir(), &node.state_dir())
+        .unwrap_or_else(|e| panic!("{e}"));
 
     let net = node.network_name("agent");
     let mut entry = chains::linkerd_entry(&node);
@@ -121,25 +41,13 @@ fn a_burst_of_pods_makes_no_request_with_the_plugins_token() {
     );
 
     // The agent is up once it answers from its watch.
-    let socket = node.state_dir().join(lookup::SOCKET);
     cluster.put_pod(on_node(
         ApiPod::new(APP_NAMESPACE, "probe").json(),
         &node_name,
     ));
-    let up = wait_until(DEADLINE, || {
-        let q = Request {
-            v: lookup::VERSION,
-            namespace: APP_NAMESPACE.into(),
-            name: "probe".into(),
-            uid: None,
-            budget_ms: 1000,
-        };
-        matches!(
-            lookup::ask(&socket, &q, Duration::from_secs(1)).map(|a| a.body),
-            Ok(Body::Pod { .. })
-        )
-    });
-    assert!(up, "the agent never answered:\n{}", agent.log_text());
+    agent
+        .wait_answering(APP_NAMESPACE, "probe", DEADLINE)
+        .unwrap_or_else(|e| panic!("{e}"));
     let before = ["watch", "waited", "fetched"].map(|r| agent.lookups(r));
 
     // Each pod is created (the scheduler's binding, which the agent's

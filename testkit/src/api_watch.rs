@@ -163,16 +163,7 @@ impl Cluster {
     /// Creates or replaces a namespace (`resource` "namespaces") or a
     /// service ("services"), as watches see it.
     pub fn put_object(&mut self, resource: &'static str, mut obj: Value) {
-        let ns = if resource == "namespaces" {
-            String::new()
-        } else {
-            str_at(&obj, &["metadata", "namespace"]).to_string()
-        };
-        let key = (
-            resource,
-            ns,
-            str_at(&obj, &["metadata", "name"]).to_string(),
-        );
+        let key = object_key(resource, &obj);
         let kind = if self.others.contains_key(&key) {
             "MODIFIED"
         } else {
@@ -189,17 +180,7 @@ impl Cluster {
     /// Creates a namespace or service that GETs find but no list or watch
     /// has shown yet: a watch that has not caught up.
     pub fn put_object_unwatched(&mut self, resource: &'static str, obj: Value) {
-        let ns = if resource == "namespaces" {
-            String::new()
-        } else {
-            str_at(&obj, &["metadata", "namespace"]).to_string()
-        };
-        let key = (
-            resource,
-            ns,
-            str_at(&obj, &["metadata", "name"]).to_string(),
-        );
-        self.unwatched.insert(key, obj);
+        self.unwatched.insert(object_key(resource, &obj), obj);
     }
 
     pub fn put_node(&mut self, mut node: Value) {
@@ -660,6 +641,17 @@ fn answer(state: &State, req: &Request, token: &str) -> Answer {
             status_json(404, &format!("{} {} is not served", req.method, req.path)),
         ),
     }
+}
+
+/// A namespace's or service's key in [`Cluster`]: (resource, namespace,
+/// name), a namespace's own namespace being "".
+fn object_key(resource: &'static str, obj: &Value) -> (&'static str, String, String) {
+    let ns = if resource == "namespaces" {
+        String::new()
+    } else {
+        str_at(obj, &["metadata", "namespace"]).to_string()
+    };
+    (resource, ns, str_at(obj, &["metadata", "name"]).to_string())
 }
 
 fn other(state: &State, key: (&'static str, String, String)) -> Answer {

@@ -31,6 +31,7 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use conformance::agent::AgentProcess;
 use conformance::chains::{self, Primary};
 use conformance::iptables::{Backend, Family};
 use conformance::{Completed, Node, PodSpec, artifacts};
@@ -1202,60 +1203,12 @@ fn nft_mode(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
 
 // 11 ---------------------------------------------------------------------
 
-/// The node agent (the repair controller's binary) answering lookups from
-/// a watch of the stateful fake API server; killed on drop.
-struct AgentProcess {
-    child: std::process::Child,
-    _dir: testkit::TempDir,
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl AgentProcess {
-    /// Its CPU time so far (user + system), from /proc.
-    fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-        // utime and stime: fields 14 and 15, 12 and 13 after the command.
-        let ticks: u64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-            .sum();
-        Duration::from_millis(ticks * 10)
-    }
-
-    /// Its resident memory, from /proc.
-    fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("VmRSS:")?
-                    .trim()
-                    .strip_suffix("kB")?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0)
-    }
-}
-
 /// 11: a meshed ADD (nft mode) whose pod facts come from the node agent
 /// over its socket, beside the same ADD on the direct path (GET pod and
 /// namespace over TLS from the fake API server) and Debian's `tuning`.
 /// Wall time spawn to exit, rounds rotated; instructions across the
 /// process tree under callgrind; the agent's own CPU per lookup.
 fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
-    let agent_bin = artifacts::try_workspace_bin("linkerd-cni-repair-controller").map_err(fail)?;
     let cluster = testkit::WatchApiServer::start();
     let node_name = "bench-node";
     cluster.put_object("namespaces", objects::namespace("bench", &[]));
@@ -1263,29 +1216,13 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         objects::Pod::meshed("bench", "meshed").json(),
         node_name,
     ));
-    let dir = testkit::TempDir::new("bench-agent").map_err(|e| fail(e.to_string()))?;
     let state = b.node.dir().join("agent-state");
-    std::fs::create_dir_all(&state).map_err(|e| fail(e.to_string()))?;
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, cluster.kubeconfig_yaml()).map_err(|e| fail(e.to_string()))?;
-    let log =
-        std::fs::File::create(dir.path().join("agent.log")).map_err(|e| fail(e.to_string()))?;
-    let child = Command::new(&agent_bin)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--node-name", node_name, "--controller-pod-name", "bench"])
-        .args(["--admin-addr", "127.0.0.1:0", "--log-level", "warn"])
-        .arg("--cni-net-dir")
-        .arg(b.node.conf_dir())
-        .arg("--state-dir")
-        .arg(&state)
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .map_err(|e| fail(format!("cannot start {}: {e}", agent_bin.display())))?;
-    let agent = AgentProcess { child, _dir: dir };
+    let agent =
+        AgentProcess::start(&cluster, node_name, &b.node.conf_dir(), &state).map_err(fail)?;
+    agent
+        .wait_answering("bench", "meshed", Duration::from_secs(30))
+        .map_err(fail)?;
+    let socket = agent.socket().to_path_buf();
     let question = linkerd_cni_lookup::Request {
         v: linkerd_cni_lookup::VERSION,
         namespace: "bench".into(),
@@ -1293,19 +1230,6 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
         uid: None,
         budget_ms: 1000,
     };
-    let socket = state.join(linkerd_cni_lookup::SOCKET);
-    let up = testkit::wait_until(Duration::from_secs(30), || {
-        matches!(
-            linkerd_cni_lookup::ask(&socket, &question, Duration::from_secs(1)).map(|a| a.body),
-            Ok(linkerd_cni_lookup::Body::Pod {
-                source: linkerd_cni_lookup::Source::Watch,
-                ..
-            })
-        )
-    });
-    if !up {
-        return Err(fail("the node agent never answered from its watch"));
-    }
 
     let mut via_agent = b.entry.clone();
     via_agent["state_dir"] = state.display().to_string().into();

@@ -23,11 +23,11 @@
 
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use conformance::agent::AgentProcess;
 use conformance::iptables::{Family, NatTable};
 use conformance::{Completed, Node, Pod, PodSpec, artifacts, sys};
 use linkerd_cni_tools::scenario::{self, Binaries, InstallerPod};
@@ -716,16 +716,9 @@ fn scrape(node: &Node) -> Result<String, Stop> {
 /// The node agent (the repair controller's binary) answering the plugin's
 /// pod lookups; killed on drop, and by the kernel if the demo dies.
 struct Agent {
-    child: std::process::Child,
+    _process: AgentProcess,
     /// The API server it watches: dropped after it.
     _cluster: WatchApiServer,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Step 6: the node agent answers the plugin's pod lookup from its watch:
@@ -741,8 +734,6 @@ fn step6_agent(c: &Ctx) -> Result<(Agent, Pod), Stop> {
          loopback: the first one cannot serve watches.) Pod demo/web-4 is scheduled on \
          {NODE_NAME}:"
     ));
-    let bin =
-        artifacts::try_workspace_bin("linkerd-cni-repair-controller").map_err(Stop::failed)?;
     let cluster = WatchApiServer::start();
     cluster.put_object("namespaces", objects::namespace("demo", &[]));
     // web-2 too: the agent answers for it in step 7.
@@ -752,76 +743,19 @@ fn step6_agent(c: &Ctx) -> Result<(Agent, Pod), Stop> {
             NODE_NAME,
         ));
     }
-    let kubeconfig = node.dir().join("agent-kubeconfig");
-    std::fs::write(&kubeconfig, cluster.kubeconfig_yaml())
-        .map_err(|e| Stop::failed(format!("cannot write {}: {e}", kubeconfig.display())))?;
-    let log = node.dir().join("agent.log");
-    let log_file = std::fs::File::create(&log)
-        .map_err(|e| Stop::failed(format!("cannot create {}: {e}", log.display())))?;
-    std::fs::create_dir_all(node.state_dir())
-        .map_err(|e| Stop::failed(format!("cannot create the state dir: {e}")))?;
     o.cmd(&format!(
         "linkerd-cni-repair-controller --node-name {NODE_NAME} --state-dir $NODE/state \
          --cni-net-dir $NODE/net.d --kubeconfig ..."
     ));
-    let mut cmd = Command::new(&bin);
-    cmd.env_clear()
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args([
-            "--node-name",
-            NODE_NAME,
-            "--controller-pod-name",
-            "demo-agent",
-        ])
-        .args(["--admin-addr", "127.0.0.1:0", "--log-level", "warn"])
-        .arg("--cni-net-dir")
-        .arg(node.conf_dir())
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file);
-    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches only
-    // the child being set up.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let process = AgentProcess::start(&cluster, NODE_NAME, &node.conf_dir(), &node.state_dir())
+        .map_err(Stop::failed)?;
+    process
+        .wait_answering("demo", "web-4", LIMIT)
+        .map_err(Stop::failed)?;
     let agent = Agent {
-        child: cmd
-            .spawn()
-            .map_err(|e| Stop::failed(format!("cannot start {}: {e}", bin.display())))?,
+        _process: process,
         _cluster: cluster,
     };
-    // Up once it answers from its watch.
-    let socket = node.state_dir().join(linkerd_cni_lookup::SOCKET);
-    let question = linkerd_cni_lookup::Request {
-        v: linkerd_cni_lookup::VERSION,
-        namespace: "demo".into(),
-        name: "web-4".into(),
-        uid: None,
-        budget_ms: 1000,
-    };
-    wait_for(LIMIT, Duration::from_millis(20), || {
-        matches!(
-            linkerd_cni_lookup::ask(&socket, &question, Duration::from_secs(1)).map(|a| a.body),
-            Ok(linkerd_cni_lookup::Body::Pod {
-                source: linkerd_cni_lookup::Source::Watch,
-                ..
-            })
-        )
-    })
-    .map_err(|_| {
-        Stop::failed(format!(
-            "the node agent never answered from its watch; its log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        ))
-    })?;
     o.good(&format!(
         "it answers on $NODE/state/{}",
         linkerd_cni_lookup::SOCKET
