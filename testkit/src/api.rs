@@ -30,8 +30,7 @@
 //! with 403 as under the linkerd2-cni chart's RBAC, without node binding as
 //! an older server, a capped lifetime), [`FakeApiServer::delete_account`]
 //! revokes every token minted for an account. A minted token may only GET
-//! under `/api/v1/namespaces/` (the plugin's role). SelfSubjectReview
-//! answers 201 for a valid token (401 otherwise, as every request);
+//! under `/api/v1/namespaces/` (the plugin's role).
 //! SelfSubjectAccessReview allows `get` on a pod unless its path is
 //! forbidden (asked cluster-wide: `/api/v1/pods`).
 //! [`FakeApiServer::fail_next_on`] fails the next requests of one path,
@@ -641,13 +640,6 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     if !valid {
         return (401, status_json(401, "Unauthorized"));
     }
-    if req.method == "POST" && req.path == SELF_SUBJECT_REVIEW {
-        let user = match &minted {
-            Some(m) => format!("system:serviceaccount:{}", m.account.replace('/', ":")),
-            None => "system:serviceaccount:linkerd-cni:linkerd-cni".into(),
-        };
-        return (201, json!({"status": {"userInfo": {"username": user}}}));
-    }
     if req.method == "POST" && req.path == SELF_SUBJECT_ACCESS_REVIEW {
         return access_review(state, req);
     }
@@ -694,7 +686,6 @@ fn answer(state: &State, req: &Request, token: &str) -> (u16, Value) {
     }
 }
 
-const SELF_SUBJECT_REVIEW: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
 const SELF_SUBJECT_ACCESS_REVIEW: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
 
 /// The minted token `bearer`, when valid now.
