@@ -174,6 +174,29 @@ fn a_pod_the_api_server_says_is_gone_fails_the_add() {
     assert_eq!(c.api.total_requests(), 0);
 }
 
+/// The agent's message carries the API server's text: it reaches the
+/// plugin's error as one printable, bounded line.
+#[test]
+fn the_agents_message_cannot_forge_lines() {
+    let c = Cluster::start("agent-text");
+    let _agent = Agent::start(&state_dir(&c), |_| {
+        Answer::new(Body::NotFound {
+            message: format!(
+                "gone\nlinkerd-cni ERROR forged\u{1b}[31m{}",
+                "x".repeat(10_000)
+            ),
+        })
+        .encode()
+    });
+    let e = decide(&c, "shop", "web-1").unwrap_err();
+    assert!(
+        !e.msg.contains('\n') && !e.msg.contains('\u{1b}'),
+        "{}",
+        e.msg
+    );
+    assert!(e.msg.len() < 1024, "{} bytes", e.msg.len());
+}
+
 #[test]
 fn the_binary_installs_the_rules_from_the_agents_answer() {
     let c = Cluster::start("agent-bin");

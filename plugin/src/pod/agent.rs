@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use linkerd_cni_kube::objects::{Namespace, Pod, Service};
+use linkerd_cni_kube::text::printable;
 use linkerd_cni_lookup::{self as lookup, AskError, Body, Request};
 
 use super::{Facts, Plan, Stop, plan_for, service_ports};
@@ -21,6 +22,10 @@ use crate::config::PluginConfig;
 /// server itself: the agent's own bound on a pod it has to fetch (a wait
 /// for its watch, then a GET) fits in it with room to answer.
 pub const BUDGET: Duration = Duration::from_secs(3);
+/// The agent's messages carry the API server's error text: they become
+/// one printable line of at most this many characters in the plugin's
+/// logs and errors.
+const MAX_MESSAGE: usize = 512;
 
 /// The plan from the agent's answer; `None` when no agent answered usably.
 pub fn plan(
@@ -85,13 +90,17 @@ pub fn plan(
         }
         Body::NotFound { message } => Err(Stop::Failed(CniError::new(
             code::KUBERNETES,
-            format!("cannot get pod {pod_id}: {message}"),
+            format!(
+                "cannot get pod {pod_id}: {}",
+                printable(&message, MAX_MESSAGE)
+            ),
             "the pod was deleted or recreated while its sandbox started; the kubelet starts \
              the current pod's sandbox anew",
         ))),
-        Body::Unavailable { message } => {
-            direct(&format!("the node agent cannot answer now ({message})"))
-        }
+        Body::Unavailable { message } => direct(&format!(
+            "the node agent cannot answer now ({})",
+            printable(&message, MAX_MESSAGE)
+        )),
     }
 }
 
