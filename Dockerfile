@@ -33,10 +33,9 @@ RUN case "${TARGETARCH:?set by BuildKit}" in \
     esac \
  && target="${arch}-unknown-linux-musl" \
  && rustup target add "${target}" \
- && cargo build --release --locked --target "${target}" -p linkerd-cni -p linkerd-cni-installer -p linkerd-cni-repair-controller \
+ && cargo build --release --locked --target "${target}" -p linkerd-cni -p linkerd-cni-agent \
  && mkdir -p /out \
- && cp "target/${target}/release/linkerd-cni" "target/${target}/release/linkerd-cni-installer" \
-      "target/${target}/release/linkerd-cni-repair-controller" \
+ && cp "target/${target}/release/linkerd-cni" "target/${target}/release/linkerd-cni-agent" \
       "target/${target}/release/linkerd-cni-sh" /out/
 
 # No shell (/bin/sh is linkerd-cni-sh: kill and sleep, for the chart's
@@ -44,7 +43,11 @@ RUN case "${TARGETARCH:?set by BuildKit}" in \
 # installer's own `check` subcommand.
 FROM scratch
 COPY --from=build /out/linkerd-cni /opt/cni/bin/linkerd-cni
-COPY --from=build /out/linkerd-cni-installer /usr/local/bin/linkerd-cni-installer
-COPY --from=build /out/linkerd-cni-repair-controller /usr/lib/linkerd/linkerd-cni-repair-controller
+# One program at the two paths the linkerd2-cni chart runs: the entrypoint
+# (its install-cni container) and the repair controller's; it picks its
+# command line by the name it runs under. A scratch image cannot make a
+# link, so it is copied twice.
+COPY --from=build /out/linkerd-cni-agent /usr/local/bin/linkerd-cni-installer
+COPY --from=build /out/linkerd-cni-agent /usr/lib/linkerd/linkerd-cni-repair-controller
 COPY --from=build /out/linkerd-cni-sh /bin/sh
 ENTRYPOINT ["/usr/local/bin/linkerd-cni-installer"]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks that every linkerd_cni_* metric the alerting rules read is one the
 # programs export, by its name in their sources: the installer's
-# (installer/src/metrics.rs, names written out whole) and the repair
-# controller's (repair-controller/src/metrics.rs, registered without the
+# (agent/src/metrics.rs, names written out whole) and the repair
+# controller's (agent/src/repair/metrics.rs, registered without the
 # prefix; a counter gets `_total`). promtool's own tests cannot see a
 # renamed metric: their input series are made up.
 #
@@ -18,15 +18,15 @@ for n in $names; do
   case "$n" in
     linkerd_cni_repair_controller_*)
       short=${n#linkerd_cni_repair_controller_}
-      grep -q "\"${short%_total}\"" repair-controller/src/metrics.rs || unknown+=("$n")
+      grep -q "\"${short%_total}\"" agent/src/repair/metrics.rs || unknown+=("$n")
       ;;
     *)
-      grep -q "\"$n\b" installer/src/metrics.rs || unknown+=("$n")
+      grep -q "\"$n\b" agent/src/metrics.rs || unknown+=("$n")
       ;;
   esac
 done
 if ((${#unknown[@]})); then
-  echo "check-alert-metrics: $rules reads metrics no program exports: ${unknown[*]} (renamed? see installer/src/metrics.rs and repair-controller/src/metrics.rs)" >&2
+  echo "check-alert-metrics: $rules reads metrics no program exports: ${unknown[*]} (renamed? see agent/src/metrics.rs and agent/src/repair/metrics.rs)" >&2
   exit 1
 fi
 echo "check-alert-metrics: the $(wc -w <<<"$names") linkerd_cni_* metrics of $rules are exported"

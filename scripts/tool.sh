@@ -27,6 +27,6 @@ if [[ "$name" == --print-bin-dir ]]; then
 fi
 [[ "$name" != -* ]] || { echo "$usage" >&2; exit 2; }
 echo "$name: building (release)..." >&2
-cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-installer -p linkerd-cni-repair-controller
+cargo build --release --locked --quiet -p linkerd-cni -p linkerd-cni-agent
 cargo build --profile tools --locked --quiet -p linkerd-cni-tools --bin "$name"
 LINKERD_CNI_BIN_DIR="$target_dir/release" exec "$target_dir/tools/$name" "$@"

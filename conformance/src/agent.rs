@@ -33,7 +33,7 @@ impl AgentProcess {
         conf_dir: &Path,
         state_dir: &Path,
     ) -> Result<AgentProcess, String> {
-        let bin = artifacts::try_workspace_bin("linkerd-cni-repair-controller")?;
+        let bin = artifacts::try_workspace_bin("linkerd-cni-agent")?;
         let dir = TempDir::new("agent").map_err(|e| format!("cannot make a temp dir: {e}"))?;
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig_yaml())
@@ -44,12 +44,14 @@ impl AgentProcess {
         let log_file = std::fs::File::create(&log)
             .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let mut cmd = Command::new(&bin);
+        // The repair controller's command line, as the chart runs it.
+        cmd.arg0("linkerd-cni-repair-controller");
         cmd.env_clear()
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--node-name", node_name, "--controller-pod-name", "agent"])
             .args(["--admin-addr", "127.0.0.1:0"])
-            .args(["--log-level", "linkerd_cni_repair_controller=info,warn"])
+            .args(["--log-level", "linkerd_cni_agent=info,warn"])
             .arg("--cni-net-dir")
             .arg(conf_dir)
             .arg("--state-dir")

@@ -123,7 +123,7 @@ pub fn try_workspace_bin(bin: &str) -> Result<PathBuf, String> {
         Err(format!(
             "{} is missing: build the workspace binaries first, \
              `cargo build --workspace --bins` for the tests (./test.sh does), \
-             `cargo build --release -p linkerd-cni -p linkerd-cni-installer` for the \
+             `cargo build --release -p linkerd-cni -p linkerd-cni-agent` for the \
              demo and the benchmark (./demo.sh does), or set {BIN_DIR_ENV} to the \
              directory that holds them",
             path.display()
@@ -136,7 +136,8 @@ pub fn linkerd_cni() -> PathBuf {
     workspace_bin("linkerd-cni")
 }
 
-/// The `linkerd-cni-installer` binary.
+/// The node agent's binary, `linkerd-cni-agent`: under that name it runs
+/// as the installer (the image's entrypoint).
 pub fn installer() -> PathBuf {
-    workspace_bin("linkerd-cni-installer")
+    workspace_bin("linkerd-cni-agent")
 }

@@ -30,12 +30,12 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// `linkerd-cni` and `linkerd-cni-installer` in the harness's bin dir
+    /// `linkerd-cni` and `linkerd-cni-agent` in the harness's bin dir
     /// ([`artifacts::bin_dir`]), or what to build when one is missing.
     pub fn find() -> Result<Binaries, String> {
         Ok(Binaries {
             plugin: artifacts::try_workspace_bin("linkerd-cni")?,
-            installer: artifacts::try_workspace_bin("linkerd-cni-installer")?,
+            installer: artifacts::try_workspace_bin("linkerd-cni-agent")?,
         })
     }
 }

@@ -53,7 +53,7 @@ fn every_installer_variable_is_documented_and_every_documented_one_is_read() {
     // Guards against a parser that silently finds nothing.
     assert!(
         read.len() >= 20,
-        "found only {} var(\"...\") reads in installer/src/config.rs: {read:?}",
+        "found only {} var(\"...\") reads in agent/src/config.rs: {read:?}",
         read.len()
     );
     assert_eq!(
@@ -77,7 +77,7 @@ fn help_lists_the_settings_and_points_at_the_reference() {
     assert!(text.contains(&format!("\n## {SECTION}\n")));
     let documented = docs::names_in_column(&docs::section(&text, SECTION), 0);
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-installer"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-agent"))
         .arg("--help")
         .env_clear()
         .output()

@@ -39,7 +39,7 @@ fn setpriv(node: &Node, caps: &[&str], args: &[&str]) -> Command {
     c.args(["--inh-caps=-all", "--ambient-caps=-all"])
         .arg(format!("--bounding-set={bounding}"))
         .arg("--")
-        .arg(env!("CARGO_BIN_EXE_linkerd-cni-installer"))
+        .arg(env!("CARGO_BIN_EXE_linkerd-cni-agent"))
         .args(args)
         .env_clear()
         .envs(node.env());

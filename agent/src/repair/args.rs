@@ -28,11 +28,11 @@ pub enum LogFormat {
 )]
 pub struct Args {
     /// Log filter: a level (`info`) or per-target directives
-    /// (`linkerd_cni_repair_controller=debug,warn`).
+    /// (`linkerd_cni_agent=debug,warn`).
     #[arg(
         long,
         env = "LINKERD_CNI_REPAIR_CONTROLLER_LOG_LEVEL",
-        default_value = "linkerd_cni_repair_controller=info,warn"
+        default_value = "linkerd_cni_agent=info,warn"
     )]
     pub log_level: String,
 

@@ -1,33 +1,14 @@
-//! `linkerd-cni-installer`: the DaemonSet container that installs the
-//! linkerd-cni plugin on a node and keeps it chained in the node's active
-//! CNI config, level-triggered (see [`run`]).
-
-mod binaries;
-mod config;
-mod credential;
-mod entry;
-mod events;
-mod fsutil;
-mod installer;
-mod kubeconfig;
-mod logging;
-mod metrics;
-mod notes;
-mod owner;
-mod run;
-mod runtime;
-mod serve;
-mod signals;
-mod status;
-mod taint;
-mod watch;
+//! The installer's command line: `linkerd-cni-installer`, as the image's
+//! entrypoint (the linkerd2-cni chart's install-cni container) runs it,
+//! configured by environment variables.
 
 use std::process::ExitCode;
 
 use log::LevelFilter;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{self, Config, ConfigError};
 use crate::installer::Installer;
+use crate::{binaries, logging, run, runtime, status};
 
 const USAGE: &str = "\
 linkerd-cni-installer: installs the linkerd-cni CNI plugin on this node and
@@ -80,7 +61,7 @@ fn help() -> String {
     s
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let command = match args.as_slice() {

@@ -1,23 +1,24 @@
-//! `linkerd-cni-repair-controller`: see the library's docs.
+//! The repair controller's command line: `linkerd-cni-repair-controller`,
+//! as the linkerd2-cni chart's repair-controller container runs it.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use crate::repair::admin::{self, AdminState, Limits};
+use crate::repair::args::Args;
+use crate::repair::backoff::Policy;
+use crate::repair::controller::{Controller, Settings};
+use crate::repair::logging;
+use crate::repair::lookup::{self, Facts, LookupMetrics};
+use crate::repair::metrics::Metrics;
+use crate::repair::process;
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use linkerd_cni_repair_controller::admin::{self, AdminState, Limits};
-use linkerd_cni_repair_controller::args::Args;
-use linkerd_cni_repair_controller::backoff::Policy;
-use linkerd_cni_repair_controller::controller::{Controller, Settings};
-use linkerd_cni_repair_controller::logging;
-use linkerd_cni_repair_controller::lookup::{self, Facts, LookupMetrics};
-use linkerd_cni_repair_controller::metrics::Metrics;
-use linkerd_cni_repair_controller::process;
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = logging::init(&args.log_level, args.log_format) {
         eprintln!("linkerd-cni-repair-controller: {e}");

@@ -84,7 +84,7 @@ impl Controller {
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig_yaml()).unwrap();
         let log = dir.path().join("stderr.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"));
+        let mut cmd = repair_controller();
         // Hermetic: only what the test sets.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy()
@@ -100,7 +100,7 @@ impl Controller {
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--admin-addr", "127.0.0.1:0", "--log-format", "plain"])
-            .args(["--log-level", "linkerd_cni_repair_controller=debug,warn"])
+            .args(["--log-level", "linkerd_cni_agent=debug,warn"])
             .arg("--cni-net-dir")
             .arg(conf_dir)
             .args(["--chain-check-interval", "100ms"])
@@ -202,4 +202,13 @@ pub fn event_for<'a>(events: &'a [Value], ns: &str, name: &str) -> Option<&'a Va
         e.pointer("/regarding/name").and_then(Value::as_str) == Some(name)
             && e.pointer("/regarding/namespace").and_then(Value::as_str) == Some(ns)
     })
+}
+
+/// The agent, run under the name the chart's repair-controller container
+/// runs it by, so that it takes that controller's command line.
+pub fn repair_controller() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-agent"));
+    cmd.arg0(linkerd_cni_agent::REPAIR_CONTROLLER);
+    cmd
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
-use linkerd_cni_repair_controller::args::Args;
+use linkerd_cni_agent::repair::args::Args;
 use serde_json::{Value, json};
 
 fn repo_file(rel: &str) -> String {
@@ -127,12 +127,12 @@ fn check_container(c: &Value, origin: &str) {
         .get(command[0])
         .unwrap_or_else(|| panic!("{origin}: {} is not in the image: {files:?}", command[0]));
     assert!(
-        src.ends_with("/linkerd-cni-repair-controller"),
+        src.ends_with("/linkerd-cni-agent"),
         "{origin}: {} comes from {src}",
         command[0]
     );
     assert!(
-        built_packages().contains(&"linkerd-cni-repair-controller".to_string()),
+        built_packages().contains(&"linkerd-cni-agent".to_string()),
         "the Dockerfile does not build the controller: {:?}",
         built_packages()
     );

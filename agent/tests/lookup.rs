@@ -3,6 +3,7 @@
 //! a temporary state dir: what it answers from memory, what it waits for,
 //! what it fetches, and what it refuses.
 
+#[path = "repair_common/mod.rs"]
 mod common;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};

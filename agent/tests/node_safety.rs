@@ -153,7 +153,7 @@ fn charts_prestop_hook_stops_the_installer() {
     let mut pid1 = Guard(
         Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc", "--"])
-            .arg(env!("CARGO_BIN_EXE_linkerd-cni-installer"))
+            .arg(env!("CARGO_BIN_EXE_linkerd-cni-agent"))
             .env_clear()
             .envs(node.env())
             .env("LINKERD_CNI_RESYNC_SECONDS", "1")

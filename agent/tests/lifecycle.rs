@@ -517,7 +517,7 @@ fn uninstall_and_status_need_only_what_they_use() {
     assert!(inst.wait_exit(Duration::from_secs(2)).unwrap().success());
 
     let bare = |args: &[&str], extra: &[(String, String)]| {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-installer"));
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_linkerd-cni-agent"));
         c.args(args)
             .env_clear()
             .env("CONTAINER_MOUNT_PREFIX", &node.prefix)

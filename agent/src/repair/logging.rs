@@ -5,12 +5,12 @@
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::ParseError;
 
-use crate::args::LogFormat;
+use crate::repair::args::LogFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
     #[error(
-        "invalid --log-level {filter:?} (expected a level such as info, or directives such as linkerd_cni_repair_controller=debug,warn): {source}"
+        "invalid --log-level {filter:?} (expected a level such as info, or directives such as linkerd_cni_agent=debug,warn): {source}"
     )]
     Filter {
         filter: String,

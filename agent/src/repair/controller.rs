@@ -42,10 +42,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
-use crate::backoff::{self, Backoff, Retry};
-use crate::chain_gate::{self, Verdict};
-use crate::metrics::Metrics;
-use crate::pod::{DATA_PLANE_LABEL, Remedy, needs_repair, remedy};
+use crate::repair::backoff::{self, Backoff, Retry};
+use crate::repair::chain_gate::{self, Verdict};
+use crate::repair::metrics::Metrics;
+use crate::repair::pod::{DATA_PLANE_LABEL, Remedy, needs_repair, remedy};
 
 /// `reportingController` of the Events, as upstream's controller names it.
 pub const REPORTER: &str = "linkerd-cni-repair-controller";

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use linkerd_cni_repair_controller::args::Args;
+use linkerd_cni_agent::repair::args::Args;
 use testkit::docs;
 
 const SECTION: &str = "Repair controller flags";

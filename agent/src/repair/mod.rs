@@ -1,4 +1,4 @@
-//! linkerd-cni-repair-controller: deletes this node's meshed pods that
+//! The repair controller: deletes this node's meshed pods that
 //! started without linkerd-cni's redirect rules, so that their owners create
 //! them again, this time through a working chain.
 //!
@@ -30,6 +30,7 @@ pub mod admin;
 pub mod args;
 pub mod backoff;
 pub mod chain_gate;
+pub mod cli;
 pub mod controller;
 pub mod logging;
 pub mod lookup;

@@ -3,11 +3,11 @@
 //! survives the API server's failures. Every wait is for an effect, with a
 //! generous deadline.
 
+#[path = "repair_common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -615,7 +615,7 @@ fn the_admin_server_caps_connections_and_keeps_answering_probes() {
 
 #[test]
 fn refuses_a_bad_command_line_with_a_clear_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
+    let out = common::repair_controller()
         .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME")
         .env_remove("LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME")
         .args(["--controller-pod-name", "p", "--log-format", "yaml"])
@@ -629,7 +629,7 @@ fn refuses_a_bad_command_line_with_a_clear_message() {
 
 #[test]
 fn refuses_an_invalid_log_filter() {
-    let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-repair-controller"))
+    let out = common::repair_controller()
         .args(["--node-name", "n", "--controller-pod-name", "p"])
         .args(["--log-level", "linkerd=notalevel"])
         .output()

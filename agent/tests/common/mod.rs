@@ -163,7 +163,7 @@ impl Node {
     }
 
     fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-installer"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-agent"));
         c.args(args).env_clear().envs(self.env());
         for (k, v) in extra {
             c.env(k, v);

@@ -309,7 +309,7 @@ where
                         writer.apply_watcher_event(&ev);
                         changed.notify_waiters();
                     }
-                    Err(e) if crate::controller::gone_at_watch_start(&e) => {
+                    Err(e) if crate::repair::controller::gone_at_watch_start(&e) => {
                         tracing::info!(what, "watch resource version expired: listing again");
                         restart = true;
                         break;

@@ -220,7 +220,7 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
         "/ready" if state.ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
         "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         "/metrics" => {
-            let body = crate::metrics::encode(&state.registry);
+            let body = crate::repair::metrics::encode(&state.registry);
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
