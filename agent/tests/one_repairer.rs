@@ -38,6 +38,29 @@ fn node_name() -> String {
         .unwrap_or_else(|| "node-a".into())
 }
 
+/// The repair controller's variables deploy/'s container sets, each with
+/// the downward-API field it takes.
+fn deploy_repair_env() -> Vec<(String, String)> {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(testkit::chart::MANIFEST).expect("deploy/ is valid YAML");
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let name = e["name"].as_str()?;
+            name.starts_with("LINKERD_CNI_REPAIR_CONTROLLER_").then(|| {
+                let field = e["valueFrom"]["fieldRef"]["fieldPath"].as_str();
+                (name.to_string(), field.unwrap_or_default().to_string())
+            })
+        })
+        .collect()
+}
+
 /// A meshed pod of `node`, made by a ReplicaSet, whose validator exited 95.
 fn broken(name: &str, node: &str) -> Value {
     pod("shop", name, node, Some(95))
@@ -215,18 +238,31 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     let conf = node.conf_dir.display().to_string();
     let state_s = state.display().to_string();
 
-    // deploy/'s container: the chart's environment plus the repair
-    // controller's variables. The conf and state dirs where this node
-    // mounts them (deploy/ mounts them at the defaults), the admin server
-    // on loopback (deploy/: the node's IP, port 9990).
-    let mut installer = node.start(&[
+    // deploy/'s container: the chart's environment plus deploy/'s repair
+    // controller variables, their downward-API values this node's. The
+    // conf and state dirs where this node has them (deploy/ mounts them
+    // where the controller looks by default), the admin server on a free
+    // port (deploy/: 9990).
+    let mut env: Vec<(String, String)> = deploy_repair_env()
+        .into_iter()
+        .map(|(k, field)| {
+            let v = match field.as_str() {
+                "spec.nodeName" => n.clone(),
+                "metadata.name" => "linkerd-cni-deploy".into(),
+                "status.hostIP" => "127.0.0.1".into(),
+                other => panic!("{k}: unexpected field {other}"),
+            };
+            (k, v)
+        })
+        .collect();
+    assert!(
+        env.iter()
+            .any(|(k, _)| k == linkerd_cni_agent::repair::cli::SWITCH),
+        "deploy/ does not set {}: {env:?}",
+        linkerd_cni_agent::repair::cli::SWITCH
+    );
+    for (k, v) in [
         ("KUBECONFIG", kc.to_str().unwrap()),
-        ("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME", &n),
-        (
-            "LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME",
-            "linkerd-cni-deploy",
-        ),
-        ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_IP", "127.0.0.1"),
         ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", "127.0.0.1:0"),
         ("LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR", &conf),
         ("LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR", &state_s),
@@ -234,7 +270,11 @@ fn deploys_one_container_repairs_and_answers_lookups() {
             "LINKERD_CNI_REPAIR_CONTROLLER_CHAIN_CHECK_INTERVAL",
             "100ms",
         ),
-    ]);
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut installer = node.start(&env);
     let logs = || installer.log();
 
     wait("the event of web-1", &logs, || {
