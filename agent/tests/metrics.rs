@@ -356,3 +356,36 @@ fn owned_mode_counts_its_copies() {
         inst.log()
     );
 }
+
+/// Silent connections as many as the server holds, from the scraper's own
+/// address and from others, do not keep a scrape from its page: the oldest
+/// of them make room. One address holds at most 4 of them.
+#[test]
+fn silent_connections_do_not_blind_a_scrape() {
+    let node = Node::new("metrics-flood");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let (_inst, addr) = start_chained(&node);
+    let silent = |last: u8| testkit::connect_from([127, 0, 0, last].into(), addr).unwrap();
+    let started = std::time::Instant::now();
+    // 16 from the scraper's address.
+    let held: Vec<TcpStream> = (0..16).map(|_| silent(1)).collect();
+    scrape(addr);
+    // 4 from each of 4 others: all the server holds.
+    let mut others: Vec<TcpStream> = (2..6)
+        .flat_map(|i| (0..4).map(move |_| i))
+        .map(silent)
+        .collect();
+    // A fifth from one of them: its own oldest makes room, at once (not
+    // at the 5 s header timeout).
+    others.push(silent(2));
+    let first = &mut others[0];
+    first.set_read_timeout(Some(GRACE * 2)).unwrap();
+    assert_eq!(first.read(&mut [0u8; 64]).unwrap_or(0), 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    scrape(addr);
+    drop(held);
+}

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::repair::admin::{self, AdminState, Limits};
+use crate::repair::admin::{self, AdminState, Format, Limits};
 use crate::repair::args::Args;
 use crate::repair::backoff::Policy;
 use crate::repair::controller::{Controller, Settings};
@@ -190,8 +190,9 @@ async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Strin
     tokio::spawn(admin::serve(
         listener,
         AdminState {
-            ready: ready.clone(),
+            ready: Some(ready.clone()),
             registry: Arc::new(registry),
+            format: Format::OpenMetrics,
         },
         limits,
     ));
