@@ -989,7 +989,7 @@ mod tests {
                 .unwrap()
                 .to_string()
         };
-        assert_eq!(bucket("60.0"), "1");
+        assert_eq!(bucket("60"), "1");
         let age: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix("linkerd_cni_credential_age_seconds "))
