@@ -85,13 +85,32 @@ fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTree
         .collect()
 }
 
-/// Sockets the process holds, and its thread count.
+/// Network (TCP and UDP) sockets the process holds, and its thread count.
+/// Not its Unix sockets: tokio's runtime keeps a socket pair for its
+/// signal handling, which reaches no network.
 fn sockets_and_threads(pid: u32) -> (usize, usize) {
+    let inet: Vec<String> = ["tcp", "tcp6", "udp", "udp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| {
+            let inodes: Vec<String> = table
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(9).map(str::to_string))
+                .collect();
+            inodes
+        })
+        .collect();
     let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t.strip_prefix("socket:[")
+                    .and_then(|i| i.strip_suffix(']'))
+                    .is_some_and(|i| inet.iter().any(|n| n == i))
+            })
         })
         .count();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
