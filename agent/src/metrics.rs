@@ -621,17 +621,9 @@ impl Collector for NodeCollector {
             )?;
         }
         // Each exported (at 0 before any ADD); nothing when the plugin's
-        // state dir cannot be read.
-        let dir = &self.sources.plugin_state_dir;
-        let counts = match outcomes::read(dir) {
-            Ok(c) => c,
-            Err(e) => {
-                log::debug!(
-                    "the plugin's ADD counters in {} cannot be read: {e}",
-                    dir.join(outcomes::OUTCOMES_FILE).display()
-                );
-                return Ok(());
-            }
+        // state dir cannot be read (see `unreadable_adds`).
+        let Ok(counts) = outcomes::read(&self.sources.plugin_state_dir) else {
+            return Ok(());
         };
         let mut f = e.encode_descriptor(
             "linkerd_cni_plugin_adds",
@@ -646,6 +638,18 @@ impl Collector for NodeCollector {
             ConstCounter::new(n).encode(f.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+}
+
+/// The page's note when the plugin's ADD counters in `dir` cannot be read.
+fn unreadable_adds(dir: &Path) -> String {
+    match outcomes::read(dir) {
+        Ok(_) => String::new(),
+        Err(e) => format!(
+            "# the plugin's ADD counters in {} cannot be read: {}\n",
+            dir.join(outcomes::OUTCOMES_FILE).display(),
+            e.to_string().replace('\n', " ")
+        ),
     }
 }
 
@@ -685,11 +689,13 @@ pub fn setup(inst: &mut crate::installer::Installer) {
         return;
     };
     let mut registry = Registry::default();
+    let dir = sources.plugin_state_dir.clone();
     let telemetry = Telemetry::register(&mut registry, sources, events());
     let state = AdminState {
         ready: None,
         registry: Arc::new(registry),
         format: Format::Prometheus,
+        notes: Some(Arc::new(move || unreadable_adds(&dir))),
     };
     match serve_admin_on_own_runtime(addr, state) {
         Ok(local) => {

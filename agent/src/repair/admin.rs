@@ -34,7 +34,14 @@ pub struct AdminState {
     pub ready: Option<Arc<AtomicBool>>,
     pub registry: Arc<Registry>,
     pub format: Format,
+    /// Comment lines the page ends with (Prometheus' format only), made
+    /// when it is scraped: what the metrics cannot say, such as a file
+    /// that could not be read.
+    pub notes: Option<Notes>,
 }
+
+/// See [`AdminState::notes`].
+pub type Notes = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The text format `/metrics` is served in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +305,10 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
         ("/ready", Some(r)) if r.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
         ("/ready", Some(_)) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", _) => {
-            let (body, content_type) = encode(&state.registry, state.format);
+            let (mut body, content_type) = encode(&state.registry, state.format);
+            if let (Some(notes), Format::Prometheus) = (&state.notes, state.format) {
+                body.push_str(&notes());
+            }
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
@@ -401,6 +411,7 @@ mod tests {
             ready: ready.map(|r| Arc::new(AtomicBool::new(r))),
             registry: Arc::new(registry),
             format,
+            notes: Some(Arc::new(|| "# a note\n".into())),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -431,7 +442,7 @@ mod tests {
         let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
         assert!(r.contains("text/plain; version=0.0.4"), "{r}");
-        assert!(r.ends_with("\r\n\r\n# HELP linkerd_cni_passes_total Passes.\n# TYPE linkerd_cni_passes_total counter\nlinkerd_cni_passes_total 3\n"), "{r}");
+        assert!(r.ends_with("\r\n\r\n# HELP linkerd_cni_passes_total Passes.\n# TYPE linkerd_cni_passes_total counter\nlinkerd_cni_passes_total 3\n# a note\n"), "{r}");
         let r = get("HEAD /metrics HTTP/1.1\r\n\r\n");
         assert!(
             r.starts_with("HTTP/1.1 200 OK") && r.ends_with("\r\n\r\n"),

@@ -193,6 +193,7 @@ async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Strin
             ready: Some(ready.clone()),
             registry: Arc::new(registry),
             format: Format::OpenMetrics,
+            notes: None,
         },
         limits,
     ));
