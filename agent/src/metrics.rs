@@ -541,11 +541,11 @@ pub fn setup(inst: &mut crate::installer::Installer) {
     let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
     match crate::serve::start(addr, page) {
         Ok((local, _)) => {
-            log::info!("serving /metrics on http://{local}/metrics");
+            tracing::info!("serving /metrics on http://{local}/metrics");
             inst.set_telemetry(telemetry);
         }
         Err(e) => {
-            log::error!(
+            tracing::error!(
                 "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
                  without metrics: set it to this node's IP (status.hostIP) and a free port"
             );

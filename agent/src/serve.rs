@@ -94,7 +94,7 @@ fn serve(listener: &TcpListener, render: &Render) {
             match poll(&mut fds, timeout) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
-                    log::warn!("metrics: poll failed: {e}");
+                    tracing::warn!("metrics: poll failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
@@ -138,7 +138,7 @@ fn accept(listener: &TcpListener, conns: &mut Vec<Conn>) {
             Err(e) => {
                 // EMFILE and the like: the connection stays in the backlog;
                 // a pause keeps this from spinning.
-                log::warn!("metrics: cannot accept a connection: {e}");
+                tracing::warn!("metrics: cannot accept a connection: {e}");
                 std::thread::sleep(Duration::from_millis(100));
                 return;
             }
