@@ -53,18 +53,19 @@ pub fn command() -> clap::Command {
     let cmd = clap::Command::new(PROGRAM)
         .bin_name(PROGRAM)
         .version(env!("CARGO_PKG_VERSION"))
-        .about(
-            "Installs the linkerd-cni CNI plugin on this node and keeps it chained in the \
-             active CNI config. Configured by environment variables: those of the linkerd2-cni \
-             Helm chart, plus LINKERD_CNI_*. An empty variable counts as unset.",
-        )
         .override_usage(USAGE)
         .after_help(
             "Each setting, its default and what it does: docs/configuration.md \
              (\"Installer environment variables\") in the linkerd-cni repository. run and \
              check need them all; status and uninstall only where the conf and bin dirs are.",
         );
+    // After the settings, whose struct's doc would be the about otherwise.
     let cmd = Config::augment_args(Command::augment_subcommands(cmd))
+        .about(
+            "Installs the linkerd-cni CNI plugin on this node and keeps it chained in the \
+             active CNI config. Configured by environment variables: those of the linkerd2-cni \
+             Helm chart, plus LINKERD_CNI_*. An empty variable counts as unset.",
+        )
         // Settings may follow the subcommand too; their values stay out of
         // `--help` (a template, a path are nobody's business there).
         .mut_args(|a| a.global(true).hide_env_values(true));

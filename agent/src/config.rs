@@ -84,7 +84,7 @@ pub struct Config {
     #[arg(long, env = "DEST_CNI_BIN_DIR", default_value = "/opt/cni/bin", value_parser = host_dir)]
     pub dest_cni_bin_dir: PathBuf,
     /// Where the host's root is mounted in this container.
-    #[arg(long = "container-mount-prefix", env = "CONTAINER_MOUNT_PREFIX", default_value = "/host", value_parser = absolute)]
+    #[arg(long = "container-mount-prefix", value_name = "PATH", env = "CONTAINER_MOUNT_PREFIX", default_value = "/host", value_parser = absolute)]
     pub mount_prefix: PathBuf,
     /// The image's binaries to install (must hold linkerd-cni).
     #[arg(long, env = "CONTAINER_CNI_BIN_DIR", default_value = "/opt/cni/bin", value_parser = absolute)]
@@ -94,7 +94,7 @@ pub struct Config {
     pub kubeconfig_file_name: String,
     /// The API server's CA [default: ca.crt in the service-account dir];
     /// used only when it exists, as upstream does.
-    #[arg(long = "kube-ca-file", env = "KUBE_CA_FILE")]
+    #[arg(long = "kube-ca-file", env = "KUBE_CA_FILE", value_name = "PATH")]
     ca_file: Option<PathBuf>,
     #[arg(skip)]
     pub kube_ca_file: PathBuf,
@@ -111,10 +111,10 @@ pub struct Config {
     #[arg(long = "kubernetes-service-port", env = "KUBERNETES_SERVICE_PORT", value_parser = k8s_port)]
     pub k8s_port: u16,
     /// The entry template, JSON (this or the file is required).
-    #[arg(long = "cni-network-config", env = "CNI_NETWORK_CONFIG")]
+    #[arg(long = "cni-network-config", env = "CNI_NETWORK_CONFIG", value_name = "JSON")]
     template_text: Option<String>,
     /// The entry template's file, re-read every pass; wins over the text.
-    #[arg(long = "cni-network-config-file", env = "CNI_NETWORK_CONFIG_FILE")]
+    #[arg(long = "cni-network-config-file", env = "CNI_NETWORK_CONFIG_FILE", value_name = "PATH")]
     template_file: Option<PathBuf>,
     #[arg(skip = Template::Env(String::new()))]
     pub template: Template,
@@ -126,7 +126,7 @@ pub struct Config {
     #[arg(long, env = "LINKERD_CNI_STARTUP_TAINT", default_value = "linkerd.io/cni-not-ready", value_parser = startup_taint)]
     pub startup_taint: String,
     /// The period of the full reconcile and of the heartbeat, in seconds.
-    #[arg(long = "resync-seconds", env = "LINKERD_CNI_RESYNC_SECONDS", default_value = "10", value_parser = resync)]
+    #[arg(long = "resync-seconds", value_name = "SECONDS", env = "LINKERD_CNI_RESYNC_SECONDS", default_value = "10", value_parser = resync)]
     pub resync: Duration,
     /// Watch the conf dir and the other inputs (inotify) to reconcile sooner.
     #[arg(long, env = "LINKERD_CNI_WATCH", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set)]
@@ -136,7 +136,7 @@ pub struct Config {
     pub service_account_dir: PathBuf,
     /// At SIGTERM: auto uninstalls when the DaemonSet is gone or being
     /// deleted, true always, false never.
-    #[arg(long = "uninstall-on-exit", env = "LINKERD_CNI_UNINSTALL_ON_EXIT", default_value = "auto", value_parser = on_exit)]
+    #[arg(long = "uninstall-on-exit", value_name = "WHEN", env = "LINKERD_CNI_UNINSTALL_ON_EXIT", default_value = "auto", value_parser = on_exit)]
     pub on_exit: OnExit,
     /// This pod (metadata.name), to find its DaemonSet at SIGTERM
     /// [default: the host name].
@@ -164,7 +164,7 @@ pub struct Config {
     plugin_token: PluginToken,
     /// The ServiceAccount, in this pod's namespace, whose token is minted
     /// for the node's kubeconfig.
-    #[arg(long = "plugin-service-account", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = service_account)]
+    #[arg(long = "plugin-service-account", value_name = "NAME", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = service_account)]
     plugin_account: String,
     /// The account to mint for; none with `LINKERD_CNI_PLUGIN_TOKEN=own`.
     #[arg(skip)]
