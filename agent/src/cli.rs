@@ -19,10 +19,10 @@ const PROGRAM: &str = "linkerd-cni-installer";
 const EXIT_CONFIG: u8 = 2;
 
 const USAGE: &str = "\
-linkerd-cni-installer [run] [SETTINGS]
-       linkerd-cni-installer check [SETTINGS]
-       linkerd-cni-installer status [SETTINGS]
-       linkerd-cni-installer uninstall [SETTINGS]
+linkerd-cni-installer [run]
+       linkerd-cni-installer check
+       linkerd-cni-installer status
+       linkerd-cni-installer uninstall
        linkerd-cni-installer version";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
@@ -66,11 +66,12 @@ pub fn command() -> clap::Command {
              active CNI config. Configured by environment variables: those of the linkerd2-cni \
              Helm chart, plus LINKERD_CNI_*. An empty variable counts as unset.",
         )
-        // Settings may follow the subcommand too; their values stay out of
-        // `--help` (a template, a path are nobody's business there).
-        .mut_args(|a| a.global(true).hide_env_values(true));
-    // Global settings cannot be required: the ones status and uninstall
-    // can do without get their stand-ins, which run and check refuse.
+        // Values stay out of `--help`: a template, a path are nobody's
+        // business there.
+        .mut_args(|a| a.hide_env_values(true));
+    // Which command it is is known only once parsed: the settings status
+    // and uninstall can do without get their stand-ins, which run and
+    // check refuse (see `load`).
     STAND_INS.iter().fold(cmd, |cmd, (id, _, value)| {
         cmd.mut_arg(id, |a| {
             a.required(false)

@@ -75,7 +75,9 @@ impl ConfigError {
 /// Everything the installer is told by its environment. The fields marked
 /// `skip` are settled from others by [`Config::from_matches`].
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Settings (each a flag or its environment variable)")]
+#[command(
+    next_help_heading = "Settings (each its environment variable, or a flag before the command)"
+)]
 pub struct Config {
     /// The host's CNI conf dir (host path: what the runtime and the plugin see).
     #[arg(long, env = "DEST_CNI_NET_DIR", default_value = "/etc/cni/net.d", value_parser = host_dir)]
@@ -111,10 +113,18 @@ pub struct Config {
     #[arg(long = "kubernetes-service-port", env = "KUBERNETES_SERVICE_PORT", value_parser = k8s_port)]
     pub k8s_port: u16,
     /// The entry template, JSON (this or the file is required).
-    #[arg(long = "cni-network-config", env = "CNI_NETWORK_CONFIG", value_name = "JSON")]
+    #[arg(
+        long = "cni-network-config",
+        env = "CNI_NETWORK_CONFIG",
+        value_name = "JSON"
+    )]
     template_text: Option<String>,
     /// The entry template's file, re-read every pass; wins over the text.
-    #[arg(long = "cni-network-config-file", env = "CNI_NETWORK_CONFIG_FILE", value_name = "PATH")]
+    #[arg(
+        long = "cni-network-config-file",
+        env = "CNI_NETWORK_CONFIG_FILE",
+        value_name = "PATH"
+    )]
     template_file: Option<PathBuf>,
     #[arg(skip = Template::Env(String::new()))]
     pub template: Template,
