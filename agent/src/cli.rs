@@ -1,120 +1,152 @@
 //! The installer's command line: `linkerd-cni-installer`, as the image's
 //! entrypoint (the linkerd2-cni chart's install-cni container) runs it,
-//! configured by environment variables.
+//! configured by environment variables (see [`crate::config`]).
 
 use std::process::ExitCode;
 
-use log::LevelFilter;
+use clap::parser::ValueSource;
+use clap::{Args, FromArgMatches, Subcommand};
 
 use crate::config::{self, Config, ConfigError};
+use crate::entry::Template;
 use crate::installer::Installer;
 use crate::{binaries, logging, repair, run, runtime, status};
 
-const USAGE: &str = "\
-linkerd-cni-installer: installs the linkerd-cni CNI plugin on this node and
-keeps it chained in the active CNI config. Configured by environment
-variables (those of the linkerd2-cni Helm chart, plus LINKERD_CNI_*).
+const PROGRAM: &str = "linkerd-cni-installer";
 
-USAGE:
-    linkerd-cni-installer            install, then reconcile until SIGTERM;
-                                     with LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME
-                                     set, also repair this node's pods and
-                                     answer the plugin's lookups, as
-                                     linkerd-cni-repair-controller does
-    linkerd-cni-installer check      exit 0 when the node is ready (readiness
-                                     probe); otherwise print why and exit 1;
-                                     either way, the chain mode and why
-    linkerd-cni-installer status     the node's state for a person: chain mode
-                                     (and why), health, readiness, the
-                                     credential, the plugin's ADD outcomes,
-                                     and the running installer's repairs
-                                     from its /metrics when that is on
-                                     (exit 0 healthy, 1 not, 2 error)
-    linkerd-cni-installer uninstall  remove the linkerd-cni entries from every
-                                     config, then the heartbeat, the
-                                     kubeconfig and the persisted entry,
-                                     then, 5 s later, the binaries
-    linkerd-cni-installer version
-    linkerd-cni-installer --help
-";
-
-/// Exit code for a configuration the installer cannot run with.
+/// Exit code for a configuration the installer cannot run with (clap's
+/// for a bad command line, too).
 const EXIT_CONFIG: u8 = 2;
 
-/// `--help`: the usage, then the settings, named from the list the
-/// installer checks at start so that none is left out.
-fn help() -> String {
-    let mut s = format!(
-        "{USAGE}\nSETTINGS:\n    Environment variables; each with its default and meaning in\n    \
-         docs/configuration.md (\"Installer environment variables\") in the\n    \
-         linkerd-cni repository. run and check need them all; status and\n    \
-         uninstall only where the conf and bin dirs are.\n"
-    );
-    let mut line = String::from("   ");
-    for var in config::VARIABLES {
-        if line.len() + 1 + var.len() > 78 {
-            s.push_str(&line);
-            s.push('\n');
-            line = String::from("   ");
-        }
-        line.push(' ');
-        line.push_str(var);
-    }
-    s.push_str(&line);
-    s.push('\n');
-    s
+const USAGE: &str = "\
+linkerd-cni-installer [run]
+       linkerd-cni-installer check
+       linkerd-cni-installer status
+       linkerd-cni-installer uninstall
+       linkerd-cni-installer version";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+enum Command {
+    /// Install, then reconcile until SIGTERM (the default); with
+    /// LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME set, also repair this node's
+    /// pods and answer the plugin's lookups, as
+    /// linkerd-cni-repair-controller does
+    Run,
+    /// Exit 0 when the node is ready (readiness probe); otherwise print why
+    /// and exit 1; either way, the chain mode and why
+    Check,
+    /// The node's state for a person: chain mode (and why), health,
+    /// readiness, the credential, the plugin's ADD outcomes, and the running
+    /// installer's repairs from its /metrics when that is on (exit 0
+    /// healthy, 1 not, 2 error)
+    Status,
+    /// Remove the linkerd-cni entries from every config, then the heartbeat,
+    /// the kubeconfig and the persisted entry, then, 5 s later, the binaries
+    Uninstall,
+    /// Print the version
+    Version,
+}
+
+/// The command line: the subcommands and every setting, each with its
+/// variable (clap's `--help` lists them all).
+pub fn command() -> clap::Command {
+    let cmd = clap::Command::new(PROGRAM)
+        .bin_name(PROGRAM)
+        .version(env!("CARGO_PKG_VERSION"))
+        .override_usage(USAGE)
+        .after_help(
+            "Each setting, its default and what it does: docs/configuration.md \
+             (\"Installer environment variables\") in the linkerd-cni repository. run and \
+             check need them all; status and uninstall only where the conf and bin dirs are.",
+        );
+    // After the settings, whose struct's doc would be the about otherwise.
+    let cmd = Config::augment_args(Command::augment_subcommands(cmd))
+        .about(
+            "Installs the linkerd-cni CNI plugin on this node and keeps it chained in the \
+             active CNI config. Configured by environment variables: those of the linkerd2-cni \
+             Helm chart, plus LINKERD_CNI_*. An empty variable counts as unset.",
+        )
+        // Values stay out of `--help`: a template, a path are nobody's
+        // business there.
+        .mut_args(|a| a.hide_env_values(true));
+    // Which command it is is known only once parsed: the settings status
+    // and uninstall can do without get their stand-ins, which run and
+    // check refuse (see `load`).
+    STAND_INS.iter().fold(cmd, |cmd, (id, _, value)| {
+        cmd.mut_arg(id, |a| {
+            a.required(false)
+                .default_value(value)
+                .hide_default_value(true)
+        })
+    })
 }
 
 pub fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let command = match args.as_slice() {
-        [] | ["run"] => Command::Run,
-        ["check"] => Command::Check,
-        ["status"] => Command::Status,
-        ["uninstall"] => Command::Uninstall,
-        ["version" | "--version" | "-V"] => {
-            println!("linkerd-cni-installer {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
+    // Empty is unset, as upstream's `${VAR:-default}` has it (clap would
+    // take "" for a value); a value that is not UTF-8 is refused by name.
+    let mut not_utf8 = None;
+    let cmd = command().mut_args(|a| {
+        match a.get_env().map(|v| (v.to_os_string(), std::env::var_os(v))) {
+            Some((_, Some(value))) if value.is_empty() => a.env(None),
+            Some((var, Some(value))) if value.to_str().is_none() => {
+                not_utf8.get_or_insert(ConfigError::new(var.to_string_lossy(), "not valid UTF-8"));
+                a
+            }
+            _ => a,
         }
-        ["-h" | "--help" | "help"] => {
-            print!("{}", help());
-            return ExitCode::SUCCESS;
-        }
-        _ => {
-            eprintln!(
-                "linkerd-cni-installer: unknown arguments {args:?}\n\n{}",
-                help()
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
+    });
+    if let Some(e) = not_utf8 {
+        return refuse(e);
+    }
+    let matches = match cmd.clone().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => match config::setting_error(&cmd, e) {
+            Ok(e) => return refuse(e),
+            // --help, --version, a bad command line: clap prints it.
+            Err(e) => e.exit(),
+        },
     };
-    // `check` runs every few seconds as a probe: its stdout says why the
-    // node is not ready, and routine log lines would only add noise.
-    let level = match command {
-        Command::Check | Command::Status => LevelFilter::Warn,
-        _ => LevelFilter::Info,
+    let command = match matches.subcommand_name() {
+        None => Command::Run,
+        Some(_) => Command::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()),
     };
-    logging::init(level);
+    if command == Command::Version {
+        println!("{PROGRAM} {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    // With the repair controller beside the loop, its log settings are the
+    // process's: one log, under one filter.
+    let repair = match command {
+        Command::Run => match repair::cli::from_env() {
+            Ok(r) => r,
+            Err(e) => return refuse(e),
+        },
+        _ => None,
+    };
+    match &repair {
+        Some(args) => {
+            if let Err(e) = logging::init(PROGRAM, &args.log_level, args.log_format) {
+                eprintln!("{PROGRAM}: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+        // `check` runs every few seconds as a probe: its stdout says why
+        // the node is not ready, and routine log lines would only add noise.
+        None => log_to_stderr(match command {
+            Command::Check | Command::Status => logging::QUIET,
+            _ => logging::ROUTINE,
+        }),
+    }
 
-    let (installer, stood_in) = match load(&command) {
+    let (installer, stood_in) = match load(command, &cmd, &matches) {
         Ok(i) => i,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
     match command {
-        Command::Run => {
-            let repair = match repair::cli::from_env() {
-                Ok(r) => r,
-                Err(e) => {
-                    log::error!("{e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-            };
-            run::run(installer, repair)
-        }
+        Command::Run => run::run(installer, repair),
         Command::Check => {
             let mut problems = installer.check();
             let (lines, more) = runtime::check_report(installer.config());
@@ -145,80 +177,83 @@ pub fn main() -> ExitCode {
         }
         Command::Uninstall => match installer.uninstall() {
             Ok(()) => {
-                log::info!("uninstalled");
+                tracing::info!("uninstalled");
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                log::error!("uninstall incomplete: {e}");
+                tracing::error!("uninstall incomplete: {e}");
                 ExitCode::FAILURE
             }
         },
+        Command::Version => ExitCode::SUCCESS,
     }
 }
 
-enum Command {
-    Run,
-    Check,
-    Status,
-    Uninstall,
+fn log_to_stderr(filter: &str) {
+    // A fixed, valid filter, installed once: this cannot fail.
+    let _ = logging::init(PROGRAM, filter, logging::LogFormat::Plain);
+}
+
+/// A setting the installer cannot run with: said on stderr, exit 2.
+fn refuse(e: impl std::fmt::Display) -> ExitCode {
+    log_to_stderr(logging::QUIET);
+    tracing::error!("{e}");
+    ExitCode::from(EXIT_CONFIG)
 }
 
 /// What `uninstall` and `status` stand in for settings they can do
-/// without when unset: the API server's address (uninstall calls no API;
-/// status reads the node) and the entry template (uninstall removes every
-/// linkerd-cni entry, whatever it says; status then judges the chain
-/// against the entry file the installer wrote). Only so that the
-/// configuration's checks pass: uninstall reads none of these values, and
-/// status says which readiness checks it could not make.
-fn stand_in(var: &str) -> Option<String> {
-    match var {
-        "KUBERNETES_SERVICE_HOST" => Some("unused.invalid".into()),
-        "KUBERNETES_SERVICE_PORT" => Some("443".into()),
-        "CNI_NETWORK_CONFIG" => Some(UNINSTALL_TEMPLATE.into()),
-        _ => None,
-    }
-}
+/// without when unset (argument, variable, value): the API server's
+/// address (uninstall calls no API; status reads the node) and the entry
+/// template (uninstall removes every linkerd-cni entry, whatever it says;
+/// status then judges the chain against the entry file the installer
+/// wrote). Only so that the configuration's checks pass: uninstall reads
+/// none of these values, and status says which readiness checks it could
+/// not make.
+const STAND_INS: [(&str, &str, &str); 3] = [
+    ("k8s_host", "KUBERNETES_SERVICE_HOST", "unused.invalid"),
+    ("k8s_port", "KUBERNETES_SERVICE_PORT", "443"),
+    ("template_text", "CNI_NETWORK_CONFIG", UNINSTALL_TEMPLATE),
+];
 
-/// See [`stand_in`].
+/// See [`STAND_INS`].
 const UNINSTALL_TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}"#;
 
 /// The configuration a command needs, and nothing more: `status` and
 /// `uninstall` go on without the image's binaries (`CONTAINER_CNI_BIN_DIR`:
 /// status then reports the host's copy as not comparable, uninstall
 /// removes the plugin binary by its name), the API server's address and
-/// the template (see [`stand_in`]). With the variables stood in for.
-fn load(command: &Command) -> Result<(Installer, Vec<&'static str>), ConfigError> {
-    for var in config::VARIABLES {
-        if std::env::var_os(var).is_some_and(|v| v.to_str().is_none()) {
-            return Err(ConfigError::new(var, "not valid UTF-8"));
+/// the template (see [`STAND_INS`]). With the variables stood in for.
+fn load(
+    command: Command,
+    cmd: &clap::Command,
+    matches: &clap::ArgMatches,
+) -> Result<(Installer, Vec<&'static str>), ConfigError> {
+    let lenient = matches!(command, Command::Status | Command::Uninstall);
+    let set = |id: &str| {
+        matches
+            .value_source(id)
+            .is_some_and(|s| s != ValueSource::DefaultValue)
+    };
+    let templated = set("template_text") || set("template_file");
+    let stood_in: Vec<&'static str> = STAND_INS
+        .iter()
+        .filter(|(id, _, _)| !set(id) && (*id != "template_text" || !templated))
+        .map(|(_, var, _)| *var)
+        .collect();
+    if !lenient {
+        if let Some(var) = stood_in.iter().find(|v| **v != "CNI_NETWORK_CONFIG") {
+            return Err(ConfigError::new(*var, config::NOT_SET));
+        }
+        if !stood_in.is_empty() {
+            // Neither template variable: the template's own error says so.
+            Template::from_env(None, None)?;
         }
     }
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let lenient = matches!(command, Command::Status | Command::Uninstall);
-    let templated = env("CNI_NETWORK_CONFIG").is_some() || env("CNI_NETWORK_CONFIG_FILE").is_some();
-    let mut stood_in = vec![];
-    let cfg = if lenient {
-        for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
-            if env(var).is_none() {
-                stood_in.push(var);
-            }
-        }
-        if !templated {
-            stood_in.push("CNI_NETWORK_CONFIG");
-        }
-        Config::from_env(|k| {
-            env(k).or_else(|| match k {
-                "CNI_NETWORK_CONFIG" if templated => None,
-                _ => stand_in(k),
-            })
-        })?
-    } else {
-        Config::from_env(env)?
-    };
+    let cfg = Config::from_matches(cmd, matches)?;
     let bins = match binaries::list(&cfg) {
         Ok(b) => b,
-        Err(e) if matches!(command, Command::Status | Command::Uninstall) => {
-            log::debug!("{e}; only the plugin binary is looked at");
+        Err(e) if lenient => {
+            tracing::debug!("{e}; only the plugin binary is looked at");
             binaries::plugin_only(&cfg)
         }
         Err(e) => return Err(e),

@@ -1,8 +1,10 @@
-//! The installer's configuration, read once from the environment.
+//! The installer's configuration: clap arguments, each read from its
+//! environment variable (or its flag).
 //!
 //! Variable names and defaults follow upstream's install-cni.sh and the
 //! `linkerd2-cni` Helm chart, so the chart can run this image unchanged; new
-//! knobs carry the `LINKERD_CNI_` prefix. As in the shell installer, an empty
+//! knobs carry the `LINKERD_CNI_` prefix, and each flag is its variable
+//! without that prefix, in lower case. As in the shell installer, an empty
 //! variable counts as unset. Anything malformed is an error that names the
 //! variable: the container then exits at once instead of running with a
 //! guess.
@@ -12,60 +14,24 @@
 //! into files the plugin reads. The installer itself reaches them under
 //! `CONTAINER_MOUNT_PREFIX`.
 
-use linkerd_cni_kube::names::{is_dns_label, is_dns_subdomain};
+use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgMatches, FromArgMatches};
 use linkerd_cni_chain::owned::{self, ChainMode};
+use linkerd_cni_kube::names::{is_dns_label, is_dns_subdomain};
 
 use crate::entry::{self, Entry, Template};
 use crate::runtime::{self, Host};
 
-pub const DEFAULT_DEST_CNI_NET_DIR: &str = "/etc/cni/net.d";
-pub const DEFAULT_DEST_CNI_BIN_DIR: &str = "/opt/cni/bin";
-pub const DEFAULT_CONTAINER_MOUNT_PREFIX: &str = "/host";
-pub const DEFAULT_CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
-pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// The startup taint the installer removes from its node once it is ready.
-pub const DEFAULT_STARTUP_TAINT: &str = "linkerd.io/cni-not-ready";
-/// The ServiceAccount, in the installer's namespace, whose token the
-/// installer mints for the plugin.
-pub const DEFAULT_PLUGIN_SERVICE_ACCOUNT: &str = "linkerd-cni-plugin";
-pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 /// Longest accepted resync period: beyond an hour a missed event would leave
 /// a node unchained for longer than anyone would wait.
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
-
-/// Every variable the installer reads.
-pub const VARIABLES: [&str; 26] = [
-    "DEST_CNI_NET_DIR",
-    "DEST_CNI_BIN_DIR",
-    "CONTAINER_MOUNT_PREFIX",
-    "CONTAINER_CNI_BIN_DIR",
-    "KUBECONFIG_FILE_NAME",
-    "KUBE_CA_FILE",
-    "SKIP_TLS_VERIFY",
-    "KUBERNETES_SERVICE_PROTOCOL",
-    "KUBERNETES_SERVICE_HOST",
-    "KUBERNETES_SERVICE_PORT",
-    "CNI_NETWORK_CONFIG",
-    "CNI_NETWORK_CONFIG_FILE",
-    "LINKERD_CNI_NODE_NAME",
-    "LINKERD_CNI_STARTUP_TAINT",
-    "LINKERD_CNI_RESYNC_SECONDS",
-    "LINKERD_CNI_WATCH",
-    "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
-    "LINKERD_CNI_UNINSTALL_ON_EXIT",
-    "LINKERD_CNI_POD_NAME",
-    "LINKERD_CNI_POD_NAMESPACE",
-    "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
-    "LINKERD_CNI_CHAIN_MODE",
-    "LINKERD_CNI_METRICS_ADDR",
-    "LINKERD_CNI_EVENTS",
-    "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
-    "LINKERD_CNI_PLUGIN_TOKEN",
-];
+/// Why a required variable is missing, in a pod and outside one.
+pub const NOT_SET: &str = "not set; the kubelet sets it in every pod, set it by hand outside one";
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,85 +46,138 @@ pub enum OnExit {
     Leave,
 }
 
+/// `LINKERD_CNI_PLUGIN_TOKEN`: whose token goes into the node's kubeconfig.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginToken {
+    /// One minted (TokenRequest) for `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`.
+    Mint,
+    /// This pod's projected token, as upstream's installer writes.
+    Own,
+}
+
 /// A variable that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: {var}: {reason}")]
 pub struct ConfigError {
-    pub var: &'static str,
+    pub var: String,
     pub reason: String,
 }
 
 impl ConfigError {
-    pub fn new(var: &'static str, reason: impl Into<String>) -> Self {
+    pub fn new(var: impl Into<String>, reason: impl Into<String>) -> Self {
         ConfigError {
-            var,
+            var: var.into(),
             reason: reason.into(),
         }
     }
 }
 
-/// Everything the installer is told by its environment.
-#[derive(Debug, Clone)]
+/// Everything the installer is told by its environment. The fields marked
+/// `skip` are settled from others by [`Config::from_matches`].
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    next_help_heading = "Settings (each its environment variable, or a flag before the command)"
+)]
 pub struct Config {
-    /// `DEST_CNI_NET_DIR`, host view.
+    /// The host's CNI conf dir (host path: what the runtime and the plugin see).
+    #[arg(long, env = "DEST_CNI_NET_DIR", default_value = "/etc/cni/net.d", value_parser = host_dir)]
     pub dest_cni_net_dir: PathBuf,
-    /// `DEST_CNI_BIN_DIR`, host view.
+    /// The host's CNI bin dir, where the plugin binary is copied (host path).
+    #[arg(long, env = "DEST_CNI_BIN_DIR", default_value = "/opt/cni/bin", value_parser = host_dir)]
     pub dest_cni_bin_dir: PathBuf,
-    /// `CONTAINER_MOUNT_PREFIX`: where the host's root is seen.
+    /// Where the host's root is mounted in this container.
+    #[arg(long = "container-mount-prefix", value_name = "PATH", env = "CONTAINER_MOUNT_PREFIX", default_value = "/host", value_parser = absolute)]
     pub mount_prefix: PathBuf,
-    /// `CONTAINER_CNI_BIN_DIR`: the binaries to install (container view).
+    /// The image's binaries to install (must hold linkerd-cni).
+    #[arg(long, env = "CONTAINER_CNI_BIN_DIR", default_value = "/opt/cni/bin", value_parser = absolute)]
     pub container_cni_bin_dir: PathBuf,
-    /// `KUBECONFIG_FILE_NAME`: a plain file name in the conf dir.
+    /// The plugin's kubeconfig, a plain file name in the conf dir.
+    #[arg(long, env = "KUBECONFIG_FILE_NAME", default_value = DEFAULT_KUBECONFIG_FILE_NAME, value_parser = kubeconfig_file_name)]
     pub kubeconfig_file_name: String,
-    /// `KUBE_CA_FILE` (container view); default `ca.crt` in the service
-    /// account dir. Used only when it exists, as upstream does.
+    /// The API server's CA [default: ca.crt in the service-account dir];
+    /// used only when it exists, as upstream does.
+    #[arg(long = "kube-ca-file", env = "KUBE_CA_FILE", value_name = "PATH")]
+    ca_file: Option<PathBuf>,
+    #[arg(skip)]
     pub kube_ca_file: PathBuf,
-    /// `SKIP_TLS_VERIFY`: write `insecure-skip-tls-verify` instead of a CA.
+    /// Write insecure-skip-tls-verify into the plugin's kubeconfig instead of the CA.
+    #[arg(long, env = "SKIP_TLS_VERIFY", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set)]
     pub skip_tls_verify: bool,
-    /// `KUBERNETES_SERVICE_PROTOCOL` (upstream's knob; default https).
+    /// The API server URL's scheme: https or http.
+    #[arg(long = "kubernetes-service-protocol", env = "KUBERNETES_SERVICE_PROTOCOL", default_value = "https", value_parser = k8s_protocol)]
     pub k8s_protocol: String,
-    /// `KUBERNETES_SERVICE_HOST`.
+    /// The API server's host (the kubelet sets it).
+    #[arg(long = "kubernetes-service-host", env = "KUBERNETES_SERVICE_HOST", value_parser = k8s_host)]
     pub k8s_host: String,
-    /// `KUBERNETES_SERVICE_PORT`.
+    /// The API server's port (the kubelet sets it).
+    #[arg(long = "kubernetes-service-port", env = "KUBERNETES_SERVICE_PORT", value_parser = k8s_port)]
     pub k8s_port: u16,
-    /// `CNI_NETWORK_CONFIG_FILE` or `CNI_NETWORK_CONFIG`.
+    /// The entry template, JSON (this or the file is required).
+    #[arg(
+        long = "cni-network-config",
+        env = "CNI_NETWORK_CONFIG",
+        value_name = "JSON"
+    )]
+    template_text: Option<String>,
+    /// The entry template's file, re-read every pass; wins over the text.
+    #[arg(
+        long = "cni-network-config-file",
+        env = "CNI_NETWORK_CONFIG_FILE",
+        value_name = "PATH"
+    )]
+    template_file: Option<PathBuf>,
+    #[arg(skip = Template::Env(String::new()))]
     pub template: Template,
-    /// `LINKERD_CNI_NODE_NAME` (the downward API's `spec.nodeName`): the
-    /// node whose startup taint to remove; None: remove none.
+    /// This pod's node (spec.nodeName): whose startup taint to remove, where
+    /// to post Events; unset, neither.
+    #[arg(long, env = "LINKERD_CNI_NODE_NAME", value_parser = node_name)]
     pub node_name: Option<String>,
-    /// `LINKERD_CNI_STARTUP_TAINT`: the key of that taint.
+    /// The key of the startup taint removed once the node is ready.
+    #[arg(long, env = "LINKERD_CNI_STARTUP_TAINT", default_value = "linkerd.io/cni-not-ready", value_parser = startup_taint)]
     pub startup_taint: String,
-    /// `LINKERD_CNI_RESYNC_SECONDS`.
+    /// The period of the full reconcile and of the heartbeat, in seconds.
+    #[arg(long = "resync-seconds", value_name = "SECONDS", env = "LINKERD_CNI_RESYNC_SECONDS", default_value = "10", value_parser = resync)]
     pub resync: Duration,
-    /// `LINKERD_CNI_WATCH`.
+    /// Watch the conf dir and the other inputs (inotify) to reconcile sooner.
+    #[arg(long, env = "LINKERD_CNI_WATCH", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set)]
     pub watch: bool,
-    /// `LINKERD_CNI_SERVICE_ACCOUNT_DIR`.
+    /// The installer's own token, CA and namespace.
+    #[arg(long, env = "LINKERD_CNI_SERVICE_ACCOUNT_DIR", default_value = "/var/run/secrets/kubernetes.io/serviceaccount", value_parser = absolute)]
     pub service_account_dir: PathBuf,
-    /// `LINKERD_CNI_UNINSTALL_ON_EXIT`.
+    /// At SIGTERM: auto uninstalls when the DaemonSet is gone or being
+    /// deleted, true always, false never.
+    #[arg(long = "uninstall-on-exit", value_name = "WHEN", env = "LINKERD_CNI_UNINSTALL_ON_EXIT", default_value = "auto", value_parser = on_exit)]
     pub on_exit: OnExit,
-    /// `LINKERD_CNI_POD_NAME` (the downward API's `metadata.name`); else
-    /// the host name, which is the pod's name unless it uses the host's
-    /// network.
+    /// This pod (metadata.name), to find its DaemonSet at SIGTERM
+    /// [default: the host name].
+    #[arg(long, env = "LINKERD_CNI_POD_NAME", value_parser = pod_name)]
     pub pod_name: Option<String>,
-    /// `LINKERD_CNI_POD_NAMESPACE`; else the service account's `namespace`
-    /// file.
+    /// This pod's namespace [default: the service account's namespace file].
+    #[arg(long, env = "LINKERD_CNI_POD_NAMESPACE", value_parser = pod_namespace)]
     pub pod_namespace: Option<String>,
-    /// `LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR`: repair through a
-    /// symlinked config to a file outside the conf dir (default false).
+    /// Repair through a symlinked config whose target lies outside the conf dir.
+    #[arg(long, env = "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set)]
     pub chain_write_outside_conf_dir: bool,
-    /// `LINKERD_CNI_CHAIN_MODE`: decides the entry's `chain_mode`; when
-    /// unset the template's own key (if any) decides, else inline mode.
+    /// auto, inline or owned [default: the template's chain_mode, else inline].
+    #[arg(long, env = "LINKERD_CNI_CHAIN_MODE", value_parser = chain_mode)]
     pub chain_mode: Option<ModeSetting>,
-    /// `LINKERD_CNI_METRICS_ADDR`: where to serve `/metrics` (`IP:PORT`,
-    /// the node's IP from the downward API); None: no metrics, no socket.
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// `LINKERD_CNI_EVENTS` (default true): Kubernetes Events on the Node
-    /// named by `LINKERD_CNI_NODE_NAME` (none without a node name).
+    /// IP:PORT serving /metrics (an IP literal, never a name); unset, no
+    /// metrics and no socket.
+    #[arg(long, env = "LINKERD_CNI_METRICS_ADDR", value_parser = metrics_addr)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Kubernetes Events on the node named by LINKERD_CNI_NODE_NAME.
+    #[arg(long, env = "LINKERD_CNI_EVENTS", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set)]
     pub events: bool,
-    /// `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`: the ServiceAccount (in this
-    /// pod's namespace) whose token goes into the node's kubeconfig; none
-    /// with `LINKERD_CNI_PLUGIN_TOKEN=own`: this pod's own token goes
-    /// there, as upstream's installer writes.
+    /// mint: a token minted (TokenRequest) for the plugin's ServiceAccount;
+    /// own: this pod's projected token, as upstream writes.
+    #[arg(long, env = "LINKERD_CNI_PLUGIN_TOKEN", default_value = "mint", value_parser = plugin_token)]
+    plugin_token: PluginToken,
+    /// The ServiceAccount, in this pod's namespace, whose token is minted
+    /// for the node's kubeconfig.
+    #[arg(long = "plugin-service-account", value_name = "NAME", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = service_account)]
+    plugin_account: String,
+    /// The account to mint for; none with `LINKERD_CNI_PLUGIN_TOKEN=own`.
+    #[arg(skip)]
     pub plugin_service_account: Option<String>,
 }
 
@@ -188,55 +207,77 @@ pub struct ModeNote {
     pub conflict: Option<String>,
 }
 
+/// The variable of the setting an error of clap's is about (a value that
+/// fails its check, a required one missing), with the reason; any other
+/// error (`--help`, an unknown subcommand) is clap's to print.
+pub fn setting_error(cmd: &clap::Command, e: clap::Error) -> Result<ConfigError, clap::Error> {
+    let arg = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(a)) => Some(a),
+        Some(ContextValue::Strings(a)) => a.first(),
+        _ => None,
+    };
+    // "--long <VALUE>": the argument's long name leads.
+    let var = arg
+        .and_then(|a| a.split_whitespace().next())
+        .and_then(|a| a.strip_prefix("--"))
+        .and_then(|long| cmd.get_arguments().find(|a| a.get_long() == Some(long)))
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned());
+    match (e.kind(), var) {
+        (ErrorKind::ValueValidation, Some(var)) => {
+            let reason = std::error::Error::source(&e).map_or_else(String::new, |s| s.to_string());
+            Ok(ConfigError::new(var, reason))
+        }
+        (ErrorKind::MissingRequiredArgument, Some(var)) => Ok(ConfigError::new(var, NOT_SET)),
+        _ => Err(e),
+    }
+}
+
 impl Config {
-    /// Reads the configuration through `get` (the process environment in
-    /// production, a map in tests). The template is read and rendered once
-    /// here so that a bad one stops the container at start.
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        // Upstream's `${VAR:-default}`: empty is the same as unset.
-        let var = |name: &str| get(name).filter(|v| !v.is_empty());
-
-        let places = Places::from_env(&var)?;
-        let api = ApiAccess::from_env(&var)?;
-        let template = Template::from_env(
-            var("CNI_NETWORK_CONFIG_FILE").map(PathBuf::from),
-            var("CNI_NETWORK_CONFIG"),
-        )?;
-        // The node, and the taint that keeps pods off it until we are ready.
-        let node_name = node_name(var("LINKERD_CNI_NODE_NAME"))?;
-        let startup_taint = startup_taint(var("LINKERD_CNI_STARTUP_TAINT"))?;
-        let life = Lifecycle::from_env(&var)?;
-        let keeping = Keeping::from_env(&var)?;
-
-        let config = Config {
-            dest_cni_net_dir: places.dest_cni_net_dir,
-            dest_cni_bin_dir: places.dest_cni_bin_dir,
-            mount_prefix: places.mount_prefix,
-            container_cni_bin_dir: places.container_cni_bin_dir,
-            kubeconfig_file_name: places.kubeconfig_file_name,
-            kube_ca_file: api.kube_ca_file,
-            skip_tls_verify: api.skip_tls_verify,
-            k8s_protocol: api.k8s_protocol,
-            k8s_host: api.k8s_host,
-            k8s_port: api.k8s_port,
-            template,
-            node_name,
-            startup_taint,
-            resync: life.resync,
-            watch: life.watch,
-            service_account_dir: api.service_account_dir,
-            on_exit: life.on_exit,
-            pod_name: life.pod_name,
-            pod_namespace: life.pod_namespace,
-            chain_write_outside_conf_dir: keeping.chain_write_outside_conf_dir,
-            chain_mode: keeping.chain_mode,
-            metrics_addr: keeping.metrics_addr,
-            events: keeping.events,
-            plugin_service_account: keeping.plugin_service_account,
+    /// The configuration `cmd` parsed into `matches`: what depends on more
+    /// than one setting is settled, and the template read and rendered once
+    /// so that a bad one stops the container at start.
+    pub fn from_matches(cmd: &clap::Command, matches: &ArgMatches) -> Result<Config, ConfigError> {
+        let mut c = Config::from_arg_matches(matches).map_err(|e| match setting_error(cmd, e) {
+            Ok(e) => e,
+            Err(e) => ConfigError::new("arguments", e.to_string()),
+        })?;
+        c.kube_ca_file = c
+            .ca_file
+            .clone()
+            .unwrap_or_else(|| c.service_account_dir.join("ca.crt"));
+        c.template = Template::from_env(c.template_file.clone(), c.template_text.clone())?;
+        c.plugin_service_account = match c.plugin_token {
+            PluginToken::Mint => Some(c.plugin_account.clone()),
+            PluginToken::Own => None,
         };
         // Fail at start on a template that can never render.
-        config.desired_entry()?;
-        Ok(config)
+        c.desired_entry()?;
+        Ok(c)
+    }
+
+    /// Reads the configuration through `get`, as the command line reads
+    /// the environment: empty is unset.
+    #[cfg(test)]
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        use clap::Args;
+        let cmd = Config::augment_args(clap::Command::new("test"));
+        let mut argv = vec!["test".to_string()];
+        for a in cmd.get_arguments() {
+            if let (Some(long), Some(var)) = (a.get_long(), a.get_env().and_then(|v| v.to_str())) {
+                argv.extend(
+                    get(var)
+                        .filter(|v| !v.is_empty())
+                        .map(|v| format!("--{long}={v}")),
+                );
+            }
+        }
+        let matches = cmd
+            .clone()
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(argv)
+            .map_err(|e| setting_error(&cmd, e).expect("an error about a setting"))?;
+        Config::from_matches(&cmd, &matches)
     }
 
     /// The conf dir as the installer reaches it.
@@ -355,139 +396,6 @@ impl Config {
     }
 }
 
-/// Where the files go: host paths (what the runtime and the plugin see),
-/// and the host as the container sees it (where the installer writes).
-struct Places {
-    dest_cni_net_dir: PathBuf,
-    dest_cni_bin_dir: PathBuf,
-    mount_prefix: PathBuf,
-    container_cni_bin_dir: PathBuf,
-    kubeconfig_file_name: String,
-}
-
-impl Places {
-    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Places, ConfigError> {
-        Ok(Places {
-            dest_cni_net_dir: host_dir(
-                "DEST_CNI_NET_DIR",
-                var("DEST_CNI_NET_DIR"),
-                DEFAULT_DEST_CNI_NET_DIR,
-            )?,
-            dest_cni_bin_dir: host_dir(
-                "DEST_CNI_BIN_DIR",
-                var("DEST_CNI_BIN_DIR"),
-                DEFAULT_DEST_CNI_BIN_DIR,
-            )?,
-            mount_prefix: absolute(
-                "CONTAINER_MOUNT_PREFIX",
-                var("CONTAINER_MOUNT_PREFIX"),
-                DEFAULT_CONTAINER_MOUNT_PREFIX,
-            )?,
-            container_cni_bin_dir: absolute(
-                "CONTAINER_CNI_BIN_DIR",
-                var("CONTAINER_CNI_BIN_DIR"),
-                DEFAULT_CONTAINER_CNI_BIN_DIR,
-            )?,
-            kubeconfig_file_name: kubeconfig_file_name(var("KUBECONFIG_FILE_NAME"))?,
-        })
-    }
-}
-
-/// How the plugin reaches the API server: what goes into the kubeconfig
-/// the installer writes for it.
-struct ApiAccess {
-    service_account_dir: PathBuf,
-    kube_ca_file: PathBuf,
-    skip_tls_verify: bool,
-    k8s_protocol: String,
-    k8s_host: String,
-    k8s_port: u16,
-}
-
-impl ApiAccess {
-    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<ApiAccess, ConfigError> {
-        let service_account_dir = absolute(
-            "LINKERD_CNI_SERVICE_ACCOUNT_DIR",
-            var("LINKERD_CNI_SERVICE_ACCOUNT_DIR"),
-            DEFAULT_SERVICE_ACCOUNT_DIR,
-        )?;
-        let kube_ca_file = match var("KUBE_CA_FILE") {
-            Some(p) => PathBuf::from(p),
-            None => service_account_dir.join("ca.crt"),
-        };
-        Ok(ApiAccess {
-            service_account_dir,
-            kube_ca_file,
-            skip_tls_verify: boolean("SKIP_TLS_VERIFY", var("SKIP_TLS_VERIFY"), false)?,
-            k8s_protocol: k8s_protocol(var("KUBERNETES_SERVICE_PROTOCOL"))?,
-            k8s_host: k8s_host(var("KUBERNETES_SERVICE_HOST"))?,
-            k8s_port: k8s_port(var("KUBERNETES_SERVICE_PORT"))?,
-        })
-    }
-}
-
-/// Timing and lifecycle: how often to look again, what SIGTERM does to the
-/// node, and this pod's own name (its owner decides that under `auto`).
-struct Lifecycle {
-    resync: Duration,
-    watch: bool,
-    on_exit: OnExit,
-    pod_name: Option<String>,
-    pod_namespace: Option<String>,
-}
-
-impl Lifecycle {
-    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Lifecycle, ConfigError> {
-        Ok(Lifecycle {
-            resync: resync(var("LINKERD_CNI_RESYNC_SECONDS"))?,
-            watch: boolean("LINKERD_CNI_WATCH", var("LINKERD_CNI_WATCH"), true)?,
-            on_exit: on_exit(var("LINKERD_CNI_UNINSTALL_ON_EXIT"))?,
-            pod_name: object_name(
-                "LINKERD_CNI_POD_NAME",
-                var("LINKERD_CNI_POD_NAME"),
-                is_dns_subdomain,
-                "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, \
-                 '-' and '.'); set it from the downward API's metadata.name",
-            )?,
-            pod_namespace: object_name(
-                "LINKERD_CNI_POD_NAMESPACE",
-                var("LINKERD_CNI_POD_NAMESPACE"),
-                is_dns_label,
-                "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); \
-                 set it from the downward API's metadata.namespace",
-            )?,
-        })
-    }
-}
-
-/// How the chain is kept, and what the installer tells about it.
-struct Keeping {
-    chain_write_outside_conf_dir: bool,
-    chain_mode: Option<ModeSetting>,
-    metrics_addr: Option<std::net::SocketAddr>,
-    events: bool,
-    plugin_service_account: Option<String>,
-}
-
-impl Keeping {
-    fn from_env(var: &impl Fn(&str) -> Option<String>) -> Result<Keeping, ConfigError> {
-        Ok(Keeping {
-            chain_write_outside_conf_dir: boolean(
-                "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR",
-                var("LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR"),
-                false,
-            )?,
-            chain_mode: chain_mode(var("LINKERD_CNI_CHAIN_MODE"))?,
-            metrics_addr: metrics_addr(var("LINKERD_CNI_METRICS_ADDR"))?,
-            events: boolean("LINKERD_CNI_EVENTS", var("LINKERD_CNI_EVENTS"), true)?,
-            plugin_service_account: plugin_service_account(
-                var("LINKERD_CNI_PLUGIN_TOKEN"),
-                var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"),
-            )?,
-        })
-    }
-}
-
 /// `prefix` + `path`, as upstream concatenates them (`/host` + `/etc/cni/net.d`).
 pub fn under_prefix(prefix: &Path, path: &Path) -> PathBuf {
     let relative: PathBuf = path
@@ -497,24 +405,13 @@ pub fn under_prefix(prefix: &Path, path: &Path) -> PathBuf {
     prefix.join(relative)
 }
 
-fn absolute(
-    name: &'static str,
-    value: Option<String>,
-    default: &str,
-) -> Result<PathBuf, ConfigError> {
-    let v = value.unwrap_or_else(|| default.to_string());
-    let p = PathBuf::from(&v);
+fn absolute(v: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(v);
     if !p.is_absolute() {
-        return Err(ConfigError::new(
-            name,
-            format!("expected an absolute path, got {v:?}"),
-        ));
+        return Err(format!("expected an absolute path, got {v:?}"));
     }
     if p.components().any(|c| c == Component::ParentDir) {
-        return Err(ConfigError::new(
-            name,
-            format!("{v:?} must not contain \"..\""),
-        ));
+        return Err(format!("{v:?} must not contain \"..\""));
     }
     // Collecting the components drops trailing and doubled slashes, so the
     // paths written into the entry are canonical in form.
@@ -522,33 +419,19 @@ fn absolute(
 }
 
 /// A host directory: absolute, and also usable under the mount prefix.
-fn host_dir(
-    name: &'static str,
-    value: Option<String>,
-    default: &str,
-) -> Result<PathBuf, ConfigError> {
-    let p = absolute(name, value, default)?;
-    if p.to_str().is_none() {
-        return Err(ConfigError::new(name, "must be valid UTF-8"));
-    }
+fn host_dir(v: &str) -> Result<PathBuf, String> {
+    let p = absolute(v)?;
     if p == Path::new("/") {
-        return Err(ConfigError::new(name, "must not be the root directory"));
+        return Err("must not be the root directory".into());
     }
     Ok(p)
 }
 
-fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<bool, ConfigError> {
-    match value.as_deref().map(str::trim).map(str::to_ascii_lowercase) {
-        None => Ok(default),
-        Some(v) if v == "true" => Ok(true),
-        Some(v) if v == "false" => Ok(false),
-        Some(_) => Err(ConfigError::new(
-            name,
-            format!(
-                "expected true or false, got {:?}",
-                value.unwrap_or_default()
-            ),
-        )),
+fn boolean(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("expected true or false, got {v:?}")),
     }
 }
 
@@ -556,254 +439,165 @@ fn boolean(name: &'static str, value: Option<String>, default: bool) -> Result<b
 /// none of the conf dir's names linkerd-cni uses for something else (its
 /// entry file would be overwritten in turns with the kubeconfig; a name
 /// with the temp prefix would be removed as a leftover on every pass).
-fn kubeconfig_file_name(value: Option<String>) -> Result<String, ConfigError> {
-    let kubeconfig_file_name = value.unwrap_or_else(|| DEFAULT_KUBECONFIG_FILE_NAME.to_string());
-    if !is_plain_file_name(&kubeconfig_file_name) {
-        return Err(ConfigError::new(
-            "KUBECONFIG_FILE_NAME",
-            format!("{kubeconfig_file_name:?} is not a plain file name"),
+fn kubeconfig_file_name(name: &str) -> Result<String, String> {
+    if !is_plain_file_name(name) {
+        return Err(format!("{name:?} is not a plain file name"));
+    }
+    if name == linkerd_cni_chain::ENTRY_FILE {
+        return Err(format!(
+            "{name:?} is the installer's entry file in the same directory; pick another name \
+             (the default is {DEFAULT_KUBECONFIG_FILE_NAME})"
         ));
     }
-    if kubeconfig_file_name == linkerd_cni_chain::ENTRY_FILE {
-        return Err(ConfigError::new(
-            "KUBECONFIG_FILE_NAME",
-            format!(
-                "{kubeconfig_file_name:?} is the installer's entry file in the same directory; \
-                 pick another name (the default is {DEFAULT_KUBECONFIG_FILE_NAME})"
-            ),
+    if name.starts_with(linkerd_cni_chain::TEMP_PREFIX) {
+        return Err(format!(
+            "{name:?} starts with {:?}, the prefix of linkerd-cni's temp files, which are \
+             removed as leftovers; pick another name (the default is \
+             {DEFAULT_KUBECONFIG_FILE_NAME})",
+            linkerd_cni_chain::TEMP_PREFIX
         ));
     }
-    if kubeconfig_file_name.starts_with(linkerd_cni_chain::TEMP_PREFIX) {
-        return Err(ConfigError::new(
-            "KUBECONFIG_FILE_NAME",
-            format!(
-                "{kubeconfig_file_name:?} starts with {:?}, the prefix of linkerd-cni's temp \
-                 files, which are removed as leftovers; pick another name (the default is \
-                 {DEFAULT_KUBECONFIG_FILE_NAME})",
-                linkerd_cni_chain::TEMP_PREFIX
-            ),
-        ));
-    }
-    if has_config_extension(&kubeconfig_file_name) {
+    if has_config_extension(name) {
         // The runtime would try to load it as the node's network config.
-        return Err(ConfigError::new(
-            "KUBECONFIG_FILE_NAME",
-            format!(
-                "{kubeconfig_file_name:?} ends in .conf, .conflist or .json, which the \
-                 container runtime would load as a network config; pick another name"
-            ),
+        return Err(format!(
+            "{name:?} ends in .conf, .conflist or .json, which the container runtime would \
+             load as a network config; pick another name"
         ));
     }
-    Ok(kubeconfig_file_name)
+    Ok(name.to_string())
 }
 
-fn k8s_protocol(value: Option<String>) -> Result<String, ConfigError> {
-    let k8s_protocol = value.unwrap_or_else(|| "https".into());
-    if !matches!(k8s_protocol.as_str(), "https" | "http") {
-        return Err(ConfigError::new(
-            "KUBERNETES_SERVICE_PROTOCOL",
-            format!("expected https or http, got {k8s_protocol:?}"),
-        ));
+fn k8s_protocol(v: &str) -> Result<String, String> {
+    match v {
+        "https" | "http" => Ok(v.to_string()),
+        _ => Err(format!("expected https or http, got {v:?}")),
     }
-    Ok(k8s_protocol)
 }
 
-fn k8s_host(value: Option<String>) -> Result<String, ConfigError> {
-    let k8s_host = value.ok_or_else(|| {
-        ConfigError::new(
-            "KUBERNETES_SERVICE_HOST",
-            "not set; the kubelet sets it in every pod, set it by hand outside one",
-        )
-    })?;
-    if k8s_host.contains(['/', ' ', '@', '?', '#']) {
-        return Err(ConfigError::new(
-            "KUBERNETES_SERVICE_HOST",
-            format!("{k8s_host:?} is not a host name or IP address"),
-        ));
+fn k8s_host(v: &str) -> Result<String, String> {
+    if v.contains(['/', ' ', '@', '?', '#']) {
+        return Err(format!("{v:?} is not a host name or IP address"));
     }
-    Ok(k8s_host)
+    Ok(v.to_string())
 }
 
-fn k8s_port(value: Option<String>) -> Result<u16, ConfigError> {
-    let port = value.ok_or_else(|| {
-        ConfigError::new(
-            "KUBERNETES_SERVICE_PORT",
-            "not set; the kubelet sets it in every pod, set it by hand outside one",
-        )
-    })?;
-    port.trim()
+fn k8s_port(v: &str) -> Result<u16, String> {
+    v.trim()
         .parse::<u16>()
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| {
-            ConfigError::new(
-                "KUBERNETES_SERVICE_PORT",
-                format!("expected a port number 1-65535, got {port:?}"),
-            )
-        })
+        .ok_or_else(|| format!("expected a port number 1-65535, got {v:?}"))
 }
 
 /// `LINKERD_CNI_METRICS_ADDR`: an IP literal and a port, never a name (no
 /// resolver call at start, and no doubt about which interface listens).
-fn metrics_addr(value: Option<String>) -> Result<Option<std::net::SocketAddr>, ConfigError> {
-    let Some(v) = value.map(|v| v.trim().to_string()) else {
-        return Ok(None);
-    };
-    let addr: std::net::SocketAddr = v.parse().map_err(|_| {
-        ConfigError::new(
-            "LINKERD_CNI_METRICS_ADDR",
-            format!(
-                "expected IP:PORT (e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with the node's IP \
-                 from the downward API's status.hostIP, or [IPv6]:PORT), got {v:?}"
-            ),
+fn metrics_addr(v: &str) -> Result<SocketAddr, String> {
+    let v = v.trim();
+    let addr: SocketAddr = v.parse().map_err(|_| {
+        format!(
+            "expected IP:PORT (e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with the node's IP from the \
+             downward API's status.hostIP, or [IPv6]:PORT), got {v:?}"
         )
     })?;
     // The pod is on the host network: every address of the node would
     // serve the installer's metrics, to whoever reaches any of them.
     if addr.ip().is_unspecified() {
-        return Err(ConfigError::new(
-            "LINKERD_CNI_METRICS_ADDR",
-            format!(
-                "{v:?} listens on every address of the node (the pod is on the host network): \
-                 set it to the node's own IP, e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with \
-                 status.hostIP from the downward API"
-            ),
+        return Err(format!(
+            "{v:?} listens on every address of the node (the pod is on the host network): \
+             set it to the node's own IP, e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with \
+             status.hostIP from the downward API"
         ));
     }
-    Ok(Some(addr))
+    Ok(addr)
 }
 
-fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
-    let node_name = value.map(|v| v.trim().to_string());
-    if let Some(n) = &node_name
-        && !is_dns_subdomain(n)
-    {
-        return Err(ConfigError::new(
-            "LINKERD_CNI_NODE_NAME",
-            format!("{n:?} is not a node name (set it from the downward API's spec.nodeName)"),
+fn node_name(v: &str) -> Result<String, String> {
+    let n = v.trim();
+    if !is_dns_subdomain(n) {
+        return Err(format!(
+            "{n:?} is not a node name (set it from the downward API's spec.nodeName)"
         ));
     }
-    Ok(node_name)
+    Ok(n.to_string())
 }
 
-/// An optional object name from `var`, trimmed, checked with `valid` as the
-/// API server checks it: the name goes into API paths.
-fn object_name(
-    var: &'static str,
-    value: Option<String>,
-    valid: fn(&str) -> bool,
-    expected: &str,
-) -> Result<Option<String>, ConfigError> {
-    let name = value.map(|v| v.trim().to_string());
-    if let Some(n) = &name
-        && !valid(n)
-    {
-        return Err(ConfigError::new(var, format!("{n:?} is not {expected}")));
-    }
-    Ok(name)
-}
-
-/// `LINKERD_CNI_PLUGIN_TOKEN`: `mint` (the default: a token of the
-/// plugin's ServiceAccount, `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`) or `own`
-/// (this pod's projected token, as upstream's installer writes, for RBAC
-/// without a plugin account): the account to mint for, or none.
-fn plugin_service_account(
-    how: Option<String>,
-    value: Option<String>,
-) -> Result<Option<String>, ConfigError> {
-    match how.as_deref().map(str::trim) {
-        None | Some("mint") => {}
-        Some("own") => return Ok(None),
-        Some(other) => {
-            return Err(ConfigError::new(
-                "LINKERD_CNI_PLUGIN_TOKEN",
-                format!("{other:?} is neither \"mint\" nor \"own\""),
-            ));
-        }
-    }
-    let name = value.map_or_else(
-        || DEFAULT_PLUGIN_SERVICE_ACCOUNT.to_string(),
-        |v| v.trim().to_string(),
-    );
-    if !is_dns_subdomain(&name) {
-        return Err(ConfigError::new(
-            "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
-            format!("{name:?} is not a ServiceAccount name"),
+/// Object names go into API paths: checked as the API server checks them.
+fn pod_name(v: &str) -> Result<String, String> {
+    let n = v.trim();
+    if !is_dns_subdomain(n) {
+        return Err(format!(
+            "{n:?} is not a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, \
+             digits, '-' and '.'); set it from the downward API's metadata.name"
         ));
     }
-    Ok(Some(name))
+    Ok(n.to_string())
 }
 
-fn startup_taint(value: Option<String>) -> Result<String, ConfigError> {
-    let startup_taint = value
-        .map(|v| v.trim().to_string())
-        .unwrap_or_else(|| DEFAULT_STARTUP_TAINT.to_string());
-    if !is_qualified_name(&startup_taint) {
-        return Err(ConfigError::new(
-            "LINKERD_CNI_STARTUP_TAINT",
-            format!(
-                "{startup_taint:?} is not a taint key (an optional DNS-subdomain prefix and \
-                 '/', then 1-63 letters, digits, '-', '_' or '.')"
-            ),
+fn pod_namespace(v: &str) -> Result<String, String> {
+    let n = v.trim();
+    if !is_dns_label(n) {
+        return Err(format!(
+            "{n:?} is not a namespace (a DNS-1123 label: at most 63 lowercase letters, digits \
+             and '-'); set it from the downward API's metadata.namespace"
         ));
     }
-    Ok(startup_taint)
+    Ok(n.to_string())
 }
 
-fn resync(value: Option<String>) -> Result<Duration, ConfigError> {
-    Ok(match value {
-        None => DEFAULT_RESYNC,
-        Some(s) => s
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_RESYNC_SECONDS)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "LINKERD_CNI_RESYNC_SECONDS",
-                    format!("expected a number of seconds in (0, 3600], got {s:?}"),
-                )
-            })?,
-    })
-}
-
-fn on_exit(value: Option<String>) -> Result<OnExit, ConfigError> {
-    match value
-        .as_deref()
-        .map(str::trim)
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None | Some("auto") => Ok(OnExit::Auto),
-        Some("true") => Ok(OnExit::Uninstall),
-        Some("false") => Ok(OnExit::Leave),
-        Some(_) => Err(ConfigError::new(
-            "LINKERD_CNI_UNINSTALL_ON_EXIT",
-            format!(
-                "expected auto, true or false, got {:?}",
-                value.unwrap_or_default()
-            ),
-        )),
+fn plugin_token(v: &str) -> Result<PluginToken, String> {
+    match v.trim() {
+        "mint" => Ok(PluginToken::Mint),
+        "own" => Ok(PluginToken::Own),
+        other => Err(format!("{other:?} is neither \"mint\" nor \"own\"")),
     }
 }
 
-fn chain_mode(value: Option<String>) -> Result<Option<ModeSetting>, ConfigError> {
-    match value {
-        None => Ok(None),
-        Some(v) if v.trim() == AUTO => Ok(Some(ModeSetting::Auto)),
-        Some(v) => Ok(Some(ModeSetting::Fixed(
-            ChainMode::parse(v.trim()).ok_or_else(|| {
-                ConfigError::new(
-                    "LINKERD_CNI_CHAIN_MODE",
-                    format!("expected auto, inline or owned, got {v:?}"),
-                )
-            })?,
-        ))),
+fn service_account(v: &str) -> Result<String, String> {
+    let name = v.trim();
+    if !is_dns_subdomain(name) {
+        return Err(format!("{name:?} is not a ServiceAccount name"));
+    }
+    Ok(name.to_string())
+}
+
+fn startup_taint(v: &str) -> Result<String, String> {
+    let key = v.trim();
+    if !is_qualified_name(key) {
+        return Err(format!(
+            "{key:?} is not a taint key (an optional DNS-subdomain prefix and '/', then 1-63 \
+             letters, digits, '-', '_' or '.')"
+        ));
+    }
+    Ok(key.to_string())
+}
+
+fn resync(v: &str) -> Result<Duration, String> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= MAX_RESYNC_SECONDS)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("expected a number of seconds in (0, 3600], got {v:?}"))
+}
+
+fn on_exit(v: &str) -> Result<OnExit, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(OnExit::Auto),
+        "true" => Ok(OnExit::Uninstall),
+        "false" => Ok(OnExit::Leave),
+        _ => Err(format!("expected auto, true or false, got {v:?}")),
     }
 }
 
-/// A qualified name, as label and taint keys are: `[prefix/]name`.
+fn chain_mode(v: &str) -> Result<ModeSetting, String> {
+    match v.trim() {
+        AUTO => Ok(ModeSetting::Auto),
+        m => ChainMode::parse(m)
+            .map(ModeSetting::Fixed)
+            .ok_or_else(|| format!("expected auto, inline or owned, got {v:?}")),
+    }
+}
+
 fn is_qualified_name(s: &str) -> bool {
     let (prefix, name) = match s.split_once('/') {
         Some((p, n)) => (Some(p), n),

@@ -192,7 +192,7 @@ pub fn plugin_access(cfg: &Config, previous: Option<String>) -> Option<String> {
             ))
         }
         Err(e) => {
-            log::debug!("cannot ask whether the plugin's token may get pods: {e}");
+            tracing::debug!("cannot ask whether the plugin's token may get pods: {e}");
             previous
         }
     }
@@ -304,7 +304,7 @@ impl Credential {
                 } else {
                     ""
                 };
-                log::warn!(
+                tracing::warn!(
                     "cannot mint the plugin's token: {e}; retrying in {} s{interim}",
                     backoff.as_secs()
                 );
@@ -317,7 +317,7 @@ impl Credential {
     /// gives, from `own` (this pod's).
     fn fall_back(&mut self, cfg: &Config, own: String, why: String, retry: Duration) -> String {
         if self.fallback.as_ref().is_none_or(|(_, w)| *w != why) {
-            log::warn!("{why}");
+            tracing::warn!("{why}");
         }
         self.fallback = Some((Instant::now() + retry, why));
         self.trusted = None;
@@ -361,7 +361,7 @@ impl Credential {
         }
         if !self.said_interim {
             self.said_interim = true;
-            log::warn!(
+            tracing::warn!(
                 "no token for the plugin yet ({why}): the kubeconfig holds none until a \
                  TokenRequest succeeds, and meshed and unmeshed pods on this node are retried \
                  by the runtime meanwhile"
@@ -377,7 +377,7 @@ impl Credential {
             return true;
         }
         if refused(cfg, t) {
-            log::info!(
+            tracing::info!(
                 "the plugin's token in {} is refused (HTTP 401): minting another",
                 cfg.kubeconfig_path().display()
             );
@@ -416,16 +416,16 @@ impl Credential {
         })?;
         if node.is_some() && !minted.node_bound {
             self.unbound = true;
-            log::info!(
+            tracing::info!(
                 "the API server does not bind tokens to Nodes: the plugin's token is bound to \
                  its ServiceAccount only (it dies with it, or at expiry)"
             );
         }
         if let Some((_, why)) = self.fallback.take() {
-            log::info!("minted the plugin's token again (before: {why})");
+            tracing::info!("minted the plugin's token again (before: {why})");
         }
         let lifetime = token::claims(&minted.token).map(|c| c.lifetime());
-        log::info!(
+        tracing::info!(
             "minted a token for ServiceAccount {namespace}/{account}{}{}",
             match (minted.node_bound, &cfg.node_name) {
                 (true, Some(n)) => format!(", bound to Node {n}"),

@@ -171,14 +171,14 @@ impl Events {
                     }
                 });
             if let Err(e) = spawned {
-                log::warn!("cannot start the thread that sends Events: {e}");
+                tracing::warn!("cannot start the thread that sends Events: {e}");
             }
             tx
         });
         match tx.try_send(event) {
             Ok(()) => {}
             Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) => {
-                log::warn!("Event {} not sent: the queue is full", e.reason)
+                tracing::warn!("Event {} not sent: the queue is full", e.reason)
             }
         }
     }
@@ -194,8 +194,8 @@ impl Events {
 
 fn send(sink: &dyn Sink, e: &NodeEvent) {
     match sink.create(e) {
-        Ok(()) => log::debug!("Event {} created", e.reason),
-        Err(err) => log::warn!("cannot create Event {} on this node: {err}", e.reason),
+        Ok(()) => tracing::debug!("Event {} created", e.reason),
+        Err(err) => tracing::warn!("cannot create Event {} on this node: {err}", e.reason),
     }
 }
 

@@ -15,7 +15,7 @@ use linkerd_cni_chain::{
     self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
     write,
 };
-use log::Level;
+use tracing::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
 use crate::config::{self, Config};
@@ -169,13 +169,13 @@ impl Installer {
         match chain::lock_dir(&conf_dir, RepairOptions::default().lock_timeout, None) {
             Ok(_lock) => removed.extend(write::remove_leftovers(&conf_dir)),
             // The next repair removes them, under the lock.
-            Err(e) => log::warn!(
+            Err(e) => tracing::warn!(
                 "leftover temp files in {} stay for now: {e}",
                 conf_dir.display()
             ),
         }
         for p in removed {
-            log::info!(
+            tracing::info!(
                 "removed {}: a temp file left by an interrupted write",
                 p.display()
             );
@@ -205,7 +205,7 @@ impl Installer {
             // the last beat is stale).
             self.notes.log_change(
                 "chain",
-                Level::Warn,
+                Level::WARN,
                 "writing no entry and leaving the chain alone until the kubeconfig can be written"
                     .to_string(),
             );
@@ -216,7 +216,7 @@ impl Installer {
             // A conflist must never name a plugin the node does not have.
             self.notes.log_change(
                 "chain",
-                Level::Warn,
+                Level::WARN,
                 format!("leaving the chain alone until {PLUGIN_BINARY} is installed"),
             );
             return;
@@ -246,7 +246,7 @@ impl Installer {
                     .notes
                     .clear(&topic, || format!("{} is installed", b.dest.display())),
                 Ok(Some(before)) => {
-                    log::info!(
+                    tracing::info!(
                         "installed {} from {}: the node's copy was {before}",
                         b.dest.display(),
                         b.source.display()
@@ -257,7 +257,7 @@ impl Installer {
                     ok = false;
                     self.notes.log_change(
                         &topic,
-                        Level::Error,
+                        Level::ERROR,
                         format!("cannot install {}: {e}", b.dest.display()),
                     );
                 }
@@ -280,14 +280,14 @@ impl Installer {
                 true
             }
             Ok(Some(before)) => {
-                log::info!("wrote {}: it was {before}", path.display());
+                tracing::info!("wrote {}: it was {before}", path.display());
                 self.notes.clear_silently("kubeconfig");
                 true
             }
             Err(e) => {
                 self.notes.log_change(
                     "kubeconfig",
-                    Level::Error,
+                    Level::ERROR,
                     format!("cannot write the kubeconfig {}: {e}", path.display()),
                 );
                 false
@@ -306,7 +306,7 @@ impl Installer {
             }
             Err(e) => self.notes.log_change(
                 "template",
-                Level::Error,
+                Level::ERROR,
                 format!("{e}; keeping the last entry that rendered"),
             ),
         }
@@ -317,7 +317,7 @@ impl Installer {
                 format!("the desired entry is persisted in {}", dir.display())
             }),
             Ok(Some(why)) => {
-                log::info!(
+                tracing::info!(
                     "wrote the desired entry to {}: {why}",
                     dir.join(chain::ENTRY_FILE).display()
                 );
@@ -325,7 +325,7 @@ impl Installer {
             }
             Err(e) => self.notes.log_change(
                 "entry",
-                Level::Error,
+                Level::ERROR,
                 format!("cannot persist the desired entry in {}: {e}", dir.display()),
             ),
         }
@@ -367,7 +367,7 @@ impl Installer {
             }),
             Err(e) => self.notes.log_change(
                 "heartbeat",
-                Level::Warn,
+                Level::WARN,
                 format!(
                     "cannot write the heartbeat in {}: {e}; the plugin takes this installer for \
                      gone and passes pods through when the API server rejects its token \
@@ -397,13 +397,13 @@ impl Installer {
         let was = self.plugin_denied.clone();
         self.plugin_denied = credential::plugin_access(&self.cfg, was.clone());
         match (&was, &self.plugin_denied) {
-            (None, Some(why)) => log::error!(
+            (None, Some(why)) => tracing::error!(
                 "the plugin's credentials may not read pods: {why}; pods on this node pass \
                  through without linkerd's rules until the plugin's ClusterRole and \
                  ClusterRoleBinding are restored (deploy/linkerd-cni.yaml)"
             ),
             (Some(_), None) => {
-                log::info!("the plugin's credentials may read pods again")
+                tracing::info!("the plugin's credentials may read pods again")
             }
             _ => {}
         }
@@ -413,7 +413,7 @@ impl Installer {
     fn configs_unreadable(&mut self, dir: &Path, e: &dyn std::fmt::Display) {
         self.notes.log_change(
             "chain",
-            Level::Error,
+            Level::ERROR,
             format!("cannot read the CNI configs in {}: {e}", dir.display()),
         );
     }
@@ -468,13 +468,13 @@ impl Installer {
     fn log_report(&mut self, ctx: &Context, r: &Report) {
         self.retry_at = r.retry_at();
         for a in &r.actions {
-            log::info!("{a}");
+            tracing::info!("{a}");
         }
         self.telemetry.report(r, ctx.mode.mode);
         match (&r.layout, ctx.mode.mode) {
             (Layout::Fallback(why), _) => {
                 self.notes
-                    .log_change("owned", Level::Warn, format!("{why}; using inline repair"))
+                    .log_change("owned", Level::WARN, format!("{why}; using inline repair"))
             }
             (_, ChainMode::Owned) => self
                 .notes
@@ -482,7 +482,7 @@ impl Installer {
             _ => {}
         }
         match r.fights.first() {
-            Some(w) => self.notes.log_change("fight", Level::Warn, w.clone()),
+            Some(w) => self.notes.log_change("fight", Level::WARN, w.clone()),
             None if r.changed() => self.notes.clear("fight", || {
                 "the chain no longer needs repeated repairs".to_string()
             }),
@@ -500,19 +500,19 @@ impl Installer {
             .collect();
         if !trouble.is_empty() {
             let level = match r.errors.is_empty() {
-                true => Level::Warn,
-                false => Level::Error,
+                true => Level::WARN,
+                false => Level::ERROR,
             };
             self.notes.log_change("chain", level, trouble.join("; "));
         } else if let Some(w) = &r.waiting {
-            self.notes.log_change("chain", Level::Warn, w.clone());
+            self.notes.log_change("chain", Level::WARN, w.clone());
         } else if let Some(f) = &r.chained_in {
             let note = healthy_note(f, &r.layout);
             if r.changed() {
                 // Said by the actions above: nothing more to say.
-                self.notes.mark_logged("chain", Level::Info, note);
+                self.notes.mark_logged("chain", Level::INFO, note);
             } else {
-                self.notes.log_change("chain", Level::Info, note);
+                self.notes.log_change("chain", Level::INFO, note);
             }
         }
     }
@@ -613,7 +613,7 @@ impl Installer {
                 )
             })?;
             for line in removed {
-                log::info!("{line} ({pass})");
+                tracing::info!("{line} ({pass})");
             }
             Ok(())
         };
@@ -622,26 +622,26 @@ impl Installer {
         // The heartbeat before the kubeconfig: while it is fresh, an ADD
         // that finds no kubeconfig is sent back to wait for one.
         match heartbeat::remove(&self.state_dir()) {
-            Ok(true) => log::info!(
+            Ok(true) => tracing::info!(
                 "removed {} (uninstall)",
                 heartbeat::path(&self.state_dir()).display()
             ),
             Ok(false) => {}
-            Err(e) => log::error!("{e}"),
+            Err(e) => tracing::error!("{e}"),
         }
         let kc = self.cfg.kubeconfig_path();
         match fsutil::remove(&kc) {
-            Ok(true) => log::info!("removed {} (uninstall)", kc.display()),
+            Ok(true) => tracing::info!("removed {} (uninstall)", kc.display()),
             Ok(false) => {}
-            Err(e) => log::error!("{e}"),
+            Err(e) => tracing::error!("{e}"),
         }
         match chain::remove_entry_file(&dir) {
-            Ok(true) => log::info!(
+            Ok(true) => tracing::info!(
                 "removed {} (uninstall)",
                 dir.join(chain::ENTRY_FILE).display()
             ),
             Ok(false) => {}
-            Err(e) => log::error!("cannot remove the persisted entry: {e}"),
+            Err(e) => tracing::error!("cannot remove the persisted entry: {e}"),
         }
         // A plugin ADD that ran meanwhile may have healed the chain from its
         // own config. Plugins repair only while their kubeconfig exists,
@@ -656,7 +656,7 @@ impl Installer {
             .map(|b| b.dest.display().to_string())
             .collect();
         if !present.is_empty() {
-            log::info!(
+            tracing::info!(
                 "keeping {} for {} s: pod starts that loaded the chain before linkerd-cni \
                  left it still run it (they pass their pods through)",
                 present.join(", "),
@@ -670,19 +670,19 @@ impl Installer {
         // nothing), which would create the file again.
         if dir.is_dir() {
             match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
-                Ok(true) => log::info!(
+                Ok(true) => tracing::info!(
                     "removed {} (uninstall)",
                     dir.join(chain::LOCK_FILE).display()
                 ),
                 Ok(false) => {}
-                Err(e) => log::warn!("the conf dir's lock file stays: {e}"),
+                Err(e) => tracing::warn!("the conf dir's lock file stays: {e}"),
             }
         }
 
         let mut failed = vec![];
         for b in &self.bins {
             match binaries::remove(b) {
-                Ok(true) => log::info!("removed {} (uninstall)", b.dest.display()),
+                Ok(true) => tracing::info!("removed {} (uninstall)", b.dest.display()),
                 Ok(false) => {}
                 Err(e) => failed.push(e.to_string()),
             }

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 mod binaries;
-mod cli;
+pub mod cli;
 mod config;
 mod credential;
 mod entry;

@@ -699,11 +699,11 @@ pub fn setup(inst: &mut crate::installer::Installer) {
     };
     match serve_admin_on_own_runtime(addr, state) {
         Ok(local) => {
-            log::info!("serving /metrics on http://{local}/metrics");
+            tracing::info!("serving /metrics on http://{local}/metrics");
             inst.set_telemetry(telemetry);
         }
         Err(e) => {
-            log::error!(
+            tracing::error!(
                 "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
                  without metrics: set it to this node's IP (status.hostIP) and a free port"
             );

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use log::Level;
+use tracing::Level;
 
 #[derive(Debug, Default)]
 pub struct Notes {
@@ -24,7 +24,7 @@ impl Notes {
         if self.last.get(topic).is_some_and(|(_, m)| *m == msg) {
             return false;
         }
-        log::log!(level, "{msg}");
+        event(level, &msg);
         self.last.insert(topic.to_string(), (level, msg));
         true
     }
@@ -49,12 +49,23 @@ impl Notes {
     /// [`Notes::clear`], returning whether it logged.
     fn clear_logged(&mut self, topic: &str, resolved: impl FnOnce() -> String) -> bool {
         match self.last.remove(topic) {
-            Some((level, _)) if level <= Level::Warn => {
-                log::info!("{}", resolved());
+            Some((level, _)) if level <= Level::WARN => {
+                tracing::info!("{}", resolved());
                 true
             }
             _ => false,
         }
+    }
+}
+
+/// `msg` at `level`, which tracing's macros take only as a constant.
+fn event(level: Level, msg: &str) {
+    match level {
+        Level::ERROR => tracing::error!("{msg}"),
+        Level::WARN => tracing::warn!("{msg}"),
+        Level::INFO => tracing::info!("{msg}"),
+        Level::DEBUG => tracing::debug!("{msg}"),
+        _ => tracing::trace!("{msg}"),
     }
 }
 
@@ -65,21 +76,21 @@ mod tests {
     #[test]
     fn once_per_change_and_resolution_only_for_problems() {
         let mut n = Notes::default();
-        assert!(n.log_if_changed("chain", Level::Info, "waiting".into()));
-        assert!(!n.log_if_changed("chain", Level::Info, "waiting".into()));
-        assert!(n.log_if_changed("chain", Level::Info, "chained".into()));
+        assert!(n.log_if_changed("chain", Level::INFO, "waiting".into()));
+        assert!(!n.log_if_changed("chain", Level::INFO, "waiting".into()));
+        assert!(n.log_if_changed("chain", Level::INFO, "chained".into()));
         // An info state ending is not news.
         assert!(!n.clear_logged("chain", || "over".into()));
-        assert!(n.log_if_changed("kc", Level::Error, "no token".into()));
-        assert!(!n.log_if_changed("kc", Level::Error, "no token".into()));
+        assert!(n.log_if_changed("kc", Level::ERROR, "no token".into()));
+        assert!(!n.log_if_changed("kc", Level::ERROR, "no token".into()));
         assert!(n.clear_logged("kc", || "token back".into()));
         assert!(!n.clear_logged("kc", || "token back".into()));
         // After an action line, the problem is forgotten without a word.
-        n.log_change("bin", Level::Error, "cannot copy".into());
+        n.log_change("bin", Level::ERROR, "cannot copy".into());
         n.clear_silently("bin");
         assert!(!n.clear_logged("bin", || "ok".into()));
         // mark_logged(): the next identical state is not logged again.
-        n.mark_logged("chain", Level::Info, "chained in x".into());
-        assert!(!n.log_if_changed("chain", Level::Info, "chained in x".into()));
+        n.mark_logged("chain", Level::INFO, "chained in x".into());
+        assert!(!n.log_if_changed("chain", Level::INFO, "chained in x".into()));
     }
 }

@@ -99,7 +99,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let signals = match Signals::block() {
         Ok(s) => s,
         Err(e) => {
-            log::error!("cannot set up signal handling: {e}");
+            tracing::error!("cannot set up signal handling: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -107,7 +107,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let mut repair = match repair.map(Beside::start).transpose() {
         Ok(r) => r,
         Err(e) => {
-            log::error!("{e}");
+            tracing::error!("{e}");
             return ExitCode::FAILURE;
         }
     };
@@ -116,7 +116,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         match Watcher::new(watch_targets(&cfg, inst.binaries())) {
             Ok(w) => Some(w),
             Err(e) => {
-                log::warn!(
+                tracing::warn!(
                     "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
                     cfg.resync
                 );
@@ -126,7 +126,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     } else {
         None
     };
-    log::info!(
+    tracing::info!(
         "starting: conf dir {}, bin dir {}, resync every {:?}, watch {}",
         cfg.conf_dir().display(),
         cfg.bin_dir().display(),
@@ -152,7 +152,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     loop {
         if let Some(w) = watcher.as_mut() {
             for e in w.arm() {
-                log::warn!(
+                tracing::warn!(
                     "cannot watch {} ({}); changes there are picked up by the periodic reconcile",
                     e.dir.display(),
                     e.errno
@@ -197,15 +197,15 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
     let Some(why) = uninstall_why(inst, sig) else {
         return ExitCode::SUCCESS;
     };
-    log::info!("{sig}: uninstalling ({why})");
+    tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
     match inst.uninstall() {
         Ok(()) => {
-            log::info!("uninstalled; exiting");
+            tracing::info!("uninstalled; exiting");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            log::error!("uninstall incomplete: {e}");
+            tracing::error!("uninstall incomplete: {e}");
             ExitCode::FAILURE
         }
     }
@@ -215,7 +215,7 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
 fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
     match inst.config().on_exit {
         OnExit::Leave => {
-            log::info!(
+            tracing::info!(
                 "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
             );
             None
@@ -224,14 +224,14 @@ fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
         OnExit::Auto => match owner::ask(inst.config()) {
             Verdict::Uninstall(how) => Some(how),
             Verdict::Present(how) => {
-                log::info!(
+                tracing::info!(
                     "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
                 );
                 None
             }
             Verdict::CannotTell(why) => {
                 let why = why.trim_end_matches('.');
-                log::warn!(
+                tracing::warn!(
                     "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
                      the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
                      the plugin passes pods through once no installer beats on this node; remove \
@@ -277,7 +277,7 @@ fn wait(
             Err(e) => {
                 // Should not happen; fall back to sleeping to the deadline in
                 // small steps rather than spinning.
-                log::warn!("poll failed: {e}");
+                tracing::warn!("poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }

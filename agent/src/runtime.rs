@@ -38,9 +38,9 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use linkerd_cni_chain::owned::ChainMode;
-use log::Level;
 use serde_json::Value;
 use toml_edit::{Document, Item};
+use tracing::Level;
 
 use crate::config::{Config, ModeNote, under_prefix};
 use crate::fsutil::read_capped_text;
@@ -536,15 +536,15 @@ fn conflict_warning(settings: &str) -> String {
 pub fn log_mode(notes: &mut Notes, mode: &ModeNote, prefix: &Path) {
     notes.log_change(
         "mode",
-        Level::Info,
+        Level::INFO,
         format!("chain mode {}: {}", mode.mode, mode.why),
     );
     if let Some(settings) = &mode.conflict {
-        log::warn!("{}", conflict_warning(settings));
+        tracing::warn!("{}", conflict_warning(settings));
     }
     match cached_double_attachments(&Host { prefix }) {
         Some(found) if !found.is_empty() => {
-            notes.log_change("attachments", Level::Warn, found.join("; "))
+            notes.log_change("attachments", Level::WARN, found.join("; "))
         }
         _ => notes.clear("attachments", || {
             "no sandbox is attached to one network twice any more".to_string()

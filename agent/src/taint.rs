@@ -83,7 +83,7 @@ impl StartupTaint {
                 said_waiting: false,
             },
             None => {
-                log::info!(
+                tracing::info!(
                     "LINKERD_CNI_NODE_NAME is not set: not removing any startup taint \
                      {} from this node (set it from the downward API's spec.nodeName, as \
                      deploy/linkerd-cni.yaml does, to use one)",
@@ -119,7 +119,7 @@ impl StartupTaint {
         if let Some(first) = problems.first() {
             if !*said_waiting {
                 *said_waiting = true;
-                log::info!(
+                tracing::info!(
                     "keeping startup taint {} on node {} (if it has it) until linkerd-cni is \
                      ready here: {}",
                     self.key,
@@ -162,7 +162,7 @@ impl StartupTaint {
                     TaintOutcome::Removed { .. } => "removed",
                     TaintOutcome::Absent { .. } => "absent",
                 };
-                log::info!("startup taint: {word}: {outcome}");
+                tracing::info!("startup taint: {word}: {outcome}");
                 if let TaintOutcome::Removed { .. } = outcome {
                     self.removed = Some(format!("startup taint: {outcome}"));
                 }
@@ -198,7 +198,7 @@ impl StartupTaint {
                 ),
                 _ => "retrying with backoff; linkerd-cni keeps working".to_string(),
             };
-            log::warn!(
+            tracing::warn!(
                 "cannot remove startup taint {} from node {}: {consequence}: {why}",
                 self.key,
                 self.node

@@ -8,13 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Plain,
-    Json,
-}
+pub use crate::logging::LogFormat;
 
 /// Deletes this node's meshed pods whose linkerd-network-validator failed
 /// (exit code 95, started without linkerd-cni's rules), once the node's
@@ -28,11 +24,12 @@ pub enum LogFormat {
 )]
 pub struct Args {
     /// Log filter: a level (`info`) or per-target directives
-    /// (`linkerd_cni_agent=debug,warn`).
+    /// (`linkerd_cni_agent=debug,warn`). The default is the installer's:
+    /// linkerd-cni's crates at info, others' warnings.
     #[arg(
         long,
         env = "LINKERD_CNI_REPAIR_CONTROLLER_LOG_LEVEL",
-        default_value = "linkerd_cni_agent=info,warn"
+        default_value = crate::logging::ROUTINE
     )]
     pub log_level: String,
 

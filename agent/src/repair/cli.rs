@@ -11,11 +11,11 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::logging;
 use crate::repair::admin::{self, AdminState, Format, Limits};
 use crate::repair::args::Args;
 use crate::repair::backoff::Policy;
 use crate::repair::controller::{Controller, Settings};
-use crate::repair::logging;
 use crate::repair::lookup::{self, Facts, LookupMetrics};
 use crate::repair::metrics::Metrics;
 use crate::repair::process;
@@ -36,7 +36,7 @@ const STOP_WITHIN: Duration = Duration::from_secs(5);
 
 pub fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = logging::init(&args.log_level, args.log_format) {
+    if let Err(e) = logging::init(crate::REPAIR_CONTROLLER, &args.log_level, args.log_format) {
         eprintln!("linkerd-cni-repair-controller: {e}");
         return ExitCode::from(2);
     }
@@ -79,10 +79,10 @@ fn signalled() -> Result<impl Future<Output = ()>, String> {
 }
 
 /// The repair controller's settings for the installer's command line,
-/// from the repair controller's variables (no flags: the installer takes
-/// none), or `None` when [`SWITCH`] is unset or empty: then the installer
-/// repairs nothing and answers no lookups. Logging is set up as the
-/// variables say.
+/// from the repair controller's variables (no flags: the installer's are
+/// its own settings), or `None` when [`SWITCH`] is unset or empty: then the
+/// installer repairs nothing and answers no lookups. The caller sets up
+/// logging as its log variables say.
 pub fn from_env() -> Result<Option<Args>, String> {
     if std::env::var_os(SWITCH).is_none_or(|v| v.is_empty()) {
         return Ok(None);
@@ -104,7 +104,6 @@ pub fn from_env() -> Result<Option<Args>, String> {
             e.trim()
         )
     })?;
-    logging::init(&args.log_level, args.log_format).map_err(|e| e.to_string())?;
     Ok(Some(args))
 }
 

@@ -24,7 +24,7 @@
 //! - [`controller`]: the watch of this node's pods and the repair loop;
 //! - [`metrics`], [`process`] and [`admin`]: Prometheus metrics (the
 //!   controller's and the standard `process_*` ones), `/live` and `/ready`;
-//! - [`logging`]: plain or JSON logs on stderr.
+//! - [`crate::logging`]: plain or JSON logs on stderr, as the installer's.
 
 pub mod admin;
 pub mod args;
@@ -32,7 +32,6 @@ pub mod backoff;
 pub mod chain_gate;
 pub mod cli;
 pub mod controller;
-pub mod logging;
 pub mod lookup;
 pub mod metrics;
 pub mod pod;
