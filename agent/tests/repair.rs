@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 use testkit::TempDir;
-use testkit::api_watch::{GoneStyle, WatchApiServer};
+use testkit::{GoneStyle, WatchApiServer};
 use testkit::objects::{Pod, being_deleted, on_node, owned_by, with_init_status};
 
 #[test]
