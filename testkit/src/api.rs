@@ -303,9 +303,7 @@ impl Cluster {
     }
 
     pub fn node(&self, name: &str) -> Option<Value> {
-        self.objects
-            .get(&crate::objects::node_path(name))
-            .cloned()
+        self.objects.get(&crate::objects::node_path(name)).cloned()
     }
 
     /// Forgets the history: a watch resuming from any version seen so far
@@ -880,31 +878,13 @@ impl WatchApiServer {
         self.0.request_log()
     }
 
-    /// A kubeconfig for this server (server URL with the plain IP, inline
-    /// CA and token), for clients such as kube-rs.
+    /// A kubeconfig for this server with the plain IP in its URL, for
+    /// clients such as kube-rs.
     pub fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: testkit
-  cluster:
-    server: {}
-    certificate-authority-data: {}
-users:
-- name: testkit
-  user:
-    token: {}
-contexts:
-- name: testkit
-  context:
-    cluster: testkit
-    user: testkit
-current-context: testkit
-",
-            self.url(),
-            self.ca_base64(),
-            self.token()
+        crate::kubeconfig::installer_text(
+            &self.url(),
+            &format!("certificate-authority-data: {}", self.ca_base64()),
+            self.token(),
         )
     }
 }
@@ -1679,7 +1659,6 @@ mod tests {
     use crate::TestNetns;
     use std::io::{BufRead, BufReader, Read};
 
-
     #[test]
     fn stops_after_its_netns_name_is_deleted() {
         let ns = TestNetns::new("testkit-api").unwrap();
@@ -1699,14 +1678,13 @@ mod tests {
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 
-
     /// A minimal HTTPS client: one request, the raw answer as lines.
     struct Client {
         stream: BufReader<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
     }
 
     impl Client {
-        fn connect(api: &WatchApiServer) -> Client {
+        fn connect(api: &FakeApiServer) -> Client {
             let mut roots = rustls::RootCertStore::empty();
             let der =
                 rustls::pki_types::CertificateDer::from(pem_to_der(api.ca_pem()).expect("CA PEM"));
@@ -1728,7 +1706,7 @@ mod tests {
 
         fn send(
             &mut self,
-            api: &WatchApiServer,
+            api: &FakeApiServer,
             method: &str,
             target: &str,
             ctype: &str,
@@ -1807,6 +1785,39 @@ mod tests {
             .iter()
             .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
             .collect()
+    }
+
+    /// Objects registered as they are and objects kept with versions are
+    /// one store, and forced answers and the request log cover lists as
+    /// they cover GETs.
+    #[test]
+    fn one_store_one_log_one_way_to_fail() {
+        let api = FakeApiServer::start();
+        api.add_pod(&crate::objects::Pod::new("a", "set"));
+        let uid = api.put_pod(pod("a", "put", "n1", true));
+        let put = api.object(&crate::objects::pod_path("a", "put")).unwrap();
+        assert_eq!(put["metadata"]["uid"], uid.as_str());
+        let pods = "/api/v1/namespaces/a/pods";
+        api.fail_next_on(pods, 1, 503);
+        let mut c = Client::connect(&api);
+        let mut list = || {
+            c.send(&api, "GET", pods, "application/json", "");
+            c.answer()
+        };
+        assert_eq!(list().0, 503);
+        let (s, l) = list();
+        assert_eq!((s, names(&l)), (200, vec!["put".into(), "set".into()]));
+        assert_eq!(api.requests(pods), 2);
+        let log: Vec<_> = api
+            .request_log()
+            .into_iter()
+            .map(|r| (r.path, r.status, r.bearer))
+            .collect();
+        let who = api.token().to_string();
+        assert_eq!(
+            log,
+            [(pods.into(), 503, who.clone()), (pods.into(), 200, who)]
+        );
     }
 
     #[test]
