@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use linkerd_cni_lookup::{self as lookup, AskError, Body, Request, Source};
 use serde_json::{Value, json};
-use testkit::api_watch::WatchApiServer;
+use testkit::WatchApiServer;
 use testkit::objects::{self, Pod, on_node};
 use testkit::{TempDir, wait_until};
 

@@ -20,7 +20,7 @@ use nix::sys::signal::Signal;
 use repair_common::{DEADLINE, deleted_names, event_for, pod};
 use serde_json::Value;
 use testkit::TempDir;
-use testkit::api_watch::WatchApiServer;
+use testkit::WatchApiServer;
 
 /// How long a second repairer is given to show itself (its pod watch)
 /// once the first has repaired and the installer has chained the node:

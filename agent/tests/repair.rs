@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 use testkit::TempDir;
-use testkit::api_watch::{GoneStyle, WatchApiServer};
 use testkit::objects::{Pod, being_deleted, on_node, owned_by, with_init_status};
+use testkit::{GoneStyle, WatchApiServer};
 
 #[test]
 fn deletes_a_broken_pod_once_and_publishes_an_event_leaving_the_others() {

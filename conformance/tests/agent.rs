@@ -12,7 +12,7 @@ use conformance::agent::AgentProcess;
 use conformance::chains::{self, Primary};
 use conformance::kube::APP_NAMESPACE;
 use conformance::{Backend, Family, Node, PodSpec};
-use testkit::api_watch::WatchApiServer;
+use testkit::WatchApiServer;
 use testkit::objects::{Pod as ApiPod, namespace, on_node};
 
 const DEADLINE: Duration = Duration::from_secs(60);

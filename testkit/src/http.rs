@@ -1,8 +1,7 @@
-//! The HTTP-over-TLS plumbing both fake API servers ([`crate::api`] and
-//! [`crate::api_watch`]) share: the TLS server config for a throwaway
-//! certificate, the accept loop, one request head (and body) read from a
-//! connection, a JSON answer written to it, and the API server's `Status`
-//! objects. What each server answers stays in its own module.
+//! The HTTP-over-TLS plumbing of the fake API server ([`crate::api`]): the
+//! TLS server config for a throwaway certificate, the accept loop, one
+//! request head (and body) read from a connection, an answer written to
+//! it, and the API server's `Status` objects.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -2,16 +2,16 @@
 //! installer's own tests, the end-to-end conformance tests, and the demo's
 //! and benchmarks' harness). Every fixture lives here, once.
 //!
-//! - [`api`]: [`FakeApiServer`], a Kubernetes API server stand-in over real
-//!   TLS with a bearer token, serving the pods, namespaces and services a
-//!   test registers, counting requests, and able to fail on purpose (401,
-//!   slow, down, 5xx). It can listen inside a network namespace. Behind the
-//!   default feature `api` (with [`pki`]), which the installer's tests turn
-//!   off.
-//! - [`api_watch`]: [`WatchApiServer`], a stateful one for long-running
-//!   clients: pods listed and watched with selectors, bookmarks and
-//!   `410 Gone`, deleted; Events posted; nodes patched; streams cut on
-//!   purpose. Behind the feature `api` too.
+//! - [`api`]: [`FakeApiServer`], the Kubernetes API server stand-in over
+//!   real TLS with a bearer token, for the plugin's one-shot GETs and the
+//!   long-running clients alike: objects served as registered, pods,
+//!   namespaces and services listed and watched (selectors, bookmarks,
+//!   `410 Gone`), pods deleted, objects patched, Events and TokenRequests
+//!   posted; every request logged per path and caller, and able to fail on
+//!   purpose (401, 403, slow, down, 5xx, streams cut). It can listen inside
+//!   a network namespace. [`WatchApiServer`] is the same server under the
+//!   long-running clients' names. Behind the default feature `api` (with
+//!   [`pki`]), which the installer's tests turn off.
 //! - [`objects`]: JSON builders for the pods, namespaces, services and nodes
 //!   the plugin reads.
 //! - [`pki`]: a throwaway CA and server certificate.
@@ -37,8 +37,6 @@
 
 #[cfg(feature = "api")]
 pub mod api;
-#[cfg(feature = "api")]
-pub mod api_watch;
 pub mod chain;
 pub mod chart;
 pub mod docs;
@@ -56,9 +54,7 @@ pub mod pki;
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "api")]
-pub use api::{FakeApiServer, MintedToken, Mode, TokenPolicy};
-#[cfg(feature = "api")]
-pub use api_watch::WatchApiServer;
+pub use api::{FakeApiServer, GoneStyle, MintedToken, Mode, TokenPolicy, WatchApiServer};
 pub use names::{TempDir, unique_name};
 pub use netns::TestNetns;
 

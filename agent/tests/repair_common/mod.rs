@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use testkit::api_watch::WatchApiServer;
+use testkit::WatchApiServer;
 use testkit::objects::{Pod, on_node, owned_by, with_init_status};
 use testkit::{TempDir, wait_until};
 
