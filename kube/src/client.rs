@@ -49,7 +49,7 @@ const MAX_ATTEMPTS: u32 = 4;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Pods with many containers and managed fields are large; this bounds
 /// what a misbehaving server can make us read.
-const MAX_BODY: u64 = 16 << 20;
+pub const MAX_BODY: u64 = 16 << 20;
 /// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
 /// connection, for both the TCP and the TLS layer): room for one TLS
 /// record's plaintext and any answer's header block; bodies stream through
@@ -178,7 +178,7 @@ pub enum ApiError {
 }
 
 /// A namespace, checked and encoded for a path.
-fn valid_namespace(name: &str) -> Result<String, ApiError> {
+pub fn valid_namespace(name: &str) -> Result<String, ApiError> {
     if !names::is_dns_label(name) {
         return Err(ApiError::InvalidName {
             what: "namespace",
@@ -190,7 +190,7 @@ fn valid_namespace(name: &str) -> Result<String, ApiError> {
 }
 
 /// A pod's or DaemonSet's name, checked and encoded for a path.
-fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
+pub fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
     if !names::is_dns_subdomain(name) {
         return Err(ApiError::InvalidName {
             what,
@@ -202,6 +202,37 @@ fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
 }
 
 impl ApiError {
+    /// The failure an answer with HTTP `status` (not a success) and `body`
+    /// says, to `method path` made with the credentials of `kubeconfig`.
+    pub fn of_answer(
+        method: Method,
+        path: &str,
+        status: u16,
+        body: &[u8],
+        kubeconfig: &std::path::Path,
+    ) -> ApiError {
+        match status {
+            401 | 403 => ApiError::Unauthorized {
+                status,
+                method,
+                path: path.into(),
+                kubeconfig: kubeconfig.into(),
+                reason: status_reason(body),
+            },
+            404 => ApiError::NotFound {
+                method,
+                path: path.into(),
+                status: StatusBody::parse(body).map(Box::new),
+            },
+            _ => ApiError::Status {
+                method,
+                path: path.into(),
+                status,
+                message: status_message(body),
+            },
+        }
+    }
+
     /// What an operator should do about it.
     pub fn hint(&self) -> String {
         match self {
@@ -519,24 +550,13 @@ impl Client {
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
             200 | 201 => Ok(body),
-            401 | 403 => Err(ApiError::Unauthorized {
+            _ => Err(ApiError::of_answer(
+                method,
+                path,
                 status,
-                method,
-                path: path.into(),
-                kubeconfig: self.config.source.clone(),
-                reason: status_reason(&body),
-            }),
-            404 => Err(ApiError::NotFound {
-                method,
-                path: path.into(),
-                status: StatusBody::parse(&body).map(Box::new),
-            }),
-            _ => Err(ApiError::Status {
-                method,
-                path: path.into(),
-                status,
-                message: status_message(&body),
-            }),
+                &body,
+                &self.config.source,
+            )),
         }
     }
 
