@@ -124,12 +124,6 @@ pub enum Verdict {
     CannotTell(String),
 }
 
-impl Verdict {
-    pub fn uninstalls(&self) -> bool {
-        matches!(self, Verdict::Uninstall(_))
-    }
-}
-
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
