@@ -334,3 +334,26 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> (String, bool) {
     }
     (parts.join(": "), tls)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synchronous caller gets its answer, or, past the bound, a typed
+    /// error, and the runtime still serves the next call.
+    #[test]
+    fn run_is_bounded_and_the_runtime_stays() {
+        let started = std::time::Instant::now();
+        let r = run(Duration::from_millis(200), std::future::pending::<()>());
+        assert!(matches!(r, Err(RunError::TimedOut(_))), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let slept = run(Duration::from_secs(5), async {
+            sleep(Duration::from_millis(10)).await;
+            7
+        });
+        assert_eq!(slept.unwrap(), 7);
+        // From another thread too (the Events' sender).
+        let other = std::thread::spawn(|| run(Duration::from_secs(5), async { 8 }));
+        assert_eq!(other.join().unwrap().unwrap(), 8);
+    }
+}
