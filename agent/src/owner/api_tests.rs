@@ -222,3 +222,19 @@ fn a_silent_api_server_is_bounded_by_the_budget() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     drop(hole);
 }
+
+/// A name cannot make the path reach another object: refused before any
+/// request.
+#[test]
+fn a_name_cannot_reach_another_object() {
+    let c = cluster();
+    let api = kubeconfig::load(&c.kubeconfig).unwrap();
+    let got = api::blocking(api, Duration::from_secs(5), async |a| {
+        let ds = super::get_daemonset(a, "kube-system/pods/coredns?", "x").await;
+        let pod = super::get_pod(a, NS, "coredns?x=1").await;
+        let ns = super::get_namespace(a, "..").await;
+        (ds.is_err(), pod.is_err(), ns.is_err())
+    })
+    .unwrap();
+    assert_eq!(got, (true, true, true));
+}
