@@ -45,9 +45,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
 
-use linkerd_cni_kube::token::{self, Claims, TokenError};
-use linkerd_cni_kube::{ApiError, Client, review};
+use linkerd_cni_kube::token::{self, Claims};
+use linkerd_cni_kube::{ApiError, names::segment};
+use serde_json::json;
 
+use crate::api::{self, Api};
 use crate::config::Config;
 use crate::kubeconfig::{self, KubeconfigError};
 
@@ -65,6 +67,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// What the check GETs with a token found in the file: the plugin's role
 /// allows it, and it exists in every cluster.
 const PROBE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
+
+/// Where a SelfSubjectAccessReview is created.
+const SELF_SUBJECT_ACCESS_REVIEW_PATH: &str =
+    "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
 
 /// Why no token was minted.
 enum Failed {
@@ -146,8 +152,12 @@ fn unexpired(subject: &str, t: &str, now: SystemTime) -> bool {
 /// Whether the API server refuses `t`: only a 401 says so (a 403 is a
 /// valid token without that right; no answer tells nothing).
 fn refused(cfg: &Config, t: &str) -> bool {
-    let answer = kubeconfig::api_with(cfg, t)
-        .map(|api| Client::new(api, API_TIMEOUT).get::<serde_json::Value>(PROBE_PATH));
+    let answer = kubeconfig::api_with(cfg, t).map(|config| {
+        api::blocking(config, API_TIMEOUT, async |api| {
+            api.get::<serde_json::Value>(PROBE_PATH).await
+        })
+        .and_then(|r| r)
+    });
     matches!(answer, Ok(Err(ApiError::Unauthorized { status: 401, .. })))
 }
 
@@ -180,10 +190,23 @@ pub fn plugin_access(cfg: &Config, previous: Option<String>) -> Option<String> {
     let Some(t) = kubeconfig::file_token(cfg) else {
         return previous;
     };
-    let Ok(api) = kubeconfig::api_with(cfg, &t) else {
+    let Ok(config) = kubeconfig::api_with(cfg, &t) else {
         return previous;
     };
-    match review::may(&Client::new(api, API_TIMEOUT), "get", "pods", "", "") {
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {
+            "namespace": "", "verb": "get", "resource": "pods", "name": "",
+        }},
+    });
+    let answer = api::blocking(config, API_TIMEOUT, async |api| {
+        api.create::<serde_json::Value>(SELF_SUBJECT_ACCESS_REVIEW_PATH, &review)
+            .await
+    })
+    .and_then(|r| r)
+    .map(|r| r["status"]["allowed"] == true);
+    match answer {
         Ok(true) => None,
         Ok(false) => {
             let who = token::claims(&t).map_or_else(|| "its subject".into(), |c| c.subject);
@@ -389,19 +412,21 @@ impl Credential {
 
     fn mint(&mut self, cfg: &Config, account: &str, own: &str) -> Result<String, Failed> {
         let namespace = crate::owner::namespace(cfg).map_err(Failed::Other)?;
-        let api = kubeconfig::api_with(cfg, own).map_err(Failed::Other)?;
+        let config = kubeconfig::api_with(cfg, own).map_err(Failed::Other)?;
         let node = if self.unbound {
             None
         } else {
             cfg.node_name.as_deref()
         };
-        let minted = token::request(
-            &Client::new(api, API_TIMEOUT),
-            &namespace,
-            account,
-            LIFETIME,
-            node,
-        )
+        let account_id = format!("{namespace}/{account}");
+        let minted = api::blocking(config, API_TIMEOUT, async |api| {
+            request(api, &namespace, account, node).await
+        })
+        .map_err(|source| TokenError::Api {
+            account: account_id,
+            source,
+        })
+        .and_then(|r| r)
         .map_err(|e| match e {
             TokenError::Forbidden { .. } => Failed::Refused(e.to_string()),
             // Allowed to ask, so not the linkerd2-cni chart's RBAC: this
@@ -439,6 +464,101 @@ impl Credential {
         self.trusted = Some(minted.token.clone());
         Ok(minted.token)
     }
+}
+
+/// A token the API server issued.
+struct Minted {
+    token: String,
+    /// Bound to the Node asked for; false when none was asked for or the
+    /// server does not bind tokens to Nodes.
+    node_bound: bool,
+}
+
+/// Why the API server issued no token.
+#[derive(Debug, thiserror::Error)]
+enum TokenError {
+    /// HTTP 403: the asker may not create tokens for that ServiceAccount
+    /// (the linkerd2-cni chart's RBAC grants no `serviceaccounts/token`).
+    #[error(
+        "may not request a token for ServiceAccount {account} (HTTP 403 on create \
+         serviceaccounts/token)"
+    )]
+    Forbidden { account: String },
+    /// HTTP 404: no such ServiceAccount.
+    #[error("ServiceAccount {account} does not exist (HTTP 404 on its TokenRequest)")]
+    NoAccount { account: String },
+    #[error("cannot request a token for ServiceAccount {account}: {source}")]
+    Api {
+        account: String,
+        #[source]
+        source: ApiError,
+    },
+}
+
+/// Requests a token of ServiceAccount `namespace/name` valid for
+/// [`LIFETIME`] (the server may shorten it: read the token's claims),
+/// bound to Node `node` when given and the server supports it (one that
+/// does not refuses the binding with 400: then asked again unbound).
+async fn request(
+    api: &Api,
+    namespace: &str,
+    name: &str,
+    node: Option<&str>,
+) -> Result<Minted, TokenError> {
+    let path = format!(
+        "/api/v1/namespaces/{}/serviceaccounts/{}/token",
+        segment(namespace),
+        segment(name)
+    );
+    let account = format!("{namespace}/{name}");
+    let body = |node: Option<&str>| {
+        let mut spec = json!({ "expirationSeconds": LIFETIME.as_secs() });
+        if let Some(n) = node {
+            spec["boundObjectRef"] = json!({ "apiVersion": "v1", "kind": "Node", "name": n });
+        }
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    };
+    let fail = |source: ApiError| match source {
+        ApiError::Unauthorized { status: 403, .. } => TokenError::Forbidden {
+            account: account.clone(),
+        },
+        ApiError::NotFound { .. } => TokenError::NoAccount {
+            account: account.clone(),
+        },
+        source => TokenError::Api {
+            account: account.clone(),
+            source,
+        },
+    };
+    let token = |r: serde_json::Value| {
+        r["status"]["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| {
+                fail(ApiError::Decode {
+                    method: linkerd_cni_kube::client::Method::Post,
+                    path: path.clone(),
+                    cause: "the TokenRequest's answer holds no status.token".into(),
+                })
+            })
+    };
+    if let Some(n) = node {
+        match api.create(&path, &body(Some(n))).await {
+            Ok(r) => {
+                return Ok(Minted {
+                    token: token(r)?,
+                    node_bound: true,
+                });
+            }
+            Err(ApiError::Status { status: 400, .. }) => {}
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    let r = api.create(&path, &body(None)).await.map_err(fail)?;
+    Ok(Minted {
+        token: token(r)?,
+        node_bound: false,
+    })
 }
 
 #[cfg(test)]
@@ -502,3 +622,7 @@ mod tests {
         assert!(!keepable(&c, &subject, &installer, at(1400)));
     }
 }
+
+/// Against the fake API server.
+#[cfg(test)]
+mod api_tests;

@@ -12,14 +12,21 @@
 //! at once, within [`API_TIMEOUT`], since the process exits right after.
 //! With the installer's own credential (its service-account token, as the
 //! taint removal uses); a failure is logged and that Event is lost.
+//!
+//! Events are `events.k8s.io/v1`, about the Node, in the `default`
+//! namespace (where `kubectl describe node` finds them). Each is a new
+//! Event, never a patch of an earlier series (as kube-rs's `Recorder`
+//! would make): `create` is the only right needed.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use linkerd_cni_kube::Client;
-use linkerd_cni_kube::events::{NodeEvent, create_node_event};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 
 /// At most one Event of a kind per this long.
 pub const INTERVAL: Duration = Duration::from_secs(600);
@@ -64,6 +71,63 @@ impl Kind {
     }
 }
 
+/// The namespace of Events about cluster-scoped objects such as Nodes.
+const NODE_EVENTS_NAMESPACE: &str = "default";
+/// `reportingController` of every Event the installer creates.
+const REPORTER: &str = "linkerd.io/linkerd-cni-installer";
+/// The API limits an Event's note to 1 kB.
+const MAX_NOTE: usize = 1024;
+
+/// One Event about the Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// Why, in CamelCase: what alerts match on.
+    pub reason: &'static str,
+    /// What was done about it, in CamelCase.
+    pub action: &'static str,
+    /// `Warning` rather than `Normal`.
+    pub warning: bool,
+    /// For a person: what happened and what to do (cut to [`MAX_NOTE`]).
+    pub note: String,
+}
+
+impl NodeEvent {
+    /// The Event about `node`, reported by `instance` (the installer's
+    /// pod) at `now`.
+    fn to_event(&self, node: &str, instance: &str, now: Timestamp) -> Event {
+        let mut note = self.note.clone();
+        if note.len() > MAX_NOTE {
+            let mut cut = MAX_NOTE - 3;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{node}.{:x}", now.as_nanosecond())),
+                namespace: Some(NODE_EVENTS_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            reporting_controller: Some(REPORTER.into()),
+            reporting_instance: Some(instance.into()),
+            action: Some(self.action.into()),
+            reason: Some(self.reason.into()),
+            type_: Some(if self.warning { "Warning" } else { "Normal" }.into()),
+            note: Some(note),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.into()),
+                ..ObjectReference::default()
+            }),
+            ..Event::default()
+        }
+    }
+}
+
 /// Where Events go: the API server, or a test's list.
 pub trait Sink: Send + Sync {
     fn create(&self, event: &NodeEvent) -> Result<(), String>;
@@ -80,13 +144,17 @@ pub struct ApiSink {
 
 impl Sink for ApiSink {
     fn create(&self, event: &NodeEvent) -> Result<(), String> {
-        let api = crate::kubeconfig::own_api(&self.cfg)?;
-        create_node_event(
-            &Client::new(api, API_TIMEOUT),
-            &self.node,
-            &self.instance,
-            event,
-        )
+        let config = crate::kubeconfig::own_api(&self.cfg)?;
+        let body =
+            serde_json::to_value(event.to_event(&self.node, &self.instance, Timestamp::now()))
+                .map_err(|e| e.to_string())?;
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{NODE_EVENTS_NAMESPACE}/events");
+        // An Event whose answer was lost may be created twice: harmless.
+        crate::api::blocking(config, API_TIMEOUT, async |api| {
+            api.create::<serde_json::Value>(&path, &body).await
+        })
+        .and_then(|r| r)
+        .map(drop)
         .map_err(|e| e.to_string())
     }
 }
@@ -226,6 +294,41 @@ mod tests {
         assert_eq!(l.admit(Kind::TaintRemoved, t0), Some(0));
         assert_eq!(l.admit(Kind::Fight, t0 + INTERVAL), Some(2));
         assert_eq!(l.admit(Kind::Fight, t0 + INTERVAL * 2), Some(0));
+    }
+
+    #[test]
+    fn shape_of_a_node_event() {
+        let e = NodeEvent {
+            reason: "ChainFight",
+            action: "RepairLimited",
+            warning: true,
+            note: "é".repeat(600),
+        };
+        let at = Timestamp::new(1_764_581_400, 123_456_789).unwrap();
+        let v = serde_json::to_value(e.to_event("worker-1", "linkerd-cni-x1", at)).unwrap();
+        assert_eq!(v["eventTime"], "2025-12-01T09:30:00.123456Z");
+        assert_eq!(
+            v["regarding"],
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "name": "worker-1"})
+        );
+        assert_eq!(v["apiVersion"], "events.k8s.io/v1");
+        assert_eq!(v["kind"], "Event");
+        assert_eq!(v["metadata"]["namespace"], "default");
+        assert!(
+            v["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("worker-1.")
+        );
+        assert_eq!(v["type"], "Warning");
+        assert_eq!(v["reportingController"], REPORTER);
+        assert_eq!(v["reportingInstance"], "linkerd-cni-x1");
+        let note = v["note"].as_str().unwrap();
+        assert!(
+            note.len() <= MAX_NOTE && note.ends_with("..."),
+            "{}",
+            note.len()
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::process::ExitCode;
 
+mod api;
 mod binaries;
 pub mod cli;
 mod config;

@@ -22,14 +22,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_kube::owner::Verdict;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
-use crate::owner;
+use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
 use crate::signals::Signals;

@@ -1,7 +1,6 @@
-//! A blocking HTTPS client for the few calls the plugin and the installer
-//! make (GETs, one JSON-patch PATCH to remove the startup taint, and the
-//! POSTs of a TokenRequest and of the self reviews), with one time budget
-//! for all calls of an invocation.
+//! A blocking HTTPS client for the few GETs the plugin makes, with one time
+//! budget for all calls of an invocation. (The node agent's calls go
+//! through kube-rs; it shares this module's errors, [`ApiError`].)
 //!
 //! ureq (blocking, rustls with the ring provider) rather than kube + tokio:
 //! the plugin is a short-lived process, and an async runtime would cost
@@ -37,7 +36,7 @@ use ureq::unversioned::transport::{
 
 use crate::kubeconfig::{ApiConfig, Trust};
 use crate::names;
-use crate::objects::{DaemonSet, Namespace, Pod, Service};
+use crate::objects::{Namespace, Pod, Service};
 
 /// The most one TCP (and TLS) connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -49,7 +48,7 @@ const MAX_ATTEMPTS: u32 = 4;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Pods with many containers and managed fields are large; this bounds
 /// what a misbehaving server can make us read.
-const MAX_BODY: u64 = 16 << 20;
+pub const MAX_BODY: u64 = 16 << 20;
 /// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
 /// connection, for both the TCP and the TLS layer): room for one TLS
 /// record's plaintext and any answer's header block; bodies stream through
@@ -63,7 +62,7 @@ const OUTPUT_BUFFER_SPARE: usize = 4 << 10;
 /// error, or our words where the stack has no error value.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
-/// The HTTP methods the client uses.
+/// The HTTP methods of the calls an [`ApiError`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     Get,
@@ -178,7 +177,7 @@ pub enum ApiError {
 }
 
 /// A namespace, checked and encoded for a path.
-fn valid_namespace(name: &str) -> Result<String, ApiError> {
+pub fn valid_namespace(name: &str) -> Result<String, ApiError> {
     if !names::is_dns_label(name) {
         return Err(ApiError::InvalidName {
             what: "namespace",
@@ -190,7 +189,7 @@ fn valid_namespace(name: &str) -> Result<String, ApiError> {
 }
 
 /// A pod's or DaemonSet's name, checked and encoded for a path.
-fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
+pub fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
     if !names::is_dns_subdomain(name) {
         return Err(ApiError::InvalidName {
             what,
@@ -202,6 +201,37 @@ fn valid_name(what: &'static str, name: &str) -> Result<String, ApiError> {
 }
 
 impl ApiError {
+    /// The failure an answer with HTTP `status` (not a success) and `body`
+    /// says, to `method path` made with the credentials of `kubeconfig`.
+    pub fn of_answer(
+        method: Method,
+        path: &str,
+        status: u16,
+        body: &[u8],
+        kubeconfig: &std::path::Path,
+    ) -> ApiError {
+        match status {
+            401 | 403 => ApiError::Unauthorized {
+                status,
+                method,
+                path: path.into(),
+                kubeconfig: kubeconfig.into(),
+                reason: status_reason(body),
+            },
+            404 => ApiError::NotFound {
+                method,
+                path: path.into(),
+                status: StatusBody::parse(body).map(Box::new),
+            },
+            _ => ApiError::Status {
+                method,
+                path: path.into(),
+                status,
+                message: status_message(body),
+            },
+        }
+    }
+
     /// What an operator should do about it.
     pub fn hint(&self) -> String {
         match self {
@@ -335,15 +365,6 @@ impl Client {
         }
     }
 
-    pub fn config(&self) -> &ApiConfig {
-        &self.config
-    }
-
-    /// What is left of the budget.
-    pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-
     pub fn pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
         let (ns, name) = (valid_namespace(namespace)?, valid_name("pod", name)?);
         self.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
@@ -352,11 +373,6 @@ impl Client {
     pub fn namespace(&self, name: &str) -> Result<Namespace, ApiError> {
         let ns = valid_namespace(name)?;
         self.get(&format!("/api/v1/namespaces/{ns}"))
-    }
-
-    pub fn daemonset(&self, namespace: &str, name: &str) -> Result<DaemonSet, ApiError> {
-        let (ns, name) = (valid_namespace(namespace)?, valid_name("DaemonSet", name)?);
-        self.get(&format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"))
     }
 
     /// Service `default/kubernetes`: the API server's ports.
@@ -368,61 +384,17 @@ impl Client {
     /// GETs `path` and decodes the JSON answer, retrying transient failures
     /// within the budget.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        self.call(Method::Get, path, None)
+        self.call(Method::Get, path)
     }
 
-    /// PATCHes `path` with a JSON patch (RFC 6902) and decodes the answer,
-    /// retrying transient failures within the budget. Only for patches that
-    /// are safe to send twice (a `test` op guards each change): an attempt
-    /// whose answer was lost may have been applied.
-    pub fn json_patch<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        patch: &serde_json::Value,
-    ) -> Result<T, ApiError> {
-        self.send_json(Method::Patch, path, patch)
-    }
-
-    /// POSTs the JSON `body` to `path` (a create: a TokenRequest, a review)
-    /// and decodes the answer, retrying transient failures within the
-    /// budget. Only for creates that may happen twice: an attempt whose
-    /// answer was lost may have been applied.
-    pub fn create<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &serde_json::Value,
-    ) -> Result<T, ApiError> {
-        self.send_json(Method::Post, path, body)
-    }
-
-    /// A call with a JSON body.
-    fn send_json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: &serde_json::Value,
-    ) -> Result<T, ApiError> {
-        let body = serde_json::to_vec(body).map_err(|e| ApiError::Decode {
-            method,
-            path: path.into(),
-            cause: Box::new(e),
-        })?;
-        self.call(method, path, Some(&body))
-    }
-
-    fn call<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&[u8]>,
-    ) -> Result<T, ApiError> {
+    fn call<T: DeserializeOwned>(&self, method: Method, path: &str) -> Result<T, ApiError> {
         let mut attempt = 1;
         loop {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(self.timed_out(method, path, None));
             }
-            let req = Req { method, path, body };
+            let req = Req { method, path };
             let err = match self.attempt(&req, remaining.min(ATTEMPT_TIMEOUT), attempt) {
                 Ok(body) => {
                     return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
@@ -499,15 +471,7 @@ impl Client {
             }
             .header("Accept", "application/json")
         }
-        let res = match (req.method, req.body) {
-            (Method::Patch, Some(body)) => common(self.agent.patch(&url), timeout, auth.as_deref())
-                .content_type("application/json-patch+json")
-                .send(body),
-            (Method::Post, Some(body)) => common(self.agent.post(&url), timeout, auth.as_deref())
-                .content_type("application/json")
-                .send(body),
-            _ => common(self.agent.get(&url), timeout, auth.as_deref()).call(),
-        };
+        let res = common(self.agent.get(&url), timeout, auth.as_deref()).call();
         let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
         let status = res.status().as_u16();
         log::debug!("{method} {path}: HTTP {status}");
@@ -519,24 +483,13 @@ impl Client {
             .map_err(|e| self.classify(req, e, attempt, started))?;
         match status {
             200 | 201 => Ok(body),
-            401 | 403 => Err(ApiError::Unauthorized {
+            _ => Err(ApiError::of_answer(
+                method,
+                path,
                 status,
-                method,
-                path: path.into(),
-                kubeconfig: self.config.source.clone(),
-                reason: status_reason(&body),
-            }),
-            404 => Err(ApiError::NotFound {
-                method,
-                path: path.into(),
-                status: StatusBody::parse(&body).map(Box::new),
-            }),
-            _ => Err(ApiError::Status {
-                method,
-                path: path.into(),
-                status,
-                message: status_message(&body),
-            }),
+                &body,
+                &self.config.source,
+            )),
         }
     }
 
@@ -625,8 +578,6 @@ impl Client {
 struct Req<'a> {
     method: Method,
     path: &'a str,
-    /// A JSON patch (PATCH) or object (POST); None for a GET.
-    body: Option<&'a [u8]>,
 }
 
 /// How far an attempt's connection got, recorded by [`Mark`]s between the

@@ -1,20 +1,15 @@
-//! The Kubernetes API as linkerd-cni's plugin and installer use it, both
-//! linking this crate: read the kubeconfig ([`kubeconfig`]), call the API
-//! server within a time budget, synchronously and without an async runtime
-//! ([`client`]), and the fields of the objects they read ([`objects`]);
-//! for the installer, whether SIGTERM uninstalls the node ([`owner`]),
-//! removing a startup taint from a node ([`taint`]), minting the plugin's
-//! token ([`token`]), whether the plugin's token may get pods ([`review`])
-//! and Events about its node ([`events`]).
+//! The Kubernetes API as linkerd-cni's plugin uses it: read the kubeconfig
+//! ([`kubeconfig`]), call the API server within a time budget,
+//! synchronously and without an async runtime ([`client`]), the fields of
+//! the objects it reads ([`objects`]), and the claims of a service-account
+//! token ([`token`]). The node agent shares the kubeconfig, the objects,
+//! the token claims and the errors ([`ApiError`]); its own calls go
+//! through kube-rs.
 
 pub mod client;
-pub mod events;
 pub mod kubeconfig;
 pub mod names;
 pub mod objects;
-pub mod owner;
-pub mod review;
-pub mod taint;
 pub mod text;
 pub mod token;
 

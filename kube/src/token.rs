@@ -1,20 +1,11 @@
-//! Service-account tokens: minting one for another ServiceAccount through
-//! the TokenRequest API (`POST .../serviceaccounts/{name}/token`), and
-//! reading the claims of one (who it is for, when it was issued and
-//! expires) without verifying it, to decide whether to keep it.
-//!
-//! A minted token is bound to a Node where the API server supports it
-//! (node-bound service-account tokens: it dies with the Node as well as
-//! with its ServiceAccount or at expiry); a server that does not refuses
-//! the binding with 400, and the token is then requested unbound.
+//! Service-account tokens: the claims of one (who it is for, when it was
+//! issued and expires), read without verifying it, to decide whether to
+//! keep it.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use serde::Deserialize;
-use serde_json::json;
-
-use crate::{ApiError, Client};
 
 /// What a service-account token says about itself (its JWT claims).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,125 +94,10 @@ pub fn unix_time(secs: u64) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
-/// A token the API server issued.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Minted {
-    pub token: String,
-    /// Bound to the Node asked for; false when none was asked for or the
-    /// server does not bind tokens to Nodes.
-    pub node_bound: bool,
-}
-
-impl std::fmt::Debug for Minted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Minted")
-            .field("token", &"<redacted>")
-            .field("node_bound", &self.node_bound)
-            .finish()
-    }
-}
-
-/// Why no token was minted.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    /// HTTP 403: the asker may not create tokens for that ServiceAccount
-    /// (the linkerd2-cni chart's RBAC grants no `serviceaccounts/token`).
-    #[error(
-        "may not request a token for ServiceAccount {account} (HTTP 403 on create \
-         serviceaccounts/token)"
-    )]
-    Forbidden { account: String },
-    /// HTTP 404: no such ServiceAccount.
-    #[error("ServiceAccount {account} does not exist (HTTP 404 on its TokenRequest)")]
-    NoAccount { account: String },
-    #[error("cannot request a token for ServiceAccount {account}: {source}")]
-    Api {
-        account: String,
-        #[source]
-        source: ApiError,
-    },
-}
-
-/// The API path of ServiceAccount `namespace/name`'s TokenRequest (each
-/// name one encoded segment).
-pub fn token_request_path(namespace: &str, name: &str) -> String {
-    use crate::names::segment;
-    format!(
-        "/api/v1/namespaces/{}/serviceaccounts/{}/token",
-        segment(namespace),
-        segment(name)
-    )
-}
-
-#[derive(Deserialize)]
-struct TokenRequestStatus {
-    status: TokenStatus,
-}
-
-#[derive(Deserialize)]
-struct TokenStatus {
-    token: String,
-}
-
-/// Requests a token of ServiceAccount `namespace/name` valid for
-/// `lifetime` (the server may shorten it: read the token's [`claims`]),
-/// bound to Node `node` when given and the server supports it.
-pub fn request(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    lifetime: Duration,
-    node: Option<&str>,
-) -> Result<Minted, TokenError> {
-    let path = token_request_path(namespace, name);
-    let account = format!("{namespace}/{name}");
-    let body = |node: Option<&str>| {
-        let mut spec = json!({ "expirationSeconds": lifetime.as_secs() });
-        if let Some(n) = node {
-            spec["boundObjectRef"] = json!({ "apiVersion": "v1", "kind": "Node", "name": n });
-        }
-        json!({
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": spec,
-        })
-    };
-    let fail = |source: ApiError| match source {
-        ApiError::Unauthorized { status: 403, .. } => TokenError::Forbidden {
-            account: account.clone(),
-        },
-        ApiError::NotFound { .. } => TokenError::NoAccount {
-            account: account.clone(),
-        },
-        source => TokenError::Api {
-            account: account.clone(),
-            source,
-        },
-    };
-    if let Some(n) = node {
-        match client.create::<TokenRequestStatus>(&path, &body(Some(n))) {
-            Ok(r) => {
-                return Ok(Minted {
-                    token: r.status.token,
-                    node_bound: true,
-                });
-            }
-            // A server without node-bound tokens refuses the binding as a
-            // bad request; ask again unbound.
-            Err(ApiError::Status { status: 400, .. }) => {}
-            Err(e) => return Err(fail(e)),
-        }
-    }
-    let r: TokenRequestStatus = client.create(&path, &body(None)).map_err(fail)?;
-    Ok(Minted {
-        token: r.status.token,
-        node_bound: false,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn jwt(payload: &serde_json::Value) -> String {
         let b = |s: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);

@@ -30,11 +30,6 @@ fn a_name_cannot_reach_another_object() {
         assert!(got.is_err(), "{namespace:?} {name:?} fetched {got:?}");
     }
     assert!(client().namespace("kube-system/pods/coredns?").is_err());
-    assert!(
-        client()
-            .daemonset("kube-system/pods/coredns?", "x")
-            .is_err()
-    );
 }
 
 /// An API server whose CA and certificate have RSA keys (kubeadm's

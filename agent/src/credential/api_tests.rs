@@ -1,4 +1,4 @@
-//! `token::request`, the installer's TokenRequest for the plugin's
+//! [`request`], the installer's TokenRequest for the plugin's
 //! ServiceAccount, against the fake API server: bound to the Node where the
 //! server supports it, else unbound; the lifetime asked for, or the
 //! server's cap; 403 (the linkerd2-cni chart's RBAC) and 404 (no such
@@ -6,24 +6,31 @@
 
 use std::time::{Duration, SystemTime};
 
-use linkerd_cni_kube::token::{self, TokenError};
-use linkerd_cni_kube::{Client, kubeconfig};
+use linkerd_cni_kube::{Client, kubeconfig, token};
+
+use super::{LIFETIME, Minted, TokenError, request};
+use crate::api;
 use testkit::{FakeApiServer, TempDir, TokenPolicy};
 
 const NS: &str = "linkerd-cni";
 const SA: &str = "linkerd-cni-plugin";
-const DAY: Duration = Duration::from_secs(86_400);
+const DAY: Duration = LIFETIME;
 
-fn client(api: &FakeApiServer) -> Client {
+/// A TokenRequest for ServiceAccount `NS/SA`, bound to `node` when given.
+fn mint(api: &FakeApiServer, node: Option<&str>) -> Result<Minted, TokenError> {
     let dir = TempDir::new("lcni-kube-token").unwrap();
     let kc = api.write_kubeconfig(dir.path()).unwrap();
-    Client::new(kubeconfig::load(&kc).unwrap(), Duration::from_secs(5))
+    let config = kubeconfig::load(&kc).unwrap();
+    api::blocking(config, Duration::from_secs(5), async |a| {
+        request(a, NS, SA, node).await
+    })
+    .unwrap()
 }
 
 #[test]
 fn bound_to_the_node_where_supported() {
     let api = FakeApiServer::start();
-    let m = token::request(&client(&api), NS, SA, DAY, Some("node-1")).unwrap();
+    let m = mint(&api, Some("node-1")).unwrap();
     assert!(m.node_bound);
     let c = token::claims(&m.token).unwrap();
     assert_eq!(c.subject, token::subject(NS, SA));
@@ -39,7 +46,7 @@ fn bound_to_the_node_where_supported() {
         max_lifetime: Some(Duration::from_secs(600)),
         ..TokenPolicy::default()
     });
-    let m = token::request(&client(&api), NS, SA, DAY, Some("node-1")).unwrap();
+    let m = mint(&api, Some("node-1")).unwrap();
     assert!(!m.node_bound);
     let c = token::claims(&m.token).unwrap();
     assert_eq!(c.node, None);
@@ -55,18 +62,18 @@ fn refusals_have_their_errors() {
         allowed: false,
         ..TokenPolicy::default()
     });
-    let e = token::request(&client(&api), NS, SA, DAY, Some("node-1")).unwrap_err();
+    let e = mint(&api, Some("node-1")).err().unwrap();
     assert!(matches!(e, TokenError::Forbidden { .. }), "{e}");
     assert!(e.to_string().contains("HTTP 403"), "{e}");
 
     let api = FakeApiServer::start();
     api.delete_account(NS, SA);
-    let e = token::request(&client(&api), NS, SA, DAY, None).unwrap_err();
+    let e = mint(&api, None).err().unwrap();
     assert!(matches!(e, TokenError::NoAccount { .. }), "{e}");
 
     // A minted token dies with its account.
     let api = FakeApiServer::start();
-    let m = token::request(&client(&api), NS, SA, DAY, None).unwrap();
+    let m = mint(&api, None).unwrap();
     let dir = TempDir::new("lcni-kube-token").unwrap();
     let kc = dir.path().join("kc");
     std::fs::write(&kc, api.kubeconfig_yaml().replace(api.token(), &m.token)).unwrap();
@@ -74,6 +81,6 @@ fn refusals_have_their_errors() {
     api.add_namespace("default", &[]);
     assert!(plugin.namespace("default").is_ok());
     api.delete_account(NS, SA);
-    let e = plugin.namespace("default").unwrap_err();
+    let e = plugin.namespace("default").err().unwrap();
     assert!(e.to_string().contains("HTTP 401"), "{e}");
 }

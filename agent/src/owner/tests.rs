@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::client::Method;
+use linkerd_cni_kube::client::Method;
 
 const NS: &str = "linkerd-cni";
 const POD: &str = "linkerd-cni-x7k2p";
@@ -404,7 +404,7 @@ fn forced_answers() {
     for (what, answers, want) in &cases {
         let v = verdict(answers);
         eprintln!("{what}: {v:?}");
-        match (v.uninstalls(), *want == Want::Uninstall) {
+        match (matches!(v, Verdict::Uninstall(_)), *want == Want::Uninstall) {
             (true, false) => false_uninstalls.push(format!("{what}: {v}")),
             (false, true) => missed.push(format!("{what}: {v}")),
             _ => {}

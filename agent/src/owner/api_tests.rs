@@ -1,4 +1,4 @@
-//! `owner::ask` and `owner::verdict`, the question the installer asks at
+//! [`ask_api`] and [`verdict`], the question the installer asks at
 //! SIGTERM, against the fake API server: only the API server's own word
 //! uninstalls (the DaemonSet NotFound with a Status body or with a
 //! deletionTimestamp, the namespace being deleted); a DaemonSet that
@@ -9,8 +9,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_kube::owner::{self, Verdict};
-use linkerd_cni_kube::{Client, kubeconfig};
+use linkerd_cni_kube::kubeconfig;
+
+use super::{Verdict, ask_api, verdict};
+use crate::api;
 use testkit::objects::{daemonset, daemonset_path, daemonset_pod, namespace_path, pod_path};
 use testkit::{FakeApiServer, TempDir};
 
@@ -42,7 +44,7 @@ fn cluster() -> Cluster {
 impl Cluster {
     fn ask_within(&self, budget: Duration) -> Verdict {
         let api = kubeconfig::load(&self.kubeconfig).unwrap();
-        owner::verdict(&owner::ask(&Client::new(api, budget), NS, POD))
+        api::blocking(api, budget, async |a| verdict(&ask_api(a, NS, POD).await)).unwrap()
     }
 
     fn ask(&self) -> Verdict {
@@ -219,4 +221,20 @@ fn a_silent_api_server_is_bounded_by_the_budget() {
     // One second of budget, plus slack on a shared machine.
     assert!(took < Duration::from_secs(5), "took {took:?}");
     drop(hole);
+}
+
+/// A name cannot make the path reach another object: refused before any
+/// request.
+#[test]
+fn a_name_cannot_reach_another_object() {
+    let c = cluster();
+    let api = kubeconfig::load(&c.kubeconfig).unwrap();
+    let got = api::blocking(api, Duration::from_secs(5), async |a| {
+        let ds = super::get_daemonset(a, "kube-system/pods/coredns?", "x").await;
+        let pod = super::get_pod(a, NS, "coredns?x=1").await;
+        let ns = super::get_namespace(a, "..").await;
+        (ds.is_err(), pod.is_err(), ns.is_err())
+    })
+    .unwrap();
+    assert_eq!(got, (true, true, true));
 }

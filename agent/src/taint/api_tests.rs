@@ -1,4 +1,4 @@
-//! `taint::remove_taint`, what the installer calls once its node is ready,
+//! [`remove_taint`], what the installer calls once its node is ready,
 //! against the fake API server: the taint goes and nothing else does, also
 //! when another writer changes the taint list meanwhile; an absent taint
 //! costs one GET and no write; a refused patch (403), refused credentials
@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use linkerd_cni_kube::taint::{self, FailureKind, TaintError, TaintOutcome};
-use linkerd_cni_kube::{Client, kubeconfig};
+use linkerd_cni_kube::kubeconfig;
+
+use super::{Failure as FailureKind, TaintError, TaintOutcome, remove_taint};
+use crate::api;
 use serde_json::Value;
 use testkit::objects::{node, node_path, taint_keys};
 use testkit::{FakeApiServer, Mode, TempDir};
@@ -37,7 +39,7 @@ fn cluster(taints: &[(&str, &str)]) -> Cluster {
 impl Cluster {
     fn remove_from(&self, node: &str, budget: Duration) -> Result<TaintOutcome, TaintError> {
         let api = kubeconfig::load(&self.kubeconfig).unwrap();
-        taint::remove_taint(&Client::new(api, budget), node, KEY)
+        api::blocking(api, budget, async |a| remove_taint(a, node, KEY).await).unwrap()
     }
 
     fn remove(&self) -> Result<TaintOutcome, TaintError> {
