@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
-    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
-    write,
+    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, write,
 };
+use linkerd_cni_state::heartbeat;
 use log::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};

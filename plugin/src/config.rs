@@ -22,7 +22,7 @@ use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
-pub use linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR;
+pub use linkerd_cni_state::heartbeat::DEFAULT_STATE_DIR;
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
@@ -131,7 +131,7 @@ pub struct PluginConfig {
     /// in `state_dir` may be before the installer is taken for gone (a
     /// rejected token then passes pods through instead of asking the
     /// runtime to retry). None: three of the installer's resync periods
-    /// plus 30 s (see `linkerd_cni_chain::heartbeat`).
+    /// plus 30 s (see `linkerd_cni_state::heartbeat`).
     pub installer_gone_after: Option<Duration>,
 }
 
@@ -189,7 +189,7 @@ impl PluginConfig {
         // rule, shared with the installer.
         top.string("state_dir")?;
         let (dir, refused) =
-            linkerd_cni_chain::heartbeat::state_dir_of(top.map, &self.cni_conf_dir);
+            linkerd_cni_state::heartbeat::state_dir_of(top.map, &self.cni_conf_dir);
         if let Some(why) = refused {
             log::warn!("{why}");
         }

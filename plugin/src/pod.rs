@@ -35,9 +35,9 @@ use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
-use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
+use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 pub use credentials::{CONFIRM_ATTEMPTS, CredentialCause, CredentialOutcome};
 

@@ -8,7 +8,7 @@
 //! follows when it lasts depends on whether anyone will fix it:
 //!
 //! - an installer is alive on the node (its heartbeat, see
-//!   `linkerd_cni_chain::heartbeat`, is fresh): "try again later" (code
+//!   `linkerd_cni_state::heartbeat`, is fresh): "try again later" (code
 //!   11), so that the runtime retries the pod once the kubeconfig is
 //!   current. A meshed pod started during a rollout gets its rules, after
 //!   a retry at worst, and never a wedged network-validator;
@@ -32,8 +32,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::heartbeat::{self, Gone, Liveness};
-use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
+use linkerd_cni_state::heartbeat::{self, Gone, Liveness};
+use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 use super::Stop;
 use crate::cni::CniError;

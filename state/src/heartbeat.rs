@@ -32,7 +32,7 @@ use std::time::Duration;
 use nix::time::{ClockId, clock_gettime};
 use serde_json::{Value, json};
 
-use crate::ChainError;
+use linkerd_cni_chain::ChainError;
 
 /// The plugin's default `state_dir`, where the heartbeat lives.
 pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
@@ -220,7 +220,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
     fs::create_dir_all(state_dir)
         .map_err(|e| ChainError::io("create the state dir", state_dir, e))?;
-    crate::write::write_atomic(&path(state_dir), beat.to_json().as_bytes(), 0o644)
+    linkerd_cni_chain::write::write_atomic(&path(state_dir), beat.to_json().as_bytes(), 0o644)
 }
 
 /// Removes the heartbeat (an uninstall): the plugin then takes the
