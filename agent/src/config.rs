@@ -38,7 +38,7 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(10);
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 
 /// Every variable the installer reads.
-pub const VARIABLES: [&str; 26] = [
+pub const VARIABLES: [&str; 27] = [
     "DEST_CNI_NET_DIR",
     "DEST_CNI_BIN_DIR",
     "CONTAINER_MOUNT_PREFIX",
@@ -65,6 +65,7 @@ pub const VARIABLES: [&str; 26] = [
     "LINKERD_CNI_EVENTS",
     "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT",
     "LINKERD_CNI_PLUGIN_TOKEN",
+    "LINKERD_CNI_AGENT_ONLY",
 ];
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
@@ -160,6 +161,10 @@ pub struct Config {
     /// with `LINKERD_CNI_PLUGIN_TOKEN=own`: this pod's own token goes
     /// there, as upstream's installer writes.
     pub plugin_service_account: Option<String>,
+    /// `LINKERD_CNI_AGENT_ONLY` (default false): no token and no kubeconfig
+    /// on the node's disk; the entry tells the plugin so
+    /// (`kubernetes.agent-only`), and it asks the node agent alone.
+    pub agent_only: bool,
 }
 
 /// How the operator sets the chain mode (resolved, with its reason, into
@@ -233,6 +238,7 @@ impl Config {
             metrics_addr: keeping.metrics_addr,
             events: keeping.events,
             plugin_service_account: keeping.plugin_service_account,
+            agent_only: keeping.agent_only,
         };
         // Fail at start on a template that can never render.
         config.desired_entry()?;
@@ -282,12 +288,15 @@ impl Config {
     /// runtime is reconfigured, and the mode follows.
     pub fn desired(&self) -> Result<(Entry, ModeNote), ConfigError> {
         let text = self.template.read()?;
-        let e = entry::render(
+        let mut e = entry::render(
             &text,
             self.template.var(),
             &self.kubeconfig_host_path(),
             &self.dest_cni_net_dir,
         )?;
+        if self.agent_only {
+            e = entry::agent_only(e, self.template.var())?;
+        }
         let template_auto = e
             .get(owned::MODE_KEY)
             .is_some_and(|v| v.as_str() == Some(AUTO));
@@ -467,6 +476,7 @@ struct Keeping {
     metrics_addr: Option<std::net::SocketAddr>,
     events: bool,
     plugin_service_account: Option<String>,
+    agent_only: bool,
 }
 
 impl Keeping {
@@ -483,6 +493,11 @@ impl Keeping {
             plugin_service_account: plugin_service_account(
                 var("LINKERD_CNI_PLUGIN_TOKEN"),
                 var("LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT"),
+            )?,
+            agent_only: boolean(
+                "LINKERD_CNI_AGENT_ONLY",
+                var("LINKERD_CNI_AGENT_ONLY"),
+                false,
             )?,
         })
     }

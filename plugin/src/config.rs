@@ -107,6 +107,10 @@ pub struct PluginConfig {
     /// `kubernetes.allow-plain-http`: accept an `http://` API server (the
     /// token then crosses the network in clear). Default false.
     pub allow_plain_http: bool,
+    /// `kubernetes.agent-only`: the node holds no credential of the
+    /// plugin's (the installer writes none); the pod's facts come from the
+    /// node agent alone, never from the API server. Default false.
+    pub agent_only: bool,
     pub proxy: ProxyInit,
     /// `exempt-namespaces`: pods here pass through without any API call.
     pub exempt_namespaces: Vec<String>,
@@ -142,6 +146,7 @@ impl Default for PluginConfig {
             kubeconfig: None,
             api_budget: DEFAULT_API_BUDGET,
             allow_plain_http: false,
+            agent_only: false,
             proxy: ProxyInit::default(),
             exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
@@ -234,6 +239,9 @@ impl PluginConfig {
         }
         if let Some(b) = k8s.bool("allow-plain-http")? {
             self.allow_plain_http = b;
+        }
+        if let Some(b) = k8s.bool("agent-only")? {
+            self.agent_only = b;
         }
         Ok(())
     }

@@ -117,7 +117,14 @@ pub fn chain_on_add(
         desired,
         mode,
         opts: RepairOptions {
-            requires: config.kubeconfig.clone(),
+            // What an uninstall removes before its last sweep, so that no
+            // ADD chains us again after it: the kubeconfig, or with
+            // `kubernetes.agent-only` (no kubeconfig) the heartbeat.
+            requires: if config.agent_only {
+                Some(linkerd_cni_state::heartbeat::path(&config.state_dir))
+            } else {
+                config.kubeconfig.clone()
+            },
             write_outside_conf_dir: config.chain_write_outside_conf_dir,
             ..RepairOptions::default()
         },

@@ -200,6 +200,10 @@ pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
 /// which would also stop the installer pod that can repair things), but
 /// says when the kubeconfig is unusable.
 pub fn status(config: &PluginConfig) {
+    if config.agent_only {
+        // No kubeconfig by design: the node agent answers for pods.
+        return;
+    }
     match &config.kubeconfig {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
@@ -252,6 +256,9 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
     let pod_id = format!("{namespace}/{name}");
     if let Some(plan) = agent::plan(inv, config, (namespace, name), &pod_id, deadline)? {
         return Ok(plan);
+    }
+    if config.agent_only {
+        return Err(credentials::no_agent(config, &pod_id));
     }
     let api_failed = |what: &str, e: ApiError| {
         past_deadline(

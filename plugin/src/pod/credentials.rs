@@ -304,6 +304,46 @@ pub(super) fn kubeconfig_missing(
     }
 }
 
+/// No node agent answered for `pod_id`, and the node holds no credential
+/// of the plugin's (`kubernetes.agent-only`), so the API server cannot be
+/// asked: "try again later" while the installer's heartbeat says the
+/// DaemonSet is there (its agent is starting, restarting or rolling over),
+/// meshed pod or not, since which it is cannot be told; a pass-through once
+/// it is gone (an uninstall removes the heartbeat), as when the kubeconfig
+/// is gone, so that no pod of the node waits for an agent that will not
+/// come.
+pub(super) fn no_agent(config: &PluginConfig, pod_id: &str) -> Stop {
+    match installer(config) {
+        Liveness::Alive { age, .. } => {
+            let e = CniError::try_again(
+                RetryCause::NoAgent,
+                format!(
+                    "cannot tell yet whether pod {pod_id} is meshed: no linkerd-cni node agent \
+                     answered, and kubernetes.agent-only keeps the plugin off the Kubernetes \
+                     API, while the linkerd-cni DaemonSet is alive on this node (last heartbeat \
+                     {:.0} s ago); try again later",
+                    age.as_secs_f64()
+                ),
+                "the node agent answers once it runs; the runtime retries the pod. If this \
+                 lasts, read the DaemonSet's log (kubectl -n linkerd-cni logs \
+                 daemonset/linkerd-cni)",
+            );
+            log::warn!("{}: {}", e.msg, e.details);
+            Stop::Failed(e)
+        }
+        Liveness::Gone(gone) => {
+            let why = format!(
+                "cannot tell whether pod {pod_id} is meshed: no linkerd-cni node agent answered, \
+                 kubernetes.agent-only keeps the plugin off the Kubernetes API, and no \
+                 linkerd-cni DaemonSet is alive on this node ({gone}): linkerd-cni is being \
+                 uninstalled; the pod starts without linkerd's redirect rules"
+            );
+            log::error!("{why}");
+            super::skip(super::Skip::CannotTell(PassCause::NoAgent), why)
+        }
+    }
+}
+
 /// Whether a rejection with `status` is worth retrying for the installer
 /// to fix: it is alive, and this is not a 403 of credentials it found
 /// without the RBAC to get pods.
