@@ -1,23 +1,23 @@
 //! The plugin's repair history between ADDs: the keeper's wall-clock
 //! [`FightHistory`] (how often one content of one file was repaired), kept
-//! in [`FIGHT_STATE_FILE`] in the plugin's state dir. The plugin is a
-//! process per ADD; without the file it could not tell another agent
-//! undoing its repairs again and again from a one-off.
+//! as the record [`RepairTimes`] in [`FIGHT_STATE_FILE`] in the plugin's
+//! state dir. The plugin is a process per ADD; without the file it could
+//! not tell another agent undoing its repairs again and again from a
+//! one-off.
 //!
-//! Best effort throughout: losing it only delays detection. To record a
-//! repair, load and record while still holding the conf-dir lock the repair
-//! took (the keeper does: [`RepairLimit::record`]): the file is read,
-//! updated and replaced as a whole, so two plugins doing that concurrently
-//! would lose one record. Loaded on first use: an ADD that repairs nothing
-//! never reads it.
+//! Best effort throughout: losing it only delays detection. A repair is
+//! recorded by an update of the record under the state dir's lock
+//! ([`crate::record::update`]), so that concurrent ADDs each leave theirs.
+//! Loaded on first use: an ADD that repairs nothing never reads it.
 
 use std::cell::OnceCell;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::{FightHistory, RepairLimit};
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use crate::record::{self, ReadError, Record};
 
 /// The history file in the plugin's state dir.
 pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
@@ -26,11 +26,49 @@ pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
 const MAX_HISTORIES: usize = 1024;
 /// ...each of at most this many repairs (far above any threshold).
 const MAX_HISTORY_LEN: usize = 64;
+/// The longest a repair's record waits for another ADD's update.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// The record: repair times (seconds since the epoch) per file and content.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RepairTimes(pub Vec<(String, Vec<f64>)>);
+
+impl Record for RepairTimes {
+    const FILE: &'static str = FIGHT_STATE_FILE;
+    const VERSION: u64 = 1;
+
+    fn to_json(&self) -> Map<String, Value> {
+        self.0
+            .iter()
+            .map(|(k, ts)| (k.clone(), ts.iter().map(|&t| Value::from(t)).collect()))
+            .collect()
+    }
+
+    /// Bounded: a history holds the last `threshold` repairs of the few
+    /// files and contents one node has; times not finite are no times.
+    fn from_json(m: Map<String, Value>) -> Result<Self, String> {
+        Ok(RepairTimes(
+            m.into_iter()
+                .take(MAX_HISTORIES)
+                .filter_map(|(k, v)| {
+                    let Value::Array(ts) = v else { return None };
+                    let ts: Vec<f64> = ts
+                        .iter()
+                        .filter_map(Value::as_f64)
+                        .filter(|t| t.is_finite())
+                        .collect();
+                    let skip = ts.len().saturating_sub(MAX_HISTORY_LEN);
+                    Some((k, ts[skip..].to_vec()))
+                })
+                .collect(),
+        ))
+    }
+}
 
 /// The plugin's history, read on first use and saved after each record.
 #[derive(Debug, Clone)]
 pub struct PersistedFights {
-    path: PathBuf,
+    dir: PathBuf,
     window: Duration,
     threshold: u32,
     history: OnceCell<FightHistory>,
@@ -41,21 +79,30 @@ impl PersistedFights {
     /// Read on first use.
     pub fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
         PersistedFights {
-            path: state_dir.join(FIGHT_STATE_FILE),
+            dir: state_dir.to_path_buf(),
             window,
             threshold,
             history: OnceCell::new(),
         }
     }
 
-    /// Forgets what was read: the next use reads the file again.
-    pub fn reload(&mut self) {
-        self.history = OnceCell::new();
+    fn history_of(&self, times: RepairTimes) -> FightHistory {
+        FightHistory::new(self.window, self.threshold).with_times(times.0)
     }
 
     fn history(&self) -> &FightHistory {
-        self.history
-            .get_or_init(|| read_history(&self.path, self.window, self.threshold))
+        self.history.get_or_init(|| match record::read(&self.dir) {
+            Ok(times) => self.history_of(times),
+            Err(e) => {
+                if !matches!(e, ReadError::Absent) {
+                    log::warn!(
+                        "the repair history {}: {e}",
+                        record::path::<RepairTimes>(&self.dir).display()
+                    );
+                }
+                self.history_of(RepairTimes::default())
+            }
+        })
     }
 
     /// Whether a repair of `file` from content with `digest` is allowed now.
@@ -63,29 +110,29 @@ impl PersistedFights {
         self.history().allow_of(file, digest)
     }
 
-    /// Records a repair of `file` from content with `digest` and saves;
-    /// the warning when it is a fight.
+    /// Records a repair of `file` from content with `digest`: an update of
+    /// the saved history (read again, under the state dir's lock); the
+    /// warning when it is a fight. A history that cannot be saved is kept
+    /// in memory for this process.
     pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
-        self.history();
-        let history = self.history.get_mut().expect("initialised just above");
-        let warning = history.record_of(file, digest);
-        if let Err(e) = self.save() {
-            log::debug!("cannot save {}: {e}", self.path.display());
+        let updated = record::update(&self.dir, LOCK_WAIT, |times: &mut RepairTimes| {
+            let mut h = self.history_of(std::mem::take(times));
+            let warning = h.record_of(file, digest);
+            *times = RepairTimes(h.times().map(|(k, ts)| (k.to_string(), ts)).collect());
+            (h, warning)
+        });
+        match updated {
+            Ok((h, warning)) => {
+                self.history = OnceCell::from(h);
+                warning
+            }
+            Err(e) => {
+                log::debug!("the repair history not saved: {e}");
+                self.history();
+                let h = self.history.get_mut().expect("initialised just above");
+                h.record_of(file, digest)
+            }
         }
-        warning
-    }
-
-    fn save(&self) -> Result<(), linkerd_cni_chain::ChainError> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir)
-            .map_err(|e| linkerd_cni_chain::ChainError::io("create the state dir", dir, e))?;
-        let m: serde_json::Map<String, Value> = self
-            .history()
-            .times()
-            .map(|(k, ts)| (k.to_string(), ts.into_iter().map(Value::from).collect()))
-            .collect();
-        let text = Value::Object(m).to_string();
-        linkerd_cni_chain::write::write_atomic(&self.path, text.as_bytes(), 0o600)
     }
 }
 
@@ -98,46 +145,15 @@ impl RepairLimit for PersistedFights {
         None
     }
 
-    /// Reloads the history first: it is read, updated and saved under the
-    /// lock, so concurrent ADDs each leave their record.
     fn record(&mut self, file: &Path, digest: &str, _: Instant) -> Option<String> {
-        self.reload();
         self.record_of(file, digest)
     }
-}
-
-/// The history in `path`; empty when absent or unreadable.
-fn read_history(path: &Path, window: Duration, threshold: u32) -> FightHistory {
-    let history = FightHistory::new(window, threshold);
-    let bytes = match crate::statefile::read(path) {
-        Ok(b) => b,
-        Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("the repair history {}: {e}", path.display());
-            }
-            return history;
-        }
-    };
-    let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes) else {
-        return history;
-    };
-    // Bounded: a history holds the last `threshold` repairs of the few
-    // files and contents one node has.
-    history.with_times(m.into_iter().take(MAX_HISTORIES).filter_map(|(k, v)| {
-        let Value::Array(ts) = v else { return None };
-        let ts: Vec<f64> = ts
-            .iter()
-            .filter_map(Value::as_f64)
-            .filter(|t| t.is_finite())
-            .collect();
-        let skip = ts.len().saturating_sub(MAX_HISTORY_LEN);
-        Some((k, ts[skip..].to_vec()))
-    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn persisted_history_is_per_content() {

@@ -14,7 +14,13 @@
 //!   repairs ([`fight`]), and the pods it sent back for a stale chain
 //!   ([`retries`]);
 //! - the rule every one of them is read and written by: root's own regular
-//!   files only, never through a link ([`statefile`]).
+//!   files only, never through a link ([`statefile`]);
+//! - one discipline for all of them ([`record`]): each file is one typed
+//!   record of one writer with its format's version (in the JSON records'
+//!   `"v"`, in the memo's first line, in the counters' file name), replaced
+//!   whole and atomically, and every read-modify-write is under one `flock`
+//!   taken with a bounded wait: the state dir's lock for the records, the
+//!   counters file's own for the counts made in place on every ADD.
 //!
 //! It builds on the chain crate (the conf dir's keeper), never the other
 //! way: the keeper takes the repair history through its `RepairLimit`
@@ -24,6 +30,7 @@ pub mod fight;
 pub mod heartbeat;
 pub mod memo;
 pub mod outcomes;
+pub mod record;
 pub mod retries;
 pub mod statefile;
 

@@ -19,11 +19,11 @@
 //! The file is opened without following links and used only when it is
 //! root's own regular file ([`crate::statefile`]), for counting and reading.
 
-use std::fs::{File, TryLockError};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
@@ -262,27 +262,8 @@ pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
 /// Takes the file's lock (exclusive or shared), waiting at most
 /// [`LOCK_WAIT`]; released when the file is closed.
 fn lock(file: &File, exclusive: bool) -> io::Result<()> {
-    let end = Instant::now() + LOCK_WAIT;
-    loop {
-        let r = if exclusive {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        };
-        match r {
-            Ok(()) => return Ok(()),
-            Err(TryLockError::WouldBlock) if Instant::now() < end => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("{OUTCOMES_FILE} stayed locked for {LOCK_WAIT:?}"),
-                ));
-            }
-            Err(TryLockError::Error(e)) => return Err(e),
-        }
-    }
+    crate::record::flock_within(file, exclusive, LOCK_WAIT)
+        .map_err(|e| io::Error::new(e.kind(), format!("{OUTCOMES_FILE}: {e}")))
 }
 
 #[cfg(test)]
