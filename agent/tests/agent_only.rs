@@ -13,7 +13,6 @@ use std::time::Duration;
 use linkerd_cni_state::heartbeat::{self, Liveness};
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use testkit::wait_until;
 
 use common::*;
 

@@ -1,7 +1,10 @@
 //! The installer's heartbeat: how the plugin tells "my credentials were
 //! rejected, and an installer is alive on this node to rewrite them" (ask
 //! the runtime to retry the pod) from "they were rejected and nobody will
-//! fix them" (pass the pod through, as when the kubeconfig is gone).
+//! fix them" (pass the pod through, as when the kubeconfig is gone). With
+//! `kubernetes.agent-only` (no credential on the node) it tells the plugin
+//! the same of the node agent: one is expected while the heartbeat is live,
+//! so a pod no agent answered for is sent back rather than passed through.
 //!
 //! After every pass that left the kubeconfig current, the installer
 //! replaces [`HEARTBEAT_FILE`] in the plugin's state dir (its config's

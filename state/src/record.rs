@@ -118,7 +118,9 @@ pub fn create_dir(dir: &Path) -> Result<(), ChainError> {
 
 /// The state dir's lock, held until dropped.
 #[derive(Debug)]
-pub struct Lock(#[allow(dead_code)] File);
+pub struct Lock {
+    _file: File,
+}
 
 /// Takes the state dir's lock ([`LOCK_FILE`], root's own file), waiting at
 /// most `wait`.
@@ -128,7 +130,7 @@ pub fn lock(dir: &Path, wait: Duration) -> Result<Lock, String> {
     let file = crate::statefile::open_rw(&path, 0o600)
         .map_err(|e| format!("open the lock {}: {e}", path.display()))?;
     flock_within(&file, true, wait).map_err(|e| format!("lock {}: {e}", path.display()))?;
-    Ok(Lock(file))
+    Ok(Lock { _file: file })
 }
 
 /// Takes `file`'s `flock` (exclusive or shared), waiting at most `wait`;
