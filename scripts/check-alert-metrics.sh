@@ -3,7 +3,7 @@
 # programs export, by its name in their sources: the installer's
 # (agent/src/metrics.rs, names written out whole) and the repair
 # controller's (agent/src/repair/metrics.rs, registered without the
-# prefix; a counter gets `_total`). promtool's own tests cannot see a
+# prefix); prometheus-client adds `_total` to a counter's name. promtool's own tests cannot see a
 # renamed metric: their input series are made up.
 #
 #   bash scripts/check-alert-metrics.sh [RULES_FILE]
@@ -21,7 +21,7 @@ for n in $names; do
       grep -q "\"${short%_total}\"" agent/src/repair/metrics.rs || unknown+=("$n")
       ;;
     *)
-      grep -q "\"$n\b" agent/src/metrics.rs || unknown+=("$n")
+      grep -q "\"${n%_total}\"" agent/src/metrics.rs || unknown+=("$n")
       ;;
   esac
 done

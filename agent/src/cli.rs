@@ -8,7 +8,7 @@ use log::LevelFilter;
 
 use crate::config::{self, Config, ConfigError};
 use crate::installer::Installer;
-use crate::{binaries, logging, run, runtime, status};
+use crate::{binaries, logging, repair, run, runtime, status};
 
 const USAGE: &str = "\
 linkerd-cni-installer: installs the linkerd-cni CNI plugin on this node and
@@ -16,7 +16,11 @@ keeps it chained in the active CNI config. Configured by environment
 variables (those of the linkerd2-cni Helm chart, plus LINKERD_CNI_*).
 
 USAGE:
-    linkerd-cni-installer            install, then reconcile until SIGTERM
+    linkerd-cni-installer            install, then reconcile until SIGTERM;
+                                     with LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME
+                                     set, also repair this node's pods and
+                                     answer the plugin's lookups, as
+                                     linkerd-cni-repair-controller does
     linkerd-cni-installer check      exit 0 when the node is ready (readiness
                                      probe); otherwise print why and exit 1;
                                      either way, the chain mode and why
@@ -101,7 +105,16 @@ pub fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Run => run::run(installer),
+        Command::Run => {
+            let repair = match repair::cli::from_env() {
+                Ok(r) => r,
+                Err(e) => {
+                    log::error!("{e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            run::run(installer, repair)
+        }
         Command::Check => {
             let mut problems = installer.check();
             let (lines, more) = runtime::check_report(installer.config());

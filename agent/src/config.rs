@@ -664,7 +664,7 @@ fn metrics_addr(value: Option<String>) -> Result<Option<std::net::SocketAddr>, C
     let Some(v) = value.map(|v| v.trim().to_string()) else {
         return Ok(None);
     };
-    v.parse().map(Some).map_err(|_| {
+    let addr: std::net::SocketAddr = v.parse().map_err(|_| {
         ConfigError::new(
             "LINKERD_CNI_METRICS_ADDR",
             format!(
@@ -672,7 +672,20 @@ fn metrics_addr(value: Option<String>) -> Result<Option<std::net::SocketAddr>, C
                  from the downward API's status.hostIP, or [IPv6]:PORT), got {v:?}"
             ),
         )
-    })
+    })?;
+    // The pod is on the host network: every address of the node would
+    // serve the installer's metrics, to whoever reaches any of them.
+    if addr.ip().is_unspecified() {
+        return Err(ConfigError::new(
+            "LINKERD_CNI_METRICS_ADDR",
+            format!(
+                "{v:?} listens on every address of the node (the pod is on the host network): \
+                 set it to the node's own IP, e.g. \"$(LINKERD_CNI_NODE_IP):9995\" with \
+                 status.hostIP from the downward API"
+            ),
+        ));
+    }
+    Ok(Some(addr))
 }
 
 fn node_name(value: Option<String>) -> Result<Option<String>, ConfigError> {
@@ -1069,6 +1082,18 @@ mod tests {
             assert_eq!(e.var, "LINKERD_CNI_METRICS_ADDR");
             assert!(e.reason.contains("IP:PORT"), "{e}");
         }
+    }
+
+    #[test]
+    fn metrics_addr_is_never_every_address_of_the_node() {
+        for bad in ["0.0.0.0:9995", "[::]:9995", " 0.0.0.0:0"] {
+            let e = env(&[("LINKERD_CNI_METRICS_ADDR", bad)]).unwrap_err();
+            assert_eq!(e.var, "LINKERD_CNI_METRICS_ADDR");
+            assert!(e.reason.contains("every address of the node"), "{e}");
+            assert!(e.reason.contains("status.hostIP"), "{e}");
+        }
+        let c = env(&[("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0")]).unwrap();
+        assert_eq!(c.metrics_addr, Some("127.0.0.1:0".parse().unwrap()));
     }
 
     #[test]

@@ -33,7 +33,6 @@ mod owner;
 pub mod repair;
 mod run;
 mod runtime;
-mod serve;
 mod signals;
 mod status;
 mod taint;

@@ -1,26 +1,36 @@
 //! What the node is doing, for operators: the facts each pass records
-//! ([`Telemetry`]), and their rendering in Prometheus' text format
-//! ([`render`]), which the `/metrics` endpoint ([`crate::serve`]) and
-//! `linkerd-cni-installer status` share.
+//! ([`Telemetry`]), kept as prometheus-client metrics that the admin server
+//! ([`crate::repair::admin`]) serves on `/metrics`, which
+//! `linkerd-cni-installer status` reads too.
 //!
 //! Opt-in (`LINKERD_CNI_METRICS_ADDR`): with metrics off the installer holds
 //! a [`Telemetry`] that records nothing, so a pass does no extra work.
-//! With metrics on, a pass updates a few fields under a mutex; everything
-//! else (the plugin's ADD counters, the credential's age) is read when
-//! scraped, never per pass, and nothing is ever written.
+//! With metrics on, a pass moves a few counters and records its verdict;
+//! everything else (the plugin's ADD counters, the credential's age) is
+//! read when scraped ([`NodeCollector`]), never per pass, and nothing is
+//! ever written.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
 use linkerd_cni_kube::token::unix_time;
 use linkerd_cni_state::outcomes;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use crate::events::{Events, Kind};
+use crate::repair::admin::{self, AdminState, Format, Limits};
 
 /// Upper bounds of the heal-latency histogram's buckets, in seconds: a
 /// watch-driven repair takes milliseconds, one found by the resync seconds.
@@ -112,42 +122,61 @@ pub fn verdict(ctx: &Context) -> Verdict {
     }
 }
 
-/// A cumulative histogram over [`HEAL_BUCKETS`].
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
-    /// Observations at or below each bound (not cumulative here).
-    buckets: [u64; HEAL_BUCKETS.len()],
-    count: u64,
-    sum: f64,
+/// A repair's cause, as its one label.
+type Cause = [(&'static str, &'static str); 1];
+
+/// What the passes count, registered in the admin server's registry.
+#[derive(Clone, Debug)]
+struct Counters {
+    repairs: Family<Cause, Counter>,
+    fights: Counter,
+    held_back: Counter,
+    heal_latency: Histogram,
+    passes: Counter,
 }
 
-impl Histogram {
-    pub fn observe(&mut self, v: f64) {
-        if let Some(i) = HEAL_BUCKETS.iter().position(|&b| v <= b) {
-            self.buckets[i] += 1;
+impl Counters {
+    fn register(registry: &mut Registry) -> Counters {
+        let c = Counters {
+            repairs: Family::default(),
+            fights: Counter::default(),
+            held_back: Counter::default(),
+            heal_latency: Histogram::new(HEAL_BUCKETS),
+            passes: Counter::default(),
+        };
+        // Each cause exported from the start, at 0.
+        for cause in REPAIR_CAUSES {
+            let _ = c.repairs.get_or_create(&[("cause", cause)]);
         }
-        self.count += 1;
-        self.sum += v;
+        // prometheus-client ends each help with a period and each counter's
+        // name with `_total`.
+        registry.register(
+            "linkerd_cni_chain_repairs",
+            "Repairs of the chain by this installer, by what the repair found",
+            c.repairs.clone(),
+        );
+        registry.register(
+            "linkerd_cni_chain_fights",
+            "Times another agent was found undoing the same repair again and again",
+            c.fights.clone(),
+        );
+        registry.register(
+            "linkerd_cni_chain_repairs_held_back",
+            "Repairs postponed by the fight rate limit",
+            c.held_back.clone(),
+        );
+        registry.register(
+            "linkerd_cni_chain_heal_latency_seconds",
+            "From the write that unchained a config (its mtime) to the repair that chained it again",
+            c.heal_latency.clone(),
+        );
+        registry.register(
+            "linkerd_cni_passes",
+            "Reconcile passes since the installer started",
+            c.passes.clone(),
+        );
+        c
     }
-}
-
-/// The node's state as the last passes saw it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct NodeState {
-    /// The mode the entry asks for.
-    pub configured: Option<ChainMode>,
-    /// The mode the last pass kept the chain in, and whether it was healthy
-    /// at the end of the pass.
-    pub selected: Option<ChainMode>,
-    pub healthy: Option<bool>,
-    /// Why `selected` differs from `configured` (or why it was chosen).
-    pub reason: Option<String>,
-    pub repairs: BTreeMap<&'static str, u64>,
-    pub fights: u64,
-    pub held_back: u64,
-    pub heal_latency: Histogram,
-    pub passes: u64,
-    pub last_pass: Option<SystemTime>,
 }
 
 /// Where the pass records what it did, for `/metrics` and for Events;
@@ -156,9 +185,13 @@ pub struct NodeState {
 pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
 
 struct Inner {
-    /// Whether `/metrics` is served (`state` is kept).
-    metrics: bool,
-    state: NodeState,
+    /// What `/metrics` serves, when it is on.
+    metrics: Option<Counters>,
+    /// The chain at the end of the last pass, and when that pass ended:
+    /// exported only once a pass has decided them, so a scrape before the
+    /// first pass claims nothing.
+    chain: Option<Verdict>,
+    last_pass: Option<SystemTime>,
     events: Option<Events>,
     seen: Seen,
     /// Until the first pass is done: its repairs are no samples of heal
@@ -190,14 +223,36 @@ impl Telemetry {
         Telemetry(None)
     }
 
-    /// Keeps the metrics (`metrics`) and sends `events`; off when neither.
-    pub fn new(metrics: bool, events: Option<Events>) -> Telemetry {
-        if !metrics && events.is_none() {
-            return Telemetry::off();
+    /// Sends `events` only; off without them.
+    pub fn events_only(events: Option<Events>) -> Telemetry {
+        match events {
+            None => Telemetry::off(),
+            Some(e) => Telemetry::with_inner(None, Some(e)),
         }
+    }
+
+    /// Keeps the metrics in `registry` (those read when scraped from
+    /// `sources`) and sends `events`.
+    pub fn register(
+        registry: &mut Registry,
+        sources: Sources,
+        events: Option<Events>,
+    ) -> Telemetry {
+        let t = Telemetry::with_inner(Some(Counters::register(registry)), events);
+        if let Some(inner) = &t.0 {
+            registry.register_collector(Box::new(NodeCollector {
+                inner: inner.clone(),
+                sources,
+            }));
+        }
+        t
+    }
+
+    fn with_inner(metrics: Option<Counters>, events: Option<Events>) -> Telemetry {
         Telemetry(Some(Arc::new(Mutex::new(Inner {
             metrics,
-            state: NodeState::default(),
+            chain: None,
+            last_pass: None,
             events,
             seen: Seen::default(),
             first_pass: true,
@@ -205,18 +260,9 @@ impl Telemetry {
         }))))
     }
 
-    /// Metrics only, for tests.
-    #[cfg(test)]
-    pub fn on() -> Telemetry {
-        let t = Telemetry::new(true, None);
-        // Past the first pass: every write a test reports is a sample.
-        t.with(|i| i.first_pass = false);
-        t
-    }
-
     /// Whether `/metrics` is served.
     pub fn metrics_on(&self) -> bool {
-        self.0.as_ref().is_some_and(|i| lock(i).metrics)
+        self.0.as_ref().is_some_and(|i| lock(i).metrics.is_some())
     }
 
     fn with(&self, f: impl FnOnce(&mut Inner)) {
@@ -225,36 +271,18 @@ impl Telemetry {
         }
     }
 
-    /// [`Self::with`] on the metrics' state, when they are on.
-    fn metric(&self, f: impl FnOnce(&mut NodeState)) {
-        self.with(|i| {
-            if i.metrics {
-                f(&mut i.state);
-            }
-        });
-    }
-
     fn event(i: &Inner, kind: Kind, note: String) {
         if let Some(e) = &i.events {
             e.emit(kind, note);
         }
     }
 
-    /// A copy of the state (default when off).
-    pub fn snapshot(&self) -> NodeState {
-        self.0
-            .as_ref()
-            .map(|i| lock(i).state.clone())
-            .unwrap_or_default()
-    }
-
     /// The chain at the end of the pass.
     pub fn chain(&self, v: &Verdict) {
-        self.metric(|s| {
-            s.configured = Some(v.configured);
-            s.selected = Some(v.selected);
-            s.healthy = Some(v.healthy());
-            s.reason = v.reason.clone();
+        self.with(|i| {
+            if i.metrics.is_some() {
+                i.chain = Some(v.clone());
+            }
         });
     }
 
@@ -264,14 +292,11 @@ impl Telemetry {
     pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
         self.with(|i| {
             i.seen.holding = None;
-            if !i.metrics {
-                return;
-            }
-            let s = &mut i.state;
-            *s.repairs.entry(cause).or_default() += 1;
+            let Some(m) = &i.metrics else { return };
+            m.repairs.get_or_create(&[("cause", cause)]).inc();
             if let Some(w) = written.filter(|_| !i.first_pass) {
                 let latency = SystemTime::now().duration_since(w).unwrap_or_default();
-                s.heal_latency.observe(latency.as_secs_f64());
+                m.heal_latency.observe(latency.as_secs_f64());
             }
         });
     }
@@ -285,8 +310,8 @@ impl Telemetry {
                 return;
             }
             i.seen.fighting = Some(what.to_string());
-            if i.metrics {
-                i.state.fights += 1;
+            if let Some(m) = &i.metrics {
+                m.fights.inc();
             }
             Self::event(i, Kind::Fight, warning.to_string());
         });
@@ -305,8 +330,8 @@ impl Telemetry {
                 return;
             }
             i.seen.holding = Some(what.to_string());
-            if i.metrics {
-                i.state.held_back += 1;
+            if let Some(m) = &i.metrics {
+                m.held_back.inc();
             }
         });
     }
@@ -356,9 +381,9 @@ impl Telemetry {
     pub fn pass_done(&self, rejections: Option<u64>) {
         self.with(|i| {
             i.first_pass = false;
-            if i.metrics {
-                i.state.passes += 1;
-                i.state.last_pass = Some(SystemTime::now());
+            if let Some(m) = &i.metrics {
+                m.passes.inc();
+                i.last_pass = Some(SystemTime::now());
             }
             if i.events.is_some()
                 && let Some(now) = rejections
@@ -504,20 +529,147 @@ pub fn token_times(token: &str) -> Option<(u64, u64)> {
     Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
 }
 
-fn mode_name(m: Option<ChainMode>) -> &'static str {
+fn mode_name(m: ChainMode) -> &'static str {
     match m {
-        Some(ChainMode::Inline) => "inline",
-        Some(ChainMode::Owned) => "owned",
-        None => "unknown",
+        ChainMode::Inline => "inline",
+        ChainMode::Owned => "owned",
     }
 }
 
+fn secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// What a scrape reads when it happens: the last pass's verdict and time,
+/// the credential (from the node's files) and the plugin's ADD counters
+/// (from its state dir).
+struct NodeCollector {
+    inner: Arc<Mutex<Inner>>,
+    sources: Sources,
+}
+
+impl std::fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCollector")
+            .field("sources", &self.sources)
+            .finish()
+    }
+}
+
+/// One gauge without labels.
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let (chain, last_pass) = {
+            let i = lock(&self.inner);
+            (i.chain.clone(), i.last_pass)
+        };
+        if let Some(v) = chain {
+            let healthy = ConstGauge::new(i64::from(v.healthy()));
+            let mut f = e.encode_descriptor(
+                "linkerd_cni_chain_healthy",
+                "Whether linkerd-cni was chained at the end of the last pass, in the mode it was kept in.",
+                None,
+                MetricType::Gauge,
+            )?;
+            healthy.encode(f.encode_family(&[("mode", mode_name(v.selected))])?)?;
+            let mut f = e.encode_descriptor(
+                "linkerd_cni_chain_mode",
+                "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels = [
+                ("configured", mode_name(v.configured)),
+                ("selected", mode_name(v.selected)),
+                ("reason", v.reason.as_deref().unwrap_or("")),
+            ];
+            ConstGauge::new(1i64).encode(f.encode_family(&labels)?)?;
+        }
+        // Without a token we can read, no age at all: 0 would claim a fresh one.
+        if let Some(c) = self.sources.credential() {
+            let age = SystemTime::now()
+                .duration_since(c.issued)
+                .unwrap_or_default();
+            gauge(
+                &mut e,
+                "linkerd_cni_credential_age_seconds",
+                "Age of the token in the plugin's kubeconfig.",
+                age.as_secs_f64(),
+            )?;
+            if let Some(r) = c.next_refresh {
+                gauge(
+                    &mut e,
+                    "linkerd_cni_credential_next_refresh_timestamp_seconds",
+                    "When that token is refreshed next (Unix time).",
+                    secs(r),
+                )?;
+            }
+        }
+        if let Some(t) = last_pass {
+            gauge(
+                &mut e,
+                "linkerd_cni_last_pass_timestamp_seconds",
+                "When the last reconcile pass ended (Unix time).",
+                secs(t),
+            )?;
+        }
+        // Each exported (at 0 before any ADD); nothing when the plugin's
+        // state dir cannot be read (see `unreadable_adds`).
+        let Ok(counts) = outcomes::read(&self.sources.plugin_state_dir) else {
+            return Ok(());
+        };
+        let mut f = e.encode_descriptor(
+            "linkerd_cni_plugin_adds",
+            "ADDs the plugin answered on this node, by outcome (meshed, unmeshed, exempt, \
+             passed_through, try_again, failed) and cause (the CNI error code for failed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in counts {
+            let cause = outcome.cause();
+            let labels = [("outcome", outcome.kind()), ("cause", cause.as_str())];
+            ConstCounter::new(n).encode(f.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The page's note when the plugin's ADD counters in `dir` cannot be read.
+fn unreadable_adds(dir: &Path) -> String {
+    match outcomes::read(dir) {
+        Ok(_) => String::new(),
+        Err(e) => format!(
+            "# the plugin's ADD counters in {} cannot be read: {}\n",
+            dir.join(outcomes::OUTCOMES_FILE).display(),
+            e.to_string().replace('\n', " ")
+        ),
+    }
+}
+
+/// The limits of the installer's `/metrics`, one page for a scraper: 16
+/// connections, 4 from one address, the head (8 KiB at most) within 5 s,
+/// the whole exchange within 10 s.
+const LIMITS: Limits = Limits {
+    max_connections: 16,
+    max_per_peer: 4,
+    header_read_timeout: Duration::from_secs(5),
+    max_connection_age: Duration::from_secs(10),
+    max_head: 8 * 1024,
+};
+
 /// What the installer reports, as configured: with
-/// `LINKERD_CNI_METRICS_ADDR` set, binds it and serves `/metrics` on a
-/// thread of its own; with a node name (and `LINKERD_CNI_EVENTS` not
-/// false), Events on the Node. Neither: nothing (no socket, no thread, no
-/// recording). A port that cannot be bound is logged, and the installer
-/// runs on without metrics: keeping the node chained matters more.
+/// `LINKERD_CNI_METRICS_ADDR` set, binds it and serves `/metrics`; with a
+/// node name (and `LINKERD_CNI_EVENTS` not false), Events on the Node.
+/// Neither: nothing (no socket, no thread, no recording). A port that
+/// cannot be bound is logged, and the installer runs on without metrics:
+/// keeping the node chained matters more.
 pub fn setup(inst: &mut crate::installer::Installer) {
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
@@ -533,14 +685,20 @@ pub fn setup(inst: &mut crate::installer::Installer) {
         _ => None,
     };
     let Some(addr) = cfg.metrics_addr else {
-        inst.set_telemetry(Telemetry::new(false, events()));
+        inst.set_telemetry(Telemetry::events_only(events()));
         return;
     };
-    let telemetry = Telemetry::new(true, events());
-    let state = telemetry.clone();
-    let page = Box::new(move || render(&state.snapshot(), &sources, SystemTime::now()));
-    match crate::serve::start(addr, page) {
-        Ok((local, _)) => {
+    let mut registry = Registry::default();
+    let dir = sources.plugin_state_dir.clone();
+    let telemetry = Telemetry::register(&mut registry, sources, events());
+    let state = AdminState {
+        ready: None,
+        registry: Arc::new(registry),
+        format: Format::Prometheus,
+        notes: Some(Arc::new(move || unreadable_adds(&dir))),
+    };
+    match serve_admin_on_own_runtime(addr, state) {
+        Ok(local) => {
             log::info!("serving /metrics on http://{local}/metrics");
             inst.set_telemetry(telemetry);
         }
@@ -549,217 +707,24 @@ pub fn setup(inst: &mut crate::installer::Installer) {
                 "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
                  without metrics: set it to this node's IP (status.hostIP) and a free port"
             );
-            inst.set_telemetry(Telemetry::new(false, events()));
+            inst.set_telemetry(Telemetry::events_only(events()));
         }
     }
 }
 
-/// A label value, escaped as the text format wants.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn secs(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
-/// A family's HELP and TYPE lines.
-fn family(o: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// Every metric, in Prometheus' text exposition format (version 0.0.4).
-pub fn render(s: &NodeState, sources: &Sources, now: SystemTime) -> String {
-    let mut o = String::new();
-    render_chain(&mut o, s);
-    render_repairs(&mut o, s);
-    render_heal_latency(&mut o, &s.heal_latency);
-    // Without a token we can read, no age at all: 0 would claim a fresh one.
-    if let Some(c) = sources.credential() {
-        render_credential(&mut o, &c, now);
-    }
-    render_passes(&mut o, s);
-    render_plugin(&mut o, &sources.plugin_state_dir);
-    o
-}
-
-/// Whether the node is chained, and in which mode: both exported only once
-/// a pass has decided them, so a scrape before the first pass claims nothing.
-fn render_chain(o: &mut String, s: &NodeState) {
-    family(
-        o,
-        "linkerd_cni_chain_healthy",
-        "gauge",
-        "Whether linkerd-cni was chained at the end of the last pass, in the mode it was kept in.",
-    );
-    if let (Some(m), Some(h)) = (s.selected, s.healthy) {
-        let _ = writeln!(
-            o,
-            "linkerd_cni_chain_healthy{{mode=\"{}\"}} {}",
-            mode_name(Some(m)),
-            u8::from(h)
-        );
-    }
-    family(
-        o,
-        "linkerd_cni_chain_mode",
-        "gauge",
-        "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
-    );
-    if s.selected.is_some() {
-        let _ = writeln!(
-            o,
-            "linkerd_cni_chain_mode{{configured=\"{}\",selected=\"{}\",reason=\"{}\"}} 1",
-            mode_name(s.configured),
-            mode_name(s.selected),
-            label(s.reason.as_deref().unwrap_or(""))
-        );
-    }
-}
-
-/// What the repairs found, and what held them back.
-fn render_repairs(o: &mut String, s: &NodeState) {
-    family(
-        o,
-        "linkerd_cni_chain_repairs_total",
-        "counter",
-        "Repairs of the chain by this installer, by what the repair found.",
-    );
-    for cause in REPAIR_CAUSES {
-        let n = s.repairs.get(cause).copied().unwrap_or(0);
-        let _ = writeln!(
-            o,
-            "linkerd_cni_chain_repairs_total{{cause=\"{cause}\"}} {n}"
-        );
-    }
-    family(
-        o,
-        "linkerd_cni_chain_fights_total",
-        "counter",
-        "Times another agent was found undoing the same repair again and again.",
-    );
-    let _ = writeln!(o, "linkerd_cni_chain_fights_total {}", s.fights);
-    family(
-        o,
-        "linkerd_cni_chain_repairs_held_back_total",
-        "counter",
-        "Repairs postponed by the fight rate limit.",
-    );
-    let _ = writeln!(
-        o,
-        "linkerd_cni_chain_repairs_held_back_total {}",
-        s.held_back
-    );
-}
-
-/// The heal latency histogram: kept per bucket, exported cumulative as the
-/// format wants.
-fn render_heal_latency(o: &mut String, h: &Histogram) {
-    family(
-        o,
-        "linkerd_cni_chain_heal_latency_seconds",
-        "histogram",
-        "From the write that unchained a config (its mtime) to the repair that chained it again.",
-    );
-    let mut cumulative = 0;
-    for (b, n) in HEAL_BUCKETS.iter().zip(h.buckets) {
-        cumulative += n;
-        let _ = writeln!(
-            o,
-            "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"{b}\"}} {cumulative}"
-        );
-    }
-    let _ = writeln!(
-        o,
-        "linkerd_cni_chain_heal_latency_seconds_bucket{{le=\"+Inf\"}} {}\n\
-         linkerd_cni_chain_heal_latency_seconds_sum {}\n\
-         linkerd_cni_chain_heal_latency_seconds_count {}",
-        h.count, h.sum, h.count
-    );
-}
-
-/// The plugin's token: its age, and when it is refreshed next if known.
-fn render_credential(o: &mut String, c: &Credential, now: SystemTime) {
-    family(
-        o,
-        "linkerd_cni_credential_age_seconds",
-        "gauge",
-        "Age of the token in the plugin's kubeconfig.",
-    );
-    let age = now.duration_since(c.issued).unwrap_or_default();
-    let _ = writeln!(
-        o,
-        "linkerd_cni_credential_age_seconds {}",
-        age.as_secs_f64()
-    );
-    if let Some(r) = c.next_refresh {
-        family(
-            o,
-            "linkerd_cni_credential_next_refresh_timestamp_seconds",
-            "gauge",
-            "When that token is refreshed next (Unix time).",
-        );
-        let _ = writeln!(
-            o,
-            "linkerd_cni_credential_next_refresh_timestamp_seconds {}",
-            secs(r)
-        );
-    }
-}
-
-/// The installer's passes: a last-pass time only once one ended.
-fn render_passes(o: &mut String, s: &NodeState) {
-    family(
-        o,
-        "linkerd_cni_passes_total",
-        "counter",
-        "Reconcile passes since the installer started.",
-    );
-    let _ = writeln!(o, "linkerd_cni_passes_total {}", s.passes);
-    if let Some(t) = s.last_pass {
-        family(
-            o,
-            "linkerd_cni_last_pass_timestamp_seconds",
-            "gauge",
-            "When the last reconcile pass ended (Unix time).",
-        );
-        let _ = writeln!(o, "linkerd_cni_last_pass_timestamp_seconds {}", secs(t));
-    }
-}
-
-/// The plugin's ADD counters, each exported (at 0 before any ADD); nothing
-/// when its state dir cannot be read.
-fn render_plugin(o: &mut String, dir: &Path) {
-    let counts = match outcomes::read(dir) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = writeln!(
-                o,
-                "# the plugin's ADD counters in {} cannot be read: {}",
-                dir.join(outcomes::OUTCOMES_FILE).display(),
-                label(&e.to_string())
-            );
-            return;
-        }
-    };
-    let _ = writeln!(
-        o,
-        "# HELP linkerd_cni_plugin_adds_total ADDs the plugin answered on this node, by outcome \
-         (meshed, unmeshed, exempt, passed_through, try_again, failed) and cause (the CNI error code for failed).\n\
-         # TYPE linkerd_cni_plugin_adds_total counter"
-    );
-    for (outcome, n) in counts {
-        let _ = writeln!(
-            o,
-            "linkerd_cni_plugin_adds_total{{outcome=\"{}\",cause=\"{}\"}} {n}",
-            outcome.kind(),
-            outcome.cause()
-        );
-    }
+/// Binds `addr` and serves `state` there for the life of the process, from
+/// a one-thread runtime on a thread of its own: the installer's command
+/// line has no other runtime to lend it.
+fn serve_admin_on_own_runtime(addr: SocketAddr, state: AdminState) -> std::io::Result<SocketAddr> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listener = rt.block_on(admin::bind(addr))?;
+    let local = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("admin".into())
+        .spawn(move || rt.block_on(admin::serve(listener, state, LIMITS)))?;
+    Ok(local)
 }
 
 #[cfg(test)]
@@ -773,6 +738,20 @@ mod tests {
             token_file: dir.join("token"),
             kubeconfig: dir.join("kubeconfig"),
         }
+    }
+
+    /// Metrics on, read from `dir`; `past_first`: every write a test
+    /// reports is a heal-latency sample.
+    fn registered(dir: &Path, past_first: bool) -> (Telemetry, Registry) {
+        let mut r = Registry::default();
+        let t = Telemetry::register(&mut r, sources(dir), None);
+        t.with(|i| i.first_pass = !past_first);
+        (t, r)
+    }
+
+    /// The page the installer's `/metrics` serves.
+    fn page(r: &Registry) -> String {
+        admin::encode(r, Format::Prometheus).0
     }
 
     /// The verdict is the chain crate's `health`: in inline mode, our
@@ -834,16 +813,32 @@ mod tests {
 
     #[test]
     fn the_first_pass_is_no_heal_latency_sample() {
-        let t = Telemetry::new(true, None);
+        let tmp = testkit::TempDir::new("metrics-first").unwrap();
+        let (t, r) = registered(tmp.path(), false);
         t.repaired(
             "missing",
             Some(SystemTime::now() - Duration::from_secs(3600)),
         );
         t.pass_done(None);
         t.repaired("missing", Some(SystemTime::now()));
-        let s = t.snapshot();
-        assert_eq!(s.repairs.get("missing"), Some(&2));
-        assert_eq!(s.heal_latency.count, 1, "only the later pass's repair");
+        let text = page(&r);
+        assert!(
+            text.contains("\nlinkerd_cni_chain_repairs_total{cause=\"missing\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nlinkerd_cni_chain_heal_latency_seconds_count 1\n"),
+            "only the later pass's repair: {text}"
+        );
+    }
+
+    fn verdict_for_test() -> Verdict {
+        Verdict {
+            configured: ChainMode::Inline,
+            selected: ChainMode::Inline,
+            reason: None,
+            problem: None,
+        }
     }
 
     #[test]
@@ -852,7 +847,9 @@ mod tests {
         t.repaired("missing", Some(SystemTime::now()));
         t.fight("f", "w");
         t.pass_done(None);
-        assert_eq!(t.snapshot(), NodeState::default());
+        t.chain(&verdict_for_test());
+        assert!(t.0.is_none() && !t.metrics_on());
+        assert!(Telemetry::events_only(None).0.is_none());
     }
 
     /// The installer's own token is read non-blocking: a FIFO in its place
@@ -921,7 +918,9 @@ mod tests {
                 }),
                 "iat {iat}, exp {exp}, own {own}"
             );
-            let text = render(&NodeState::default(), &src, SystemTime::now());
+            let mut r = Registry::default();
+            let _t = Telemetry::register(&mut r, src, None);
+            let text = page(&r);
             assert_eq!(
                 text.contains("linkerd_cni_credential_age_seconds "),
                 want.is_some(),
@@ -933,7 +932,7 @@ mod tests {
     #[test]
     fn rendering_names_every_family_with_its_values() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let t = Telemetry::on();
+        let (t, r) = registered(tmp.path(), true);
         t.chain(&Verdict {
             configured: ChainMode::Owned,
             selected: ChainMode::Inline,
@@ -967,7 +966,7 @@ mod tests {
         )
         .unwrap();
 
-        let text = render(&t.snapshot(), &sources(tmp.path()), SystemTime::now());
+        let text = page(&r);
         for line in [
             "linkerd_cni_chain_healthy{mode=\"inline\"} 1",
             "linkerd_cni_chain_mode{configured=\"owned\",selected=\"inline\",reason=\"a \\\"multus\\\" primary\"} 1",
@@ -1026,11 +1025,8 @@ mod tests {
     #[test]
     fn nothing_before_the_first_pass_and_no_credential_without_a_token() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let text = render(
-            &NodeState::default(),
-            &sources(tmp.path()),
-            SystemTime::now(),
-        );
+        let (_t, r) = registered(tmp.path(), false);
+        let text = page(&r);
         assert!(!text.contains("linkerd_cni_chain_healthy{"), "{text}");
         assert!(
             !text.contains("linkerd_cni_credential_age_seconds"),

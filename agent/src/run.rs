@@ -30,6 +30,8 @@ use nix::sys::signal::Signal;
 use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
 use crate::owner;
+use crate::repair::args::Args;
+use crate::repair::cli::Beside;
 use crate::signals::Signals;
 use crate::taint::StartupTaint;
 use crate::watch::{Wanted, Watcher};
@@ -91,11 +93,21 @@ impl Debounce {
     }
 }
 
-pub fn run(mut inst: Installer) -> ExitCode {
+/// The loop; with `repair`, the repair controller beside it (see
+/// [`crate::repair::cli::from_env`]), stopped before SIGTERM's uninstall.
+pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let signals = match Signals::block() {
         Ok(s) => s,
         Err(e) => {
             log::error!("cannot set up signal handling: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // After the signals are blocked: its thread inherits that.
+    let mut repair = match repair.map(Beside::start).transpose() {
+        Ok(r) => r,
+        Err(e) => {
+            log::error!("{e}");
             return ExitCode::FAILURE;
         }
     };
@@ -167,7 +179,12 @@ pub fn run(mut inst: Installer) -> ExitCode {
         full = match wait(&signals, watcher.as_mut(), next, &mut debounce) {
             Wake::Timer | Wake::Full => true,
             Wake::Chain => false,
-            Wake::Signal(sig) => return shutdown(&inst, sig),
+            Wake::Signal(sig) => {
+                if let Some(r) = repair.as_mut() {
+                    r.stop();
+                }
+                return shutdown(&inst, sig);
+            }
         };
     }
 }

@@ -20,7 +20,7 @@ use common::{Installer, Node, calico_text, wait_until};
 /// its file.
 const OTHER_UID: u32 = 1000;
 
-/// The capabilities deploy/ grants the install-cni container.
+/// The capabilities deploy/ grants its one container (install-cni).
 const DEPLOY_CAPS: [&str; 1] = ["CHOWN"];
 
 /// Capabilities no container of deploy/ may have, as a list item anywhere
@@ -93,7 +93,7 @@ fn the_manifest_grants_what_these_tests_grant_and_never_dac_read_search() {
     assert_eq!(
         added_capabilities(m),
         [DEPLOY_CAPS.map(String::from).to_vec()],
-        "deploy/ adds exactly {DEPLOY_CAPS:?}, to the installer alone"
+        "deploy/ adds exactly {DEPLOY_CAPS:?}, to its one container"
     );
     // Also as a list item anywhere (a capability added in another form).
     for cap in NEVER {

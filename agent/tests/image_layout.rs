@@ -1,8 +1,9 @@
-//! The image and the manifests agree with the controller: the container
-//! spec of `deploy/linkerd-cni.yaml`, and the one the upstream
-//! `linkerd2-cni` chart renders with `repairController.enabled=true`, run
-//! a file the Dockerfile puts in the image, with arguments and environment
-//! the controller accepts, and probe the paths and port it serves.
+//! The image and the manifests agree with the controller: the one
+//! container of `deploy/linkerd-cni.yaml` (the installer, which repairs
+//! too) and the repair-controller container the upstream `linkerd2-cni`
+//! chart renders with `repairController.enabled=true` run a file the
+//! Dockerfile puts in the image, with arguments and environment the
+//! controller accepts, and probe the paths and port it serves.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -71,13 +72,22 @@ fn deployed_container() -> Value {
         .into_iter()
         .find(|d| d["kind"] == "DaemonSet")
         .expect("a DaemonSet");
-    ds["spec"]["template"]["spec"]["containers"]
+    let containers = ds["spec"]["template"]["spec"]["containers"]
         .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "repair-controller")
-        .expect("a repair-controller container")
-        .clone()
+        .unwrap();
+    assert_eq!(containers.len(), 1, "deploy/ runs one container");
+    containers[0].clone()
+}
+
+/// The image's entrypoint, the Dockerfile's `ENTRYPOINT ["..."]`.
+fn entrypoint() -> String {
+    let line = dockerfile_lines()
+        .into_iter()
+        .find(|l| l.starts_with("ENTRYPOINT "))
+        .expect("an ENTRYPOINT");
+    let words: Vec<String> = serde_json::from_str(line["ENTRYPOINT ".len()..].trim())
+        .unwrap_or_else(|e| panic!("{line}: {e}"));
+    words[0].clone()
 }
 
 /// The container the upstream chart renders (its template, with the
@@ -190,39 +200,112 @@ fn check_container(c: &Value, origin: &str) {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready", "{origin}");
 }
 
+/// The variables of a container's `env` with their downward-API field
+/// (empty for a plain value).
+fn fields(c: &Value) -> BTreeMap<String, String> {
+    c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["valueFrom"]["fieldRef"]["fieldPath"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// deploy/'s container runs the image's entrypoint, the agent under the
+/// installer's name, with the variable that makes it repair too and the
+/// controller's variables it needs; its liveness probe is the
+/// controller's admin server, where the controller listens by default.
 #[test]
-fn the_deployed_container_runs_what_the_image_holds() {
+fn the_deployed_container_runs_the_installer_which_repairs() {
     let c = deployed_container();
-    check_container(&c, "deploy/linkerd-cni.yaml");
-    // The chain check reads the conf dir where the controller looks by
-    // default, without being able to write it.
-    let mount = c["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == "/host/etc/cni/net.d")
-        .expect("the conf dir mounted");
-    assert_eq!(mount["readOnly"], true);
-    let parsed =
+    assert!(
+        c.get("command").is_none() && c.get("args").is_none(),
+        "{c:#}"
+    );
+    let entry = entrypoint();
+    let src = image_files()
+        .get(&entry)
+        .cloned()
+        .unwrap_or_else(|| panic!("{entry} is not in the image"));
+    assert!(
+        src.ends_with("/linkerd-cni-agent"),
+        "{entry} comes from {src}"
+    );
+    assert!(
+        !entry.ends_with(&format!("/{}", linkerd_cni_agent::REPAIR_CONTROLLER)),
+        "the entrypoint runs the installer's command line: {entry}"
+    );
+
+    let env = fields(&c);
+    let switch = linkerd_cni_agent::repair::cli::SWITCH;
+    assert_eq!(switch, env_of("node_name"));
+    assert_eq!(env.get(switch).map(String::as_str), Some("spec.nodeName"));
+    assert_eq!(
+        env.get(&env_of("controller_pod_name")).map(String::as_str),
+        Some("metadata.name")
+    );
+    let known: Vec<String> = Args::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for name in env.keys() {
+        assert!(
+            !name.starts_with("LINKERD_CNI_REPAIR_CONTROLLER_") || known.contains(name),
+            "the controller reads no {name}"
+        );
+    }
+
+    let defaults =
         Args::try_parse_from(["x", "--node-name", "n", "--controller-pod-name", "p"]).unwrap();
-    assert_eq!(parsed.cni_net_dir, PathBuf::from("/host/etc/cni/net.d"));
-    // The plugin's state dir, where it binds the lookup socket, where it
-    // looks by default.
-    let state = c["volumeMounts"]
+    let port_name = c["livenessProbe"]["httpGet"]["port"].as_str().unwrap();
+    let port = c["ports"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|m| m["name"] == "cni-state-dir")
-        .expect("the state dir mounted");
-    assert_eq!(state["mountPath"], "/host/run/linkerd-cni");
+        .find(|p| p["name"] == port_name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no port {port_name}"));
+    assert_eq!(u64::from(defaults.admin_addr.port()), port);
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
+    // Readiness is the installer's: the node chained.
+    assert_eq!(
+        c["readinessProbe"]["exec"]["command"],
+        json!([entry, "check"])
+    );
+
+    // The chain check reads the conf dir where the controller looks by
+    // default (the installer's mount, writable); the lookup socket goes
+    // to the plugin's state dir, where it looks by default.
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let mount = |name: &str| {
+        mounts
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not mounted"))
+    };
+    assert_eq!(
+        mount("cni-net-dir")["mountPath"],
+        defaults.cni_net_dir.display().to_string()
+    );
+    let state = mount("cni-state-dir");
+    assert_eq!(state["mountPath"], defaults.state_dir.display().to_string());
     assert_ne!(state["readOnly"], true);
-    assert_eq!(parsed.state_dir, PathBuf::from("/host/run/linkerd-cni"));
 }
 
 /// uid 0, for a lookup socket the plugin trusts (root's, served by root),
-/// but no capability: bound by owners and modes like any user.
+/// with the one capability the installer needs (CHOWN, see
+/// capabilities.rs) and no other; the admin server on the node's IP.
 #[test]
-fn the_deployed_container_has_no_capability_and_listens_on_the_node_ip_only() {
+fn the_deployed_container_has_chown_alone_and_listens_on_the_node_ip_only() {
     let c = deployed_container();
     let sc = &c["securityContext"];
     assert_eq!(sc["runAsUser"], 0, "{sc:#}");
@@ -230,16 +313,15 @@ fn the_deployed_container_has_no_capability_and_listens_on_the_node_ip_only() {
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
-    assert!(sc["capabilities"].get("add").is_none(), "{sc:#}");
+    assert_eq!(sc["capabilities"]["add"], json!(["CHOWN"]), "{sc:#}");
     // The admin address's IP comes from the downward API: the host
     // network's 0.0.0.0 would be every address of the node.
     let ip_var = env_of("admin_ip");
-    let env = c["env"].as_array().unwrap();
-    let ip = env
-        .iter()
-        .find(|e| e["name"] == ip_var.as_str())
-        .unwrap_or_else(|| panic!("no {ip_var} in {env:#?}"));
-    assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
+    assert_eq!(
+        fields(&c).get(&ip_var).map(String::as_str),
+        Some("status.hostIP"),
+        "{ip_var}"
+    );
 }
 
 #[test]

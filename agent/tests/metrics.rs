@@ -85,13 +85,32 @@ fn moved(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTree
         .collect()
 }
 
-/// Sockets the process holds, and its thread count.
+/// Network (TCP and UDP) sockets the process holds, and its thread count.
+/// Not its Unix sockets: tokio's runtime keeps a socket pair for its
+/// signal handling, which reaches no network.
 fn sockets_and_threads(pid: u32) -> (usize, usize) {
+    let inet: Vec<String> = ["tcp", "tcp6", "udp", "udp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| {
+            let inodes: Vec<String> = table
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(9).map(str::to_string))
+                .collect();
+            inodes
+        })
+        .collect();
     let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t.strip_prefix("socket:[")
+                    .and_then(|i| i.strip_suffix(']'))
+                    .is_some_and(|i| inet.iter().any(|n| n == i))
+            })
         })
         .count();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -355,4 +374,37 @@ fn owned_mode_counts_its_copies() {
         "only the copy followed the primary: {m:?}\n{}",
         inst.log()
     );
+}
+
+/// Silent connections as many as the server holds, from the scraper's own
+/// address and from others, do not keep a scrape from its page: the oldest
+/// of them make room. One address holds at most 4 of them.
+#[test]
+fn silent_connections_do_not_blind_a_scrape() {
+    let node = Node::new("metrics-flood");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let (_inst, addr) = start_chained(&node);
+    let silent = |last: u8| testkit::connect_from([127, 0, 0, last].into(), addr).unwrap();
+    let started = std::time::Instant::now();
+    // 16 from the scraper's address.
+    let held: Vec<TcpStream> = (0..16).map(|_| silent(1)).collect();
+    scrape(addr);
+    // 4 from each of 4 others: all the server holds.
+    let mut others: Vec<TcpStream> = (2..6)
+        .flat_map(|i| (0..4).map(move |_| i))
+        .map(silent)
+        .collect();
+    // A fifth from one of them: its own oldest makes room, at once (not
+    // at the 5 s header timeout).
+    others.push(silent(2));
+    let first = &mut others[0];
+    first.set_read_timeout(Some(GRACE * 2)).unwrap();
+    assert_eq!(first.read(&mut [0u8; 64]).unwrap_or(0), 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    scrape(addr);
+    drop(held);
 }

@@ -1,13 +1,16 @@
-//! The admin server: `/live` (the process answers), `/ready` (the first
-//! list of this node's pods has been processed) and `/metrics`
-//! (Prometheus text), as the chart's probes and scrapers expect them.
+//! The admin server of both command lines: `/metrics`, and for the repair
+//! controller `/live` (the process answers) and `/ready` (the first list of
+//! this node's pods has been processed), as the chart's probes and
+//! scrapers expect them. One request per connection.
 //!
 //! It listens on the node's network (the DaemonSet uses host networking),
 //! so anyone who can reach the node can reach it: [`Limits`] bounds what
-//! connections can hold (slots, time), and each kind of refusal is logged
-//! at most once a minute, with the count since the last line.
+//! connections can hold (slots, time). When they are all taken, the oldest
+//! connection that has not sent a whole request head makes room for the new
+//! one, so that silent connections cannot blind a probe or a scrape; each
+//! kind of refusal is logged at most once a minute, with the count since
+//! the last line.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,13 +23,52 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// What the admin server reports.
 #[derive(Clone)]
 pub struct AdminState {
-    pub ready: Arc<AtomicBool>,
+    /// Serves `/live` and `/ready` (from this) when set; else `/metrics`
+    /// only.
+    pub ready: Option<Arc<AtomicBool>>,
     pub registry: Arc<Registry>,
+    pub format: Format,
+    /// Comment lines the page ends with (Prometheus' format only), made
+    /// when it is scraped: what the metrics cannot say, such as a file
+    /// that could not be read.
+    pub notes: Option<Notes>,
+}
+
+/// See [`AdminState::notes`].
+pub type Notes = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The text format `/metrics` is served in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0, as upstream's repair controller serves it.
+    OpenMetrics,
+    /// Prometheus' text format 0.0.4, as the installer always served it.
+    Prometheus,
+}
+
+/// The registry as a page in `format`, and its content type.
+pub fn encode(registry: &Registry, format: Format) -> (String, &'static str) {
+    match format {
+        Format::OpenMetrics => (
+            crate::repair::metrics::encode(registry),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        Format::Prometheus => {
+            let mut out = String::new();
+            // Writing to a String cannot fail.
+            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+            (
+                out,
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            )
+        }
+    }
 }
 
 /// What connections may hold. A probe or a scrape is one short request:
@@ -44,6 +86,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// The longest a connection stays open, requests and all.
     pub max_connection_age: Duration,
+    /// The longest request head read (hyper's least is 8 KiB): 431 past it.
+    pub max_head: usize,
 }
 
 impl Default for Limits {
@@ -53,6 +97,7 @@ impl Default for Limits {
             max_per_peer: 4,
             header_read_timeout: Duration::from_secs(5),
             max_connection_age: Duration::from_secs(60),
+            max_head: 16 * 1024,
         }
     }
 }
@@ -103,52 +148,86 @@ impl Throttle {
     }
 }
 
-/// Connections held, in total and per peer address.
+/// The connections held, oldest first.
 #[derive(Debug, Default)]
 struct Held {
-    total: usize,
-    per_peer: HashMap<IpAddr, usize>,
+    next_id: u64,
+    conns: Vec<Held1>,
 }
 
-/// One connection's share of [`Held`], given back on drop.
+#[derive(Debug)]
+struct Held1 {
+    id: u64,
+    peer: IpAddr,
+    /// Set once the whole request head is in: no longer a candidate to make
+    /// room.
+    head: Arc<AtomicBool>,
+    /// Closes the connection to make room for a new one.
+    evict: oneshot::Sender<()>,
+}
+
+/// One connection's place in [`Held`], given back on drop.
 struct Slot {
     held: Arc<Mutex<Held>>,
-    peer: IpAddr,
+    id: u64,
+    head: Arc<AtomicBool>,
+    evicted: oneshot::Receiver<()>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Refusal {
+/// Which limit a new connection met.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum AtLimit {
     Total,
     Peer,
 }
 
-fn take_slot(held: &Arc<Mutex<Held>>, peer: IpAddr, limits: &Limits) -> Result<Slot, Refusal> {
+/// A place for a connection from `peer`, and the limit it met, if any. At
+/// a limit, the oldest connection (from `peer`, at its own limit) that has
+/// not sent a whole request head is closed to make room; when every one
+/// has, the new connection is refused.
+fn take_slot(
+    held: &Arc<Mutex<Held>>,
+    peer: IpAddr,
+    limits: &Limits,
+) -> Result<(Slot, Option<AtLimit>), AtLimit> {
     let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
-    if h.total >= limits.max_connections {
-        return Err(Refusal::Total);
+    let full = if h.conns.iter().filter(|c| c.peer == peer).count() >= limits.max_per_peer {
+        Some(AtLimit::Peer)
+    } else if h.conns.len() >= limits.max_connections {
+        Some(AtLimit::Total)
+    } else {
+        None
+    };
+    if let Some(why) = full {
+        let silent = h.conns.iter().position(|c| {
+            (why == AtLimit::Total || c.peer == peer) && !c.head.load(Ordering::SeqCst)
+        });
+        let evicted = h.conns.remove(silent.ok_or(why)?);
+        let _ = evicted.evict.send(());
     }
-    let n = h.per_peer.entry(peer).or_insert(0);
-    if *n >= limits.max_per_peer {
-        return Err(Refusal::Peer);
-    }
-    *n += 1;
-    h.total += 1;
-    Ok(Slot {
-        held: held.clone(),
+    let (evict, evicted) = oneshot::channel();
+    let id = h.next_id;
+    h.next_id += 1;
+    let head = Arc::new(AtomicBool::new(false));
+    h.conns.push(Held1 {
+        id,
         peer,
-    })
+        head: head.clone(),
+        evict,
+    });
+    let slot = Slot {
+        held: held.clone(),
+        id,
+        head,
+        evicted,
+    };
+    Ok((slot, full))
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        h.total = h.total.saturating_sub(1);
-        if let Some(n) = h.per_peer.get_mut(&self.peer) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                h.per_peer.remove(&self.peer);
-            }
-        }
+        h.conns.retain(|c| c.id != self.id);
     }
 }
 
@@ -175,37 +254,43 @@ pub async fn serve(listener: TcpListener, state: AdminState, limits: Limits) {
                 continue;
             }
         };
-        let slot = match take_slot(&held, peer.ip(), &limits) {
-            Ok(slot) => slot,
-            Err(why) => {
-                // Closed at once: the fd and the memory go back now.
-                drop(tcp);
-                if let Some(suppressed) = refusals.allow(Instant::now()) {
-                    let (what, limit) = match why {
-                        Refusal::Total => ("all peers", limits.max_connections),
-                        Refusal::Peer => ("one peer", limits.max_per_peer),
-                    };
-                    tracing::warn!(%peer, suppressed, "admin server at its connection limit ({limit} for {what}): closing new connections; is something flooding port {}?", listener.local_addr().map(|a| a.port()).unwrap_or(0));
-                }
-                continue;
-            }
-        };
+        let taken = take_slot(&held, peer.ip(), &limits);
+        if let Err(why) | Ok((_, Some(why))) = taken
+            && let Some(suppressed) = refusals.allow(Instant::now())
+        {
+            let (what, limit) = match why {
+                AtLimit::Total => ("all peers", limits.max_connections),
+                AtLimit::Peer => ("one peer", limits.max_per_peer),
+            };
+            let done = match taken {
+                Ok(_) => "closing the oldest that has sent no request",
+                Err(_) => "closing new connections (each has sent a request)",
+            };
+            tracing::warn!(%peer, suppressed, "admin server at its connection limit ({limit} for {what}): {done}; is something flooding port {}?", listener.local_addr().map(|a| a.port()).unwrap_or(0));
+        }
+        // Refused: closed at once, the fd and the memory go back now.
+        let Ok((mut slot, _)) = taken else { continue };
         let state = state.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let head = slot.head.clone();
             let service = hyper::service::service_fn(move |req| {
+                head.store(true, Ordering::SeqCst);
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(respond(&req, &state)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(16 * 1024)
+                .keep_alive(false)
+                .max_buf_size(limits.max_head)
                 .serve_connection(TokioIo::new(tcp), service);
-            match tokio::time::timeout(limits.max_connection_age, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "admin connection"),
-                Err(_) => tracing::debug!("admin connection open too long: closed"),
+            tokio::select! {
+                r = tokio::time::timeout(limits.max_connection_age, conn) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(error = %e, "admin connection"),
+                    Err(_) => tracing::debug!("admin connection open too long: closed"),
+                },
+                _ = &mut slot.evicted => tracing::debug!("admin connection silent while the server was full: closed"),
             }
         });
     }
@@ -215,18 +300,19 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
-    match req.uri().path() {
-        "/live" => text(StatusCode::OK, "live\n"),
-        "/ready" if state.ready.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
-        "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
-        "/metrics" => {
-            let body = crate::repair::metrics::encode(&state.registry);
+    match (req.uri().path(), &state.ready) {
+        ("/live", Some(_)) => text(StatusCode::OK, "live\n"),
+        ("/ready", Some(r)) if r.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
+        ("/ready", Some(_)) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        ("/metrics", _) => {
+            let (mut body, content_type) = encode(&state.registry, state.format);
+            if let (Some(notes), Format::Prometheus) = (&state.notes, state.format) {
+                body.push_str(&notes());
+            }
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
+                hyper::header::HeaderValue::from_static(content_type),
             );
             r
         }
@@ -244,6 +330,17 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
 
+    /// A place taken, its request head in already.
+    fn answered(held: &Arc<Mutex<Held>>, peer: IpAddr, limits: &Limits) -> Result<Slot, AtLimit> {
+        let (slot, _) = take_slot(held, peer, limits)?;
+        slot.head.store(true, Ordering::SeqCst);
+        Ok(slot)
+    }
+
+    fn total(held: &Arc<Mutex<Held>>) -> usize {
+        held.lock().unwrap().conns.len()
+    }
+
     #[test]
     fn slots_per_peer_and_in_total() {
         let limits = Limits {
@@ -254,14 +351,158 @@ mod tests {
         let held = Arc::new(Mutex::new(Held::default()));
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         let b: IpAddr = "192.0.2.2".parse().unwrap();
-        let a1 = take_slot(&held, a, &limits).unwrap();
-        let _a2 = take_slot(&held, a, &limits).unwrap();
-        assert_eq!(take_slot(&held, a, &limits).err(), Some(Refusal::Peer));
-        let _b1 = take_slot(&held, b, &limits).unwrap();
-        assert_eq!(take_slot(&held, b, &limits).err(), Some(Refusal::Total));
+        let a1 = answered(&held, a, &limits).unwrap();
+        let _a2 = answered(&held, a, &limits).unwrap();
+        assert_eq!(answered(&held, a, &limits).err(), Some(AtLimit::Peer));
+        let _b1 = answered(&held, b, &limits).unwrap();
+        assert_eq!(answered(&held, b, &limits).err(), Some(AtLimit::Total));
         drop(a1);
-        let _b2 = take_slot(&held, b, &limits).unwrap();
-        assert_eq!(held.lock().unwrap().total, 3);
+        let _b2 = answered(&held, b, &limits).unwrap();
+        assert_eq!(total(&held), 3);
+    }
+
+    /// At a limit, the oldest connection that has sent no request head
+    /// makes room (one of the peer's own at the peer's limit), and is told
+    /// to close.
+    #[test]
+    fn at_a_limit_the_oldest_silent_connection_makes_room() {
+        let limits = Limits {
+            max_connections: 3,
+            max_per_peer: 2,
+            ..Limits::default()
+        };
+        let held = Arc::new(Mutex::new(Held::default()));
+        let [a, b, c]: [IpAddr; 3] =
+            ["192.0.2.1", "192.0.2.2", "192.0.2.3"].map(|s| s.parse().unwrap());
+        let (mut a1, _) = take_slot(&held, a, &limits).unwrap();
+        let _a2 = answered(&held, a, &limits).unwrap();
+        let (mut b1, _) = take_slot(&held, b, &limits).unwrap();
+        // Full: a1, the oldest silent one, goes.
+        let (_c1, at) = take_slot(&held, c, &limits).unwrap();
+        assert_eq!(at, Some(AtLimit::Total));
+        assert_eq!(a1.evicted.try_recv(), Ok(()));
+        assert!(b1.evicted.try_recv().is_err());
+        // Full again: b1 goes.
+        let (mut a3, at) = take_slot(&held, a, &limits).unwrap();
+        assert_eq!(at, Some(AtLimit::Total));
+        assert_eq!(b1.evicted.try_recv(), Ok(()));
+        // `a` at its own limit: its own silent one goes, not c's.
+        let (_a4, at) = take_slot(&held, a, &limits).unwrap();
+        assert_eq!(at, Some(AtLimit::Peer));
+        assert_eq!(a3.evicted.try_recv(), Ok(()));
+        assert_eq!(total(&held), 3);
+        // Every one of `a`'s has sent its request: refused.
+        drop(_a4);
+        let _a5 = answered(&held, a, &limits).unwrap();
+        assert_eq!(answered(&held, a, &limits).err(), Some(AtLimit::Peer));
+        // Dropping an evicted slot gives back nothing twice.
+        drop(a1);
+        assert_eq!(total(&held), 3);
+    }
+
+    /// A server on loopback serving `ready` (installer-style without it),
+    /// in `format`, within `limits`, on a runtime of its own.
+    fn server(ready: Option<bool>, format: Format, limits: Limits) -> SocketAddr {
+        let mut registry = Registry::default();
+        let passes = prometheus_client::metrics::counter::Counter::<u64>::default();
+        registry.register("linkerd_cni_passes", "Passes", passes.clone());
+        passes.inc_by(3);
+        let state = AdminState {
+            ready: ready.map(|r| Arc::new(AtomicBool::new(r))),
+            registry: Arc::new(registry),
+            format,
+            notes: Some(Arc::new(|| "# a note\n".into())),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(bind("127.0.0.1:0".parse().unwrap())).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || rt.block_on(serve(listener, state, limits)));
+        addr
+    }
+
+    /// `request` sent from `from`; what comes back until the server closes
+    /// (nothing when it closed without answering).
+    fn exchange(from: [u8; 4], addr: SocketAddr, request: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s = testkit::connect_from(from.into(), addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let _ = s.write_all(request.as_bytes());
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    #[test]
+    fn serves_the_installer_its_metrics_and_nothing_else() {
+        let addr = server(None, Format::Prometheus, Limits::default());
+        let get = |r: &str| exchange([127, 0, 0, 1], addr, r);
+        let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.contains("text/plain; version=0.0.4"), "{r}");
+        assert!(r.ends_with("\r\n\r\n# HELP linkerd_cni_passes_total Passes.\n# TYPE linkerd_cni_passes_total counter\nlinkerd_cni_passes_total 3\n# a note\n"), "{r}");
+        let r = get("HEAD /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
+        // hyper answers an HTTP/1.0 request in HTTP/1.0.
+        assert!(get("GET /metrics?x=1 HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200 OK"));
+        for path in ["/", "/live", "/ready"] {
+            let r = get(&format!("GET {path} HTTP/1.1\r\n\r\n"));
+            assert!(r.starts_with("HTTP/1.1 404"), "{path}: {r}");
+        }
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let big = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(16 * 1024)
+        );
+        assert!(get(&big).starts_with("HTTP/1.1 431"));
+        // The repair controller's probes, and its OpenMetrics page.
+        let addr = server(Some(true), Format::OpenMetrics, Limits::default());
+        let get = |r: &str| exchange([127, 0, 0, 1], addr, r);
+        assert!(get("GET /live HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+        assert!(get("GET /ready HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+        let r = get("GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            r.contains("application/openmetrics-text") && r.ends_with("# EOF\n"),
+            "{r}"
+        );
+    }
+
+    /// Silent connections filling the server, from the prober's address
+    /// and from others, do not keep a probe from its answer; the ones that
+    /// made room are closed at once, not at the header timeout.
+    #[test]
+    fn silent_connections_do_not_blind_a_probe() {
+        use std::io::Read;
+        let limits = Limits {
+            max_connections: 6,
+            max_per_peer: 3,
+            ..Limits::default()
+        };
+        let addr = server(None, Format::Prometheus, limits);
+        let silent = |last: u8| testkit::connect_from([127, 0, 0, last].into(), addr).unwrap();
+        let started = std::time::Instant::now();
+        let mut held: Vec<std::net::TcpStream> = [1, 1, 1, 2, 2, 2].map(silent).into();
+        let get = "GET /metrics HTTP/1.1\r\n\r\n";
+        // From the flood's own address: at its limit.
+        assert!(exchange([127, 0, 0, 1], addr, get).starts_with("HTTP/1.1 200"));
+        // From another, once the server is full again.
+        held.push(silent(3));
+        assert!(exchange([127, 0, 0, 3], addr, get).starts_with("HTTP/1.1 200"));
+        // The two oldest were closed to make room.
+        for s in &mut held[..2] {
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            assert_eq!(s.read(&mut [0u8; 64]).unwrap_or(0), 0);
+        }
+        assert!(
+            started.elapsed() < limits.header_read_timeout,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -1,11 +1,17 @@
 //! The repair controller's command line: `linkerd-cni-repair-controller`,
-//! as the linkerd2-cni chart's repair-controller container runs it.
+//! as the linkerd2-cni chart's repair-controller container runs it; and the
+//! same controller beside the installer ([`Beside`]), when the installer's
+//! environment asks for it ([`from_env`]): deploy/'s one container.
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crate::repair::admin::{self, AdminState, Limits};
+use crate::repair::admin::{self, AdminState, Format, Limits};
 use crate::repair::args::Args;
 use crate::repair::backoff::Policy;
 use crate::repair::controller::{Controller, Settings};
@@ -18,25 +24,29 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus_client::registry::Registry;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// The variable that makes the installer's command line repair pods too.
+/// The chart's install-cni container never sets it (the chart's own
+/// repair-controller container repairs, when enabled), deploy/'s one
+/// container does: so exactly one process repairs a node's pods.
+pub const SWITCH: &str = "LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME";
+
+/// How long the installer waits, at SIGTERM, for the controller beside it
+/// to stop (its watch closed, the lookup socket removed).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
 pub fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = logging::init(&args.log_level, args.log_format) {
         eprintln!("linkerd-cni-repair-controller: {e}");
         return ExitCode::from(2);
     }
-    // One thread: the controller never blocks it (file reads go to the
-    // blocking pool), so the admin server answers probes between its awaits.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
+    let result = runtime().and_then(|rt| {
+        rt.block_on(async {
+            let shutdown = signalled()?;
+            run(args, shutdown).await
+        })
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -45,7 +55,122 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+/// One thread: the controller never blocks it (file reads go to the
+/// blocking pool), so the admin server answers probes between its awaits.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+/// SIGTERM or SIGINT, handled from now on.
+fn signalled() -> Result<impl Future<Output = ()>, String> {
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// The repair controller's settings for the installer's command line,
+/// from the repair controller's variables (no flags: the installer takes
+/// none), or `None` when [`SWITCH`] is unset or empty: then the installer
+/// repairs nothing and answers no lookups. Logging is set up as the
+/// variables say.
+pub fn from_env() -> Result<Option<Args>, String> {
+    if std::env::var_os(SWITCH).is_none_or(|v| v.is_empty()) {
+        return Ok(None);
+    }
+    let argv: [OsString; 1] = [crate::REPAIR_CONTROLLER.into()];
+    let args = Args::try_parse_from(argv).map_err(|e| {
+        // Only the error: clap's usage and its hint at --help are the
+        // controller's command line, which the installer does not take.
+        let e = e.render().to_string();
+        let e = e
+            .split("\n\n")
+            .next()
+            .unwrap_or_default()
+            .replace('\n', " ");
+        format!(
+            "{SWITCH} is set, so this installer also repairs pods, with the repair \
+             controller's variables (docs/configuration.md, \"Repair controller flags\"), \
+             but they are not valid: {}",
+            e.trim()
+        )
+    })?;
+    logging::init(&args.log_level, args.log_format).map_err(|e| e.to_string())?;
+    Ok(Some(args))
+}
+
+/// The repair controller on a thread of its own beside the installer's
+/// loop, with its own runtime. Stopped by [`Beside::stop`] or on drop.
+pub struct Beside {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: mpsc::Receiver<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Beside {
+    /// Starts it. The caller has blocked SIGTERM and SIGINT (the thread
+    /// inherits that), so that they reach the installer's loop alone.
+    pub fn start(args: Args) -> Result<Beside, String> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (finished, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("repair".into())
+            .spawn(move || {
+                // A failure leaves the installer running without repairs:
+                // its chain work does not depend on them, and deploy/'s
+                // liveness probe, on this controller's admin server,
+                // restarts the container.
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                if let Err(e) = runtime().and_then(|rt| rt.block_on(run(args, stopped))) {
+                    tracing::error!("the repair controller stopped: {e}");
+                }
+                let _ = finished.send(());
+            })
+            .map_err(|e| format!("cannot start the repair controller's thread: {e}"))?;
+        Ok(Beside {
+            stop: Some(stop),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops it, waiting a bounded time.
+    pub fn stop(&mut self) {
+        let Some(stop) = self.stop.take() else {
+            return;
+        };
+        let _ = stop.send(());
+        match self.done.recv_timeout(STOP_WITHIN) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
+            }
+        }
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let client = client(&args).await?;
 
     let mut registry = Registry::default();
@@ -65,25 +190,15 @@ async fn run(args: Args) -> Result<(), String> {
     tokio::spawn(admin::serve(
         listener,
         AdminState {
-            ready: ready.clone(),
+            ready: Some(ready.clone()),
             registry: Arc::new(registry),
+            format: Format::OpenMetrics,
+            notes: None,
         },
         limits,
     ));
 
     let _socket = answer_lookups(&args, &client, lookup_metrics);
-
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("shutting down");
-    };
 
     let settings = Settings {
         node_name: args.node_name,
@@ -97,7 +212,10 @@ async fn run(args: Args) -> Result<(), String> {
         api_timeout: args.api_timeout,
     };
     Controller::new(client, settings, metrics, ready)
-        .run(shutdown)
+        .run(async {
+            shutdown.await;
+            tracing::info!("shutting down");
+        })
         .await;
     Ok(())
 }
