@@ -141,6 +141,10 @@ pub struct Config {
     /// Watch the conf dir and the other inputs (inotify) to reconcile sooner.
     #[arg(long, env = "LINKERD_CNI_WATCH", default_value = "true", value_parser = boolean, action = clap::ArgAction::Set)]
     pub watch: bool,
+    /// No token and no kubeconfig on the node's disk: the entry tells the
+    /// plugin so (`kubernetes.agent-only`), and it asks the node agent alone.
+    #[arg(long, env = "LINKERD_CNI_AGENT_ONLY", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set)]
+    pub agent_only: bool,
     /// The installer's own token, CA and namespace.
     #[arg(long, env = "LINKERD_CNI_SERVICE_ACCOUNT_DIR", default_value = "/var/run/secrets/kubernetes.io/serviceaccount", value_parser = absolute)]
     pub service_account_dir: PathBuf,
@@ -323,12 +327,15 @@ impl Config {
     /// runtime is reconfigured, and the mode follows.
     pub fn desired(&self) -> Result<(Entry, ModeNote), ConfigError> {
         let text = self.template.read()?;
-        let e = entry::render(
+        let mut e = entry::render(
             &text,
             self.template.var(),
             &self.kubeconfig_host_path(),
             &self.dest_cni_net_dir,
         )?;
+        if self.agent_only {
+            e = entry::agent_only(e, self.template.var())?;
+        }
         let template_auto = e
             .get(owned::MODE_KEY)
             .is_some_and(|v| v.as_str() == Some(AUTO));

@@ -43,7 +43,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
+use linkerd_cni_state::outcomes::{self, Outcome, PassCause, RetryCause};
 
 use linkerd_cni_kube::token::{self, Claims};
 use linkerd_cni_kube::{ApiError, names::segment};

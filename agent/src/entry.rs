@@ -103,6 +103,25 @@ pub fn render(
     })
 }
 
+/// The entry for a node without the plugin's credential
+/// (`LINKERD_CNI_AGENT_ONLY`): `kubernetes.agent-only` set, and no
+/// `kubernetes.kubeconfig`, which names no file on such a node.
+pub fn agent_only(entry: Entry, var: &'static str) -> Result<Entry, ConfigError> {
+    let mut m = entry.into_map();
+    let k8s = m
+        .entry("kubernetes")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let Value::Object(k8s) = k8s else {
+        return Err(ConfigError::new(
+            var,
+            format!("kubernetes must be a JSON object, got {}", kind(k8s)),
+        ));
+    };
+    k8s.remove("kubeconfig");
+    k8s.insert("agent-only".into(), Value::Bool(true));
+    Entry::new(m, var).map_err(|e| ConfigError::new(var, e.to_string()))
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
-    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, heartbeat,
-    write,
+    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, write,
 };
+use linkerd_cni_state::heartbeat;
 use tracing::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
@@ -269,6 +269,9 @@ impl Installer {
     /// Whether the kubeconfig is current.
     fn reconcile_kubeconfig(&mut self) -> bool {
         let path = self.cfg.kubeconfig_path();
+        if self.cfg.agent_only {
+            return self.no_kubeconfig(&path);
+        }
         let written = self
             .credential
             .token(&self.cfg)
@@ -293,6 +296,33 @@ impl Installer {
                 false
             }
         }
+    }
+
+    /// With `LINKERD_CNI_AGENT_ONLY`, no credential of the plugin's on the
+    /// node's disk: none minted, none written, and one an earlier installer
+    /// wrote removed. Whether none is left.
+    fn no_kubeconfig(&mut self, path: &Path) -> bool {
+        match std::fs::remove_file(path) {
+            Ok(()) => tracing::info!(
+                "removed {}: LINKERD_CNI_AGENT_ONLY keeps no credential on the node",
+                path.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                self.notes.log_change(
+                    "kubeconfig",
+                    Level::ERROR,
+                    format!(
+                        "cannot remove {} (LINKERD_CNI_AGENT_ONLY keeps no credential on the \
+                         node): {e}",
+                        path.display()
+                    ),
+                );
+                return false;
+            }
+        }
+        self.notes.clear_silently("kubeconfig");
+        true
     }
 
     fn reconcile_entry(&mut self) -> Entry {
@@ -527,38 +557,41 @@ impl Installer {
                 Err(e) => problems.push(format!("binary {}: {e}", b.dest.display())),
             }
         }
-        let path = self.cfg.kubeconfig_path();
-        // Rendered with the token it holds: the server, the CA and the mode
-        // must be current, and the token one this installer would keep. A
-        // kubeconfig without a token is not ready either: the plugin's token
-        // has not been minted yet.
-        let token = kubeconfig::file_token(&self.cfg);
-        // Without a token of its own, none is written (see
-        // `Credential::token`): that is what is missing.
-        let usable = match (&token, kubeconfig::own_token(&self.cfg)) {
-            (None, Err(e)) => Err(e.to_string()),
-            _ => Ok(()),
-        };
-        match usable
-            .and_then(|()| {
-                kubeconfig::render(&self.cfg, token.as_deref()).map_err(|e| e.to_string())
-            })
-            .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
-        {
-            Ok(KubeconfigState::Current) => match &token {
-                Some(t) => {
-                    if let Some(why) = credential::problem(&self.cfg, t) {
-                        problems.push(format!("kubeconfig {}: {why}", path.display()));
+        // With LINKERD_CNI_AGENT_ONLY there is no kubeconfig to be current.
+        if !self.cfg.agent_only {
+            let path = self.cfg.kubeconfig_path();
+            // Rendered with the token it holds: the server, the CA and the mode
+            // must be current, and the token one this installer would keep. A
+            // kubeconfig without a token is not ready either: the plugin's token
+            // has not been minted yet.
+            let token = kubeconfig::file_token(&self.cfg);
+            // Without a token of its own, none is written (see
+            // `Credential::token`): that is what is missing.
+            let usable = match (&token, kubeconfig::own_token(&self.cfg)) {
+                (None, Err(e)) => Err(e.to_string()),
+                _ => Ok(()),
+            };
+            match usable
+                .and_then(|()| {
+                    kubeconfig::render(&self.cfg, token.as_deref()).map_err(|e| e.to_string())
+                })
+                .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
+            {
+                Ok(KubeconfigState::Current) => match &token {
+                    Some(t) => {
+                        if let Some(why) = credential::problem(&self.cfg, t) {
+                            problems.push(format!("kubeconfig {}: {why}", path.display()));
+                        }
                     }
-                }
-                None => problems.push(format!(
-                    "kubeconfig {} holds no token yet: the plugin's could not be minted (the \
-                     installer's log says why); pods are retried meanwhile",
-                    path.display()
-                )),
-            },
-            Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
-            Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
+                    None => problems.push(format!(
+                        "kubeconfig {} holds no token yet: the plugin's could not be minted (the \
+                         installer's log says why); pods are retried meanwhile",
+                        path.display()
+                    )),
+                },
+                Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
+                Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
+            }
         }
         let entry = match self.cfg.desired_entry() {
             Ok(e) => e,

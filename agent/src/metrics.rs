@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
 use linkerd_cni_kube::token::unix_time;
+use linkerd_cni_state::outcomes;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;

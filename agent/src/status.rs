@@ -11,8 +11,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use linkerd_cni_chain::outcomes;
 use linkerd_cni_chain::owned::ChainMode;
+use linkerd_cni_state::outcomes;
 
 use crate::installer::Installer;
 use crate::metrics::{REPAIR_CAUSES, Verdict};

@@ -142,13 +142,13 @@ fn a_fifo_counter_file_holds_up_neither_the_loop_nor_status() {
     node.write_by_rename("10-calico.conflist", &calico_text(0));
     let state = node.prefix.join("run/linkerd-cni");
     fs::create_dir_all(&state).unwrap();
-    let counters = state.join(linkerd_cni_chain::outcomes::OUTCOMES_FILE);
+    let counters = state.join(linkerd_cni_state::outcomes::OUTCOMES_FILE);
     testkit::mkfifo(&counters);
     let inst = node.start(&[("LINKERD_CNI_METRICS_ADDR", "127.0.0.1:0")]);
     node.wait_healthy(LIMIT)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     // The heartbeat is written after the counters are read.
-    let beat = linkerd_cni_chain::heartbeat::path(&state);
+    let beat = linkerd_cni_state::heartbeat::path(&state);
     assert!(
         wait_until(LIMIT, || beat.exists()),
         "no heartbeat\n{}",

@@ -434,7 +434,7 @@ fn leftover_temp_files_are_removed_at_start() {
 /// uninstall.
 #[test]
 fn heartbeat_in_the_state_dir_while_the_kubeconfig_is_current() {
-    use linkerd_cni_chain::heartbeat::{self, Liveness};
+    use linkerd_cni_state::heartbeat::{self, Liveness};
     let node = Node::new("heartbeat");
     let state_dir = node.prefix.join("run/linkerd-cni");
     let beat = state_dir.join(heartbeat::HEARTBEAT_FILE);
@@ -498,7 +498,7 @@ fn heartbeat_in_the_state_dir_while_the_kubeconfig_is_current() {
 /// file names included; `status` goes on without the image bin dir.
 #[test]
 fn uninstall_and_status_need_only_what_they_use() {
-    use linkerd_cni_chain::heartbeat;
+    use linkerd_cni_state::heartbeat;
     let node = Node::new("uninstall-bare");
     let calico = calico_text(0);
     node.write_by_rename("10-calico.conflist", &calico);

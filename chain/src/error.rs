@@ -66,7 +66,9 @@ pub enum EntryProblem {
 }
 
 impl ChainError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    /// An I/O error of `action` on `path`: also the state crate's, for the
+    /// files it writes through this crate.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         ChainError::Io {
             action,
             path: path.into(),

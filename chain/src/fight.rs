@@ -16,15 +16,13 @@
 //!
 //! [`FightDetector`] keeps the history in memory for the long-lived
 //! installer. The plugin is a process per ADD, so it keeps the same history
-//! in a small file in its state dir ([`PersistedFights`]), never in the conf
-//! dir.
+//! on the wall clock ([`FightHistory`]), which the state crate
+//! (`linkerd_cni_state`) saves in the plugin's state dir between ADDs, never
+//! in the conf dir.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use serde_json::Value;
 
 /// Repairs of one file, in seconds on some clock, oldest first.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -197,29 +195,16 @@ pub fn content_sha256(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The plugin's fight history: [`FightDetector`]'s logic on wall-clock
-/// seconds, kept in `<state_dir>/chain-repairs.json` between invocations.
-/// Best effort throughout: losing it only delays detection. To record a
-/// repair, load and record while still holding the conf-dir lock the repair
-/// took (the keeper does: [`crate::RepairLimit::record`]): the file is read,
-/// updated and replaced as a whole, so two plugins doing that concurrently
-/// would lose one record. Loaded on first use: an ADD that repairs nothing
-/// never reads it.
-#[derive(Debug, Clone)]
-pub struct PersistedFights {
-    path: PathBuf,
+/// [`FightDetector`]'s logic on wall-clock seconds, keyed by file and
+/// content: a history that outlives a process once saved, as the plugin's
+/// is (`linkerd_cni_state::PersistedFights`). Holds a repair back while its
+/// content is fought over; records repairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FightHistory {
     window: Duration,
     threshold: u32,
-    repairs: std::cell::OnceCell<BTreeMap<String, History>>,
+    repairs: BTreeMap<String, History>,
 }
-
-/// At most this many files' histories are read back...
-const MAX_HISTORIES: usize = 1024;
-/// ...each of at most this many repairs (far above any threshold).
-const MAX_HISTORY_LEN: usize = 64;
-
-/// The history file [`PersistedFights`] keeps in the plugin's state dir.
-pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
 
 fn wall_now() -> f64 {
     SystemTime::now()
@@ -228,126 +213,62 @@ fn wall_now() -> f64 {
         .unwrap_or_default()
 }
 
-impl PersistedFights {
-    /// The history saved in `state_dir`; empty when absent or unreadable.
-    /// Read on first use.
-    pub fn load(state_dir: &Path, window: Duration, threshold: u32) -> Self {
-        PersistedFights {
-            path: state_dir.join(FIGHT_STATE_FILE),
+impl FightHistory {
+    /// A fight is `threshold` repairs of one content within `window`.
+    pub fn new(window: Duration, threshold: u32) -> Self {
+        FightHistory {
             window,
             threshold: threshold.max(1),
-            repairs: std::cell::OnceCell::new(),
+            repairs: BTreeMap::new(),
         }
     }
 
-    /// Forgets what was read: the next use reads the file again.
-    pub fn reload(&mut self) {
-        self.repairs = std::cell::OnceCell::new();
+    /// The history with these repair times (seconds since the epoch) per
+    /// key, as [`FightHistory::times`] gave them; times not finite are no
+    /// times.
+    pub fn with_times(mut self, times: impl IntoIterator<Item = (String, Vec<f64>)>) -> Self {
+        for (k, ts) in times {
+            let ts = ts.into_iter().filter(|t| t.is_finite()).collect();
+            self.repairs.insert(k, History(ts));
+        }
+        self
     }
 
-    fn repairs(&self) -> &BTreeMap<String, History> {
-        self.repairs.get_or_init(|| read_history(&self.path))
+    /// The repair times per key, oldest first.
+    pub fn times(&self) -> impl Iterator<Item = (&str, Vec<f64>)> {
+        self.repairs
+            .iter()
+            .map(|(k, h)| (k.as_str(), h.0.iter().copied().collect()))
     }
 
-    fn repairs_mut(&mut self) -> &mut BTreeMap<String, History> {
-        self.repairs();
-        self.repairs.get_mut().expect("initialised just above")
-    }
-
-    fn key(file: &Path) -> String {
-        file.to_string_lossy().into_owned()
-    }
-
-    /// Whether a repair of `file` is allowed now.
-    pub fn allow(&self, file: &Path) -> bool {
-        self.repairs()
-            .get(&Self::key(file))
+    /// Whether a repair of `file` from content with `digest` is allowed now.
+    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
+        self.repairs
+            .get(&key(&keyed(file, digest)))
             .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
     }
 
-    /// [`Self::allow`] for a repair from content with `digest`.
-    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
-        self.allow(&keyed(file, digest))
-    }
-
-    /// [`Self::record`] of a repair from content with `digest`: only
-    /// repairs of the same content count towards a fight.
+    /// Records a repair of `file` from content with `digest`, made now;
+    /// the warning when it is a fight. Only repairs of the same content
+    /// count towards one.
     pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
-        let fighting = self.record_keyed(&keyed(file, digest));
-        fighting.then(|| warning(file, self.threshold, self.window))
-    }
-
-    /// Records a repair and saves; returns the warning when it is a fight.
-    pub fn record(&mut self, file: &Path) -> Option<String> {
-        let fighting = self.record_keyed(file);
-        fighting.then(|| warning(file, self.threshold, self.window))
-    }
-
-    /// Records a repair under the history key `file` and saves; returns
-    /// whether it is a fight.
-    fn record_keyed(&mut self, file: &Path) -> bool {
         let now = wall_now();
         let w = self.window.as_secs_f64();
-        let threshold = self.threshold;
-        let repairs = self.repairs_mut();
-        for h in repairs.values_mut() {
+        for h in self.repairs.values_mut() {
             h.prune(now, w);
         }
-        repairs.retain(|_, h| !h.0.is_empty());
-        let fighting = repairs
-            .entry(Self::key(file))
+        self.repairs.retain(|_, h| !h.0.is_empty());
+        let fighting = self
+            .repairs
+            .entry(key(&keyed(file, digest)))
             .or_default()
-            .record(now, w, threshold);
-        if let Err(e) = self.save() {
-            log::debug!("cannot save {}: {e}", self.path.display());
-        }
-        fighting
-    }
-
-    fn save(&self) -> std::io::Result<()> {
-        let dir = super::write::parent(&self.path);
-        fs::create_dir_all(dir)?;
-        let m: serde_json::Map<String, Value> = self
-            .repairs()
-            .iter()
-            .map(|(k, h)| (k.clone(), h.0.iter().map(|&t| Value::from(t)).collect()))
-            .collect();
-        let text = Value::Object(m).to_string();
-        let tmp = super::write::write_temp(dir, text.as_bytes(), None)?;
-        fs::rename(&tmp, &self.path).inspect_err(|_| {
-            let _ = fs::remove_file(&tmp);
-        })
+            .record(now, w, self.threshold);
+        fighting.then(|| warning(file, self.threshold, self.window))
     }
 }
 
-/// The history in `path`; empty when absent or unreadable.
-fn read_history(path: &Path) -> BTreeMap<String, History> {
-    let mut repairs = BTreeMap::new();
-    let bytes = match super::statefile::read(path) {
-        Ok(b) => b,
-        Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("the repair history {}: {e}", path.display());
-            }
-            return repairs;
-        }
-    };
-    if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&bytes) {
-        // Bounded: a history holds the last `threshold` repairs of the few
-        // files and contents one node has; times not finite are no times.
-        for (k, v) in m.into_iter().take(MAX_HISTORIES) {
-            if let Value::Array(ts) = v {
-                let ts: VecDeque<f64> = ts
-                    .iter()
-                    .filter_map(Value::as_f64)
-                    .filter(|t| t.is_finite())
-                    .collect();
-                let skip = ts.len().saturating_sub(MAX_HISTORY_LEN);
-                repairs.insert(k, History(ts.into_iter().skip(skip).collect()));
-            }
-        }
-    }
-    repairs
+fn key(file: &Path) -> String {
+    file.to_string_lossy().into_owned()
 }
 
 #[cfg(test)]
@@ -429,45 +350,6 @@ mod tests {
         // Old histories are pruned: the map stays small.
         d.record_repair_of(f, "late", t1 + Duration::from_secs(120));
         assert_eq!(d.repairs.len(), 1);
-    }
-
-    #[test]
-    fn persisted_history_is_per_content() {
-        let dir = std::env::temp_dir().join(format!("lcni-fight-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        let f = Path::new("/x/a.conflist");
-        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
-        assert_eq!(p.record_of(f, "one"), None);
-        assert_eq!(p.record_of(f, "two"), None);
-        let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
-        assert!(p.allow_of(f, "three"));
-        assert!(p.record_of(f, "one").is_some());
-        assert!(!p.allow_of(f, "one"));
-        assert!(p.allow_of(f, "four"));
-        let _ = fs::remove_dir_all(&dir);
-    }
-
-    /// The persisted history holds a repair back only when it is root's
-    /// own file: another's (or one anyone may write) claiming a fight is
-    /// no history.
-    #[test]
-    fn a_persisted_history_that_is_not_roots_own_is_ignored() {
-        use std::os::unix::fs::PermissionsExt;
-        testkit::require_root("chown");
-        let tmp = crate::testutil::TempDir::new("fight-owner");
-        let f = Path::new("/x/a.conflist");
-        let mut p = PersistedFights::load(tmp.path(), Duration::from_secs(600), 2);
-        assert_eq!(p.record_of(f, "one"), None);
-        assert!(p.record_of(f, "one").is_some());
-        let file = tmp.path().join(FIGHT_STATE_FILE);
-        let fighting =
-            || !PersistedFights::load(tmp.path(), Duration::from_secs(600), 2).allow_of(f, "one");
-        assert!(fighting(), "root's own history holds the repair back");
-        fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(!fighting(), "writable by others");
-        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
-        std::os::unix::fs::chown(&file, Some(1000), None).unwrap();
-        assert!(!fighting(), "owned by uid 1000");
     }
 
     #[test]

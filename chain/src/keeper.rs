@@ -4,8 +4,9 @@
 //! program that judges it (`chain status`, the installer's readiness check,
 //! the repair controller's gate) calls [`health`]. What varies between them
 //! is how often a repair may be repeated, which is the [`RepairLimit`] they
-//! pass: the installer's in memory ([`FightDetector`]), the plugin's
-//! persisted under the lock ([`PersistedFights`]), none for the CLI
+//! pass: the installer's in memory ([`FightDetector`]), the plugin's on the
+//! wall clock ([`FightHistory`], which the state crate keeps in the plugin's
+//! state dir, recorded under the conf-dir lock), none for the CLI
 //! ([`NoLimit`]).
 //!
 //! The order is what keeps the runtime's active file chained through every
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
 use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState, SyncAction};
-use crate::{ChainError, ChainState, Entry, FightDetector, PersistedFights, RepairOptions};
+use crate::{ChainError, ChainState, Entry, FightDetector, FightHistory, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
 /// installer's `check`).
@@ -164,7 +165,9 @@ impl RepairLimit for FightDetector {
     }
 }
 
-impl RepairLimit for PersistedFights {
+/// The wall-clock history, in memory: the plugin's, once the state crate
+/// has read it (and saves it after a record).
+impl RepairLimit for FightHistory {
     fn allow(&self, file: &Path, digest: &str, _: Instant) -> bool {
         self.allow_of(file, digest)
     }
@@ -173,10 +176,7 @@ impl RepairLimit for PersistedFights {
         None
     }
 
-    /// Reloads the history first: it is read, updated and saved under the
-    /// lock, so concurrent ADDs each leave their record.
     fn record(&mut self, file: &Path, digest: &str, _: Instant) -> Option<String> {
-        self.reload();
         self.record_of(file, digest)
     }
 }
@@ -321,7 +321,7 @@ impl Report {
 
     /// Whether this is a healthy verdict with nothing done, held or
     /// pending: the same look at the same files gives the same answer
-    /// (what [`crate::memo`] remembers).
+    /// (what the plugin's memo in its state dir remembers).
     pub fn is_steady(&self) -> bool {
         !self.is_news() && self.stale.is_none() && self.chained_in.is_some()
     }

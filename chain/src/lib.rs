@@ -15,43 +15,35 @@
 //! - the keeper ([`keep`]), the one caller that sequences them, under one
 //!   deadline, with the limit on repeated repairs as a trait
 //!   ([`RepairLimit`]: [`FightDetector`] in memory for the installer,
-//!   [`PersistedFights`] for the short-lived plugin, [`NoLimit`] for the
-//!   CLI); and the one definition of healthy ([`health`]);
+//!   [`FightHistory`] on the wall clock for the short-lived plugin, which
+//!   keeps it in its state dir, [`NoLimit`] for the CLI); and the one
+//!   definition of healthy ([`health`]);
 //! - the text-preserving edit (`plan`, `text`) and the crash-safe write
 //!   ([`mod@write`], also the installer's for its binaries and kubeconfig)
 //!   under the conf-dir lock ([`lock_dir`]), safe against concurrent
 //!   writers that do not take our lock, and recovery from a killed write;
 //! - the desired entry ([`Entry`], which is always one of ours), persisted
 //!   by the installer in [`ENTRY_FILE`];
-//! - the way out on uninstall ([`unchain`]);
-//! - the installer's heartbeat in the plugin's state dir, which tells the
-//!   plugin whether an installer is alive to rewrite rejected credentials
-//!   ([`heartbeat`]);
-//! - the plugin's healthy verdict remembered by the files' stamps between
-//!   ADDs ([`memo`]);
-//! - the plugin's ADD outcome counters in its state dir ([`outcomes`]),
-//!   which the installer exports;
-//! - the rule every state file is read and written by: root's own regular
-//!   files only, never through a link ([`statefile`]).
+//! - the way out on uninstall ([`unchain`]).
+//!
+//! The conf dir only: the plugin's state dir (its memo of a healthy chain,
+//! its repair history, the installer's heartbeat) is the state crate's
+//! (`linkerd_cni_state`), which builds on this one.
 
 mod entry;
 mod error;
 mod fight;
-pub mod heartbeat;
 pub mod inline;
 mod keeper;
 mod lock;
-pub mod memo;
 pub mod names;
 mod options;
-pub mod outcomes;
 pub mod owned;
 mod plan;
 mod recover;
 mod scan;
 mod sha256;
 mod state;
-pub mod statefile;
 mod text;
 pub mod write;
 
@@ -60,7 +52,7 @@ pub use entry::{
     remove_entry_file,
 };
 pub use error::{ChainError, EntryProblem};
-pub use fight::{FIGHT_STATE_FILE, FightDetector, PersistedFights, content_sha256};
+pub use fight::{FightDetector, FightHistory, content_sha256};
 pub use inline::Diagnosis;
 #[cfg(test)]
 pub(crate) use inline::diagnose;

@@ -8,7 +8,7 @@
 //!
 //! The files are left to settle for the memo's racy bound first, so the
 //! check is answered from the memo of the last healthy look
-//! (`linkerd_cni_chain::memo`); with `full` it is measured at once, on new
+//! (`linkerd_cni_state::memo`); with `full` it is measured at once, on new
 //! files, which every check then reads, as the ADDs right after a write.
 //!
 //! With ITERATIONS = 1 it runs the check once, in [`measured`], for
@@ -111,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let full = std::env::args().nth(3).as_deref() == Some("full");
     let which = if full { "full look" } else { "remembered" };
     if !full {
-        std::thread::sleep(chain::memo::RACY + Duration::from_millis(100));
+        std::thread::sleep(linkerd_cni_state::memo::RACY + Duration::from_millis(100));
         chain_part(&conf, &config);
     }
     if n == 1 {

@@ -22,7 +22,7 @@ use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
-pub use linkerd_cni_chain::heartbeat::DEFAULT_STATE_DIR;
+pub use linkerd_cni_state::heartbeat::DEFAULT_STATE_DIR;
 pub const DEFAULT_EXEMPT_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 pub const DEFAULT_API_BUDGET: Duration = Duration::from_secs(10);
 pub const DEFAULT_REPAIR_BUDGET: Duration = Duration::from_secs(2);
@@ -107,6 +107,10 @@ pub struct PluginConfig {
     /// `kubernetes.allow-plain-http`: accept an `http://` API server (the
     /// token then crosses the network in clear). Default false.
     pub allow_plain_http: bool,
+    /// `kubernetes.agent-only`: the node holds no credential of the
+    /// plugin's (the installer writes none); the pod's facts come from the
+    /// node agent alone, never from the API server. Default false.
+    pub agent_only: bool,
     pub proxy: ProxyInit,
     /// `exempt-namespaces`: pods here pass through without any API call.
     pub exempt_namespaces: Vec<String>,
@@ -131,7 +135,7 @@ pub struct PluginConfig {
     /// in `state_dir` may be before the installer is taken for gone (a
     /// rejected token then passes pods through instead of asking the
     /// runtime to retry). None: three of the installer's resync periods
-    /// plus 30 s (see `linkerd_cni_chain::heartbeat`).
+    /// plus 30 s (see `linkerd_cni_state::heartbeat`).
     pub installer_gone_after: Option<Duration>,
 }
 
@@ -142,6 +146,7 @@ impl Default for PluginConfig {
             kubeconfig: None,
             api_budget: DEFAULT_API_BUDGET,
             allow_plain_http: false,
+            agent_only: false,
             proxy: ProxyInit::default(),
             exempt_namespaces: DEFAULT_EXEMPT_NAMESPACES.map(String::from).to_vec(),
             cni_conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
@@ -189,7 +194,7 @@ impl PluginConfig {
         // rule, shared with the installer.
         top.string("state_dir")?;
         let (dir, refused) =
-            linkerd_cni_chain::heartbeat::state_dir_of(top.map, &self.cni_conf_dir);
+            linkerd_cni_state::heartbeat::state_dir_of(top.map, &self.cni_conf_dir);
         if let Some(why) = refused {
             log::warn!("{why}");
         }
@@ -234,6 +239,9 @@ impl PluginConfig {
         }
         if let Some(b) = k8s.bool("allow-plain-http")? {
             self.allow_plain_http = b;
+        }
+        if let Some(b) = k8s.bool("agent-only")? {
+            self.agent_only = b;
         }
         Ok(())
     }

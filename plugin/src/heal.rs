@@ -8,7 +8,7 @@
 //! and logs what comes back. The healthy path (almost every ADD) takes no
 //! lock and writes nothing into the conf dir; while the conf dir's files
 //! keep the stamps of the last healthy look it reads none of them either
-//! (`linkerd_cni_chain::memo`). Nothing here can fail or delay the ADD beyond
+//! (`linkerd_cni_state::memo`). Nothing here can fail or delay the ADD beyond
 //! the budget, except on purpose: an ADD that ran a stale copy of the
 //! primary's chain in owned mode is sent back (CNI code 11) so that the
 //! runtime retries with the current one.
@@ -17,11 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use linkerd_cni_chain::memo::{Memo, Stamps};
 use linkerd_cni_chain::owned::{ChainMode, MARKER_KEY, Marker};
-use linkerd_cni_chain::{
-    ChainError, Context, Entry, ModeChoice, PersistedFights, RepairOptions, keep, load_entry,
-};
+use linkerd_cni_chain::{ChainError, Context, Entry, ModeChoice, RepairOptions, keep, load_entry};
+use linkerd_cni_state::PersistedFights;
+use linkerd_cni_state::memo::{Memo, Stamps};
 
 use crate::cni::{CniError, NetConf};
 use crate::config::PluginConfig;
@@ -71,92 +70,12 @@ fn desired(conf: &NetConf, config: &PluginConfig) -> Result<Entry, ChainError> {
 /// starting, each retry costing it a kubelet back-off.
 const MAX_STALE_RETRIES: u64 = 2;
 
-/// The pods sent back, in the plugin's state dir.
-const STALE_RETRIES_FILE: &str = "owned-retries.json";
-
-/// Entries older than this are forgotten: a pod's sandbox is retried
-/// within seconds to minutes.
-const STALE_RETRIES_WINDOW: Duration = Duration::from_secs(600);
-
-/// Longest wait for the state dir's lock around the history's update:
-/// concurrent ADDs of other pods each count their own retry (without the
-/// lock, one could overwrite another's and a pod be sent back again).
-const STALE_RETRIES_LOCK: Duration = Duration::from_secs(1);
-
 /// Whether `pod` may be sent back once more for a stale copy (and counts
-/// it), or has been sent back enough and is let through. A pod is sent
-/// back only once that is recorded: when the history cannot be locked (a
-/// write without the lock could lose another ADD's count) or saved, the ADD
-/// is let through (the copy it ran holds linkerd-cni), since a send-back
-/// nobody counted could be one more than [`MAX_STALE_RETRIES`]. A history
-/// that cannot be read is none.
+/// it in the state dir's retry history), or has been sent back
+/// [`MAX_STALE_RETRIES`] times and is let through.
 fn send_back_again(config: &PluginConfig, pod: Option<&str>) -> bool {
     let Some(id) = pod else { return true };
-    let path = config.state_dir.join(STALE_RETRIES_FILE);
-    let locked = std::fs::create_dir_all(&config.state_dir)
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            linkerd_cni_chain::lock_dir(&config.state_dir, STALE_RETRIES_LOCK, None)
-                .map_err(|e| e.to_string())
-        });
-    let _lock = match locked {
-        Ok(l) => l,
-        Err(e) => {
-            log::warn!(
-                "retry history {} not updated: {e}; this ADD is not sent back",
-                path.display()
-            );
-            return false;
-        }
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    // Root's own file only, never through a link: another's could let a
-    // pod through at once, or send it back for ever.
-    let mut seen: Map<String, Value> = match linkerd_cni_chain::statefile::read(&path) {
-        Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
-        Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("the retry history {}: {e}", path.display());
-            }
-            Map::new()
-        }
-    };
-    // Times ahead of now are no times (they would never expire).
-    seen.retain(|_, v| {
-        v.get(1).and_then(Value::as_u64).is_some_and(|t| {
-            t <= now.saturating_add(1) && now - t.min(now) < STALE_RETRIES_WINDOW.as_secs()
-        })
-    });
-    let count = seen
-        .get(id)
-        .and_then(|v| v.get(0))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let again = count < MAX_STALE_RETRIES;
-    if again {
-        seen.insert(id.to_string(), serde_json::json!([count + 1, now]));
-    } else {
-        seen.remove(id);
-    }
-    let saved = linkerd_cni_chain::write::write_atomic(
-        &path,
-        Value::Object(seen).to_string().as_bytes(),
-        0o600,
-    );
-    match saved {
-        Ok(()) => again,
-        Err(e) => {
-            if again {
-                log::warn!(
-                    "cannot save the retry history {}: {e}; this ADD is not sent back",
-                    path.display()
-                );
-            }
-            false
-        }
-    }
+    linkerd_cni_state::retries::send_back_again(&config.state_dir, id, MAX_STALE_RETRIES)
 }
 
 /// Keeps the chain within `config.chain_repair_budget`. `Err` (code 11)
@@ -198,7 +117,14 @@ pub fn chain_on_add(
         desired,
         mode,
         opts: RepairOptions {
-            requires: config.kubeconfig.clone(),
+            // What an uninstall removes before its last sweep, so that no
+            // ADD chains us again after it: the kubeconfig, or with
+            // `kubernetes.agent-only` (no kubeconfig) the heartbeat.
+            requires: if config.agent_only {
+                Some(linkerd_cni_state::heartbeat::path(&config.state_dir))
+            } else {
+                config.kubeconfig.clone()
+            },
             write_outside_conf_dir: config.chain_write_outside_conf_dir,
             ..RepairOptions::default()
         },
@@ -230,7 +156,7 @@ pub fn chain_on_add(
         Some(why) => {
             log::warn!("the chain that ran was stale ({why}); asking the runtime to retry");
             Err(CniError::try_again(
-                linkerd_cni_chain::outcomes::RetryCause::StaleOwnedCopy,
+                linkerd_cni_state::outcomes::RetryCause::StaleOwnedCopy,
                 "the network config this ADD ran is out of date; try again",
                 format!(
                     "linkerd-cni owned mode: {why}; linkerd-cni's config now follows the primary's, so a retry runs the current chain"
@@ -248,9 +174,9 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::{Path, PathBuf};
 
-    use linkerd_cni_chain::{
-        ChainState, Diagnosis, FIGHT_STATE_FILE, PLUGIN_TYPE, content_sha256, persist_entry,
-    };
+    use linkerd_cni_chain::{ChainState, Diagnosis, PLUGIN_TYPE, content_sha256, persist_entry};
+    use linkerd_cni_state::FIGHT_STATE_FILE;
+    use linkerd_cni_state::retries::STALE_RETRIES_FILE;
 
     /// The primary's file as the chain crate's one judge sees it.
     fn diagnose(conf_dir: &Path, want: &Entry) -> Result<Diagnosis, ChainError> {
@@ -538,9 +464,9 @@ mod tests {
         assert!(diagnose(n.conf.path(), &want).unwrap().is_healthy());
         // Once the files are older than the racy bound, a healthy look is
         // remembered and the next ADD reads no file.
-        std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
+        std::thread::sleep(linkerd_cni_state::memo::RACY + Duration::from_millis(100));
         heal(&conf);
-        let memo = n.state.path().join(linkerd_cni_chain::memo::MEMO_FILE);
+        let memo = n.state.path().join(linkerd_cni_state::memo::MEMO_FILE);
         assert!(memo.is_file(), "a settled healthy look is remembered");
         // The primary rewrites its file in place, then renames a new one
         // over it: each ADD after is a full look, and heals.

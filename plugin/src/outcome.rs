@@ -1,10 +1,10 @@
 //! Counting how each ADD ended, in the plugin's state dir (see
-//! `linkerd_cni_chain::outcomes`, which owns the file): the mapping from
+//! `linkerd_cni_state::outcomes`, which owns the file): the mapping from
 //! an ADD's result to its counter.
 
 use std::path::{Path, PathBuf};
 
-use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
+use linkerd_cni_state::outcomes::{self, Outcome, RetryCause};
 use serde_json::{Map, Value};
 
 use crate::cni::{CniError, code};
@@ -39,13 +39,13 @@ pub fn count(state_dir: &Path, result: &Result<Added, CniError>) {
 /// The state dir of a config that did not parse: its `state_dir` string
 /// when it has one, else the default.
 pub fn state_dir_of(raw: &Map<String, Value>) -> PathBuf {
-    linkerd_cni_chain::heartbeat::state_dir_of(raw, Path::new(DEFAULT_CONF_DIR)).0
+    linkerd_cni_state::heartbeat::state_dir_of(raw, Path::new(DEFAULT_CONF_DIR)).0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use linkerd_cni_chain::outcomes::PassCause;
+    use linkerd_cni_state::outcomes::PassCause;
 
     #[test]
     fn results_map_to_their_counters() {

@@ -35,9 +35,9 @@ use crate::cni::{CniArgs, CniError, Invocation, code};
 use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
-use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
+use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 pub use credentials::{CONFIRM_ATTEMPTS, CredentialCause, CredentialOutcome};
 
@@ -200,6 +200,10 @@ pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
 /// which would also stop the installer pod that can repair things), but
 /// says when the kubeconfig is unusable.
 pub fn status(config: &PluginConfig) {
+    if config.agent_only {
+        // No kubeconfig by design: the node agent answers for pods.
+        return;
+    }
     match &config.kubeconfig {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
@@ -252,6 +256,9 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
     let pod_id = format!("{namespace}/{name}");
     if let Some(plan) = agent::plan(inv, config, (namespace, name), &pod_id, deadline)? {
         return Ok(plan);
+    }
+    if config.agent_only {
+        return Err(credentials::no_agent(config, &pod_id));
     }
     let api_failed = |what: &str, e: ApiError| {
         past_deadline(

@@ -218,3 +218,76 @@ fn the_binary_installs_the_rules_from_the_agents_answer() {
     assert_eq!(c.api.total_requests(), 0);
     assert_eq!(agent.asked()[0].uid.as_deref(), Some("uid-7"));
 }
+
+/// `kubernetes.agent-only`: the node holds no credential of the plugin's,
+/// so when no agent answers the plugin never asks the API server. While
+/// the DaemonSet is alive (its installer's heartbeat is live) every pod,
+/// meshed or not, is sent back with code 11 to wait for the agent; once it
+/// is gone (no heartbeat) pods pass through. An agent that answers still
+/// decides.
+#[test]
+fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through() {
+    use linkerd_cni_state::heartbeat::{self, Beat};
+    use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+
+    let c = Cluster::start("agent-only");
+    let web = Pod::meshed("shop", "web-1");
+    c.api.add_pod(&web);
+    c.api.add_pod(&Pod::new("shop", "plain-1"));
+    c.api.add_namespace("shop", &[]);
+    let decide = |name: &str| {
+        let env = cni_env("ADD", Path::new("/run/netns/unused"), Some(("shop", name)));
+        let mut conf = netconf(&c.kubeconfig, json!({}));
+        conf["kubernetes"]["agent-only"] = true.into();
+        let inv = invocation(&env, &conf);
+        let config = PluginConfig::from_netconf(&inv.conf)?;
+        assert!(config.agent_only);
+        pod::decide(&inv, &config)
+    };
+
+    heartbeat::write(
+        &state_dir(&c),
+        &Beat::now(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
+    for name in ["web-1", "plain-1"] {
+        let e = decide(name).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{name}: {e}");
+        assert_eq!(e.retry_cause, Some(RetryCause::NoAgent), "{name}");
+        assert!(e.msg.contains("agent-only"), "{name}: {}", e.msg);
+    }
+    // An agent that cannot answer is no answer either.
+    let unavailable = Agent::start(&state_dir(&c), |_| {
+        Answer::new(Body::Unavailable {
+            message: "starting".into(),
+        })
+        .encode()
+    });
+    assert_eq!(decide("web-1").unwrap_err().code, code::TRY_AGAIN_LATER);
+    assert_eq!(unavailable.asked().len(), 1);
+    drop(unavailable);
+    std::fs::remove_file(state_dir(&c).join(lookup::SOCKET)).unwrap();
+
+    // The DaemonSet is gone: the uninstall removed the heartbeat.
+    assert!(heartbeat::remove(&state_dir(&c)).unwrap());
+    for name in ["web-1", "plain-1"] {
+        match decide(name).unwrap() {
+            Decision::PassThrough(s) => {
+                assert_eq!(
+                    s.cause,
+                    linkerd_cni::pod::Skip::CannotTell(PassCause::NoAgent)
+                );
+                assert!(s.why.contains("no linkerd-cni DaemonSet"), "{}", s.why);
+            }
+            Decision::Mesh(p) => panic!("meshed {}", p.pod),
+        }
+    }
+    assert_eq!(c.api.total_requests(), 0, "never the API server");
+
+    // The agent's answer decides, as without the setting.
+    let _agent = Agent::start(&state_dir(&c), move |_| {
+        pod_answer(&web, namespace("shop", &[]), None)
+    });
+    mesh(decide("web-1").unwrap());
+    assert_eq!(c.api.total_requests(), 0, "never the API server");
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use linkerd_cni::cni::{CniError, code};
 use linkerd_cni::config::PluginConfig;
 use linkerd_cni::pod::{self, CONFIRM_ATTEMPTS, Decision};
-use linkerd_cni_chain::heartbeat::{self, Beat};
+use linkerd_cni_state::heartbeat::{self, Beat};
 use serde_json::{Value, json};
 use testkit::objects::Pod;
 use testkit::{Mode, wait_until};

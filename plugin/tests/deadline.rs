@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::outcomes::{self, Outcome, RetryCause};
+use linkerd_cni_state::outcomes::{self, Outcome, RetryCause};
 use serde_json::{Value, json};
 use testkit::iptables::nat_table;
 use testkit::objects::Pod;

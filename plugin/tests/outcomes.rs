@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use linkerd_cni::cni;
 use linkerd_cni::plugin::LinkerdCni;
 use linkerd_cni::pod::annotation;
-use linkerd_cni_chain::outcomes::{self, Outcome, PassCause, RetryCause};
+use linkerd_cni_state::outcomes::{self, Outcome, PassCause, RetryCause};
 use serde_json::{Value, json};
 use testkit::Mode;
 use testkit::objects::Pod;

@@ -51,6 +51,7 @@ struct Node {
     state: TempDir,
     program: Program,
     detector: FightDetector,
+    history: FightHistory,
 }
 
 impl Node {
@@ -60,6 +61,7 @@ impl Node {
             state: TempDir::new("keeper-state"),
             program,
             detector: FightDetector::new(Duration::from_secs(60), 3),
+            history: plugin_history(),
         };
         n.state.write("kubeconfig", "apiVersion: v1\n");
         n
@@ -69,11 +71,7 @@ impl Node {
         match self.program {
             Program::Cli => Box::new(NoLimit),
             Program::Installer => Box::new(Wrap(&mut self.detector)),
-            Program::Plugin => Box::new(PersistedFights::load(
-                self.state.path(),
-                Duration::from_secs(600),
-                3,
-            )),
+            Program::Plugin => Box::new(Wrap(&mut self.history)),
         }
     }
 
@@ -117,10 +115,15 @@ impl Node {
     }
 }
 
-/// The installer's detector, borrowed.
-struct Wrap<'a>(&'a mut FightDetector);
+/// The plugin's history (as the state crate loads it for an ADD).
+fn plugin_history() -> FightHistory {
+    FightHistory::new(Duration::from_secs(600), 3)
+}
 
-impl RepairLimit for Wrap<'_> {
+/// The installer's detector or the plugin's history, borrowed.
+struct Wrap<'a, L>(&'a mut L);
+
+impl<L: RepairLimit> RepairLimit for Wrap<'_, L> {
     fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool {
         RepairLimit::allow(&*self.0, file, digest, now)
     }
@@ -352,9 +355,9 @@ fn every_transition_with_each_limit_keeps_the_runtime_chained() {
                 // the node settles in the mode's layout.
                 let mut again = Node {
                     detector: FightDetector::new(Duration::from_secs(60), 3),
+                    history: plugin_history(),
                     ..n
                 };
-                let _ = fs::remove_file(again.state.path().join(crate::FIGHT_STATE_FILE));
                 let r = again.keep(t.mode, Refusal::None);
                 assert_chained(&again, &format!("{step}, settled"), &r);
                 (t.settled)(&again);

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use linkerd_cni_chain::outcomes::RetryCause;
+use linkerd_cni_state::outcomes::RetryCause;
 use serde_json::{Map, Value};
 
 /// Error codes from the CNI specification, plus ours from 100 up.

@@ -8,7 +8,7 @@
 //! follows when it lasts depends on whether anyone will fix it:
 //!
 //! - an installer is alive on the node (its heartbeat, see
-//!   `linkerd_cni_chain::heartbeat`, is fresh): "try again later" (code
+//!   `linkerd_cni_state::heartbeat`, is fresh): "try again later" (code
 //!   11), so that the runtime retries the pod once the kubeconfig is
 //!   current. A meshed pod started during a rollout gets its rules, after
 //!   a retry at worst, and never a wedged network-validator;
@@ -32,8 +32,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_chain::heartbeat::{self, Gone, Liveness};
-use linkerd_cni_chain::outcomes::{PassCause, RetryCause};
+use linkerd_cni_state::heartbeat::{self, Gone, Liveness};
+use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 use super::Stop;
 use crate::cni::CniError;
@@ -300,6 +300,46 @@ pub(super) fn kubeconfig_missing(
                 CredentialCause::NoKubeconfig,
                 super::skip(super::Skip::CannotTell(PassCause::KubeconfigMissing), why),
             )
+        }
+    }
+}
+
+/// No node agent answered for `pod_id`, and the node holds no credential
+/// of the plugin's (`kubernetes.agent-only`), so the API server cannot be
+/// asked: "try again later" while the installer's heartbeat says the
+/// DaemonSet is there (its agent is starting, restarting or rolling over),
+/// meshed pod or not, since which it is cannot be told; a pass-through once
+/// it is gone (an uninstall removes the heartbeat), as when the kubeconfig
+/// is gone, so that no pod of the node waits for an agent that will not
+/// come.
+pub(super) fn no_agent(config: &PluginConfig, pod_id: &str) -> Stop {
+    match installer(config) {
+        Liveness::Alive { age, .. } => {
+            let e = CniError::try_again(
+                RetryCause::NoAgent,
+                format!(
+                    "cannot tell yet whether pod {pod_id} is meshed: no linkerd-cni node agent \
+                     answered, and kubernetes.agent-only keeps the plugin off the Kubernetes \
+                     API, while the linkerd-cni DaemonSet is alive on this node (last heartbeat \
+                     {:.0} s ago); try again later",
+                    age.as_secs_f64()
+                ),
+                "the node agent answers once it runs; the runtime retries the pod. If this \
+                 lasts, read the DaemonSet's log (kubectl -n linkerd-cni logs \
+                 daemonset/linkerd-cni)",
+            );
+            log::warn!("{}: {}", e.msg, e.details);
+            Stop::Failed(e)
+        }
+        Liveness::Gone(gone) => {
+            let why = format!(
+                "cannot tell whether pod {pod_id} is meshed: no linkerd-cni node agent answered, \
+                 kubernetes.agent-only keeps the plugin off the Kubernetes API, and no \
+                 linkerd-cni DaemonSet is alive on this node ({gone}): linkerd-cni is being \
+                 uninstalled; the pod starts without linkerd's redirect rules"
+            );
+            log::error!("{why}");
+            super::skip(super::Skip::CannotTell(PassCause::NoAgent), why)
         }
     }
 }

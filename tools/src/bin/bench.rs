@@ -366,7 +366,7 @@ impl BenchNode {
         node.write_conf(WITH_FILE, &with_chain(&node, &entry));
         // The desired entry as the installer persists it on every node it
         // runs on: the plugin's healthy check then remembers its verdict
-        // (see linkerd_cni_chain::memo).
+        // (see linkerd_cni_state::memo).
         node.write_conf(linkerd_cni_chain::ENTRY_FILE, &entry);
         node.write_conf(
             WITHOUT_FILE,
@@ -663,7 +663,7 @@ fn pass_through(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     let requests = b.api.total_requests();
     // The steady state of a node: its files older than the memo's racy
     // bound, so that the warm-up ADD remembers the healthy verdict.
-    std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
+    std::thread::sleep(linkerd_cni_state::memo::RACY + Duration::from_millis(100));
     let samples: Vec<Samples> = node.netns().enter(|| {
         let mut s = vec![Samples::new(); n];
         for warm in &variants {
@@ -1270,7 +1270,7 @@ fn agent_add(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
     };
     // The steady state of a node: its files older than the memo's racy
     // bound, so that the warm-up ADD remembers the healthy verdict.
-    std::thread::sleep(linkerd_cni_chain::memo::RACY + Duration::from_millis(100));
+    std::thread::sleep(linkerd_cni_state::memo::RACY + Duration::from_millis(100));
     let names: Vec<&str> = variants.iter().map(|(name, _)| *name).collect();
     let rounds = plan.direct_rounds / 4;
     let requests = b.api.total_requests();

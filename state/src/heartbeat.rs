@@ -1,7 +1,10 @@
 //! The installer's heartbeat: how the plugin tells "my credentials were
 //! rejected, and an installer is alive on this node to rewrite them" (ask
 //! the runtime to retry the pod) from "they were rejected and nobody will
-//! fix them" (pass the pod through, as when the kubeconfig is gone).
+//! fix them" (pass the pod through, as when the kubeconfig is gone). With
+//! `kubernetes.agent-only` (no credential on the node) it tells the plugin
+//! the same of the node agent: one is expected while the heartbeat is live,
+//! so a pod no agent answered for is sent back rather than passed through.
 //!
 //! After every pass that left the kubeconfig current, the installer
 //! replaces [`HEARTBEAT_FILE`] in the plugin's state dir (its config's
@@ -29,10 +32,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use linkerd_cni_chain::ChainError;
 use nix::time::{ClockId, clock_gettime};
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
 
-use crate::ChainError;
+use crate::record::{self, ReadError, Record};
 
 /// The plugin's default `state_dir`, where the heartbeat lives.
 pub const DEFAULT_STATE_DIR: &str = "/run/linkerd-cni";
@@ -141,23 +145,44 @@ impl Beat {
         }
     }
 
-    fn to_json(&self) -> String {
-        let mut v = json!({
-            "boot_id": self.boot_id,
-            "boot_time_seconds": self.at.as_secs_f64(),
-            "resync_seconds": self.resync.as_secs_f64(),
-        });
-        if let Some(d) = &self.plugin_denied {
-            v[DENIED_KEY] = Value::String(d.clone());
-        }
-        v.to_string()
+    /// Whether this beat was written on this boot's clock, read at `now`:
+    /// the same boot id (when both are known), and not ahead of `now`.
+    fn this_boot(&self, now: Duration) -> bool {
+        let ours = boot_id();
+        let same = ours.is_empty() || self.boot_id.is_empty() || self.boot_id == ours;
+        same && self.at <= now + FUTURE_TOLERANCE
     }
 
-    /// The beat `bytes` hold, every number within its bounds (a resync
+    /// The default limit for this beat's installer.
+    pub fn default_limit(&self) -> Duration {
+        self.resync
+            .saturating_mul(GONE_AFTER_RESYNCS)
+            .saturating_add(GONE_AFTER_SLACK)
+    }
+}
+
+/// The installer's record; the plugin reads it, so it is 0644.
+impl Record for Beat {
+    const FILE: &'static str = HEARTBEAT_FILE;
+    const VERSION: u64 = 1;
+    const MODE: u32 = 0o644;
+
+    fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("boot_id".into(), self.boot_id.clone().into());
+        m.insert("boot_time_seconds".into(), self.at.as_secs_f64().into());
+        m.insert("resync_seconds".into(), self.resync.as_secs_f64().into());
+        if let Some(d) = &self.plugin_denied {
+            m.insert(DENIED_KEY.into(), Value::String(d.clone()));
+        }
+        m
+    }
+
+    /// The beat `v` holds, every number within its bounds (a resync
     /// period in (0, [`MAX_RESYNC`]], times not ahead of this boot's
     /// clock); else why not.
-    fn from_json(bytes: &[u8]) -> Result<Beat, String> {
-        let v: Value = serde_json::from_slice(bytes).map_err(|_| "not JSON".to_string())?;
+    fn from_json(v: Map<String, Value>) -> Result<Beat, String> {
+        let v = Value::Object(v);
         let secs = |k: &str| {
             let s = v[k].as_f64().ok_or_else(|| format!("no number {k}"))?;
             s.is_finite()
@@ -194,33 +219,16 @@ impl Beat {
             plugin_denied,
         })
     }
-
-    /// Whether this beat was written on this boot's clock, read at `now`:
-    /// the same boot id (when both are known), and not ahead of `now`.
-    fn this_boot(&self, now: Duration) -> bool {
-        let ours = boot_id();
-        let same = ours.is_empty() || self.boot_id.is_empty() || self.boot_id == ours;
-        same && self.at <= now + FUTURE_TOLERANCE
-    }
-
-    /// The default limit for this beat's installer.
-    pub fn default_limit(&self) -> Duration {
-        self.resync
-            .saturating_mul(GONE_AFTER_RESYNCS)
-            .saturating_add(GONE_AFTER_SLACK)
-    }
 }
 
 /// The heartbeat file in `state_dir`.
 pub fn path(state_dir: &Path) -> PathBuf {
-    state_dir.join(HEARTBEAT_FILE)
+    record::path::<Beat>(state_dir)
 }
 
 /// Writes `beat` into `state_dir` (created if missing), atomically.
 pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
-    fs::create_dir_all(state_dir)
-        .map_err(|e| ChainError::io("create the state dir", state_dir, e))?;
-    crate::write::write_atomic(&path(state_dir), beat.to_json().as_bytes(), 0o644)
+    record::write(state_dir, beat)
 }
 
 /// Removes the heartbeat (an uninstall): the plugin then takes the
@@ -296,23 +304,14 @@ impl std::fmt::Display for Gone {
 /// default limit ([`Beat::default_limit`]).
 pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
     let path = path(state_dir);
-    let bytes = match crate::statefile::read(&path) {
+    let beat = match record::read::<Beat>(state_dir) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Liveness::Gone(Gone::Absent(path));
-        }
+        Err(ReadError::Absent) => return Liveness::Gone(Gone::Absent(path)),
         Err(e) => {
-            log::warn!("{}: {e}; the installer is taken for gone", path.display());
-            return Liveness::Gone(Gone::Unreadable {
-                path,
-                why: e.to_string(),
-            });
-        }
-    };
-    let beat = match Beat::from_json(&bytes) {
-        Ok(b) => b,
-        Err(why) => {
-            let why = format!("not a heartbeat: {why}");
+            let why = match e {
+                ReadError::Invalid(why) => format!("not a heartbeat: {why}"),
+                e => e.to_string(),
+            };
             log::warn!("{}: {why}; the installer is taken for gone", path.display());
             return Liveness::Gone(Gone::Unreadable { path, why });
         }
@@ -352,6 +351,7 @@ pub fn boot_id() -> String {
 mod tests {
     use super::*;
     use crate::testutil::TempDir;
+    use serde_json::json;
 
     #[test]
     fn a_fresh_beat_is_alive_an_old_one_gone() {

@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::*;
-use crate::owned::ChainMode;
 use crate::testutil::{TempDir, desired};
-use crate::{Context, Entry, ModeChoice, NoLimit, keep, persist_entry};
+use linkerd_cni_chain::owned::ChainMode;
+use linkerd_cni_chain::{Context, Entry, ModeChoice, NoLimit, keep, persist_entry};
 use testkit::chain::CALICO;
 
 /// The tests' bound for a settled file: every file here is new.
@@ -240,7 +240,7 @@ fn nothing_is_remembered_for_a_symlinked_config_no_entry_file_or_an_unsteady_loo
 /// A limit that holds every repair back.
 struct Refuse;
 
-impl crate::RepairLimit for Refuse {
+impl linkerd_cni_chain::RepairLimit for Refuse {
     fn allow(&self, _: &Path, _: &str, _: std::time::Instant) -> bool {
         false
     }
@@ -364,7 +364,7 @@ fn a_memo_that_leaves_out_a_file_holds_nothing() {
     assert!(
         n.conf
             .read("10-calico.conflist")
-            .contains(crate::PLUGIN_TYPE)
+            .contains(linkerd_cni_chain::PLUGIN_TYPE)
     );
 }
 

@@ -1,7 +1,7 @@
 //! The plugin's healthy verdict, remembered between ADDs.
 //!
 //! Almost every ADD finds the chain healthy, and finds it so on the very
-//! files the previous ADD looked at. The verdict of [`crate::keep`] is a
+//! files the previous ADD looked at. The verdict of the chain crate's `keep` is a
 //! function of the conf dir's names and of the content of its configs and
 //! entry file, so it is remembered with their stamps (file type, device,
 //! inode, size, modification and change times, and the conf dir's own,
@@ -34,9 +34,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::names::is_config_name;
-use crate::owned::Marker;
-use crate::{ENTRY_FILE, Report, statefile, write};
+use linkerd_cni_chain::names::is_config_name;
+use linkerd_cni_chain::owned::Marker;
+use linkerd_cni_chain::{ENTRY_FILE, Report, write};
+
+use crate::statefile;
 
 /// The memo's file in the plugin's state dir.
 pub const MEMO_FILE: &str = "chain-healthy";

@@ -19,11 +19,11 @@
 //! The file is opened without following links and used only when it is
 //! root's own regular file ([`crate::statefile`]), for counting and reading.
 
-use std::fs::{File, TryLockError};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The counters file in the plugin's state dir. The version is in the name:
 /// a different layout is a different file.
@@ -45,6 +45,9 @@ pub enum PassCause {
     Unauthorized,
     /// HTTP 403 on the pod GET: RBAC without pods.
     Forbidden,
+    /// `kubernetes.agent-only`: no node agent answered, and none is
+    /// expected (no live installer heartbeat: the DaemonSet is gone).
+    NoAgent,
     /// A cause this table does not name (a newer plugin's).
     Other,
 }
@@ -64,6 +67,9 @@ pub enum RetryCause {
     /// The kubeconfig does not exist while an installer is alive: it is
     /// being written (or rewritten) by it.
     KubeconfigMissing,
+    /// `kubernetes.agent-only`: no node agent answered while one is
+    /// expected (the installer's heartbeat is live).
+    NoAgent,
     /// A cause this table does not name.
     Other,
 }
@@ -98,6 +104,7 @@ impl Outcome {
                     PassCause::KubeconfigMissing => 0,
                     PassCause::Unauthorized => 1,
                     PassCause::Forbidden => 2,
+                    PassCause::NoAgent => 3,
                     PassCause::Other => 7,
                 }
             }
@@ -108,6 +115,7 @@ impl Outcome {
                     RetryCause::Deadline => 2,
                     RetryCause::CredentialsRejected => 3,
                     RetryCause::KubeconfigMissing => 4,
+                    RetryCause::NoAgent => 5,
                     RetryCause::Other => 15,
                 }
             }
@@ -126,6 +134,7 @@ impl Outcome {
                 PassCause::KubeconfigMissing,
                 PassCause::Unauthorized,
                 PassCause::Forbidden,
+                PassCause::NoAgent,
                 PassCause::Other,
             ]
             .map(Outcome::PassedThrough),
@@ -137,6 +146,7 @@ impl Outcome {
                 RetryCause::Deadline,
                 RetryCause::CredentialsRejected,
                 RetryCause::KubeconfigMissing,
+                RetryCause::NoAgent,
                 RetryCause::Other,
             ]
             .map(Outcome::TryAgain),
@@ -168,6 +178,7 @@ impl Outcome {
                 PassCause::KubeconfigMissing => "kubeconfig_missing",
                 PassCause::Unauthorized => "unauthorized",
                 PassCause::Forbidden => "forbidden",
+                PassCause::NoAgent => "no_agent",
                 PassCause::Other => "other",
             }
             .into(),
@@ -177,6 +188,7 @@ impl Outcome {
                 RetryCause::Deadline => "deadline",
                 RetryCause::CredentialsRejected => "credentials_rejected",
                 RetryCause::KubeconfigMissing => "kubeconfig_missing",
+                RetryCause::NoAgent => "no_agent",
                 RetryCause::Other => "other",
             }
             .into(),
@@ -250,27 +262,8 @@ pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
 /// Takes the file's lock (exclusive or shared), waiting at most
 /// [`LOCK_WAIT`]; released when the file is closed.
 fn lock(file: &File, exclusive: bool) -> io::Result<()> {
-    let end = Instant::now() + LOCK_WAIT;
-    loop {
-        let r = if exclusive {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        };
-        match r {
-            Ok(()) => return Ok(()),
-            Err(TryLockError::WouldBlock) if Instant::now() < end => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("{OUTCOMES_FILE} stayed locked for {LOCK_WAIT:?}"),
-                ));
-            }
-            Err(TryLockError::Error(e)) => return Err(e),
-        }
-    }
+    crate::record::flock_within(file, exclusive, LOCK_WAIT)
+        .map_err(|e| io::Error::new(e.kind(), format!("{OUTCOMES_FILE}: {e}")))
 }
 
 #[cfg(test)]
