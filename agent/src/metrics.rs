@@ -697,7 +697,7 @@ pub fn setup(inst: &mut crate::installer::Installer) {
         format: Format::Prometheus,
         notes: Some(Arc::new(move || unreadable_adds(&dir))),
     };
-    match serve_admin_on_own_runtime(addr, state) {
+    match serve_admin(addr, state) {
         Ok(local) => {
             tracing::info!("serving /metrics on http://{local}/metrics");
             inst.set_telemetry(telemetry);
@@ -712,18 +712,12 @@ pub fn setup(inst: &mut crate::installer::Installer) {
     }
 }
 
-/// Binds `addr` and serves `state` there for the life of the process, from
-/// a one-thread runtime on a thread of its own: the installer's command
-/// line has no other runtime to lend it.
-fn serve_admin_on_own_runtime(addr: SocketAddr, state: AdminState) -> std::io::Result<SocketAddr> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+/// Starts the admin server on the agent's one runtime (see [`crate::api`]).
+fn serve_admin(addr: SocketAddr, state: AdminState) -> std::io::Result<SocketAddr> {
+    let rt = crate::api::handle().map_err(std::io::Error::other)?;
     let listener = rt.block_on(admin::bind(addr))?;
     let local = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name("admin".into())
-        .spawn(move || rt.block_on(admin::serve(listener, state, LIMITS)))?;
+    rt.spawn(admin::serve(listener, state, LIMITS));
     Ok(local)
 }
 

@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::logging;
@@ -107,40 +106,38 @@ pub fn from_env() -> Result<Option<Args>, String> {
     Ok(Some(args))
 }
 
-/// The repair controller on a thread of its own beside the installer's
-/// loop, with its own runtime. Stopped by [`Beside::stop`] or on drop.
+/// The repair controller beside the installer's loop, as a task on the
+/// agent's one runtime (see [`crate::api`]). Stopped by [`Beside::stop`]
+/// or on drop.
 pub struct Beside {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: mpsc::Receiver<()>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Beside {
-    /// Starts it. The caller has blocked SIGTERM and SIGINT (the thread
-    /// inherits that), so that they reach the installer's loop alone.
+    /// Starts it. The caller has blocked SIGTERM and SIGINT before the
+    /// runtime's thread started (it inherits that), so that they reach the
+    /// installer's loop alone.
     pub fn start(args: Args) -> Result<Beside, String> {
+        let rt = crate::api::handle().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (finished, done) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("repair".into())
-            .spawn(move || {
-                // A failure leaves the installer running without repairs:
-                // its chain work does not depend on them, and deploy/'s
-                // liveness probe, on this controller's admin server,
-                // restarts the container.
-                let stopped = async {
-                    let _ = stopped.await;
-                };
-                if let Err(e) = runtime().and_then(|rt| rt.block_on(run(args, stopped))) {
-                    tracing::error!("the repair controller stopped: {e}");
-                }
-                let _ = finished.send(());
-            })
-            .map_err(|e| format!("cannot start the repair controller's thread: {e}"))?;
+        rt.spawn(async move {
+            // A failure leaves the installer running without repairs: its
+            // chain work does not depend on them, and deploy/'s liveness
+            // probe, on this controller's admin server, restarts the
+            // container.
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            if let Err(e) = run(args, stopped).await {
+                tracing::error!("the repair controller stopped: {e}");
+            }
+            let _ = finished.send(());
+        });
         Ok(Beside {
             stop: Some(stop),
             done,
-            thread: Some(thread),
         })
     }
 
@@ -150,15 +147,8 @@ impl Beside {
             return;
         };
         let _ = stop.send(());
-        match self.done.recv_timeout(STOP_WITHIN) {
-            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                if let Some(t) = self.thread.take() {
-                    let _ = t.join();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
-            }
+        if let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(STOP_WITHIN) {
+            tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
         }
     }
 }
