@@ -11,7 +11,16 @@
 //! repair-controller container runs) it takes that controller's flags
 //! ([`repair::cli`]); under any other name (the image's entrypoint,
 //! `linkerd-cni-installer`), the installer's environment variables
-//! ([`cli`]).
+//! ([`cli`]). With `LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME` set (deploy/'s
+//! one container) the installer's command line also repairs pods and
+//! answers lookups; the chart's install-cni container sets none of the
+//! controller's variables, so exactly one process repairs a given pod.
+//!
+//! Two kinds of work, each on its own side: the chain's file work (the
+//! keeper's passes, inotify) is synchronous, on the main thread; everything
+//! that talks to the API server, serves HTTP or watches runs on one tokio
+//! runtime ([`api`]), which the synchronous side reaches through bounded
+//! calls.
 
 use std::ffi::OsStr;
 use std::path::Path;
