@@ -1,7 +1,7 @@
 //! linkerd-cni's node agent: the one program the DaemonSet runs on every
 //! node. It drops in the plugin's binaries and its credential, keeps the
 //! plugin chained in the node's active CNI config (through
-//! `linkerd-cni-chain`'s keeper, level-triggered, see [`run`]), removes the
+//! `linkerd-cni-chain`'s keeper, level-triggered, see `run.rs`), removes the
 //! startup taint, shows the node's state (metrics, Events, `status`),
 //! repairs pods that started without the plugin's rules, and answers the
 //! plugin's pod lookups from its watches ([`repair`]).
@@ -19,7 +19,7 @@
 //! Two kinds of work, each on its own side: the chain's file work (the
 //! keeper's passes, inotify) is synchronous, on the main thread; everything
 //! that talks to the API server, serves HTTP or watches runs on one tokio
-//! runtime ([`api`]), which the synchronous side reaches through bounded
+//! runtime (`api.rs`), which the synchronous side reaches through bounded
 //! calls.
 
 use std::ffi::OsStr;
