@@ -317,7 +317,9 @@ fn a_runtime_settings_change_switches_the_mode_before_the_resync() {
     // follows at once, not at the next resync, since pods started in
     // between would be attached to the primary's network twice.
     let node = Node::new("auto-follow");
-    let main = |n: u32| format!("version = 2\nimports = [\"conf.d/*.toml\"]\n{CRI_1X}max_conf_num = {n}\n");
+    let main = |n: u32| {
+        format!("version = 2\nimports = [\"conf.d/*.toml\"]\n{CRI_1X}max_conf_num = {n}\n")
+    };
     host_file(&node, "/etc/containerd/config.toml", &main(1));
     fs::create_dir_all(node.prefix.join("etc/containerd/conf.d")).unwrap();
     node.write_by_rename("10-calico.conflist", &calico_text(0));
@@ -336,7 +338,13 @@ fn a_runtime_settings_change_switches_the_mode_before_the_resync() {
     };
     // Far below the resync (60 s): only the watch can explain a switch.
     let bound = Duration::from_secs(5);
+    // The installer's own writes (the entry, our file) wake a whole pass
+    // of their own, debounced up to a second; a change made before that
+    // pass would be found by it, watch or not. So each change waits for
+    // the installer to be quiet.
+    let quiet = || std::thread::sleep(Duration::from_secs(2));
     assert!(wait_until(bound, owned), "{}", inst.log());
+    quiet();
 
     // A new drop-in, written as a tool writes it (by rename).
     let drop_in = node.prefix.join("etc/containerd/conf.d/50-all.toml");
@@ -355,8 +363,10 @@ fn a_runtime_settings_change_switches_the_mode_before_the_resync() {
 
     // The drop-in removed: owned again. The main file rewritten in place
     // with 0: inline again.
+    quiet();
     fs::remove_file(&drop_in).unwrap();
     assert!(wait_until(bound, owned), "{}", inst.log());
+    quiet();
     host_file(&node, "/etc/containerd/config.toml", &main(0));
     assert!(wait_until(bound, inline), "{}", inst.log());
 }
