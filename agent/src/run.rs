@@ -113,7 +113,10 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let cfg = inst.config().clone();
     let mut watcher = if cfg.watch {
         match Watcher::new(watch_targets(&cfg, inst.binaries())) {
-            Ok(w) => Some(w),
+            Ok(mut w) => {
+                w.add_settings(crate::runtime::settings_watch(&cfg));
+                Some(w)
+            }
             Err(e) => {
                 tracing::warn!(
                     "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
@@ -150,6 +153,11 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let mut last_full = Instant::now();
     loop {
         if let Some(w) = watcher.as_mut() {
+            if full {
+                // Before the pass reads them: a change while it runs wakes
+                // the loop again.
+                w.add_settings(crate::runtime::settings_watch(&cfg));
+            }
             for e in w.arm() {
                 tracing::warn!(
                     "cannot watch {} ({}); changes there are picked up by the periodic reconcile",

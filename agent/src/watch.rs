@@ -33,6 +33,10 @@ pub enum Filter {
     Names(Vec<String>),
     /// Every change (the service-account dir: the kubelet swaps `..data`).
     Any,
+    /// The container runtime's settings: names matching these patterns
+    /// (an imports glob's last part, as [`crate::runtime::name_matches`]),
+    /// once written. `auto` mode re-decides in a whole pass.
+    Settings(Vec<String>),
 }
 
 /// What the events read so far call for.
@@ -87,6 +91,19 @@ impl Filter {
             }
             Filter::ConfigsAnd(_) | Filter::Names(_) => none,
             Filter::Any => full,
+            // Written, like a network config: read half-written, a file
+            // would select inline mode for a moment. A directory (CRI-O's
+            // drop-ins) is complete once created.
+            Filter::Settings(patterns)
+                if patterns
+                    .iter()
+                    .any(|p| crate::runtime::name_matches(p, name) == Some(true))
+                    && (chain_event(mask)
+                        || mask.contains(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ISDIR)) =>
+            {
+                full
+            }
+            Filter::Settings(_) => none,
         }
     }
 }
@@ -141,6 +158,37 @@ impl Watcher {
                 })
                 .collect(),
         })
+    }
+
+    /// Adds the runtime's settings directories ([`Filter::Settings`]): the
+    /// files they hold change as its config does (an import added), so
+    /// they are looked up again each whole pass. Added only: a directory
+    /// no longer read costs at most a pass when it changes.
+    pub fn add_settings(&mut self, dirs: Vec<(PathBuf, Vec<String>)>) {
+        for (dir, names) in dirs {
+            let existing = self
+                .targets
+                .iter_mut()
+                .find(|t| t.dir == dir && matches!(t.filter, Filter::Settings(_)));
+            match existing {
+                Some(Target {
+                    filter: Filter::Settings(have),
+                    ..
+                }) => {
+                    for n in names {
+                        if !have.contains(&n) {
+                            have.push(n);
+                        }
+                    }
+                }
+                _ => self.targets.push(Target {
+                    dir,
+                    filter: Filter::Settings(names),
+                    wd: None,
+                    failed: None,
+                }),
+            }
+        }
     }
 
     /// Arms every watch not armed yet. Called before every reconcile, so a
