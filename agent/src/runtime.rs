@@ -332,7 +332,11 @@ pub fn settings_dirs(files: &dyn HostFiles) -> Vec<(PathBuf, Vec<String>)> {
         }
         let name = name.to_string_lossy().into_owned();
         match dirs.iter_mut().find(|(d, _)| d == dir) {
-            Some((_, names)) if names.contains(&name) => {}
+            // Already covered (a glob's match, met again as an import).
+            Some((_, names))
+                if names
+                    .iter()
+                    .any(|n| *n == name || name_matches(n, &name) == Some(true)) => {}
             Some((_, names)) => names.push(name),
             None => dirs.push((dir.to_path_buf(), vec![name])),
         }

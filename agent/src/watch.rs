@@ -289,6 +289,11 @@ mod tests {
         use AddWatchFlags as F;
         let f = Filter::ConfigsAnd(vec!["ZZZ-linkerd-cni-kubeconfig".into()]);
         let n = Filter::Names(vec!["linkerd-cni".into()]);
+        let s = Filter::Settings(vec![
+            "config.toml".into(),
+            "*.toml".into(),
+            "crio.conf.d".into(),
+        ]);
         let conf = "10-calico.conflist";
         let kc = "ZZZ-linkerd-cni-kubeconfig";
         for (filter, name, mask, want) in [
@@ -309,9 +314,46 @@ mod tests {
             // Only the conf dir's filter knows network configs.
             (&n, conf, F::IN_MOVED_TO, NONE),
             (&Filter::Any, "..data", F::IN_MOVED_TO, FULL),
+            // The runtime's settings: once written, by pattern.
+            (&s, "config.toml", F::IN_CLOSE_WRITE, FULL),
+            (&s, "config.toml", F::IN_MODIFY, NONE),
+            (&s, "10-cni.toml", F::IN_MOVED_TO, FULL),
+            (&s, "10-cni.toml", F::IN_DELETE, FULL),
+            (&s, "10-cni.toml.tmp", F::IN_MOVED_TO, NONE),
+            (&s, "crio.conf.d", F::IN_CREATE | F::IN_ISDIR, FULL),
+            (&s, "crio.conf.d", F::IN_CREATE, NONE),
+            (&s, "certs", F::IN_CREATE | F::IN_ISDIR, NONE),
         ] {
             assert_eq!(filter.wants(name, mask), want, "{filter:?} {name} {mask:?}");
         }
+    }
+
+    #[test]
+    fn settings_dirs_are_added_merged_and_reported_once() {
+        let dir = std::env::temp_dir().join(format!("lcni-watch-s-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let gone = dir.join("absent");
+        let mut w = Watcher::new(vec![]).unwrap();
+        w.add_settings(vec![(dir.clone(), vec!["config.toml".into()])]);
+        // Looked up again each pass: merged, not doubled.
+        w.add_settings(vec![
+            (dir.clone(), vec!["config.toml".into(), "*.conf".into()]),
+            (gone.clone(), vec!["x".into()]),
+        ]);
+        assert_eq!(w.dirs().count(), 2);
+        // One that cannot be armed: said once, then left to the resync.
+        let failed: Vec<PathBuf> = w.arm().into_iter().map(|e| e.dir).collect();
+        assert_eq!(failed, [gone.clone()]);
+        assert!(w.arm().is_empty());
+
+        std::fs::write(dir.join("other.txt"), "x").unwrap();
+        assert_eq!(w.drain(), NONE);
+        std::fs::write(dir.join("10-a.conf"), "x").unwrap();
+        assert_eq!(w.drain(), FULL);
+        std::fs::write(dir.join("config.toml"), "x").unwrap();
+        assert_eq!(w.drain(), FULL);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
