@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(w.dirs().count(), 2);
         // One that cannot be armed: said once, then left to the resync.
         let failed: Vec<PathBuf> = w.arm().into_iter().map(|e| e.dir).collect();
-        assert_eq!(failed, [gone.clone()]);
+        assert_eq!(failed, [gone]);
         assert!(w.arm().is_empty());
 
         std::fs::write(dir.join("other.txt"), "x").unwrap();
