@@ -17,7 +17,11 @@
 //! chain healthy and writes nothing, so it costs a read of the conf dir and
 //! never delays the next repair. Events are read in batches, so a writer
 //! faster than a pass costs one pass at a time, not one per event. Other
-//! events (kubeconfig, binaries, credentials, template) are debounced.
+//! events (kubeconfig, binaries, credentials, template, the runtime's
+//! settings `auto` reads) are debounced: the first after a quiet spell is
+//! acted on at once, so a runtime reconfigured from loading one config
+//! file to loading several has its mode re-decided within a second, before
+//! pods started meanwhile are attached twice.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

@@ -7,7 +7,8 @@
 //! written, renamed or removed in the conf dir calls for the chain alone,
 //! at once (a pod created right after the primary's write must find the
 //! chain repaired); anything else (the kubeconfig, the persisted entry,
-//! binaries, credentials, the template) for a whole pass.
+//! binaries, credentials, the template, the container runtime's settings)
+//! for a whole pass.
 //!
 //! Raw inotify through `nix` (already our syscall crate for the signalfd
 //! and poll the main loop needs) rather than a watcher crate: the loop polls
