@@ -17,7 +17,11 @@
 //! chain healthy and writes nothing, so it costs a read of the conf dir and
 //! never delays the next repair. Events are read in batches, so a writer
 //! faster than a pass costs one pass at a time, not one per event. Other
-//! events (kubeconfig, binaries, credentials, template) are debounced.
+//! events (kubeconfig, binaries, credentials, template, the runtime's
+//! settings `auto` reads) are debounced: the first after a quiet spell is
+//! acted on at once, so a runtime reconfigured from loading one config
+//! file to loading several has its mode re-decided within a second, before
+//! pods started meanwhile are attached twice.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -113,7 +117,10 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let cfg = inst.config().clone();
     let mut watcher = if cfg.watch {
         match Watcher::new(watch_targets(&cfg, inst.binaries())) {
-            Ok(w) => Some(w),
+            Ok(mut w) => {
+                w.add_settings(crate::runtime::settings_watch(&cfg));
+                Some(w)
+            }
             Err(e) => {
                 tracing::warn!(
                     "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
@@ -150,6 +157,11 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let mut last_full = Instant::now();
     loop {
         if let Some(w) = watcher.as_mut() {
+            if full {
+                // Before the pass reads them: a change while it runs wakes
+                // the loop again.
+                w.add_settings(crate::runtime::settings_watch(&cfg));
+            }
             for e in w.arm() {
                 tracing::warn!(
                     "cannot watch {} ({}); changes there are picked up by the periodic reconcile",

@@ -276,9 +276,9 @@ fn containerd(files: &dyn HostFiles, main: &Path) -> Verdict {
     })
 }
 
-/// The files a containerd config's `imports` name, in order: relative
-/// paths from the importing file's directory, globs expanded (sorted).
-fn imports(files: &dyn HostFiles, from: &Path, doc: &Item) -> Result<Vec<PathBuf>, String> {
+/// What a containerd config's `imports` name, in order: relative paths
+/// from the importing file's directory, globs not expanded.
+fn import_patterns(from: &Path, doc: &Item) -> Result<Vec<PathBuf>, String> {
     let Some(item) = lookup(doc, &["imports"]) else {
         return Ok(vec![]);
     };
@@ -286,19 +286,89 @@ fn imports(files: &dyn HostFiles, from: &Path, doc: &Item) -> Result<Vec<PathBuf
         .as_array()
         .ok_or_else(|| format!("imports in {} is not a list", from.display()))?;
     let base = from.parent().unwrap_or(Path::new("/"));
+    array
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map(|s| base.join(s))
+                .ok_or_else(|| format!("imports in {} holds a non-string", from.display()))
+        })
+        .collect()
+}
+
+fn is_pattern(p: &Path) -> bool {
+    p.to_string_lossy().contains(['*', '?', '['])
+}
+
+/// The files a containerd config's `imports` name, in order, globs
+/// expanded (sorted).
+fn imports(files: &dyn HostFiles, from: &Path, doc: &Item) -> Result<Vec<PathBuf>, String> {
     let mut out = vec![];
-    for v in array {
-        let s = v
-            .as_str()
-            .ok_or_else(|| format!("imports in {} holds a non-string", from.display()))?;
-        let p = base.join(s);
-        if s.contains(['*', '?', '[']) {
+    for p in import_patterns(from, doc)? {
+        if is_pattern(&p) {
             out.extend(glob(files, &p)?);
         } else {
             out.push(p);
         }
     }
     Ok(out)
+}
+
+/// The directories holding the settings [`select`] reads, each with the
+/// names in it that matter (a name or an imports glob's last part), for
+/// the installer's watch: containerd's config files and what their
+/// imports pull in, CRI-O's `crio.conf` and drop-ins. Only directories that
+/// exist; a file that does not parse still has its directory watched, so
+/// its repair is seen. Best effort: what this misses (a glob over
+/// directories) the periodic reconcile covers.
+pub fn settings_dirs(files: &dyn HostFiles) -> Vec<(PathBuf, Vec<String>)> {
+    let mut dirs: Vec<(PathBuf, Vec<String>)> = vec![];
+    let mut add = |path: &Path| {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return;
+        };
+        if is_pattern(dir) || !matches!(files.list(dir), Ok(Some(_))) {
+            return;
+        }
+        let name = name.to_string_lossy().into_owned();
+        match dirs.iter_mut().find(|(d, _)| d == dir) {
+            // Already covered (a glob's match, met again as an import).
+            Some((_, names))
+                if names
+                    .iter()
+                    .any(|n| *n == name || name_matches(n, &name) == Some(true)) => {}
+            Some((_, names)) => names.push(name),
+            None => dirs.push((dir.to_path_buf(), vec![name])),
+        }
+    };
+    let mut pending: VecDeque<PathBuf> = CONTAINERD_CONFIGS.iter().map(PathBuf::from).collect();
+    let mut seen = BTreeSet::new();
+    while let Some(path) = pending.pop_front() {
+        if seen.len() > MAX_IMPORTED || !seen.insert(path.clone()) {
+            continue;
+        }
+        add(&path);
+        let Ok(Some(text)) = files.read(&path) else {
+            continue;
+        };
+        let Ok(doc) = parse(&path, &text) else {
+            continue;
+        };
+        for p in import_patterns(&path, doc.as_item()).unwrap_or_default() {
+            add(&p);
+            if is_pattern(&p) {
+                pending.extend(glob(files, &p).unwrap_or_default());
+            } else {
+                pending.push_back(p);
+            }
+        }
+    }
+    let drop_ins = Path::new(CRIO_DROP_INS);
+    add(Path::new(CRIO_CONFIG));
+    // The drop-in directory itself, created or removed.
+    add(drop_ins);
+    add(&drop_ins.join("*.conf"));
+    dirs
 }
 
 /// The existing paths matching `pattern` (`*`, `?` and `[...]` within a
@@ -342,7 +412,7 @@ fn glob(files: &dyn HostFiles, pattern: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// Go's filepath.Match for one name: `*` (no `/`), `?`, `[...]` (ranges,
 /// `^` negation), `\` escapes. None for a malformed pattern.
-fn name_matches(pattern: &str, name: &str) -> Option<bool> {
+pub fn name_matches(pattern: &str, name: &str) -> Option<bool> {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();
     fn go(p: &[char], n: &[char]) -> Option<bool> {
@@ -473,6 +543,16 @@ fn crio(files: &dyn HostFiles) -> Verdict {
              file alone"
         )),
     }
+}
+
+/// [`settings_dirs`] as the installer's container sees them.
+pub fn settings_watch(cfg: &Config) -> Vec<(PathBuf, Vec<String>)> {
+    settings_dirs(&Host {
+        prefix: &cfg.mount_prefix,
+    })
+    .into_iter()
+    .map(|(dir, names)| (under_prefix(&cfg.mount_prefix, &dir), names))
+    .collect()
 }
 
 /// Sandboxes that libcni's result cache shows attached to one network more

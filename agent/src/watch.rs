@@ -7,7 +7,8 @@
 //! written, renamed or removed in the conf dir calls for the chain alone,
 //! at once (a pod created right after the primary's write must find the
 //! chain repaired); anything else (the kubeconfig, the persisted entry,
-//! binaries, credentials, the template) for a whole pass.
+//! binaries, credentials, the template, the container runtime's settings)
+//! for a whole pass.
 //!
 //! Raw inotify through `nix` (already our syscall crate for the signalfd
 //! and poll the main loop needs) rather than a watcher crate: the loop polls
@@ -33,6 +34,10 @@ pub enum Filter {
     Names(Vec<String>),
     /// Every change (the service-account dir: the kubelet swaps `..data`).
     Any,
+    /// The container runtime's settings: names matching these patterns
+    /// (an imports glob's last part, as [`crate::runtime::name_matches`]),
+    /// once written. `auto` mode re-decides in a whole pass.
+    Settings(Vec<String>),
 }
 
 /// What the events read so far call for.
@@ -87,6 +92,19 @@ impl Filter {
             }
             Filter::ConfigsAnd(_) | Filter::Names(_) => none,
             Filter::Any => full,
+            // Written, like a network config: read half-written, a file
+            // would select inline mode for a moment. A directory (CRI-O's
+            // drop-ins) is complete once created.
+            Filter::Settings(patterns)
+                if patterns
+                    .iter()
+                    .any(|p| crate::runtime::name_matches(p, name) == Some(true))
+                    && (chain_event(mask)
+                        || mask.contains(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ISDIR)) =>
+            {
+                full
+            }
+            Filter::Settings(_) => none,
         }
     }
 }
@@ -141,6 +159,37 @@ impl Watcher {
                 })
                 .collect(),
         })
+    }
+
+    /// Adds the runtime's settings directories ([`Filter::Settings`]): the
+    /// files they hold change as its config does (an import added), so
+    /// they are looked up again each whole pass. Added only: a directory
+    /// no longer read costs at most a pass when it changes.
+    pub fn add_settings(&mut self, dirs: Vec<(PathBuf, Vec<String>)>) {
+        for (dir, names) in dirs {
+            let existing = self
+                .targets
+                .iter_mut()
+                .find(|t| t.dir == dir && matches!(t.filter, Filter::Settings(_)));
+            match existing {
+                Some(Target {
+                    filter: Filter::Settings(have),
+                    ..
+                }) => {
+                    for n in names {
+                        if !have.contains(&n) {
+                            have.push(n);
+                        }
+                    }
+                }
+                _ => self.targets.push(Target {
+                    dir,
+                    filter: Filter::Settings(names),
+                    wd: None,
+                    failed: None,
+                }),
+            }
+        }
     }
 
     /// Arms every watch not armed yet. Called before every reconcile, so a
@@ -241,6 +290,11 @@ mod tests {
         use AddWatchFlags as F;
         let f = Filter::ConfigsAnd(vec!["ZZZ-linkerd-cni-kubeconfig".into()]);
         let n = Filter::Names(vec!["linkerd-cni".into()]);
+        let s = Filter::Settings(vec![
+            "config.toml".into(),
+            "*.toml".into(),
+            "crio.conf.d".into(),
+        ]);
         let conf = "10-calico.conflist";
         let kc = "ZZZ-linkerd-cni-kubeconfig";
         for (filter, name, mask, want) in [
@@ -261,9 +315,46 @@ mod tests {
             // Only the conf dir's filter knows network configs.
             (&n, conf, F::IN_MOVED_TO, NONE),
             (&Filter::Any, "..data", F::IN_MOVED_TO, FULL),
+            // The runtime's settings: once written, by pattern.
+            (&s, "config.toml", F::IN_CLOSE_WRITE, FULL),
+            (&s, "config.toml", F::IN_MODIFY, NONE),
+            (&s, "10-cni.toml", F::IN_MOVED_TO, FULL),
+            (&s, "10-cni.toml", F::IN_DELETE, FULL),
+            (&s, "10-cni.toml.tmp", F::IN_MOVED_TO, NONE),
+            (&s, "crio.conf.d", F::IN_CREATE | F::IN_ISDIR, FULL),
+            (&s, "crio.conf.d", F::IN_CREATE, NONE),
+            (&s, "certs", F::IN_CREATE | F::IN_ISDIR, NONE),
         ] {
             assert_eq!(filter.wants(name, mask), want, "{filter:?} {name} {mask:?}");
         }
+    }
+
+    #[test]
+    fn settings_dirs_are_added_merged_and_reported_once() {
+        let dir = std::env::temp_dir().join(format!("lcni-watch-s-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let gone = dir.join("absent");
+        let mut w = Watcher::new(vec![]).unwrap();
+        w.add_settings(vec![(dir.clone(), vec!["config.toml".into()])]);
+        // Looked up again each pass: merged, not doubled.
+        w.add_settings(vec![
+            (dir.clone(), vec!["config.toml".into(), "*.conf".into()]),
+            (gone.clone(), vec!["x".into()]),
+        ]);
+        assert_eq!(w.dirs().count(), 2);
+        // One that cannot be armed: said once, then left to the resync.
+        let failed: Vec<PathBuf> = w.arm().into_iter().map(|e| e.dir).collect();
+        assert_eq!(failed, [gone]);
+        assert!(w.arm().is_empty());
+
+        std::fs::write(dir.join("other.txt"), "x").unwrap();
+        assert_eq!(w.drain(), NONE);
+        std::fs::write(dir.join("10-a.conf"), "x").unwrap();
+        assert_eq!(w.drain(), FULL);
+        std::fs::write(dir.join("config.toml"), "x").unwrap();
+        assert_eq!(w.drain(), FULL);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -309,3 +309,64 @@ fn a_sandbox_attached_twice_to_one_network_fails_check() {
         inst.log()
     );
 }
+
+#[test]
+fn a_runtime_settings_change_switches_the_mode_before_the_resync() {
+    // containerd restarted from max_conf_num 1 to 0 (and back), through a
+    // drop-in its imports pull in and through its main file: the mode
+    // follows at once, not at the next resync, since pods started in
+    // between would be attached to the primary's network twice.
+    let node = Node::new("auto-follow");
+    let main = |n: u32| {
+        format!("version = 2\nimports = [\"conf.d/*.toml\"]\n{CRI_1X}max_conf_num = {n}\n")
+    };
+    host_file(&node, "/etc/containerd/config.toml", &main(1));
+    fs::create_dir_all(node.prefix.join("etc/containerd/conf.d")).unwrap();
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let slow = [
+        ("LINKERD_CNI_RESYNC_SECONDS", "60"),
+        ("LINKERD_CNI_CHAIN_MODE", "auto"),
+    ];
+    let inst = node.start(&slow);
+    let mode = |want: &str| persisted_entry(&node).is_some_and(|e| e["chain_mode"] == want);
+    let owned = || mode("owned") && node.active().is_some_and(|a| a.ends_with(OURS));
+    let inline = || {
+        mode("inline")
+            && !node.conf(OURS).exists()
+            && node.active() == Some(node.conf("10-calico.conflist"))
+            && node.healthy().is_ok()
+    };
+    // Far below the resync (60 s): only the watch can explain a switch.
+    let bound = Duration::from_secs(5);
+    // The installer's own writes (the entry, our file) wake a whole pass
+    // of their own, debounced up to a second; a change made before that
+    // pass would be found by it, watch or not. So each change waits for
+    // the installer to be quiet.
+    let quiet = || std::thread::sleep(Duration::from_secs(2));
+    assert!(wait_until(bound, owned), "{}", inst.log());
+    quiet();
+
+    // A new drop-in, written as a tool writes it (by rename).
+    let drop_in = node.prefix.join("etc/containerd/conf.d/50-all.toml");
+    let tmp = node.prefix.join("etc/containerd/conf.d/.50-all.toml.tmp");
+    fs::write(&tmp, format!("{CRI_1X}max_conf_num = 0\n")).unwrap();
+    fs::rename(&tmp, &drop_in).unwrap();
+    assert!(wait_until(bound, inline), "{}", inst.log());
+    assert!(
+        inst.log().contains(
+            "chain mode inline: LINKERD_CNI_CHAIN_MODE=auto: containerd's max_conf_num is 0 \
+             (in /etc/containerd/conf.d/50-all.toml)"
+        ),
+        "{}",
+        inst.log()
+    );
+
+    // The drop-in removed: owned again. The main file rewritten in place
+    // with 0: inline again.
+    quiet();
+    fs::remove_file(&drop_in).unwrap();
+    assert!(wait_until(bound, owned), "{}", inst.log());
+    quiet();
+    host_file(&node, "/etc/containerd/config.toml", &main(0));
+    assert!(wait_until(bound, inline), "{}", inst.log());
+}

@@ -273,6 +273,55 @@ fn unreadable_or_absent_settings_are_inline_with_the_reason() {
 }
 
 #[test]
+fn settings_dirs_are_those_holding_what_select_reads() {
+    let dirs = |files: &[(&str, Result<&str, &str>)]| {
+        settings_dirs(&host(files))
+            .into_iter()
+            .map(|(d, names)| format!("{}: {}", d.display(), names.join(" ")))
+            .collect::<Vec<_>>()
+    };
+    // Nothing there: nothing to watch (no warning about absent paths).
+    assert!(dirs(&[]).is_empty());
+    // containerd (k3s's path), its imports by glob, relative and absolute,
+    // nested; a directory an import names but that does not exist is left
+    // to the resync.
+    assert_eq!(
+        dirs(&[
+            (
+                "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+                Ok("imports = [\"conf.d/*.toml\", \"/etc/extra/one.toml\", \"/absent/x.toml\"]\n"),
+            ),
+            (
+                "/var/lib/rancher/k3s/agent/etc/containerd/conf.d/10-a.toml",
+                Ok("imports = [\"/etc/nested/n.toml\"]\n"),
+            ),
+            ("/etc/extra/one.toml", Ok("")),
+            ("/etc/nested/n.toml", Ok("")),
+        ]),
+        [
+            "/var/lib/rancher/k3s/agent/etc/containerd: config.toml",
+            "/var/lib/rancher/k3s/agent/etc/containerd/conf.d: *.toml",
+            "/etc/extra: one.toml",
+            "/etc/nested: n.toml",
+        ]
+    );
+    // A file that does not parse still has its directory watched; CRI-O's
+    // main file and drop-ins.
+    assert_eq!(
+        dirs(&[
+            ("/etc/containerd/config.toml", Ok("[plugins\n")),
+            ("/etc/crio/crio.conf", Ok("")),
+            ("/etc/crio/crio.conf.d/10-a.conf", Ok("")),
+        ]),
+        [
+            "/etc/containerd: config.toml",
+            "/etc/crio: crio.conf crio.conf.d",
+            "/etc/crio/crio.conf.d: *.conf",
+        ]
+    );
+}
+
+#[test]
 fn go_style_name_patterns() {
     for (p, n, want) in [
         ("*.toml", "a.toml", Some(true)),
