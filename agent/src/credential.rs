@@ -22,7 +22,14 @@
 //! chart's, whose installer token only reads), the installer falls back to
 //! its own projected token, as upstream does, says so once, and asks again
 //! every [`REFUSED_RETRY`]; a second installer on the node then keeps the
-//! first one's token while the API server accepts it. Any other failure
+//! first one's token while the API server accepts it. A 403 is taken for
+//! that RBAC only when a SelfSubjectAccessReview with this pod's token says
+//! it may not create the token: under deploy/'s RBAC a 403 also comes from
+//! a binding not yet in effect or an authorization webhook, and this pod's
+//! token, which may delete pods and patch Nodes, must not reach the node's
+//! disk for that. A refused TokenRequest is asked again a few times within
+//! the attempt first; a review that allows it, or gives no answer, counts
+//! as any other failure. Any other failure
 //! (the API server down, the plugin's ServiceAccount missing) keeps the
 //! token in the file while it is still valid, else writes the kubeconfig
 //! without one until a TokenRequest succeeds: the node is chained, and the
@@ -38,7 +45,9 @@
 //! installer asks the API server with the plugin's token whether it may get
 //! pods ([`plugin_access`]) and tells the plugin what it found through the
 //! heartbeat: then a 403 passes pods through instead of having every pod
-//! of the node retried for as long as the RBAC stays missing.
+//! of the node retried for as long as the RBAC stays missing. A 401 on
+//! that review says the token itself is revoked (its ServiceAccount deleted
+//! and created again): the next pass mints another.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -60,6 +69,9 @@ pub const LIFETIME: Duration = Duration::from_secs(24 * 3600);
 const API_TIMEOUT: Duration = Duration::from_secs(3);
 /// After a refused TokenRequest (403): RBAC does not change by itself.
 pub const REFUSED_RETRY: Duration = Duration::from_secs(600);
+/// Pauses before asking again within one attempt after a 403 (RBAC
+/// applied a moment ago takes about that long to be in effect).
+const FORBIDDEN_RETRIES: [Duration; 2] = [Duration::from_millis(250), Duration::from_millis(750)];
 /// Backoff after other failures, doubling per failure in a row...
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
 /// ...up to this.
@@ -76,6 +88,8 @@ const SELF_SUBJECT_ACCESS_REVIEW_PATH: &str =
 enum Failed {
     /// No right to ask (the linkerd2-cni chart's RBAC): fall back.
     Refused(String),
+    /// Refused, though a review does not say this pod may not ask.
+    Unsure(String),
     Other(String),
 }
 
@@ -112,6 +126,8 @@ pub struct Credential {
     unbound: bool,
     /// The interim use of this pod's own token was said.
     said_interim: bool,
+    /// A refused TokenRequest not taken for the chart's RBAC was said.
+    said_unsure: bool,
 }
 
 impl Default for Credential {
@@ -123,6 +139,7 @@ impl Default for Credential {
             fallback: None,
             unbound: false,
             said_interim: false,
+            said_unsure: false,
         }
     }
 }
@@ -186,7 +203,13 @@ pub fn plugin_rejections(state_dir: &Path) -> Option<u64> {
 /// API server (a SelfSubjectAccessReview, cluster-wide): `Some(why not)`
 /// when it answers no, `None` when it answers yes, and `previous` when it
 /// gives no answer (down, slow, the token refused: no finding either way).
-pub fn plugin_access(cfg: &Config, previous: Option<String>) -> Option<String> {
+/// A token refused (401) is no longer trusted: the next pass checks it and
+/// mints another.
+pub fn plugin_access(
+    credential: &mut Credential,
+    cfg: &Config,
+    previous: Option<String>,
+) -> Option<String> {
     let Some(t) = kubeconfig::file_token(cfg) else {
         return previous;
     };
@@ -213,6 +236,10 @@ pub fn plugin_access(cfg: &Config, previous: Option<String>) -> Option<String> {
             Some(format!(
                 "a SelfSubjectAccessReview with the kubeconfig's token says {who} may not get pods"
             ))
+        }
+        Err(ApiError::Unauthorized { status: 401, .. }) => {
+            credential.trusted = None;
+            previous
         }
         Err(e) => {
             tracing::debug!("cannot ask whether the plugin's token may get pods: {e}");
@@ -311,12 +338,25 @@ impl Credential {
                 );
                 Ok(Some(self.fall_back(cfg, own, why, REFUSED_RETRY)))
             }
+            Err(Failed::Unsure(e)) => {
+                let backoff = self.back_off();
+                if !self.said_unsure {
+                    self.said_unsure = true;
+                    tracing::warn!(
+                        "{e}: not taken for RBAC without that right, so the node keeps its \
+                         credential; asking again with a backoff (now {} s)",
+                        backoff.as_secs()
+                    );
+                }
+                // In the fallback already: this pod's token stays there.
+                if let Some((until, _)) = &mut self.fallback {
+                    *until = self.next_try;
+                    return Ok(Some(self.projected(cfg, own)));
+                }
+                Ok(self.keep_or_none(file, "a refused TokenRequest"))
+            }
             Err(Failed::Other(e)) => {
-                self.failures += 1;
-                let backoff = FIRST_BACKOFF
-                    .saturating_mul(1 << (self.failures - 1).min(16))
-                    .min(MAX_BACKOFF);
-                self.next_try = Instant::now() + backoff;
+                let backoff = self.back_off();
                 // One line for the failure, what it leaves the node with
                 // included (said once, as keep_or_none would say it).
                 let interim = if file.is_none() && !self.said_interim {
@@ -334,6 +374,16 @@ impl Credential {
                 Ok(file)
             }
         }
+    }
+
+    /// One more failure in a row: when to ask again.
+    fn back_off(&mut self) -> Duration {
+        self.failures += 1;
+        let backoff = FIRST_BACKOFF
+            .saturating_mul(1 << (self.failures - 1).min(16))
+            .min(MAX_BACKOFF);
+        self.next_try = Instant::now() + backoff;
+        backoff
     }
 
     /// Into the fallback for `retry`, saying `why` once; the token it
@@ -419,16 +469,42 @@ impl Credential {
             cfg.node_name.as_deref()
         };
         let account_id = format!("{namespace}/{account}");
-        let minted = api::blocking(config, API_TIMEOUT, async |api| {
-            request(api, &namespace, account, node).await
-        })
-        .map_err(|source| TokenError::Api {
-            account: account_id,
-            source,
-        })
-        .and_then(|r| r)
-        .map_err(|e| match e {
-            TokenError::Forbidden { .. } => Failed::Refused(e.to_string()),
+        let answer = api::blocking(config, API_TIMEOUT, async |api| {
+            let mut r = request(api, &namespace, account, node).await;
+            for pause in FORBIDDEN_RETRIES {
+                if !matches!(r, Err(TokenError::Forbidden { .. })) {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                r = request(api, &namespace, account, node).await;
+            }
+            let review = match r {
+                Err(TokenError::Forbidden { .. }) => may_mint(api, &namespace, account).await,
+                _ => Ok(true),
+            };
+            (r, review)
+        });
+        let (minted, review) = match answer {
+            Ok(pair) => pair,
+            Err(source) => (
+                Err(TokenError::Api {
+                    account: account_id,
+                    source,
+                }),
+                Ok(true),
+            ),
+        };
+        let minted = minted.map_err(|e| match e {
+            TokenError::Forbidden { .. } => match review {
+                Ok(false) => Failed::Refused(e.to_string()),
+                Ok(true) => Failed::Unsure(format!(
+                    "{e}, though a SelfSubjectAccessReview says this pod may (RBAC not yet in \
+                     effect, or an authorization webhook)"
+                )),
+                Err(why) => Failed::Unsure(format!(
+                    "{e}, and a SelfSubjectAccessReview of that right failed ({why})"
+                )),
+            },
             // Allowed to ask, so not the linkerd2-cni chart's RBAC: this
             // pod's token may be strong. No fallback; retried.
             TokenError::NoAccount { .. } => Failed::Other(format!(
@@ -460,10 +536,26 @@ impl Credential {
         );
         self.failures = 0;
         self.said_interim = false;
+        self.said_unsure = false;
         self.next_try = Instant::now();
         self.trusted = Some(minted.token.clone());
         Ok(minted.token)
     }
+}
+
+/// Whether this pod may create tokens of ServiceAccount `namespace/name`,
+/// as a SelfSubjectAccessReview with its own token answers.
+async fn may_mint(api: &Api, namespace: &str, name: &str) -> Result<bool, ApiError> {
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {
+            "namespace": namespace, "verb": "create", "resource": "serviceaccounts",
+            "subresource": "token", "name": name,
+        }},
+    });
+    let r: serde_json::Value = api.create(SELF_SUBJECT_ACCESS_REVIEW_PATH, &review).await?;
+    Ok(r["status"]["allowed"] == true)
 }
 
 /// A token the API server issued.

@@ -425,7 +425,8 @@ impl Installer {
             return;
         }
         let was = self.plugin_denied.clone();
-        self.plugin_denied = credential::plugin_access(&self.cfg, was.clone());
+        self.plugin_denied =
+            credential::plugin_access(&mut self.credential, &self.cfg, was.clone());
         match (&was, &self.plugin_denied) {
             (None, Some(why)) => tracing::error!(
                 "the plugin's credentials may not read pods: {why}; pods on this node pass \

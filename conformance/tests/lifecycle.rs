@@ -979,6 +979,63 @@ fn the_plugins_rbac_deleted_passes_pods_through_until_it_is_back() {
     expect_no_reserved_ips(node, net);
 }
 
+/// The plugin's token revoked while its installer runs (its ServiceAccount
+/// deleted and created again): the plugin's GETs get 401 and the ADD is
+/// answered "try again". The installer, told by the plugin's counters,
+/// asks a review with that token, gets 401, and mints another within a
+/// pass or two instead of keeping the revoked one for half its lifetime;
+/// the pod, retried, gets its rules.
+#[test]
+fn a_revoked_plugin_token_is_replaced_once_the_plugin_is_refused() {
+    let c = chained_node_with(
+        TokenPolicy::default(),
+        &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
+        &[],
+    );
+    let (node, api, net) = (&c.node, &c.api, &c.net);
+    let beat = node.state_dir().join("installer-heartbeat.json");
+    assert!(
+        testkit::wait_until(RESYNC + GRACE, || beat.exists()),
+        "no heartbeat: {}",
+        c.pod.inst.log()
+    );
+    let file_token = || {
+        let text = std::fs::read_to_string(node.kubeconfig_path()).unwrap_or_default();
+        let doc: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        doc["users"][0]["user"]["token"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let first = file_token().expect("the plugin's token in the kubeconfig");
+    assert_eq!(api.minted().len(), 1);
+    api.revoke_token(&first);
+    let pod = node.pod(kube::serve_meshed(api, "web-1"));
+    let refused = node
+        .add(net, &pod)
+        .map(|r| format!("{r:?}"))
+        .map_err(|f| format!("{f:?}"));
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("try again later")),
+        "{refused:?}"
+    );
+    node.del(net, &pod).unwrap();
+    assert!(
+        testkit::wait_until(RESYNC * 2 + GRACE, || {
+            api.minted().len() == 2 && file_token().is_some_and(|t| t != first)
+        }),
+        "no new token: {}",
+        c.pod.inst.log()
+    );
+    assert_eq!(
+        file_token().as_deref(),
+        Some(api.minted()[1].token.as_str())
+    );
+    let again = add(node, net, kube::serve_meshed(api, "web-1")).unwrap();
+    assert_eq!(again, [&ORDER_WITH[..], &["(rules)"]].concat(), "meshed");
+}
+
 /// The installer cannot mint the plugin's token when it starts (the API
 /// server answers its first two TokenRequests 404: the plugin's
 /// ServiceAccount not created yet, as when the DaemonSet is applied

@@ -40,7 +40,8 @@
 //! revokes every token minted for an account. A minted token may only GET
 //! under `/api/v1/namespaces/` (the plugin's role).
 //! SelfSubjectAccessReview allows `get` on a pod unless its path is
-//! forbidden (asked cluster-wide: `/api/v1/pods`).
+//! forbidden (asked cluster-wide: `/api/v1/pods`), and `create` on
+//! `serviceaccounts/token` as [`FakeApiServer::set_tokens`] says.
 //! [`FakeApiServer::issue_token`] adds a valid token (a second
 //! service-account pod's), [`FakeApiServer::revoke_token`] makes one get 401
 //! from then on (its pod was deleted); [`FakeApiServer::forbid`] answers 403
@@ -1554,11 +1555,16 @@ fn jwt(claims: &Value) -> String {
     )
 }
 
-/// Allows everything but `get` of a forbidden path.
+/// Allows everything but `get` of a forbidden path, and `create` of
+/// `serviceaccounts/token` as the [`TokenPolicy`] says.
 fn access_review(state: &State, req: &Request) -> Answer {
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let a = &body["spec"]["resourceAttributes"];
     let s = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+    if s("resource") == "serviceaccounts" && s("subresource") == "token" {
+        let allowed = lock(&state.tokens).policy.allowed;
+        return Answer::Json(201, json!({"status": {"allowed": allowed}}));
+    }
     let path = match s("resource").as_str() {
         // Cluster-wide: every namespace, any name.
         "pods" if s("namespace").is_empty() && s("name").is_empty() => "/api/v1/pods".into(),

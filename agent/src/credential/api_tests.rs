@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use linkerd_cni_kube::{Client, kubeconfig, token};
 
-use super::{LIFETIME, Minted, TokenError, request};
+use super::{Credential, LIFETIME, Minted, TokenError, plugin_access, request};
 use crate::api;
+use crate::config::Config;
 use testkit::{FakeApiServer, TempDir, TokenPolicy};
 
 const NS: &str = "linkerd-cni";
@@ -83,4 +84,115 @@ fn refusals_have_their_errors() {
     api.delete_account(NS, SA);
     let e = plugin.namespace("default").err().unwrap();
     assert!(e.to_string().contains("HTTP 401"), "{e}");
+}
+
+/// The installer's side of a node whose API server is `api`: this pod's
+/// own token and CA in its service-account dir, the node's conf dir under
+/// a temporary mount prefix.
+struct Node {
+    _dir: TempDir,
+    cfg: Config,
+}
+
+fn node(api: &FakeApiServer) -> Node {
+    let dir = TempDir::new("lcni-credential").unwrap();
+    let sa = dir.path().join("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::create_dir_all(dir.path().join("etc/cni/net.d")).unwrap();
+    std::fs::write(sa.join("token"), api.token()).unwrap();
+    std::fs::write(sa.join("ca.crt"), api.ca_pem()).unwrap();
+    let (root, sa, port) = (
+        dir.path().display().to_string(),
+        sa.display().to_string(),
+        api.addr().port().to_string(),
+    );
+    let cfg = Config::from_env(|k| {
+        match k {
+            "KUBERNETES_SERVICE_HOST" => Some("127.0.0.1"),
+            "KUBERNETES_SERVICE_PORT" => Some(port.as_str()),
+            "CNI_NETWORK_CONFIG" => Some(r#"{"type":"linkerd-cni"}"#),
+            "LINKERD_CNI_POD_NAMESPACE" => Some(NS),
+            "LINKERD_CNI_NODE_NAME" => Some("node-1"),
+            "LINKERD_CNI_SERVICE_ACCOUNT_DIR" => Some(sa.as_str()),
+            "CONTAINER_MOUNT_PREFIX" => Some(root.as_str()),
+            _ => None,
+        }
+        .map(str::to_string)
+    })
+    .unwrap();
+    Node { _dir: dir, cfg }
+}
+
+/// One pass's credential work: the token chosen, written into the node's
+/// kubeconfig; what the kubeconfig holds then.
+fn pass(c: &mut Credential, cfg: &Config) -> Option<String> {
+    let t = c.token(cfg).unwrap();
+    crate::kubeconfig::ensure(cfg, t.as_deref()).unwrap();
+    crate::kubeconfig::file_token(cfg)
+}
+
+fn token_path() -> String {
+    format!("/api/v1/namespaces/{NS}/serviceaccounts/{SA}/token")
+}
+
+/// A 403 on the TokenRequest under RBAC that grants it (a binding not yet
+/// in effect, an authorization webhook) never puts this pod's own token on
+/// the node's disk: asked again within the attempt, the plugin's token
+/// lands; refused for longer, the kubeconfig holds none until it does.
+/// Only when a review says this pod may not ask (the linkerd2-cni chart's
+/// RBAC) does it fall back to its own token.
+#[test]
+fn a_forbidden_token_request_falls_back_only_when_a_review_says_no() {
+    let api = FakeApiServer::start();
+    let n = node(&api);
+    api.fail_next_on(&token_path(), 1, 403);
+    let mut c = Credential::default();
+    let t = pass(&mut c, &n.cfg).expect("a token in the kubeconfig");
+    assert_ne!(t, api.token(), "this pod's own token on the node's disk");
+    assert_eq!(token::claims(&t).unwrap().subject, token::subject(NS, SA));
+
+    // Refused for the whole attempt, the review allowing: no fallback.
+    let api = FakeApiServer::start();
+    let n = node(&api);
+    api.fail_next_on(&token_path(), 3, 403);
+    let mut c = Credential::default();
+    assert_eq!(pass(&mut c, &n.cfg), None, "no token until one is minted");
+    assert_eq!(api.requests(super::SELF_SUBJECT_ACCESS_REVIEW_PATH), 1);
+    c.next_try = std::time::Instant::now();
+    let t = pass(&mut c, &n.cfg).expect("minted once the 403s stop");
+    assert_eq!(token::claims(&t).unwrap().subject, token::subject(NS, SA));
+
+    // The review denying: the fallback, as under the chart's RBAC.
+    let api = FakeApiServer::start();
+    let n = node(&api);
+    api.set_tokens(TokenPolicy {
+        allowed: false,
+        ..TokenPolicy::default()
+    });
+    let mut c = Credential::default();
+    assert_eq!(pass(&mut c, &n.cfg).as_deref(), Some(api.token()));
+    assert!(c.fallback.is_some());
+}
+
+/// The plugin's token revoked (its ServiceAccount deleted and created
+/// again): once the plugin counts rejections, the review the installer
+/// then asks with that token gets 401, and the next pass mints another
+/// and writes it, instead of keeping the trusted one for half its
+/// lifetime.
+#[test]
+fn a_revoked_plugin_token_is_replaced_after_the_plugins_rejections() {
+    let api = FakeApiServer::start();
+    let n = node(&api);
+    let mut c = Credential::default();
+    let first = pass(&mut c, &n.cfg).expect("minted");
+    api.revoke_token(&first);
+    // Trusted: not asked about on every pass.
+    assert_eq!(pass(&mut c, &n.cfg).as_ref(), Some(&first));
+    assert_eq!(api.token_requests().len(), 1);
+    // The plugin's rejections rose: the installer asks about its access.
+    assert_eq!(plugin_access(&mut c, &n.cfg, None), None, "no finding");
+    let second = pass(&mut c, &n.cfg).expect("minted again");
+    assert_ne!(second, first);
+    assert_eq!(api.token_requests().len(), 2);
+    assert_eq!(pass(&mut c, &n.cfg), Some(second), "kept");
 }
