@@ -4,7 +4,7 @@
 # callgrind with a 0.2 s resync and the watch off, collecting only inside
 # Installer::reconcile; prints instructions / calls.
 #   bash scripts/idle-pass-cost.sh DIR_WITH_BINARIES [inline|owned]
-# DIR_WITH_BINARIES holds linkerd-cni-installer (built with symbols, e.g.
+# DIR_WITH_BINARIES holds linkerd-cni-agent (the installer; built with symbols, e.g.
 # the tools profile) and linkerd-cni (the image's plugin binary). No API
 # server runs here: the kubeconfig keeps the installer's own token
 # (LINKERD_CNI_PLUGIN_TOKEN=own; a kept minted token costs a pass the same
@@ -50,9 +50,9 @@ run() {
   echo $!
 }
 stop() { kill -TERM "$1"; while kill -0 "$1" 2>/dev/null; do sleep 0.2; done; }
-pid=$(run "$BIN/linkerd-cni-installer"); sleep 2; stop "$pid"
+pid=$(run "$BIN/linkerd-cni-agent"); sleep 2; stop "$pid"
 pid=$(run valgrind --tool=callgrind --callgrind-out-file="$R/cg.out" \
-  '--toggle-collect=*Installer::reconcile' "$BIN/linkerd-cni-installer")
+  '--toggle-collect=*Installer::reconcile' "$BIN/linkerd-cni-agent")
 sleep "${SECS:-12}"; stop "$pid"
 python3 - "$R/cg.out" <<'PY'
 import re, sys
