@@ -168,15 +168,20 @@ pub fn installer_command(
             pod.map_or_else(|| a.token().to_string(), |p| p.token.clone()),
             a.ca_pem().to_string(),
         ),
-        None => ("127.0.0.1".into(), 1, "unused".into(), String::new()),
+        // The installer writes no kubeconfig, and so no entry, without a
+        // CA it can read: a throwaway one, never dialled.
+        None => (
+            "127.0.0.1".into(),
+            1,
+            "unused".into(),
+            testkit::pki::TestPki::new().ca_pem,
+        ),
     };
     // The installer watches this dir: a file is replaced only when its
     // content changes, and whole (a running installer must never read a
     // half-written CA when a second command is set up beside it).
     replace(&sa.join("token"), &token).map_err(|e| io("write", &sa, e))?;
-    if !ca.is_empty() {
-        replace(&sa.join("ca.crt"), &ca).map_err(|e| io("write", &sa, e))?;
-    }
+    replace(&sa.join("ca.crt"), &ca).map_err(|e| io("write", &sa, e))?;
     let env = ChartEnv {
         mount_prefix: mount_prefix.to_path_buf(),
         image_bin: image,

@@ -973,7 +973,7 @@ fn plugin_repair(b: &BenchNode, plan: &Plan) -> Result<(), Stop> {
                 let _ = std::fs::remove_file(&state);
                 let (d, out) = inv.run_ok("repair run")?;
                 let stderr = String::from_utf8_lossy(&out.stderr);
-                if repair != stderr.contains("chain repaired") || !node.linkerd_last() {
+                if repair != stderr.contains("chain: repaired") || !node.linkerd_last() {
                     return Err(fail(format!(
                         "{} run: unexpected outcome: {stderr}",
                         if repair { "repair" } else { "healthy" }
