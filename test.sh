@@ -17,6 +17,8 @@ if [[ -n "$(gofmt -l conformance/cnidriver)" ]]; then
   exit 1
 fi
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# No async stack in the plugin; one, without ureq, in the agent.
+bash scripts/check-stacks.sh
 # The binaries under test first: the conformance tests run the plugin and
 # the installer from <target dir>/<host triple>/debug/ and never build them.
 cargo build --workspace --bins --locked

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::{Method as HttpMethod, Request};
-use linkerd_cni_kube::client::{MAX_BODY, Method};
+use linkerd_cni_kube::error::{MAX_BODY, Method};
 use linkerd_cni_kube::{ApiConfig, ApiError, Trust};
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;

@@ -628,7 +628,7 @@ async fn request(
             .map(str::to_string)
             .ok_or_else(|| {
                 fail(ApiError::Decode {
-                    method: linkerd_cni_kube::client::Method::Post,
+                    method: linkerd_cni_kube::error::Method::Post,
                     path: path.clone(),
                     cause: "the TokenRequest's answer holds no status.token".into(),
                 })

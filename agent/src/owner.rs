@@ -32,7 +32,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use linkerd_cni_kube::ApiError;
-use linkerd_cni_kube::client::{StatusBody, valid_name, valid_namespace};
+use linkerd_cni_kube::error::{StatusBody, valid_name, valid_namespace};
 use linkerd_cni_kube::objects::{DaemonSet, Namespace, OwnerReference, Pod};
 
 use crate::api::{self, Api};

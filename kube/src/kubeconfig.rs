@@ -465,21 +465,14 @@ fn plain_words(s: &str) -> bool {
 /// rustls can use as a root (checked now: the TLS stack would silently skip
 /// a bad one and every call would then fail with an unknown issuer).
 fn certificates(pem: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
     let mut out = Vec::new();
-    for item in ureq::tls::parse_pem(pem) {
-        match item {
-            Ok(ureq::tls::PemItem::Certificate(c)) => {
-                let der = c.der().to_vec();
-                rustls::RootCertStore::empty()
-                    .add(rustls::pki_types::CertificateDer::from(der.clone()))
-                    .map_err(|e| {
-                        format!("certificate {} is not usable as a CA: {e}", out.len() + 1)
-                    })?;
-                out.push(der);
-            }
-            Ok(_) => {}
-            Err(e) => return Err(format!("invalid PEM: {e}")),
-        }
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let der = cert.map_err(|e| format!("invalid PEM: {e}"))?;
+        rustls::RootCertStore::empty()
+            .add(der.clone())
+            .map_err(|e| format!("certificate {} is not usable as a CA: {e}", out.len() + 1))?;
+        out.push(der.to_vec());
     }
     if out.is_empty() {
         return Err("no PEM certificate found".into());

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use linkerd_cni_kube::client::Method;
+use linkerd_cni_kube::error::Method;
 
 const NS: &str = "linkerd-cni";
 const POD: &str = "linkerd-cni-x7k2p";
