@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
-    self as chain, Context, FightDetector, Layout, ModeChoice, RepairOptions, Report, write,
+    self as chain, Context, FightHistory, Layout, ModeChoice, RepairOptions, Report, write,
 };
 use linkerd_cni_state::heartbeat;
 use tracing::Level;
@@ -58,7 +58,7 @@ pub struct Installer {
     cfg: Config,
     bins: Vec<Binary>,
     notes: Notes,
-    fights: FightDetector,
+    fights: FightHistory,
     /// The last entry rendered successfully: used while a template file is
     /// unreadable or broken, so a bad ConfigMap edit does not unchain pods.
     last_entry: Entry,
@@ -97,7 +97,7 @@ impl Installer {
             cfg,
             bins,
             notes: Notes::default(),
-            fights: FightDetector::new(FIGHT_WINDOW, FIGHT_THRESHOLD),
+            fights: FightHistory::in_memory(FIGHT_WINDOW, FIGHT_THRESHOLD),
             last_entry: entry,
             chained_last_pass: false,
             kubeconfig_current: false,

@@ -14,14 +14,14 @@
 //! fight, however often it writes: each new content is repaired at once.
 //! Only the same content coming back repeatedly is rate-limited.
 //!
-//! [`FightDetector`] keeps the history in memory for the long-lived
-//! installer. The plugin is a process per ADD, so it keeps the same history
-//! on the wall clock ([`FightHistory`]), which the state crate
-//! (`linkerd_cni_state`) saves in the plugin's state dir between ADDs, never
-//! in the conf dir.
+//! [`FightHistory`] keeps it: on the monotonic clock in memory for the
+//! long-lived installer ([`FightHistory::in_memory`]); on the wall clock for
+//! the plugin, a process per ADD ([`FightHistory::new`]), whose history the
+//! state crate (`linkerd_cni_state`) saves in the plugin's state dir between
+//! ADDs, never in the conf dir.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Repairs of one file, in seconds on some clock, oldest first.
@@ -97,96 +97,6 @@ fn primary_type(file: &Path) -> Option<String> {
     Some(first.get("type")?.as_str()?.to_string())
 }
 
-/// In-memory fight detection for the installer.
-#[derive(Debug, Clone)]
-pub struct FightDetector {
-    window: Duration,
-    threshold: u32,
-    origin: Instant,
-    repairs: HashMap<PathBuf, History>,
-}
-
-impl FightDetector {
-    /// A fight is `threshold` repairs of one file within `window`.
-    pub fn new(window: Duration, threshold: u32) -> Self {
-        FightDetector {
-            window,
-            threshold: threshold.max(1),
-            origin: Instant::now(),
-            repairs: HashMap::new(),
-        }
-    }
-
-    fn secs(&self, now: Instant) -> f64 {
-        now.saturating_duration_since(self.origin).as_secs_f64()
-    }
-
-    /// Records a repair of `file` now; returns a warning when it is a fight
-    /// (and repairs should be rate-limited), `None` otherwise.
-    pub fn record_repair(&mut self, file: &Path, now: Instant) -> Option<String> {
-        let t = self.secs(now);
-        let (w, th) = (self.window.as_secs_f64(), self.threshold);
-        let h = self.repairs.entry(file.to_path_buf()).or_default();
-        h.record(t, w, th)
-            .then(|| warning(file, self.threshold, self.window))
-    }
-
-    /// Whether a repair of `file` is allowed now (bounded rate while
-    /// fighting).
-    pub fn allow(&self, file: &Path, now: Instant) -> bool {
-        self.repairs
-            .get(file)
-            .is_none_or(|h| h.allow(self.secs(now), self.window.as_secs_f64(), self.threshold))
-    }
-
-    /// [`Self::record_repair`] of `file` from content with `digest`: only
-    /// repairs of the same content count towards a fight.
-    pub fn record_repair_of(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
-        let (t, w) = (self.secs(now), self.window.as_secs_f64());
-        self.repairs.retain(|_, h| {
-            h.prune(t, w);
-            !h.0.is_empty()
-        });
-        let key = keyed(file, digest);
-        let th = self.threshold;
-        let h = self.repairs.entry(key).or_default();
-        h.record(t, w, th)
-            .then(|| warning(file, self.threshold, self.window))
-    }
-
-    /// [`Self::allow`] for a repair of `file` from content with `digest`.
-    pub fn allow_repair_of(&self, file: &Path, digest: &str, now: Instant) -> bool {
-        self.allow(&keyed(file, digest), now)
-    }
-
-    /// When a repair of `file` is allowed again: `now` when it is now, else
-    /// up to 2 ms after the exact time (rounded up, so that float rounding
-    /// never gives a time at which [`FightDetector::allow`] still says no).
-    pub fn next_allowed(&self, file: &Path, now: Instant) -> Instant {
-        let wait = self.repairs.get(file).map_or(0.0, |h| {
-            h.wait(self.secs(now), self.window.as_secs_f64(), self.threshold)
-        });
-        if wait <= 0.0 {
-            return now;
-        }
-        now + Duration::from_millis((wait * 1000.0).ceil() as u64 + 1)
-    }
-
-    /// [`Self::next_allowed`] for a repair of `file` from content with
-    /// `digest`.
-    pub fn next_allowed_of(&self, file: &Path, digest: &str, now: Instant) -> Instant {
-        self.next_allowed(&keyed(file, digest), now)
-    }
-}
-
-/// The history key of a file's content.
-fn keyed(file: &Path, digest: &str) -> PathBuf {
-    let mut k = file.as_os_str().to_owned();
-    k.push("#");
-    k.push(digest);
-    PathBuf::from(k)
-}
-
 /// The SHA-256 of a file's content, the key of a repair's history (empty
 /// when it cannot be read: all unreadable states count as one).
 pub fn content_sha256(path: &Path) -> String {
@@ -195,31 +105,43 @@ pub fn content_sha256(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// [`FightDetector`]'s logic on wall-clock seconds, keyed by file and
-/// content: a history that outlives a process once saved, as the plugin's
-/// is (`linkerd_cni_state::PersistedFights`). Holds a repair back while its
-/// content is fought over; records repairs.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The seconds a history counts in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Clock {
+    /// Since this instant: a history that lives as long as its process.
+    Since(Instant),
+    /// Since the epoch: a history that outlives a process once saved.
+    Wall,
+}
+
+/// Repairs per file and content: holds a repair back while its content is
+/// fought over, and says when a repair made it a fight.
+#[derive(Debug, Clone, PartialEq)]
 pub struct FightHistory {
     window: Duration,
     threshold: u32,
+    clock: Clock,
     repairs: BTreeMap<String, History>,
 }
 
-fn wall_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or_default()
-}
-
 impl FightHistory {
-    /// A fight is `threshold` repairs of one content within `window`.
+    /// A fight is `threshold` repairs of one content within `window`; on
+    /// the wall clock, for a history saved between processes.
     pub fn new(window: Duration, threshold: u32) -> Self {
         FightHistory {
             window,
             threshold: threshold.max(1),
+            clock: Clock::Wall,
             repairs: BTreeMap::new(),
+        }
+    }
+
+    /// [`FightHistory::new`] on the monotonic clock, for a history kept in
+    /// memory only: it also tells when a held-back repair is allowed.
+    pub fn in_memory(window: Duration, threshold: u32) -> Self {
+        FightHistory {
+            clock: Clock::Since(Instant::now()),
+            ..FightHistory::new(window, threshold)
         }
     }
 
@@ -241,39 +163,65 @@ impl FightHistory {
             .map(|(k, h)| (k.as_str(), h.0.iter().copied().collect()))
     }
 
-    /// Whether a repair of `file` from content with `digest` is allowed now.
-    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
-        self.repairs
-            .get(&key(&keyed(file, digest)))
-            .is_none_or(|h| h.allow(wall_now(), self.window.as_secs_f64(), self.threshold))
-    }
-
-    /// Records a repair of `file` from content with `digest`, made now;
-    /// the warning when it is a fight. Only repairs of the same content
-    /// count towards one.
-    pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
-        let now = wall_now();
-        let w = self.window.as_secs_f64();
-        for h in self.repairs.values_mut() {
-            h.prune(now, w);
+    fn secs(&self, now: Instant) -> f64 {
+        match self.clock {
+            Clock::Since(origin) => now.saturating_duration_since(origin).as_secs_f64(),
+            Clock::Wall => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default(),
         }
-        self.repairs.retain(|_, h| !h.0.is_empty());
-        let fighting = self
-            .repairs
-            .entry(key(&keyed(file, digest)))
-            .or_default()
-            .record(now, w, self.threshold);
-        fighting.then(|| warning(file, self.threshold, self.window))
     }
 }
 
-fn key(file: &Path) -> String {
-    file.to_string_lossy().into_owned()
+/// The history key of a file's content.
+fn key(file: &Path, digest: &str) -> String {
+    format!("{}#{digest}", file.to_string_lossy())
+}
+
+impl crate::RepairLimit for FightHistory {
+    fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool {
+        self.repairs
+            .get(&key(file, digest))
+            .is_none_or(|h| h.allow(self.secs(now), self.window.as_secs_f64(), self.threshold))
+    }
+
+    /// In memory only: up to 2 ms after the exact time (rounded up, so that
+    /// float rounding never gives a time at which `allow` still says no).
+    fn next_allowed(&self, file: &Path, digest: &str, now: Instant) -> Option<Instant> {
+        let Clock::Since(_) = self.clock else {
+            return None;
+        };
+        let wait = self.repairs.get(&key(file, digest)).map_or(0.0, |h| {
+            h.wait(self.secs(now), self.window.as_secs_f64(), self.threshold)
+        });
+        if wait <= 0.0 {
+            return Some(now);
+        }
+        Some(now + Duration::from_millis((wait * 1000.0).ceil() as u64 + 1))
+    }
+
+    /// Only repairs of the same content count towards a fight; histories
+    /// past the window are dropped, so the map stays small.
+    fn record(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
+        let (t, w) = (self.secs(now), self.window.as_secs_f64());
+        self.repairs.retain(|_, h| {
+            h.prune(t, w);
+            !h.0.is_empty()
+        });
+        let fighting =
+            self.repairs
+                .entry(key(file, digest))
+                .or_default()
+                .record(t, w, self.threshold);
+        fighting.then(|| warning(file, self.threshold, self.window))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RepairLimit;
 
     /// The warning (and the installer's Event) names what the file runs
     /// first: the CNI whose agent most likely rewrites it.
@@ -297,70 +245,74 @@ mod tests {
     #[test]
     fn repeated_repairs_are_a_fight_and_get_rate_limited() {
         let f = Path::new("/x/10-calico.conflist");
-        let mut d = FightDetector::new(Duration::from_secs(60), 3);
+        let mut d = FightHistory::in_memory(Duration::from_secs(60), 3);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        assert!(d.allow(f, at(0)));
-        assert_eq!(d.record_repair(f, at(0)), None);
-        assert_eq!(d.record_repair(f, at(1)), None);
-        assert!(d.allow(f, at(2)));
+        assert!(d.allow(f, "c", at(0)));
+        assert_eq!(d.record(f, "c", at(0)), None);
+        assert_eq!(d.record(f, "c", at(1)), None);
+        assert!(d.allow(f, "c", at(2)));
         let w = d
-            .record_repair(f, at(2))
+            .record(f, "c", at(2))
             .expect("third repair in a minute is a fight");
         assert!(w.contains("cni.exclusive"), "{w}");
         // One repair per 20 s while fighting.
-        assert!(!d.allow(f, at(3)));
-        assert!(!d.allow(f, at(21)));
-        assert!(d.allow(f, at(22)));
+        assert!(!d.allow(f, "c", at(3)));
+        assert!(!d.allow(f, "c", at(21)));
+        assert!(d.allow(f, "c", at(22)));
         // The next allowed time is the first at which `allow` holds.
-        let next = d.next_allowed(f, at(3));
+        let next = d.next_allowed(f, "c", at(3)).unwrap();
         assert!(next >= at(22) && next <= at(22) + Duration::from_millis(2));
-        assert!(d.allow(f, next));
-        assert!(!d.allow(f, at(22) - Duration::from_millis(1)));
-        assert_eq!(d.next_allowed(f, at(30)), at(30));
-        assert_eq!(d.next_allowed(Path::new("/x/other.conflist"), at(3)), at(3));
+        assert!(d.allow(f, "c", next));
+        assert!(!d.allow(f, "c", at(22) - Duration::from_millis(1)));
+        assert_eq!(d.next_allowed(f, "c", at(30)).unwrap(), at(30));
+        assert_eq!(
+            d.next_allowed(Path::new("/x/other.conflist"), "c", at(3))
+                .unwrap(),
+            at(3)
+        );
         // Another file is not affected.
-        assert!(d.allow(Path::new("/x/other.conflist"), at(3)));
+        assert!(d.allow(Path::new("/x/other.conflist"), "c", at(3)));
         // Once the other agent stops, the window empties and limits go.
-        assert!(d.allow(f, at(200)));
-        assert_eq!(d.record_repair(f, at(200)), None);
+        assert!(d.allow(f, "c", at(200)));
+        assert_eq!(d.record(f, "c", at(200)), None);
     }
 
     #[test]
     fn new_content_each_time_is_no_fight_the_same_content_again_is() {
         let f = Path::new("/x/10-calico.conflist");
-        let mut d = FightDetector::new(Duration::from_secs(60), 3);
+        let mut d = FightHistory::in_memory(Duration::from_secs(60), 3);
         let t0 = Instant::now();
         // A primary writing new content every 200 ms: every repair allowed.
         for i in 0..100u64 {
             let now = t0 + Duration::from_millis(200 * i);
             let digest = format!("content-{i}");
-            assert!(d.allow_repair_of(f, &digest, now), "write {i}");
-            assert_eq!(d.record_repair_of(f, &digest, now), None, "write {i}");
+            assert!(d.allow(f, &digest, now), "write {i}");
+            assert_eq!(d.record(f, &digest, now), None, "write {i}");
         }
         // The same content undone again and again: a fight, rate-limited.
         let t1 = t0 + Duration::from_secs(30);
         let at = |ms: u64| t1 + Duration::from_millis(ms);
-        assert_eq!(d.record_repair_of(f, "same", at(0)), None);
-        assert_eq!(d.record_repair_of(f, "same", at(100)), None);
-        assert!(d.record_repair_of(f, "same", at(200)).is_some());
-        assert!(!d.allow_repair_of(f, "same", at(300)));
+        assert_eq!(d.record(f, "same", at(0)), None);
+        assert_eq!(d.record(f, "same", at(100)), None);
+        assert!(d.record(f, "same", at(200)).is_some());
+        assert!(!d.allow(f, "same", at(300)));
         // ...while a new content is still repaired at once.
-        assert!(d.allow_repair_of(f, "newer", at(300)));
+        assert!(d.allow(f, "newer", at(300)));
         // Old histories are pruned: the map stays small.
-        d.record_repair_of(f, "late", t1 + Duration::from_secs(120));
+        d.record(f, "late", t1 + Duration::from_secs(120));
         assert_eq!(d.repairs.len(), 1);
     }
 
     #[test]
     fn spaced_repairs_are_no_fight() {
         let f = Path::new("/x/a.conflist");
-        let mut d = FightDetector::new(Duration::from_secs(10), 2);
+        let mut d = FightHistory::in_memory(Duration::from_secs(10), 2);
         let t0 = Instant::now();
         for i in 0..10 {
             let now = t0 + Duration::from_secs(11 * i);
-            assert!(d.allow(f, now));
-            assert_eq!(d.record_repair(f, now), None);
+            assert!(d.allow(f, "c", now));
+            assert_eq!(d.record(f, "c", now), None);
         }
     }
 }

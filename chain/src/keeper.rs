@@ -4,8 +4,8 @@
 //! program that judges it (`chain status`, the installer's readiness check,
 //! the repair controller's gate) calls [`health`]. What varies between them
 //! is how often a repair may be repeated, which is the [`RepairLimit`] they
-//! pass: the installer's in memory ([`FightDetector`]), the plugin's on the
-//! wall clock ([`FightHistory`], which the state crate keeps in the plugin's
+//! pass: the installer's in memory, the plugin's on the wall clock
+//! ([`crate::FightHistory`] both; the state crate keeps the plugin's in its
 //! state dir, recorded under the conf-dir lock), none for the CLI
 //! ([`NoLimit`]).
 //!
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
 use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState, SyncAction};
-use crate::{ChainError, ChainState, Entry, FightDetector, FightHistory, RepairOptions};
+use crate::{ChainError, ChainState, Entry, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
 /// installer's `check`).
@@ -148,36 +148,6 @@ impl RepairLimit for NoLimit {
 
     fn record(&mut self, _: &Path, _: &str, _: Instant) -> Option<String> {
         None
-    }
-}
-
-impl RepairLimit for FightDetector {
-    fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool {
-        self.allow_repair_of(file, digest, now)
-    }
-
-    fn next_allowed(&self, file: &Path, digest: &str, now: Instant) -> Option<Instant> {
-        Some(self.next_allowed_of(file, digest, now))
-    }
-
-    fn record(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
-        self.record_repair_of(file, digest, now)
-    }
-}
-
-/// The wall-clock history, in memory: the plugin's, once the state crate
-/// has read it (and saves it after a record).
-impl RepairLimit for FightHistory {
-    fn allow(&self, file: &Path, digest: &str, _: Instant) -> bool {
-        self.allow_of(file, digest)
-    }
-
-    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
-        None
-    }
-
-    fn record(&mut self, file: &Path, digest: &str, _: Instant) -> Option<String> {
-        self.record_of(file, digest)
     }
 }
 

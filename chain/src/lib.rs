@@ -14,9 +14,9 @@
 //!   own, recognised by its marker);
 //! - the keeper ([`keep`]), the one caller that sequences them, under one
 //!   deadline, with the limit on repeated repairs as a trait
-//!   ([`RepairLimit`]: [`FightDetector`] in memory for the installer,
-//!   [`FightHistory`] on the wall clock for the short-lived plugin, which
-//!   keeps it in its state dir, [`NoLimit`] for the CLI); and the one
+//!   ([`RepairLimit`]: a [`FightHistory`], in memory for the installer, on
+//!   the wall clock for the short-lived plugin, which keeps it in its state
+//!   dir; [`NoLimit`] for the CLI); and the one
 //!   definition of healthy ([`health`]);
 //! - the text-preserving edit (`plan`, `text`) and the crash-safe write
 //!   ([`mod@write`], also the installer's for its binaries and kubeconfig)
@@ -52,7 +52,7 @@ pub use entry::{
     remove_entry_file,
 };
 pub use error::{ChainError, EntryProblem};
-pub use fight::{FightDetector, FightHistory, content_sha256};
+pub use fight::{FightHistory, content_sha256};
 pub use inline::Diagnosis;
 #[cfg(test)]
 pub(crate) use inline::diagnose;

@@ -104,20 +104,24 @@ impl PersistedFights {
             }
         })
     }
+}
 
-    /// Whether a repair of `file` from content with `digest` is allowed now.
-    pub fn allow_of(&self, file: &Path, digest: &str) -> bool {
-        self.history().allow_of(file, digest)
+impl RepairLimit for PersistedFights {
+    fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool {
+        self.history().allow(file, digest, now)
     }
 
-    /// Records a repair of `file` from content with `digest`: an update of
-    /// the saved history (read again, under the state dir's lock); the
-    /// warning when it is a fight. A history that cannot be saved is kept
-    /// in memory for this process.
-    pub fn record_of(&mut self, file: &Path, digest: &str) -> Option<String> {
+    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
+        None
+    }
+
+    /// An update of the saved history (read again, under the state dir's
+    /// lock). A history that cannot be saved is kept in memory for this
+    /// process.
+    fn record(&mut self, file: &Path, digest: &str, now: Instant) -> Option<String> {
         let updated = record::update(&self.dir, LOCK_WAIT, |times: &mut RepairTimes| {
             let mut h = self.history_of(std::mem::take(times));
-            let warning = h.record_of(file, digest);
+            let warning = h.record(file, digest, now);
             *times = RepairTimes(h.times().map(|(k, ts)| (k.to_string(), ts)).collect());
             (h, warning)
         });
@@ -130,23 +134,9 @@ impl PersistedFights {
                 log::debug!("the repair history not saved: {e}");
                 self.history();
                 let h = self.history.get_mut().expect("initialised just above");
-                h.record_of(file, digest)
+                h.record(file, digest, now)
             }
         }
-    }
-}
-
-impl RepairLimit for PersistedFights {
-    fn allow(&self, file: &Path, digest: &str, _: Instant) -> bool {
-        self.allow_of(file, digest)
-    }
-
-    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
-        None
-    }
-
-    fn record(&mut self, file: &Path, digest: &str, _: Instant) -> Option<String> {
-        self.record_of(file, digest)
     }
 }
 
@@ -161,13 +151,13 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let f = Path::new("/x/a.conflist");
         let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
-        assert_eq!(p.record_of(f, "one"), None);
-        assert_eq!(p.record_of(f, "two"), None);
+        assert_eq!(p.record(f, "one", Instant::now()), None);
+        assert_eq!(p.record(f, "two", Instant::now()), None);
         let mut p = PersistedFights::load(&dir, Duration::from_secs(600), 2);
-        assert!(p.allow_of(f, "three"));
-        assert!(p.record_of(f, "one").is_some());
-        assert!(!p.allow_of(f, "one"));
-        assert!(p.allow_of(f, "four"));
+        assert!(p.allow(f, "three", Instant::now()));
+        assert!(p.record(f, "one", Instant::now()).is_some());
+        assert!(!p.allow(f, "one", Instant::now()));
+        assert!(p.allow(f, "four", Instant::now()));
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -181,11 +171,16 @@ mod tests {
         let tmp = crate::testutil::TempDir::new("fight-owner");
         let f = Path::new("/x/a.conflist");
         let mut p = PersistedFights::load(tmp.path(), Duration::from_secs(600), 2);
-        assert_eq!(p.record_of(f, "one"), None);
-        assert!(p.record_of(f, "one").is_some());
+        assert_eq!(p.record(f, "one", Instant::now()), None);
+        assert!(p.record(f, "one", Instant::now()).is_some());
         let file = tmp.path().join(FIGHT_STATE_FILE);
-        let fighting =
-            || !PersistedFights::load(tmp.path(), Duration::from_secs(600), 2).allow_of(f, "one");
+        let fighting = || {
+            !PersistedFights::load(tmp.path(), Duration::from_secs(600), 2).allow(
+                f,
+                "one",
+                Instant::now(),
+            )
+        };
         assert!(fighting(), "root's own history holds the repair back");
         fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
         assert!(!fighting(), "writable by others");

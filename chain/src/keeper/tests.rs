@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use testkit::chain::runtime_active;
 
+use crate::FightHistory;
+
 use super::super::testutil::{TempDir, desired};
 use super::*;
 
@@ -50,7 +52,7 @@ struct Node {
     conf: TempDir,
     state: TempDir,
     program: Program,
-    detector: FightDetector,
+    detector: FightHistory,
     history: FightHistory,
 }
 
@@ -60,7 +62,7 @@ impl Node {
             conf: TempDir::new("keeper-conf"),
             state: TempDir::new("keeper-state"),
             program,
-            detector: FightDetector::new(Duration::from_secs(60), 3),
+            detector: FightHistory::in_memory(Duration::from_secs(60), 3),
             history: plugin_history(),
         };
         n.state.write("kubeconfig", "apiVersion: v1\n");
@@ -354,7 +356,7 @@ fn every_transition_with_each_limit_keeps_the_runtime_chained() {
                 // aside, which only an undone repair would meet again),
                 // the node settles in the mode's layout.
                 let mut again = Node {
-                    detector: FightDetector::new(Duration::from_secs(60), 3),
+                    detector: FightHistory::in_memory(Duration::from_secs(60), 3),
                     history: plugin_history(),
                     ..n
                 };
@@ -401,7 +403,7 @@ fn the_report_says_why_a_repair_was_held_back() {
     );
     assert!(r.retry_at().is_some());
     // The repair that finally runs is reported with its cause.
-    n.detector = FightDetector::new(Duration::from_secs(60), 3);
+    n.detector = FightHistory::in_memory(Duration::from_secs(60), 3);
     let r = n.keep(ChainMode::Inline, Refusal::None);
     assert!(
         matches!(
