@@ -119,7 +119,7 @@ fn start_pod_with(
 
 /// [`start_pod_with`], the installer running the node agent too when
 /// `answering` says so.
-fn start_rollout_pod(
+fn start_pod_answering(
     node: &Node,
     api: &FakeApiServer,
     name: &str,
@@ -245,7 +245,7 @@ fn chained_node_answering(
         k8s.remove("kubeconfig");
         k8s.insert("agent-only".into(), true.into());
     }
-    let pod = start_rollout_pod(&node, &api, "linkerd-cni-old", &vars(&extra), answering);
+    let pod = start_pod_answering(&node, &api, "linkerd-cni-old", &vars(&extra), answering);
     node.wait_healthy(&entry, &conf, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
     if answering != Answering::Api {
@@ -678,7 +678,7 @@ fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> R
     }
     r.in_gap = false;
     let new_start = Instant::now();
-    let new = start_rollout_pod(&node, &api, "linkerd-cni-new", &vars(&extra), answering);
+    let new = start_pod_answering(&node, &api, "linkerd-cni-new", &vars(&extra), answering);
     agent_tokens.extend(new.agent_token.iter().cloned());
     let took_over = || ready(&node, &new) && (!with_agent || agent_answers(&node));
     while !took_over() && new_start.elapsed() < RESYNC + GRACE {
