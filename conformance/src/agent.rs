@@ -1,7 +1,9 @@
 //! The node agent (the repair controller's binary) as a child process,
 //! answering a node's pod lookups from its watch of testkit's
 //! [`testkit::WatchApiServer`]: the conformance tests, the demo and the
-//! benchmark start it alike.
+//! benchmark start it alike. [`answers_from_watch`] probes any agent's
+//! socket, also the one an installer serves when it runs the agent too
+//! ([`crate::installer::agent_vars`]).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -87,23 +89,8 @@ impl AgentProcess {
         name: &str,
         within: Duration,
     ) -> Result<(), String> {
-        let question = Request {
-            v: lookup::VERSION,
-            namespace: namespace.into(),
-            name: name.into(),
-            uid: None,
-            budget_ms: 1000,
-        };
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Body::Pod {
-                source: Source::Watch,
-                ..
-            }) = lookup::ask(&self.socket, &question, Duration::from_secs(1)).map(|a| a.body)
-            {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if wait_answering(&self.socket, namespace, name, within) {
+            return Ok(());
         }
         Err(format!(
             "the node agent never answered for {namespace}/{name} from its watch; its log:\n{}",
@@ -174,6 +161,38 @@ impl AgentProcess {
             })
             .unwrap_or(0)
     }
+}
+
+/// Whether a node agent answers on `socket` for pod `namespace/name` from
+/// its watch now (within a second): whichever process it runs in, this
+/// one's or an installer's.
+pub fn answers_from_watch(socket: &Path, namespace: &str, name: &str) -> bool {
+    let question = Request {
+        v: lookup::VERSION,
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: None,
+        budget_ms: 1000,
+    };
+    matches!(
+        lookup::ask(socket, &question, Duration::from_secs(1)).map(|a| a.body),
+        Ok(Body::Pod {
+            source: Source::Watch,
+            ..
+        })
+    )
+}
+
+/// Waits (at most `within`) until [`answers_from_watch`]; whether it did.
+pub fn wait_answering(socket: &Path, namespace: &str, name: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if answers_from_watch(socket, namespace, name) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 impl Drop for AgentProcess {

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -126,6 +126,53 @@ fn spawn(
     };
     cmd.env_clear().envs(env.vars()).envs(extra.iter().copied());
     InstallerProcess::spawn(cmd, root.join("installer.log"))
+}
+
+/// The variables that make an installer the node agent too, as deploy/'s
+/// one container runs it: the repair controller beside the loop, as pod
+/// `pod` on this node, answering the plugin's lookups on
+/// [`agent_socket`]. Its API client authenticates with `token`: kube-rs
+/// would read a pod's token at the fixed in-cluster path, which this
+/// harness cannot mount, so a kubeconfig (`KUBECONFIG`, which the installer
+/// itself ignores) carries it; give the agent a token of its own to tell
+/// its requests from the plugin's.
+pub fn agent_vars(
+    node: &Node,
+    api: &FakeApiServer,
+    pod: &str,
+    token: &str,
+) -> Vec<(&'static str, String)> {
+    let kubeconfig = node
+        .scratch_dir()
+        .join(testkit::unique_name("agent-kubeconfig"));
+    std::fs::write(&kubeconfig, api.client_kubeconfig(token))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", kubeconfig.display()));
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        ("LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME", node.kube_name()),
+        ("LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME", pod.to_string()),
+        // Loopback, any port: the admin server's default is every address
+        // on 9990.
+        (
+            "LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR",
+            "127.0.0.1:0".into(),
+        ),
+        (
+            "LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR",
+            path(&node.conf_dir()),
+        ),
+        (
+            "LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR",
+            path(&node.state_dir()),
+        ),
+        ("KUBECONFIG", path(&kubeconfig)),
+    ]
+}
+
+/// Where an installer started with [`agent_vars`] answers the plugin's
+/// lookups: the socket in the plugin's state dir.
+pub fn agent_socket(node: &Node) -> PathBuf {
+    node.state_dir().join(linkerd_cni_lookup::SOCKET)
 }
 
 /// Writes the primary's `conf` as `file`, starts the installer with its

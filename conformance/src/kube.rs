@@ -41,6 +41,12 @@ impl Node {
         self.api_server_serving(testkit::pki::TestPki::new())
     }
 
+    /// This node's name in the API (`spec.nodeName` of its pods): what
+    /// the node agent watches.
+    pub fn kube_name(&self) -> String {
+        format!("node-{}", self.id())
+    }
+
     fn api_server_serving(&self, pki: testkit::pki::TestPki) -> FakeApiServer {
         let api = FakeApiServer::start_in_netns_with(self.netns().path(), pki)
             .unwrap_or_else(|e| panic!("cannot start the fake API server in the node: {e}"));
@@ -61,6 +67,15 @@ pub fn serve_meshed(api: &FakeApiServer, name: &str) -> PodSpec {
 pub fn serve_unmeshed(api: &FakeApiServer, name: &str) -> PodSpec {
     api.add_pod(&ApiPod::new(APP_NAMESPACE, name));
     PodSpec::kubernetes(APP_NAMESPACE, name)
+}
+
+/// Serves `pod` as the scheduler leaves it bound to `node`, a change its
+/// watches see (so a node agent answers for it from its watch, as for a
+/// pod the kubelet starts), and returns what the kubelet would tell CNI
+/// about it.
+pub fn serve_on(api: &FakeApiServer, node: &Node, pod: &ApiPod) -> PodSpec {
+    api.put_pod(testkit::objects::on_node(pod.json(), &node.kube_name()));
+    PodSpec::kubernetes(pod.namespace(), pod.name())
 }
 
 /// The API path of a pod of [`APP_NAMESPACE`], for request counts.

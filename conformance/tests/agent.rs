@@ -23,7 +23,7 @@ fn a_burst_of_pods_makes_no_request_with_the_plugins_token() {
     let node = Node::new();
     let plugin_api = node.start_api_server();
     let cluster = WatchApiServer::start();
-    let node_name = format!("node-{}", node.id());
+    let node_name = node.kube_name();
     cluster.put_object("namespaces", namespace(APP_NAMESPACE, &[]));
     let agent = AgentProcess::start(&cluster, &node_name, &node.conf_dir(), &node.state_dir())
         .unwrap_or_else(|e| panic!("{e}"));

@@ -25,7 +25,11 @@
 //!   kubelet does, all start, every meshed one with its rules: with the
 //!   plugin's minted token, which outlives the old pod, and under the
 //!   chart's RBAC, where the plugin answers code 11 until the new
-//!   installer writes its own token.
+//!   installer writes its own token. Each also with the installers running
+//!   the node agent (the pods started while one is up make no request with
+//!   the plugin's credentials), and with `LINKERD_CNI_AGENT_ONLY` (no
+//!   kubeconfig: through the gap every ADD answers code 11 and the API
+//!   server hears nothing, until the new agent answers).
 //! - Forced answers at SIGTERM while the DaemonSet exists (one 401, one
 //!   403, a proxy's HTML 401, a 401 on the DaemonSet after a 200 on the
 //!   pod, a stale token in the node's kubeconfig, a proxy's 404 on the
@@ -36,12 +40,15 @@
 
 use std::time::{Duration, Instant};
 
+use conformance::agent;
 use conformance::chains::{self, Primary};
 use conformance::expect::*;
 use conformance::installer::{self, Installer};
 use conformance::{Node, kube};
 use serde_json::{Value, json};
-use testkit::objects::{daemonset, daemonset_path, daemonset_pod, namespace_path, pod_path};
+use testkit::objects::{
+    Pod as ApiPod, daemonset, daemonset_path, daemonset_pod, namespace_path, pod_path,
+};
 use testkit::{FakeApiServer, TokenPolicy};
 
 const RESYNC: Duration = Duration::from_secs(2);
@@ -76,6 +83,9 @@ struct InstallerPod {
     inst: Installer,
     token: String,
     name: String,
+    /// When it runs the node agent too: the agent's token (see
+    /// [`installer::agent_vars`]), revoked with the pod.
+    agent_token: Option<String>,
 }
 
 fn start_pod(node: &Node, api: &FakeApiServer, name: &str) -> InstallerPod {
@@ -103,6 +113,29 @@ fn start_pod_with(
         inst,
         token,
         name: name.to_string(),
+        agent_token: None,
+    }
+}
+
+/// [`start_pod_with`], the installer running the node agent too when
+/// `answering` says so.
+fn start_pod_answering(
+    node: &Node,
+    api: &FakeApiServer,
+    name: &str,
+    extra: &[(&str, &str)],
+    answering: Answering,
+) -> InstallerPod {
+    if answering == Answering::Api {
+        return start_pod_with(node, api, name, extra);
+    }
+    let agent_token = api.issue_token();
+    let agent = installer::agent_vars(node, api, name, &agent_token);
+    let mut all = extra.to_vec();
+    all.extend(agent.iter().map(|(k, v)| (*k, v.as_str())));
+    InstallerPod {
+        agent_token: Some(agent_token),
+        ..start_pod_with(node, api, name, &all)
     }
 }
 
@@ -127,6 +160,9 @@ impl InstallerPod {
         assert!(status.success(), "{status:?}\n{}", self.inst.log());
         api.remove(&pod_path(NS, &self.name));
         api.revoke_token(&self.token);
+        if let Some(t) = &self.agent_token {
+            api.revoke_token(t);
+        }
         self.inst.log()
     }
 }
@@ -148,12 +184,43 @@ struct Chained {
     entry: Value,
     /// What the installers' environment adds to the chart's.
     extra: Vec<(&'static str, String)>,
+    answering: Answering,
 }
+
+/// Who answers the plugin's pod lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answering {
+    /// The API server alone, asked with the kubeconfig's token: the
+    /// installer runs no node agent (the chart's install-cni container).
+    Api,
+    /// The node agent, which the installers run too (deploy/'s one
+    /// container); the API server when none answers.
+    Agent,
+    /// The node agent alone, with `LINKERD_CNI_AGENT_ONLY`: no kubeconfig
+    /// on the node; when no agent answers while the heartbeat is live, the
+    /// plugin answers "try again later".
+    AgentOnly,
+}
+
+/// A pod of [`kube::APP_NAMESPACE`] on every node, which an agent's
+/// watch shows once the agent is up.
+const PROBE: &str = "agent-probe";
 
 /// [`chained_node`] with the API server answering TokenRequests as
 /// `tokens` says, `keys` added to the entry template and `env` to the
 /// installers' environment.
 fn chained_node_with(tokens: TokenPolicy, keys: &Value, env: &[(&'static str, &str)]) -> Chained {
+    chained_node_answering(tokens, keys, env, Answering::Api)
+}
+
+/// [`chained_node_with`], with the lookups answered as `answering` says;
+/// with an agent, it answers (from its watch) before this returns.
+fn chained_node_answering(
+    tokens: TokenPolicy,
+    keys: &Value,
+    env: &[(&'static str, &str)],
+    answering: Answering,
+) -> Chained {
     let node = Node::without_linkerd_cni();
     let api = node.start_api_server_only();
     api.set_tokens(tokens);
@@ -172,9 +239,28 @@ fn chained_node_with(tokens: TokenPolicy, keys: &Value, env: &[(&'static str, &s
         }
         extra.push(("CNI_NETWORK_CONFIG", template.to_string()));
     }
-    let pod = start_pod_with(&node, &api, "linkerd-cni-old", &vars(&extra));
+    if answering == Answering::AgentOnly {
+        extra.push(("LINKERD_CNI_AGENT_ONLY", "true".into()));
+        let k8s = entry["kubernetes"].as_object_mut().expect("an object");
+        k8s.remove("kubeconfig");
+        k8s.insert("agent-only".into(), true.into());
+    }
+    let pod = start_pod_answering(&node, &api, "linkerd-cni-old", &vars(&extra), answering);
     node.wait_healthy(&entry, &conf, RESYNC + GRACE)
         .unwrap_or_else(|e| panic!("{e}\n{}", pod.inst.log()));
+    if answering != Answering::Api {
+        kube::serve_on(&api, &node, &ApiPod::new(kube::APP_NAMESPACE, PROBE));
+        assert!(
+            agent::wait_answering(
+                &installer::agent_socket(&node),
+                kube::APP_NAMESPACE,
+                PROBE,
+                RESYNC + GRACE
+            ),
+            "the installer's node agent never answered:\n{}",
+            pod.inst.log()
+        );
+    }
     Chained {
         node,
         api,
@@ -183,7 +269,13 @@ fn chained_node_with(tokens: TokenPolicy, keys: &Value, env: &[(&'static str, &s
         pod,
         entry,
         extra,
+        answering,
     }
+}
+
+/// Whether the node agent an installer runs answers now.
+fn agent_answers(node: &Node) -> bool {
+    agent::answers_from_watch(&installer::agent_socket(node), kube::APP_NAMESPACE, PROBE)
 }
 
 /// `extra` as `installer::start_with_token` takes it.
@@ -435,8 +527,22 @@ struct Rollout {
     retries: u32,
     meshed_without_rules: Vec<String>,
     failed_for_good: Vec<String>,
-    /// The kubeconfig's text once every pod ran.
-    kubeconfig: String,
+    /// The kubeconfig's text once every pod ran, if any.
+    kubeconfig: Option<String>,
+    /// Whether a node agent answers now; pods first added meanwhile.
+    agent_up: bool,
+    while_agent_up: Vec<String>,
+    /// The plugin's GETs of pods (any token but the agents'): of those
+    /// first added while an agent was up, and of the others.
+    plugin_gets_while_agent_up: usize,
+    plugin_gets_otherwise: usize,
+    /// From the old installer's exit (its token revoked) to the new one's
+    /// start: whether it is now; the ADDs tried then, those that started,
+    /// and the API requests received then (method and path).
+    in_gap: bool,
+    gap_adds: u32,
+    gap_started: Vec<String>,
+    gap_requests: Vec<String>,
 }
 
 /// A pod the "kubelet" keeps starting until it runs.
@@ -453,8 +559,13 @@ impl Rollout {
     /// whether `p` is done.
     fn try_start(&mut self, node: &Node, net: &str, p: &mut Pending) -> bool {
         let pod = node.pod(p.spec.clone());
-        match node.add(net, &pod) {
+        let out = node.add(net, &pod);
+        self.gap_adds += u32::from(self.in_gap);
+        match out {
             Ok(_) => {
+                if self.in_gap {
+                    self.gap_started.push(p.name.clone());
+                }
                 let rules = pod
                     .nat_tables()
                     .iter()
@@ -495,9 +606,9 @@ impl Rollout {
 /// present: everything stays), its token is revoked, the new installer
 /// starts [`GAP`] later. Pods, meshed and unmeshed, are added before,
 /// through and after the gap (until `ready` says the new installer took
-/// over), each retried as the kubelet does while the plugin answers "try
-/// again later" (code 11), until every one ran or failed for good. What
-/// they got.
+/// over, and, with an agent, the new agent answers), each retried as the
+/// kubelet does while the plugin answers "try again later" (code 11),
+/// until every one ran or failed for good. What they got.
 fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> Rollout {
     let Chained {
         node,
@@ -507,18 +618,27 @@ fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> R
         pod: old,
         entry,
         extra,
+        answering,
     } = c;
-    let mut r = Rollout::default();
+    let with_agent = answering != Answering::Api;
+    let mut r = Rollout {
+        agent_up: with_agent,
+        ..Rollout::default()
+    };
     let mut pending: Vec<Pending> = Vec::new();
     let mut n = 0;
-    let mut add_pods = |pending: &mut Vec<Pending>| {
+    let mut add_pods = |r: &mut Rollout, pending: &mut Vec<Pending>| {
         for meshed in [true, false] {
             let name = format!("{}-{n}", if meshed { "web" } else { "plain" });
-            let spec = if meshed {
-                kube::serve_meshed(&api, &name)
+            let pod = if meshed {
+                ApiPod::meshed(kube::APP_NAMESPACE, &name)
             } else {
-                kube::serve_unmeshed(&api, &name)
+                ApiPod::new(kube::APP_NAMESPACE, &name)
             };
+            let spec = kube::serve_on(&api, &node, &pod);
+            if r.agent_up {
+                r.while_agent_up.push(name.clone());
+            }
             let now = Instant::now();
             pending.push(Pending {
                 name,
@@ -542,30 +662,38 @@ fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> R
         *pending = still;
     };
 
-    add_pods(&mut pending);
+    add_pods(&mut r, &mut pending);
     run_due(&mut r, &mut pending);
+    let mut agent_tokens: Vec<String> = old.agent_token.iter().cloned().collect();
     let log = old.stop(&api);
+    r.agent_up = false;
     assert!(log.contains("a rolling update or a restart"), "{log}");
     node.healthy_now_with(&entry, &conf);
-    let gap_end = Instant::now() + GAP;
+    let gap_start = Instant::now();
+    let gap_end = gap_start + GAP;
+    r.in_gap = true;
     while Instant::now() < gap_end {
-        add_pods(&mut pending);
+        add_pods(&mut r, &mut pending);
         run_due(&mut r, &mut pending);
     }
-    let new = start_pod_with(&node, &api, "linkerd-cni-new", &vars(&extra));
-    let started = Instant::now();
-    while !ready(&node, &new) && started.elapsed() < RESYNC + GRACE {
-        add_pods(&mut pending);
+    r.in_gap = false;
+    let new_start = Instant::now();
+    let new = start_pod_answering(&node, &api, "linkerd-cni-new", &vars(&extra), answering);
+    agent_tokens.extend(new.agent_token.iter().cloned());
+    let took_over = || ready(&node, &new) && (!with_agent || agent_answers(&node));
+    while !took_over() && new_start.elapsed() < RESYNC + GRACE {
+        add_pods(&mut r, &mut pending);
         run_due(&mut r, &mut pending);
     }
     assert!(
-        ready(&node, &new),
+        took_over(),
         "the new installer did not take over:\n{}",
         new.inst.log()
     );
+    r.agent_up = with_agent;
     // A few more after, then until every pod ran or failed for good.
     for _ in 0..2 {
-        add_pods(&mut pending);
+        add_pods(&mut r, &mut pending);
         run_due(&mut r, &mut pending);
     }
     while !pending.is_empty() {
@@ -574,15 +702,38 @@ fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> R
     }
     r.meshed = n;
     r.unmeshed = n;
-    r.kubeconfig = std::fs::read_to_string(node.kubeconfig_path()).unwrap();
+    r.kubeconfig = std::fs::read_to_string(node.kubeconfig_path()).ok();
+    for req in api.request_log() {
+        if (gap_start..new_start).contains(&req.at) {
+            r.gap_requests.push(format!("{} {}", req.method, req.path));
+        }
+        let Some(name) = req.path.strip_prefix(&kube::pod_path("")) else {
+            continue;
+        };
+        if req.method != "GET" || agent_tokens.contains(&req.bearer) {
+            continue;
+        }
+        if r.while_agent_up.iter().any(|n| n == name) {
+            r.plugin_gets_while_agent_up += 1;
+        } else {
+            r.plugin_gets_otherwise += 1;
+        }
+    }
     eprintln!(
-        "rolling update, {GAP:?} gap: {} meshed and {} unmeshed pods; code-11 retries: {}; \
-         meshed without rules: {}; failed for good: {}",
+        "rolling update ({answering:?}), {GAP:?} gap: {} meshed and {} unmeshed pods; \
+         code-11 retries: {}; meshed without rules: {}; failed for good: {}; \
+         ADDs in the gap: {} ({} started); pods started with an agent up: {}, \
+         the plugin's pod GETs for them: {}, for the others: {}",
         r.meshed,
         r.unmeshed,
         r.retries,
         r.meshed_without_rules.len(),
-        r.failed_for_good.len()
+        r.failed_for_good.len(),
+        r.gap_adds,
+        r.gap_started.len(),
+        r.while_agent_up.len(),
+        r.plugin_gets_while_agent_up,
+        r.plugin_gets_otherwise,
     );
     assert!(
         r.meshed_without_rules.is_empty(),
@@ -595,49 +746,142 @@ fn rolling_update(c: Chained, ready: impl Fn(&Node, &InstallerPod) -> bool) -> R
     r
 }
 
-/// A rolling update with the plugin's own minted token: it outlives the
-/// old pod, so no meshed pod starts without its rules and none fails for
-/// good. The new installer keeps the plugin's token: no rewrite.
-#[test]
-fn rolling_update_gap() {
-    let c = chained_node_with(
-        TokenPolicy::default(),
-        &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
-        &[],
-    );
-    let plugin_token = std::fs::read_to_string(c.node.kubeconfig_path()).unwrap();
-    assert!(
-        !plugin_token.contains(&c.pod.token),
-        "the plugin's token, not the pod's"
-    );
-    let r = rolling_update(c, |_, new| new.inst.log().contains("starting:"));
-    assert_eq!(
-        r.kubeconfig, plugin_token,
-        "the new installer kept the plugin's token"
-    );
+/// The RBAC the API server grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rbac {
+    /// deploy/'s: the installer mints the plugin's own token.
+    Deploy,
+    /// The upstream chart's: no TokenRequest, so the kubeconfig holds the
+    /// installer pod's own token, revoked with its pod.
+    Chart,
 }
 
-/// A rolling update under the upstream chart's RBAC (no TokenRequest): the
-/// kubeconfig holds the old installer's own token, revoked with its pod.
-/// Through the gap the plugin answers "try again later" (code 11: the old
-/// installer's heartbeat is fresh) until the new installer writes its own
-/// token: none fails for good, every meshed pod gets its rules, and the
-/// retries are counted.
-#[test]
-fn rolling_update_gap_under_the_chart_rbac() {
-    let c = chained_node_with(
-        chart_rbac(),
+/// A rolling update ([`rolling_update`]) under `rbac`, the lookups
+/// answered as `answering` says. In every case no meshed pod starts
+/// without its rules and none fails for good; besides:
+///
+/// - deploy/'s RBAC: the plugin's minted token outlives the old pod, and
+///   the new installer keeps it (no rewrite).
+/// - The chart's RBAC: through the gap the plugin, asking the API server,
+///   answers "try again later" (code 11: the old installer's heartbeat is
+///   fresh) until the new installer writes its own token; the retries are
+///   counted.
+/// - With the agent: the pods started while one was up made no request
+///   with the plugin's credentials (the agent answered them), while those
+///   of the gap did (no agent: the plugin asked the API server).
+/// - Agent-only: no kubeconfig ever; through the gap every ADD answers
+///   code 11, none starts and the API server hears nothing at all; once
+///   the new agent answers, the retried pods start, the meshed ones with
+///   their rules.
+fn rolling_update_as(rbac: Rbac, answering: Answering) {
+    let tokens = match rbac {
+        Rbac::Deploy => TokenPolicy::default(),
+        Rbac::Chart => chart_rbac(),
+    };
+    let c = chained_node_answering(
+        tokens,
         &json!({"add_deadline_seconds": ROLLOUT_ADD_DEADLINE}),
         &[],
+        answering,
     );
-    assert_eq!(kubeconfig_token(&c.node), c.pod.token);
-    let r = rolling_update(c, |node, new| {
-        std::fs::read_to_string(node.kubeconfig_path()).is_ok_and(|k| k.contains(&new.token))
-    });
-    assert!(
-        r.retries > 0,
-        "no pod was started in the gap with the old token revoked"
-    );
+    let kubeconfig = std::fs::read_to_string(c.node.kubeconfig_path()).ok();
+    let r = match (answering, rbac) {
+        (Answering::AgentOnly, _) => {
+            assert_eq!(kubeconfig, None, "a kubeconfig with LINKERD_CNI_AGENT_ONLY");
+            rolling_update(c, |_, new| new.inst.log().contains("starting:"))
+        }
+        (_, Rbac::Deploy) => {
+            let text = kubeconfig
+                .clone()
+                .expect("the installer wrote the kubeconfig");
+            assert!(
+                !text.contains(&c.pod.token),
+                "the plugin's token, not the pod's"
+            );
+            rolling_update(c, |_, new| new.inst.log().contains("starting:"))
+        }
+        (_, Rbac::Chart) => {
+            assert_eq!(kubeconfig_token(&c.node), c.pod.token);
+            rolling_update(c, |node, new| {
+                std::fs::read_to_string(node.kubeconfig_path())
+                    .is_ok_and(|k| k.contains(&new.token))
+            })
+        }
+    };
+    match (answering, rbac) {
+        (Answering::AgentOnly, _) => {}
+        (_, Rbac::Deploy) => assert_eq!(
+            r.kubeconfig, kubeconfig,
+            "the new installer kept the plugin's token"
+        ),
+        (_, Rbac::Chart) => assert!(
+            r.retries > 0,
+            "no pod was started in the gap with the old token revoked"
+        ),
+    }
+    match answering {
+        Answering::Api => {}
+        Answering::Agent => {
+            assert!(!r.while_agent_up.is_empty());
+            assert_eq!(
+                r.plugin_gets_while_agent_up, 0,
+                "pods started while an agent was up were looked up with the plugin's credentials"
+            );
+            assert!(
+                r.plugin_gets_otherwise > 0,
+                "with no agent up the plugin never asked the API server"
+            );
+        }
+        Answering::AgentOnly => {
+            assert_eq!(
+                r.kubeconfig, None,
+                "a kubeconfig with LINKERD_CNI_AGENT_ONLY"
+            );
+            assert!(r.gap_adds > 0, "no ADD in the gap");
+            assert!(
+                r.gap_started.is_empty(),
+                "pods started in the gap, with no agent up: {:?}",
+                r.gap_started
+            );
+            assert!(
+                r.gap_requests.is_empty(),
+                "API requests in the gap: {:?}",
+                r.gap_requests
+            );
+            assert!(r.retries > 0, "no pod was retried");
+            assert_eq!(r.plugin_gets_while_agent_up + r.plugin_gets_otherwise, 0);
+        }
+    }
+}
+
+#[test]
+fn rolling_update_gap() {
+    rolling_update_as(Rbac::Deploy, Answering::Api);
+}
+
+#[test]
+fn rolling_update_gap_under_the_chart_rbac() {
+    rolling_update_as(Rbac::Chart, Answering::Api);
+}
+
+#[test]
+fn rolling_update_gap_with_the_agent() {
+    rolling_update_as(Rbac::Deploy, Answering::Agent);
+}
+
+#[test]
+fn rolling_update_gap_with_the_agent_under_the_chart_rbac() {
+    rolling_update_as(Rbac::Chart, Answering::Agent);
+}
+
+#[test]
+fn rolling_update_gap_agent_only() {
+    rolling_update_as(Rbac::Deploy, Answering::AgentOnly);
+}
+
+#[test]
+fn rolling_update_gap_agent_only_under_the_chart_rbac() {
+    rolling_update_as(Rbac::Chart, Answering::AgentOnly);
 }
 
 /// Starts an installer with the watch off and a long resync, so that no
@@ -841,10 +1085,12 @@ impl HealthyNow for Node {
         self.healthy_now_with(&installer::expected_entry(self), primary);
     }
 
-    /// [`HealthyNow::healthy_now`], chained with `entry`.
+    /// [`HealthyNow::healthy_now`], chained with `entry`; without a
+    /// kubeconfig when `entry` names none (`kubernetes.agent-only`).
     fn healthy_now_with(&self, entry: &Value, primary: &Value) {
         self.wait_healthy(entry, primary, Duration::ZERO).unwrap();
-        assert!(self.kubeconfig_path().exists());
+        let named = entry["kubernetes"].get("kubeconfig").is_some();
+        assert_eq!(self.kubeconfig_path().exists(), named);
         assert!(self.bin_dir().join("linkerd-cni").exists());
     }
 }

@@ -837,6 +837,17 @@ impl FakeApiServer {
         )
     }
 
+    /// A kubeconfig for this server with the plain IP in its URL, for
+    /// clients such as kube-rs, with `token` as the user's (e.g. one of
+    /// [`Self::issue_token`]'s, so that its requests are told apart).
+    pub fn client_kubeconfig(&self, token: &str) -> String {
+        crate::kubeconfig::installer_text(
+            &self.url(),
+            &format!("certificate-authority-data: {}", self.ca_base64()),
+            token,
+        )
+    }
+
     fn ca_base64(&self) -> String {
         base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes())
     }
@@ -882,11 +893,7 @@ impl WatchApiServer {
     /// A kubeconfig for this server with the plain IP in its URL, for
     /// clients such as kube-rs.
     pub fn kubeconfig_yaml(&self) -> String {
-        crate::kubeconfig::installer_text(
-            &self.url(),
-            &format!("certificate-authority-data: {}", self.ca_base64()),
-            self.token(),
-        )
+        self.0.client_kubeconfig(self.token())
     }
 }
 
