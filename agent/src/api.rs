@@ -21,20 +21,13 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::{Method as HttpMethod, Request};
-use linkerd_cni_kube::error::{MAX_BODY, Method};
+use linkerd_cni_kube::error::{
+    ATTEMPT_TIMEOUT, CONNECT_TIMEOUT, MAX_ATTEMPTS, MAX_BODY, Method, retry_after,
+};
 use linkerd_cni_kube::{ApiConfig, ApiError, Trust};
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
-
-/// The most one TCP connect (and TLS handshake) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// The most one attempt may take.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Attempts per call, the first included.
-const MAX_ATTEMPTS: u32 = 4;
-/// Backoff before the second attempt; doubles for each further one.
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Why [`run`] gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -225,38 +218,22 @@ impl Api {
                     after: started.elapsed(),
                 },
             };
-            let backoff = FIRST_BACKOFF * 2u32.pow(attempt - 1);
             let remaining = self.deadline.saturating_duration_since(Instant::now());
-            if !err.transient() || attempt >= MAX_ATTEMPTS || backoff >= remaining {
+            let Some(backoff) = retry_after(&err, attempt, remaining) else {
                 // A failure that used up the budget says so.
                 return Err(match remaining.is_zero() {
-                    true => self.timed_out(method, path, Some(err)),
+                    true => self.timed_out(method, path, Some(&err)),
                     false => err,
                 });
-            }
+            };
             tracing::debug!("{method} {path} failed ({err}); retrying in {backoff:?}");
             sleep(backoff).await;
         }
         Err(self.timed_out(method, path, None))
     }
 
-    /// The budget ran out; `last` is what the last attempt ran into.
-    fn timed_out(&self, method: Method, path: &str, last: Option<ApiError>) -> ApiError {
-        ApiError::TimedOut {
-            server: self.server.clone(),
-            method,
-            path: path.into(),
-            budget: self.budget,
-            last: last.map(|e| match e {
-                ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => {
-                    cause.to_string()
-                }
-                ApiError::NoAnswer { after, .. } => {
-                    format!("no answer within {:.1} s", after.as_secs_f32())
-                }
-                other => other.to_string(),
-            }),
-        }
+    fn timed_out(&self, method: Method, path: &str, last: Option<&ApiError>) -> ApiError {
+        ApiError::timed_out(&self.server, method, path, self.budget, last)
     }
 
     /// One request: the body of a 200 or 201 answer.

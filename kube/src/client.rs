@@ -33,20 +33,13 @@ use ureq::unversioned::transport::{
     ConnectionDetails, Connector, NextTimeout, RustlsConnector, TcpConnector, Transport,
 };
 
+use crate::error::{ATTEMPT_TIMEOUT, CONNECT_TIMEOUT, retry_after};
 pub use crate::error::{
     ApiError, Cause, MAX_BODY, Method, StatusBody, valid_name, valid_namespace,
 };
 use crate::kubeconfig::{ApiConfig, Trust};
 use crate::objects::{Namespace, Pod, Service};
 
-/// The most one TCP (and TLS) connect may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// The most one attempt (connect, request, answer) may take.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Attempts per call, the first included.
-const MAX_ATTEMPTS: u32 = 4;
-/// Backoff before the second attempt; doubles for each further one.
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Each transport's read buffer (ureq's default is 128 KiB, zero-filled per
 /// connection, for both the TCP and the TLS layer): room for one TLS
 /// record's plaintext and any answer's header block; bodies stream through
@@ -168,9 +161,8 @@ impl Client {
                 }
                 Err(e) => e,
             };
-            let backoff = FIRST_BACKOFF * 2u32.pow(attempt - 1);
             let remaining = self.deadline.saturating_duration_since(Instant::now());
-            if !err.transient() || attempt >= MAX_ATTEMPTS || backoff >= remaining {
+            let Some(backoff) = retry_after(&err, attempt, remaining) else {
                 // A timeout that used up the budget says so, whatever the
                 // attempt's own error was.
                 return Err(if remaining.is_zero() {
@@ -178,7 +170,7 @@ impl Client {
                 } else {
                     err
                 });
-            }
+            };
             // Debug only: the error the call ends with, if it fails, counts
             // its attempts and says the last cause; one that then succeeds
             // needs nobody's attention.
@@ -188,25 +180,8 @@ impl Client {
         }
     }
 
-    /// The budget ran out; `last` is what the last attempt ran into.
     fn timed_out(&self, method: Method, path: &str, last: Option<&ApiError>) -> ApiError {
-        let last = last.map(|e| match e {
-            ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.to_string(),
-            ApiError::NoAnswer { after, .. } => {
-                format!(
-                    "connected, but no answer within {:.1} s",
-                    after.as_secs_f32()
-                )
-            }
-            other => other.to_string(),
-        });
-        ApiError::TimedOut {
-            server: self.config.server.clone(),
-            method,
-            path: path.into(),
-            budget: self.budget,
-            last,
-        }
+        ApiError::timed_out(&self.config.server, method, path, self.budget, last)
     }
 
     /// One request; the body of a 200 answer.

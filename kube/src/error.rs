@@ -233,6 +233,32 @@ impl ApiError {
         }
     }
 
+    /// The budget of `method path` to `server` ran out; `last` is what the
+    /// last attempt ran into, when it failed before.
+    pub fn timed_out(
+        server: &str,
+        method: Method,
+        path: &str,
+        budget: Duration,
+        last: Option<&ApiError>,
+    ) -> ApiError {
+        let last = last.map(|e| match e {
+            ApiError::Unreachable { cause, .. } | ApiError::Tls { cause, .. } => cause.to_string(),
+            ApiError::NoAnswer { after, .. } => format!(
+                "connected, but no answer within {:.1} s",
+                after.as_secs_f32()
+            ),
+            other => other.to_string(),
+        });
+        ApiError::TimedOut {
+            server: server.into(),
+            method,
+            path: path.into(),
+            budget,
+            last,
+        }
+    }
+
     /// Worth retrying later: the server was unreachable, slow or overloaded.
     pub fn transient(&self) -> bool {
         match self {
@@ -308,6 +334,26 @@ fn status_message(body: &[u8]) -> String {
         "" => "empty answer".into(),
         s => crate::text::printable(s, 200),
     }
+}
+
+/// The retry policy of both clients (the plugin's and the agent's): the
+/// most one TCP connect (and TLS handshake) may take...
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// ...and one attempt (connect, request, answer)...
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...attempts per call, the first included...
+pub const MAX_ATTEMPTS: u32 = 4;
+/// ...and the backoff before the second, doubling for each further one.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// After attempt number `attempt` failed with `err`, with `remaining` of
+/// the call's budget left: how long to wait before the next attempt, or
+/// None to give up (not transient, the attempts used up, or no time for
+/// the backoff). A failure that used up the budget is reported as
+/// [`ApiError::timed_out`] by the caller.
+pub fn retry_after(err: &ApiError, attempt: u32, remaining: Duration) -> Option<Duration> {
+    let backoff = FIRST_BACKOFF * 2u32.pow(attempt.saturating_sub(1).min(16));
+    (err.transient() && attempt < MAX_ATTEMPTS && backoff < remaining).then_some(backoff)
 }
 
 #[cfg(test)]
