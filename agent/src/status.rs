@@ -21,6 +21,8 @@ use crate::metrics::{REPAIR_CAUSES, Verdict};
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most of it read.
 const MAX_PAGE: usize = 4 << 20;
+/// The most `check --live` waits for the running installer's answer.
+const LIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The report, and whether the node is healthy (chained and ready).
 /// `stood_in`: the variables unset in this process (see `main`), without
@@ -283,6 +285,53 @@ fn scrape(addr: SocketAddr) -> std::io::Result<BTreeMap<String, f64>> {
             Some((k.to_string(), v.parse().ok()?))
         })
         .collect())
+}
+
+/// Whether the installer running on this node answers `/live` on its admin
+/// socket in `state_dir` (root's alone: no pod can fill it) within
+/// [`LIVE_TIMEOUT`]. Its answer, or why not.
+pub fn live(state_dir: &std::path::Path) -> Result<String, String> {
+    use std::io::ErrorKind;
+    let path = state_dir.join(crate::repair::admin::SOCKET);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    // On a thread of its own, left behind if it does not end in time: a
+    // connect to a socket whose backlog is full blocks.
+    std::thread::spawn(move || {
+        let _ = tx.send(ask_live(&p));
+    });
+    let at = path.display();
+    match rx.recv_timeout(LIVE_TIMEOUT) {
+        Ok(Ok(body)) => Ok(format!("{} (from {at})", body.trim())),
+        Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+            Err(format!(
+                "the installer is not running on this node: nothing listens on {at} ({e})"
+            ))
+        }
+        Ok(Err(e)) => Err(format!("the installer's answer on {at}: {e}")),
+        Err(_) => Err(format!(
+            "the installer did not answer on {at} within {} s: it is hung or overloaded",
+            LIVE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// `GET /live` on the socket at `path`: the body of a 200.
+fn ask_live(path: &std::path::Path) -> std::io::Result<String> {
+    let mut s = std::os::unix::net::UnixStream::connect(path)?;
+    s.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")?;
+    let mut text = String::new();
+    // The server closes once it has answered.
+    s.take(64 << 10).read_to_string(&mut text)?;
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        Some((head, body)) => Err(std::io::Error::other(format!(
+            "{}: {}",
+            head.lines().next().unwrap_or_default(),
+            body.trim()
+        ))),
+        None => Err(std::io::Error::other("no HTTP answer")),
+    }
 }
 
 /// `d` as a person reads it: `42 s`, `5 min`, `3 h 20 min`, `2 d 4 h`.
