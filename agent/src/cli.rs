@@ -36,8 +36,9 @@ enum Command {
     /// and exit 1; either way, the chain mode and why
     Check {
         /// Instead: exit 0 when the running installer answers on its admin
-        /// socket in the state dir within 3 s (liveness probe); otherwise
-        /// print why and exit 1
+        /// socket in the state dir within 3 s (liveness probe; served with
+        /// metrics on or the repair controller beside it); otherwise print
+        /// why and exit 1
         #[arg(long)]
         live: bool,
     },

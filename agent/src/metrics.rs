@@ -656,17 +656,18 @@ fn unreadable_adds(dir: &Path) -> String {
     }
 }
 
-/// The process's one admin server, as configured: one registry (the
-/// installer's metrics, and those of the repair controller beside it, when
-/// it runs), served on `LINKERD_CNI_METRICS_ADDR` and on the repair
-/// controller's admin address when set (one listener when they are the
-/// same), each listener with its own connection budget; and always on a
-/// root-only socket in the state dir, for deploy/'s liveness probe. The
-/// installer records metrics only when a port serves them; with a node
-/// name (and `LINKERD_CNI_EVENTS` not false), Events on the Node. An
-/// address that cannot be bound is logged, and the installer runs on
-/// without it: keeping the node chained matters more. The socket is
-/// removed when the returned guard drops.
+/// The process's one admin server, when metrics are on or a repair
+/// controller runs beside the installer: one registry (the installer's
+/// metrics and the controller's), served on `LINKERD_CNI_METRICS_ADDR` and
+/// on the controller's admin address when set (one listener when they are
+/// the same), each listener with its own connection budget, and on a
+/// root-only socket in the state dir, for deploy/'s liveness probe
+/// (removed when the returned guard drops). The installer records metrics
+/// only when a port serves them; with a node name (and
+/// `LINKERD_CNI_EVENTS` not false), Events on the Node. Neither metrics
+/// nor a controller: no server (no socket, no thread). An address that
+/// cannot be bound is logged, and the installer runs on without it:
+/// keeping the node chained matters more.
 pub fn setup(
     inst: &mut crate::installer::Installer,
     mut registry: Registry,
@@ -685,6 +686,10 @@ pub fn setup(
         }))),
         _ => None,
     };
+    if cfg.metrics_addr.is_none() && repair.is_none() {
+        inst.set_telemetry(Telemetry::events_only(events));
+        return None;
+    }
     let rt = match crate::api::handle() {
         Ok(rt) => rt,
         Err(e) => {

@@ -221,8 +221,8 @@ fn fields(c: &Value) -> BTreeMap<String, String> {
 
 /// deploy/'s container runs the image's entrypoint, the agent under the
 /// installer's name, with the variable that makes it repair too and the
-/// controller's variables it needs; its liveness probe is the
-/// controller's admin server, where the controller listens by default.
+/// controller's variables it needs; its probes are the installer's
+/// `check`, and it opens no port.
 #[test]
 fn the_deployed_container_runs_the_installer_which_repairs() {
     let c = deployed_container();
@@ -264,23 +264,23 @@ fn the_deployed_container_runs_the_installer_which_repairs() {
         );
     }
 
-    let defaults =
-        Args::try_parse_from(["x", "--node-name", "n", "--controller-pod-name", "p"]).unwrap();
-    let port_name = c["livenessProbe"]["httpGet"]["port"].as_str().unwrap();
-    let port = c["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == port_name)
-        .and_then(|p| p["containerPort"].as_u64())
-        .unwrap_or_else(|| panic!("no port {port_name}"));
-    assert_eq!(u64::from(defaults.admin_addr.port()), port);
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
-    // Readiness is the installer's: the node chained.
+    // Both probes are the installer's, neither on a port any pod can
+    // reach: readiness the node chained, liveness the process answering
+    // on its admin socket. No port is opened (metrics are off), and the
+    // controller's admin address is unset, which beside the installer
+    // opens none.
     assert_eq!(
         c["readinessProbe"]["exec"]["command"],
         json!([entry, "check"])
     );
+    assert_eq!(
+        c["livenessProbe"]["exec"]["command"],
+        json!([entry, "check", "--live"])
+    );
+    assert!(c.get("ports").is_none(), "{c:#}");
+    for id in ["admin_addr", "admin_ip"] {
+        assert!(!env.contains_key(&env_of(id)), "{id}: {env:?}");
+    }
 
     // The chain check reads the conf dir where the controller looks by
     // default (the installer's mount, writable); the lookup socket goes

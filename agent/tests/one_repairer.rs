@@ -87,24 +87,6 @@ fn admin_addr(log: &str) -> Option<SocketAddr> {
     })
 }
 
-fn get_status(addr: SocketAddr, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).is_err() {
-        return 0;
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The chart's repair-controller container: its command (the agent under
 /// the controller's name), its arguments and its environment. One
 /// deviation: the admin server on a free loopback port, not
@@ -241,8 +223,7 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     // deploy/'s container: the chart's environment plus deploy/'s repair
     // controller variables, their downward-API values this node's. The
     // conf and state dirs where this node has them (deploy/ mounts them
-    // where the controller looks by default), the admin server on a free
-    // port (deploy/: 9990).
+    // where the controller looks by default).
     let mut env: Vec<(String, String)> = deploy_repair_env()
         .into_iter()
         .map(|(k, field)| {
@@ -263,7 +244,6 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     );
     for (k, v) in [
         ("KUBECONFIG", kc.to_str().unwrap()),
-        ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", "127.0.0.1:0"),
         ("LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR", &conf),
         ("LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR", &state_s),
         (
@@ -289,9 +269,21 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     node.wait_healthy(DEADLINE)
         .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
 
-    let admin = admin_addr(&installer.log()).expect("the admin server's address in the log");
-    assert_eq!(get_status(admin, "/live"), 200);
-    assert_eq!(get_status(admin, "/ready"), 200);
+    // No port; the probes' answers on the admin socket.
+    assert_eq!(admin_addr(&installer.log()), None, "{}", installer.log());
+    let live = node.run(&["check", "--live"], &env);
+    let said = String::from_utf8_lossy(&live.stdout);
+    assert!(live.status.success(), "{said}\n{}", installer.log());
+    assert!(said.starts_with("live: live (from "), "{said}");
+    let ready = {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(state.join("admin.sock")).unwrap();
+        s.write_all(b"GET /ready HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     let socket = state.join("agent.sock");
     wait("the lookup socket", &logs, || socket.exists());
 
