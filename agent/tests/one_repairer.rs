@@ -318,3 +318,137 @@ fn the_switch_without_the_pod_name_is_a_configuration_error() {
         "{err}"
     );
 }
+
+/// `GET path` at `addr`: the whole answer.
+fn get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Every address the process said its admin server listens on.
+fn admin_addrs(log: &str) -> Vec<SocketAddr> {
+    log.lines().filter_map(|l| admin_addr(l)).collect()
+}
+
+/// The installer with the repair controller beside it: `extra` on top of
+/// the controller's variables, with this node's dirs.
+fn beside(node: &Node, kubeconfig: &Path, extra: &[(&str, &str)]) -> common::Installer {
+    let state = node.prefix.join("run/linkerd-cni");
+    std::fs::create_dir_all(&state).unwrap();
+    let (conf, state) = (
+        node.conf_dir.display().to_string(),
+        state.display().to_string(),
+    );
+    let n = node_name();
+    let mut env = vec![
+        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+        (linkerd_cni_agent::repair::cli::SWITCH, n.as_str()),
+        (
+            "LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME",
+            "linkerd-cni-deploy",
+        ),
+        ("LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR", &conf),
+        ("LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR", &state),
+    ];
+    env.extend_from_slice(extra);
+    node.start(&env)
+}
+
+/// One admin server and one registry per process: the installer's and
+/// the repair controller's families on one page, served on the metrics
+/// address and on the controller's admin address (a listener each), and
+/// on one listener when the two are the same.
+#[test]
+fn beside_the_installer_one_admin_server_serves_one_registry() {
+    let api = WatchApiServer::start();
+    let node = Node::new("one-admin");
+    node.write_by_rename("10-calico.conflist", &calico_text(1));
+    let kc = kubeconfig(&api, &node.root);
+    let both_families = |addr: SocketAddr, log: &dyn Fn() -> String| {
+        let page = get(addr, "/metrics");
+        for family in [
+            "# TYPE linkerd_cni_passes_total counter",
+            "# TYPE linkerd_cni_repair_controller_pods_deleted_total counter",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(
+                page.contains(family),
+                "{family} at {addr}:\n{page}\n{}",
+                log()
+            );
+        }
+        wait("/ready", log, || {
+            get(addr, "/ready").starts_with("HTTP/1.1 200")
+        });
+        assert!(get(addr, "/live").starts_with("HTTP/1.1 200"));
+    };
+
+    let any = "127.0.0.1:0";
+    let two = beside(
+        &node,
+        &kc,
+        &[
+            ("LINKERD_CNI_METRICS_ADDR", any),
+            ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", "127.0.0.2:0"),
+        ],
+    );
+    let logs = || two.log();
+    wait("two listeners", &logs, || {
+        admin_addrs(&two.log()).len() == 2
+    });
+    for addr in admin_addrs(&two.log()) {
+        both_families(addr, &logs);
+    }
+    drop(two);
+
+    let port = std::net::TcpListener::bind(any)
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let same = port.to_string();
+    let one = beside(
+        &node,
+        &kc,
+        &[
+            ("LINKERD_CNI_METRICS_ADDR", &same),
+            ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", &same),
+        ],
+    );
+    let logs = || one.log();
+    wait("the listener", &logs, || {
+        !admin_addrs(&one.log()).is_empty()
+    });
+    both_families(port, &logs);
+    assert_eq!(admin_addrs(&one.log()), [port], "{}", one.log());
+    assert!(!one.log().contains("cannot"), "{}", one.log());
+}
+
+/// A repair controller beside the installer that cannot start fails the
+/// process's liveness, so that the kubelet restarts the container; the
+/// installer keeps the chain meanwhile.
+#[test]
+fn a_repair_controller_that_cannot_start_fails_liveness() {
+    let node = Node::new("live-no-controller");
+    node.write_by_rename("10-calico.conflist", &calico_text(1));
+    let missing = node.root.join("no-kubeconfig");
+    let inst = beside(&node, &missing, &[]);
+    let logs = || inst.log();
+    wait("the controller's failure", &logs, || {
+        inst.log().contains("the repair controller stopped")
+    });
+    let out = node.run(&["check", "--live"], &[]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("503 Service Unavailable: the repair controller stopped"),
+        "{said}"
+    );
+    node.wait_healthy(DEADLINE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
+}
