@@ -331,9 +331,18 @@ fn get(addr: SocketAddr, path: &str) -> String {
     out
 }
 
-/// Every address the process said its admin server listens on.
+/// Every address the process said it serves `/metrics` on.
 fn admin_addrs(log: &str) -> Vec<SocketAddr> {
-    log.lines().filter_map(|l| admin_addr(l)).collect()
+    let mut addrs: Vec<SocketAddr> = log
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("serving /metrics on http://").nth(1)?;
+            rest.split("/metrics").next()?.parse().ok()
+        })
+        .chain(log.lines().filter_map(admin_addr))
+        .collect();
+    addrs.dedup();
+    addrs
 }
 
 /// The installer with the repair controller beside it: `extra` on top of
