@@ -333,15 +333,16 @@ fn get(addr: SocketAddr, path: &str) -> String {
 
 /// Every address the process said it serves `/metrics` on.
 fn admin_addrs(log: &str) -> Vec<SocketAddr> {
-    let mut addrs: Vec<SocketAddr> = log
-        .lines()
-        .filter_map(|l| {
-            let rest = l.split("serving /metrics on http://").nth(1)?;
-            rest.split("/metrics").next()?.parse().ok()
-        })
-        .chain(log.lines().filter_map(admin_addr))
-        .collect();
-    addrs.dedup();
+    let served = log.lines().filter_map(|l| {
+        let rest = l.split("serving /metrics on http://").nth(1)?;
+        rest.split("/metrics").next()?.parse().ok()
+    });
+    let mut addrs: Vec<SocketAddr> = vec![];
+    for a in served.chain(log.lines().filter_map(admin_addr)) {
+        if !addrs.contains(&a) {
+            addrs.push(a);
+        }
+    }
     addrs
 }
 
