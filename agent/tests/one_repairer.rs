@@ -449,8 +449,9 @@ fn a_repair_controller_that_cannot_start_fails_liveness() {
     let missing = node.root.join("no-kubeconfig");
     let inst = beside(&node, &missing, &[]);
     let logs = || inst.log();
-    wait("the controller's failure", &logs, || {
-        inst.log().contains("the repair controller stopped")
+    let socket = node.prefix.join("run/linkerd-cni/admin.sock");
+    wait("the controller's failure and the admin socket", &logs, || {
+        inst.log().contains("the repair controller stopped") && socket.exists()
     });
     let out = node.run(&["check", "--live"], &[]);
     let said = String::from_utf8_lossy(&out.stdout);
