@@ -686,30 +686,27 @@ pub fn setup(
         }))),
         _ => None,
     };
-    if cfg.metrics_addr.is_none() && repair.is_none() {
-        inst.set_telemetry(Telemetry::events_only(events));
-        return None;
-    }
-    let rt = match crate::api::handle() {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("no admin server, no metrics: {e}");
+    let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
+        Some(Ok(rt)) => rt,
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::error!("no admin server, no metrics: {e}");
+            }
             inst.set_telemetry(Telemetry::events_only(events));
             return None;
         }
     };
-    let mut ports = vec![];
-    if let Some(a) = cfg.metrics_addr {
-        ports.push((a, "LINKERD_CNI_METRICS_ADDR"));
-    }
-    match repair.and_then(|r| r.admin_addr) {
-        Some(a) if cfg.metrics_addr != Some(a) => {
-            ports.push((a, "LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR, _ADMIN_IP"))
-        }
-        _ => {}
-    }
+    let repair_addr = repair.and_then(|r| r.admin_addr);
+    let ports = [
+        (cfg.metrics_addr, "LINKERD_CNI_METRICS_ADDR"),
+        (
+            repair_addr.filter(|a| cfg.metrics_addr != Some(*a)),
+            "LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR, _ADMIN_IP",
+        ),
+    ];
     let mut listeners = vec![];
     for (addr, var) in ports {
+        let Some(addr) = addr else { continue };
         match rt.block_on(admin::bind(addr)) {
             Ok(l) => {
                 if let Ok(local) = l.local_addr() {

@@ -450,9 +450,11 @@ fn a_repair_controller_that_cannot_start_fails_liveness() {
     let inst = beside(&node, &missing, &[]);
     let logs = || inst.log();
     let socket = node.prefix.join("run/linkerd-cni/admin.sock");
-    wait("the controller's failure and the admin socket", &logs, || {
-        inst.log().contains("the repair controller stopped") && socket.exists()
-    });
+    wait(
+        "the controller's failure and the admin socket",
+        &logs,
+        || inst.log().contains("the repair controller stopped") && socket.exists(),
+    );
     let out = node.run(&["check", "--live"], &[]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{said}");

@@ -65,21 +65,20 @@ pub enum Format {
 
 /// The registry as a page in `format`, and its content type.
 pub fn encode(registry: &Registry, format: Format) -> (String, &'static str) {
-    match format {
-        Format::OpenMetrics => (
-            crate::repair::metrics::encode(registry),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-        Format::Prometheus => {
-            let mut out = String::new();
-            // Writing to a String cannot fail.
-            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
-            (
-                out,
-                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-            )
+    use prometheus_client::encoding::{prometheus_text, text};
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let content_type = match format {
+        Format::OpenMetrics => {
+            let _ = text::encode(&mut out, registry);
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
         }
-    }
+        Format::Prometheus => {
+            let _ = prometheus_text::encode(&mut out, registry);
+            prometheus_text::CONTENT_TYPE
+        }
+    };
+    (out, content_type)
 }
 
 /// What connections may hold. A probe or a scrape is one short request:

@@ -44,7 +44,7 @@ pub fn main() -> ExitCode {
         rt.block_on(async {
             let shutdown = signalled()?;
             let mut registry = Registry::default();
-            let parts = Parts::register(&mut registry);
+            let parts = register(&mut registry);
             let addr = args.admin_listen();
             let listener = admin::bind(addr)
                 .await
@@ -54,7 +54,7 @@ pub fn main() -> ExitCode {
                 .map_err(|e| format!("cannot read the admin address: {e}"))?;
             tracing::info!(addr = %local, "admin server listening");
             let state = AdminState {
-                ready: Some(parts.ready.clone()),
+                ready: Some(parts.2.clone()),
                 live: Arc::new(AtomicBool::new(true)),
                 registry: Arc::new(registry),
                 format: Format::OpenMetrics,
@@ -155,8 +155,8 @@ impl Beside {
         let admin_addr = (set("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR")
             || set("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_IP"))
         .then(|| args.admin_listen());
-        let parts = Parts::register(registry);
-        let (ready, live) = (parts.ready.clone(), Arc::new(AtomicBool::new(true)));
+        let parts = register(registry);
+        let (ready, live) = (parts.2.clone(), Arc::new(AtomicBool::new(true)));
         let failed = live.clone();
         rt.spawn(async move {
             // A failure leaves the installer running without repairs (its
@@ -198,32 +198,24 @@ impl Drop for Beside {
     }
 }
 
-/// What the controller reports, registered in the process's one registry.
-struct Parts {
-    metrics: Metrics,
-    lookup: LookupMetrics,
-    ready: Arc<AtomicBool>,
-}
+/// What the controller reports (its metrics, its lookups', its `/ready`),
+/// registered in the process's one registry.
+type Parts = (Metrics, LookupMetrics, Arc<AtomicBool>);
 
-impl Parts {
-    fn register(registry: &mut Registry) -> Parts {
-        let parts = Parts {
-            metrics: Metrics::register(registry),
-            lookup: LookupMetrics::register(registry),
-            ready: Arc::new(AtomicBool::new(false)),
-        };
-        process::register(registry);
-        parts
-    }
+fn register(registry: &mut Registry) -> Parts {
+    let ready = Arc::new(AtomicBool::new(false));
+    let parts = (
+        Metrics::register(registry),
+        LookupMetrics::register(registry),
+        ready,
+    );
+    process::register(registry);
+    parts
 }
 
 async fn run(args: Args, parts: Parts, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let client = client(&args).await?;
-    let Parts {
-        metrics,
-        lookup,
-        ready,
-    } = parts;
+    let (metrics, lookup, ready) = parts;
     let _socket = answer_lookups(&args, &client, lookup);
 
     let settings = Settings {
