@@ -249,7 +249,8 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Where the server accepts connections.
 pub enum Listener {
     Tcp(TcpListener),
-    /// Only root can connect: all its connections count as one peer's.
+    /// Only root can connect: its connections count as one peer's, the
+    /// oldest silent one making room for a new one.
     Unix(UnixListener),
 }
 
@@ -259,18 +260,9 @@ pub async fn serve(listener: Listener, state: AdminState, limits: Limits) {
     let held = Arc::new(Mutex::new(Held::default()));
     let mut accept_errors = Throttle::new(Duration::from_secs(60));
     let mut refusals = Throttle::new(Duration::from_secs(60));
-    let (place, limits) = match &listener {
-        Listener::Tcp(l) => (
-            format!("port {}", l.local_addr().map(|a| a.port()).unwrap_or(0)),
-            limits,
-        ),
-        Listener::Unix(_) => (
-            "its socket".into(),
-            Limits {
-                max_per_peer: limits.max_connections,
-                ..limits
-            },
-        ),
+    let place = match &listener {
+        Listener::Tcp(l) => format!("port {}", l.local_addr().map(|a| a.port()).unwrap_or(0)),
+        Listener::Unix(_) => "its socket".into(),
     };
     loop {
         let accepted = match &listener {
