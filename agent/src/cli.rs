@@ -20,7 +20,7 @@ const EXIT_CONFIG: u8 = 2;
 
 const USAGE: &str = "\
 linkerd-cni-installer [run]
-       linkerd-cni-installer check
+       linkerd-cni-installer check [--live]
        linkerd-cni-installer status
        linkerd-cni-installer uninstall
        linkerd-cni-installer version";
@@ -34,7 +34,14 @@ enum Command {
     Run,
     /// Exit 0 when the node is ready (readiness probe); otherwise print why
     /// and exit 1; either way, the chain mode and why
-    Check,
+    Check {
+        /// Instead: exit 0 when the running installer answers on its admin
+        /// socket in the state dir within 3 s (liveness probe; served with
+        /// metrics on or the repair controller beside it); otherwise print
+        /// why and exit 1
+        #[arg(long)]
+        live: bool,
+    },
     /// The node's state for a person: chain mode (and why), health,
     /// readiness, the credential, the plugin's ADD outcomes, and the running
     /// installer's repairs from its /metrics when that is on (exit 0
@@ -133,7 +140,7 @@ pub fn main() -> ExitCode {
         // `check` runs every few seconds as a probe: its stdout says why
         // the node is not ready, and routine log lines would only add noise.
         None => log_to_stderr(match command {
-            Command::Check | Command::Status => logging::QUIET,
+            Command::Check { .. } | Command::Status => logging::QUIET,
             _ => logging::ROUTINE,
         }),
     }
@@ -147,7 +154,17 @@ pub fn main() -> ExitCode {
     };
     match command {
         Command::Run => run::run(installer, repair),
-        Command::Check => {
+        Command::Check { live: true } => match status::live(&installer.state_dir()) {
+            Ok(said) => {
+                println!("live: {said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("not live: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Check { live: false } => {
             let mut problems = installer.check();
             let (lines, more) = runtime::check_report(installer.config());
             problems.extend(more);

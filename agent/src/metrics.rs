@@ -1,7 +1,7 @@
 //! What the node is doing, for operators: the facts each pass records
-//! ([`Telemetry`]), kept as prometheus-client metrics that the admin server
-//! ([`crate::repair::admin`]) serves on `/metrics`, which
-//! `linkerd-cni-installer status` reads too.
+//! ([`Telemetry`]), kept as prometheus-client metrics that the process's
+//! one admin server ([`crate::repair::admin`], started by [`setup`])
+//! serves on `/metrics`, which `linkerd-cni-installer status` reads too.
 //!
 //! Opt-in (`LINKERD_CNI_METRICS_ADDR`): with metrics off the installer holds
 //! a [`Telemetry`] that records nothing, so a pass does no extra work.
@@ -11,10 +11,10 @@
 //! ever written.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
@@ -30,7 +30,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::events::{Events, Kind};
-use crate::repair::admin::{self, AdminState, Format, Limits};
+use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
+use crate::repair::cli::Beside;
+use crate::repair::lookup::{self, SocketGuard};
+use crate::repair::process;
 
 /// Upper bounds of the heal-latency histogram's buckets, in seconds: a
 /// watch-driven repair takes milliseconds, one found by the resync seconds.
@@ -653,27 +656,26 @@ fn unreadable_adds(dir: &Path) -> String {
     }
 }
 
-/// The limits of the installer's `/metrics`, one page for a scraper: 16
-/// connections, 4 from one address, the head (8 KiB at most) within 5 s,
-/// the whole exchange within 10 s.
-const LIMITS: Limits = Limits {
-    max_connections: 16,
-    max_per_peer: 4,
-    header_read_timeout: Duration::from_secs(5),
-    max_connection_age: Duration::from_secs(10),
-    max_head: 8 * 1024,
-};
-
-/// What the installer reports, as configured: with
-/// `LINKERD_CNI_METRICS_ADDR` set, binds it and serves `/metrics`; with a
-/// node name (and `LINKERD_CNI_EVENTS` not false), Events on the Node.
-/// Neither: nothing (no socket, no thread, no recording). A port that
-/// cannot be bound is logged, and the installer runs on without metrics:
+/// The process's one admin server, when metrics are on or a repair
+/// controller runs beside the installer: one registry (the installer's
+/// metrics and the controller's), served on `LINKERD_CNI_METRICS_ADDR` and
+/// on the controller's admin address when set (one listener when they are
+/// the same), each listener with its own connection budget, and on a
+/// root-only socket in the state dir, for deploy/'s liveness probe
+/// (removed when the returned guard drops). The installer records metrics
+/// only when a port serves them; with a node name (and
+/// `LINKERD_CNI_EVENTS` not false), Events on the Node. Neither metrics
+/// nor a controller: no server (no socket, no thread). An address that
+/// cannot be bound is logged, and the installer runs on without it:
 /// keeping the node chained matters more.
-pub fn setup(inst: &mut crate::installer::Installer) {
+pub fn setup(
+    inst: &mut crate::installer::Installer,
+    mut registry: Registry,
+    repair: Option<&Beside>,
+) -> Option<SocketGuard> {
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
-    let events = || match (&cfg.node_name, cfg.events) {
+    let events = match (&cfg.node_name, cfg.events) {
         (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
             cfg: cfg.clone(),
             node: node.clone(),
@@ -684,41 +686,78 @@ pub fn setup(inst: &mut crate::installer::Installer) {
         }))),
         _ => None,
     };
-    let Some(addr) = cfg.metrics_addr else {
-        inst.set_telemetry(Telemetry::events_only(events()));
-        return;
+    let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
+        Some(Ok(rt)) => rt,
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::error!("no admin server, no metrics: {e}");
+            }
+            inst.set_telemetry(Telemetry::events_only(events));
+            return None;
+        }
     };
-    let mut registry = Registry::default();
+    let repair_addr = repair.and_then(|r| r.admin_addr);
+    let ports = [
+        (cfg.metrics_addr, "LINKERD_CNI_METRICS_ADDR"),
+        (
+            repair_addr.filter(|a| cfg.metrics_addr != Some(*a)),
+            "LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR, _ADMIN_IP",
+        ),
+    ];
+    let mut listeners = vec![];
+    for (addr, var) in ports {
+        let Some(addr) = addr else { continue };
+        match rt.block_on(admin::bind(addr)) {
+            Ok(l) => {
+                if let Ok(local) = l.local_addr() {
+                    tracing::info!(addr = %local, "admin server listening: serving /metrics on http://{local}/metrics");
+                }
+                listeners.push(Listener::Tcp(l));
+            }
+            Err(e) => tracing::error!(
+                "cannot serve /metrics on {addr} ({var}): {e}; running without it: set it to \
+                 this node's IP (status.hostIP) and a free port"
+            ),
+        }
+    }
     let dir = sources.plugin_state_dir.clone();
-    let telemetry = Telemetry::register(&mut registry, sources, events());
+    inst.set_telemetry(match listeners.is_empty() {
+        true => Telemetry::events_only(events),
+        false => Telemetry::register(&mut registry, sources, events),
+    });
+    let socket = linkerd_cni_state::record::create_dir(&dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            let _in = rt.enter();
+            lookup::bind(&dir, admin::SOCKET).map_err(|e| e.to_string())
+        });
+    let guard = match socket {
+        Ok((l, guard)) => {
+            listeners.push(Listener::Unix(l));
+            Some(guard)
+        }
+        Err(e) => {
+            tracing::error!(
+                "cannot answer liveness probes on {} ({e}): `check --live` fails",
+                dir.join(admin::SOCKET).display()
+            );
+            None
+        }
+    };
     let state = AdminState {
-        ready: None,
+        ready: repair.map(|r| r.ready.clone()),
+        live: repair.map_or_else(|| Arc::new(AtomicBool::new(true)), |r| r.live.clone()),
         registry: Arc::new(registry),
         format: Format::Prometheus,
         notes: Some(Arc::new(move || unreadable_adds(&dir))),
     };
-    match serve_admin(addr, state) {
-        Ok(local) => {
-            tracing::info!("serving /metrics on http://{local}/metrics");
-            inst.set_telemetry(telemetry);
-        }
-        Err(e) => {
-            tracing::error!(
-                "cannot serve metrics on {addr} (LINKERD_CNI_METRICS_ADDR): {e}; running \
-                 without metrics: set it to this node's IP (status.hostIP) and a free port"
-            );
-            inst.set_telemetry(Telemetry::events_only(events()));
-        }
+    // A quarter of the process' file descriptors, shared by the listeners.
+    let n = listeners.len().max(1) as u64;
+    let limits = Limits::default().for_fd_limit(process::max_fds().map(|m| m / n));
+    for l in listeners {
+        rt.spawn(admin::serve(l, state.clone(), limits));
     }
-}
-
-/// Starts the admin server on the agent's one runtime (see [`crate::api`]).
-fn serve_admin(addr: SocketAddr, state: AdminState) -> std::io::Result<SocketAddr> {
-    let rt = crate::api::handle().map_err(std::io::Error::other)?;
-    let listener = rt.block_on(admin::bind(addr))?;
-    let local = listener.local_addr()?;
-    rt.spawn(admin::serve(listener, state, LIMITS));
-    Ok(local)
+    guard
 }
 
 #[cfg(test)]

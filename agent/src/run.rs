@@ -107,7 +107,8 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         }
     };
     // After the signals are blocked: its thread inherits that.
-    let mut repair = match repair.map(Beside::start).transpose() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut repair = match repair.map(|a| Beside::start(a, &mut registry)).transpose() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("{e}");
@@ -150,7 +151,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     );
     inst.clean_stale_temps();
     let mut taint = StartupTaint::new(&cfg);
-    crate::metrics::setup(&mut inst);
+    let _admin = crate::metrics::setup(&mut inst, registry, repair.as_ref());
 
     let mut debounce = Debounce::default();
     let mut full = true;

@@ -7,9 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_state::outcomes;
@@ -21,6 +22,8 @@ use crate::metrics::{REPAIR_CAUSES, Verdict};
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most of it read.
 const MAX_PAGE: usize = 4 << 20;
+/// The most `check --live` waits for the running installer's answer.
+const LIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The report, and whether the node is healthy (chained and ready).
 /// `stood_in`: the variables unset in this process (see `main`), without
@@ -218,63 +221,10 @@ fn last_pass(t: f64, now: SystemTime) -> String {
 }
 
 /// One GET of the running installer's page, each sample as
-/// `name{labels}` -> value; all of it within [`SCRAPE_TIMEOUT`], however
-/// slowly the other end answers (a timeout per read alone would let one
-/// byte per read keep it waiting forever).
-fn scrape(addr: SocketAddr) -> std::io::Result<BTreeMap<String, f64>> {
-    use std::io::ErrorKind;
-    let deadline = Instant::now() + SCRAPE_TIMEOUT;
-    let timed_out = || {
-        std::io::Error::new(
-            ErrorKind::TimedOut,
-            format!(
-                "no complete answer within {} s",
-                SCRAPE_TIMEOUT.as_secs_f32()
-            ),
-        )
-    };
-    let left = || {
-        let d = deadline.saturating_duration_since(Instant::now());
-        match d.is_zero() {
-            true => Err(timed_out()),
-            false => Ok(d),
-        }
-    };
-    let mut s = TcpStream::connect_timeout(&addr, left()?)?;
-    s.set_write_timeout(Some(left()?))?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: status\r\n\r\n")?;
-    let mut bytes = Vec::new();
-    let mut chunk = [0u8; 16 << 10];
-    loop {
-        s.set_read_timeout(Some(left()?))?;
-        let n = match s.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            // A read timeout reads as EAGAIN on Linux.
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(timed_out());
-            }
-            Err(e) => return Err(e),
-        };
-        if bytes.len() + n > MAX_PAGE {
-            return Err(std::io::Error::other(format!(
-                "the answer is larger than {} MiB",
-                MAX_PAGE >> 20
-            )));
-        }
-        bytes.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8(bytes)
-        .map_err(|_| std::io::Error::other("the answer is not UTF-8 text"))?;
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        return Err(std::io::Error::other("no HTTP answer"));
-    };
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(std::io::Error::other(
-            head.lines().next().unwrap_or_default().to_string(),
-        ));
-    }
+/// `name{labels}` -> value.
+fn scrape(addr: SocketAddr) -> io::Result<BTreeMap<String, f64>> {
+    let connect = move || TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT);
+    let body = get(connect, "/metrics", SCRAPE_TIMEOUT)?;
     Ok(body
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -283,6 +233,72 @@ fn scrape(addr: SocketAddr) -> std::io::Result<BTreeMap<String, f64>> {
             Some((k.to_string(), v.parse().ok()?))
         })
         .collect())
+}
+
+/// `GET path` on the connection `connect` opens: the body of a 200, else
+/// the status line and the body as the error. All of it within `bound`,
+/// however slowly the other end answers (a timeout per read would let one
+/// byte per read keep it waiting forever, and a connect to a Unix socket
+/// whose backlog is full blocks): on a thread of its own, left behind when
+/// it does not end in time.
+fn get<S: Read + Write>(
+    connect: impl FnOnce() -> io::Result<S> + Send + 'static,
+    path: &str,
+    bound: Duration,
+) -> io::Result<String> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: linkerd-cni\r\n\r\n");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let exchange = || -> io::Result<Vec<u8>> {
+            let mut s = connect()?;
+            s.write_all(request.as_bytes())?;
+            let mut bytes = Vec::new();
+            // The server closes once it has answered.
+            s.take(MAX_PAGE as u64 + 1).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        };
+        let _ = tx.send(exchange());
+    });
+    let bytes = rx.recv_timeout(bound).map_err(|_| {
+        let within = format!("no complete answer within {} s", bound.as_secs_f32());
+        io::Error::new(io::ErrorKind::TimedOut, within)
+    })??;
+    if bytes.len() > MAX_PAGE {
+        let large = format!("the answer is larger than {} MiB", MAX_PAGE >> 20);
+        return Err(io::Error::other(large));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| io::Error::other("the answer is not UTF-8 text"))?;
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        Some((head, body)) => Err(io::Error::other(format!(
+            "{}: {}",
+            head.lines().next().unwrap_or_default(),
+            body.trim()
+        ))),
+        None => Err(io::Error::other("no HTTP answer")),
+    }
+}
+
+/// Whether the installer running on this node answers `/live` on its admin
+/// socket in `state_dir` (root's alone: no pod can fill it) within
+/// [`LIVE_TIMEOUT`]. Its answer, or why not.
+pub fn live(state_dir: &std::path::Path) -> Result<String, String> {
+    use std::io::ErrorKind::{ConnectionRefused, NotFound, TimedOut};
+    let path = state_dir.join(crate::repair::admin::SOCKET);
+    let p = path.clone();
+    let at = path.display();
+    match get(move || UnixStream::connect(p), "/live", LIVE_TIMEOUT) {
+        Ok(body) => Ok(format!("{} (from {at})", body.trim())),
+        Err(e) if matches!(e.kind(), NotFound | ConnectionRefused) => Err(format!(
+            "the installer is not running on this node: nothing listens on {at} ({e})"
+        )),
+        Err(e) if e.kind() == TimedOut => Err(format!(
+            "the installer did not answer on {at} within {} s: it is hung or overloaded",
+            LIVE_TIMEOUT.as_secs()
+        )),
+        Err(e) => Err(format!("the installer's answer on {at}: {e}")),
+    }
 }
 
 /// `d` as a person reads it: `42 s`, `5 min`, `3 h 20 min`, `2 d 4 h`.
@@ -368,7 +384,7 @@ mod tests {
             "linkerd_cni_passes_total 3\n".into(),
             Duration::from_millis(1500),
         );
-        let start = Instant::now();
+        let start = std::time::Instant::now();
         let got = scrape(addr);
         let took = start.elapsed();
         assert!(got.is_err(), "{got:?}");

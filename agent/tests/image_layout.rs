@@ -221,8 +221,8 @@ fn fields(c: &Value) -> BTreeMap<String, String> {
 
 /// deploy/'s container runs the image's entrypoint, the agent under the
 /// installer's name, with the variable that makes it repair too and the
-/// controller's variables it needs; its liveness probe is the
-/// controller's admin server, where the controller listens by default.
+/// controller's variables it needs; its probes are the installer's
+/// `check`, and it opens no port.
 #[test]
 fn the_deployed_container_runs_the_installer_which_repairs() {
     let c = deployed_container();
@@ -266,21 +266,23 @@ fn the_deployed_container_runs_the_installer_which_repairs() {
 
     let defaults =
         Args::try_parse_from(["x", "--node-name", "n", "--controller-pod-name", "p"]).unwrap();
-    let port_name = c["livenessProbe"]["httpGet"]["port"].as_str().unwrap();
-    let port = c["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == port_name)
-        .and_then(|p| p["containerPort"].as_u64())
-        .unwrap_or_else(|| panic!("no port {port_name}"));
-    assert_eq!(u64::from(defaults.admin_addr.port()), port);
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
-    // Readiness is the installer's: the node chained.
+    // Both probes are the installer's, neither on a port any pod can
+    // reach: readiness the node chained, liveness the process answering
+    // on its admin socket. No port is opened (metrics are off), and the
+    // controller's admin address is unset, which beside the installer
+    // opens none.
     assert_eq!(
         c["readinessProbe"]["exec"]["command"],
         json!([entry, "check"])
     );
+    assert_eq!(
+        c["livenessProbe"]["exec"]["command"],
+        json!([entry, "check", "--live"])
+    );
+    assert!(c.get("ports").is_none(), "{c:#}");
+    for id in ["admin_addr", "admin_ip"] {
+        assert!(!env.contains_key(&env_of(id)), "{id}: {env:?}");
+    }
 
     // The chain check reads the conf dir where the controller looks by
     // default (the installer's mount, writable); the lookup socket goes
@@ -301,11 +303,11 @@ fn the_deployed_container_runs_the_installer_which_repairs() {
     assert_ne!(state["readOnly"], true);
 }
 
-/// uid 0, for a lookup socket the plugin trusts (root's, served by root),
-/// with the one capability the installer needs (CHOWN, see
-/// capabilities.rs) and no other; the admin server on the node's IP.
+/// uid 0, for the lookup and admin sockets (root's, served by root), with
+/// the one capability the installer needs (CHOWN, see capabilities.rs) and
+/// no other.
 #[test]
-fn the_deployed_container_has_chown_alone_and_listens_on_the_node_ip_only() {
+fn the_deployed_container_has_chown_alone() {
     let c = deployed_container();
     let sc = &c["securityContext"];
     assert_eq!(sc["runAsUser"], 0, "{sc:#}");
@@ -314,14 +316,6 @@ fn the_deployed_container_has_chown_alone_and_listens_on_the_node_ip_only() {
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(sc["capabilities"]["add"], json!(["CHOWN"]), "{sc:#}");
-    // The admin address's IP comes from the downward API: the host
-    // network's 0.0.0.0 would be every address of the node.
-    let ip_var = env_of("admin_ip");
-    assert_eq!(
-        fields(&c).get(&ip_var).map(String::as_str),
-        Some("status.hostIP"),
-        "{ip_var}"
-    );
 }
 
 #[test]

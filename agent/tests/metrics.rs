@@ -408,3 +408,76 @@ fn silent_connections_do_not_blind_a_scrape() {
     scrape(addr);
     drop(held);
 }
+
+/// The state dir's admin socket.
+fn admin_socket(node: &Node) -> std::path::PathBuf {
+    node.prefix.join("run/linkerd-cni/admin.sock")
+}
+
+/// `check --live`, within a bound it must keep: its exit status and what
+/// it said.
+fn check_live(node: &Node) -> (bool, String) {
+    let out = node
+        .run_within(&["check", "--live"], Duration::from_secs(10))
+        .expect("check --live ends within its own bound");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.success(), said)
+}
+
+/// The kubelet's liveness probe (deploy/'s `check --live`) asks on the
+/// root-only socket, whose connections no pod can take: a flood of silent
+/// connections on the metrics port, from many addresses, more than the
+/// port's whole budget, does not fail it.
+#[test]
+fn liveness_answers_on_the_socket_while_the_port_is_flooded() {
+    let node = Node::new("live-flood");
+    node.write_by_rename("10-calico.conflist", &calico_text(0));
+    let (inst, addr) = start_chained(&node);
+    let flood: Vec<TcpStream> = (2..40)
+        .flat_map(|i| [i; 4])
+        .filter_map(|i| testkit::connect_from([127, 0, 0, i].into(), addr).ok())
+        .collect();
+    assert!(flood.len() > 64, "{}", flood.len());
+    let (live, said) = check_live(&node);
+    assert!(live, "{said}\n{}", inst.log());
+    assert_eq!(
+        said,
+        format!("live: live (from {})\n", admin_socket(&node).display())
+    );
+    drop(flood);
+}
+
+/// `check --live` fails, saying why, and within its bound, when no
+/// installer runs (no socket, or one left by a process that died) and
+/// when the one running does not answer.
+#[test]
+fn liveness_fails_without_an_installer_or_with_a_hung_one() {
+    let node = Node::new("live-none");
+    let socket = admin_socket(&node);
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let (live, said) = check_live(&node);
+    assert!(!live, "{said}");
+    assert!(
+        said.starts_with("not live: the installer is not running on this node: nothing listens on"),
+        "{said}"
+    );
+    // A socket file nobody listens on.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let (live, said) = check_live(&node);
+    assert!(!live && said.contains("is not running"), "{said}");
+    // Listening, never answering: what a hung process does.
+    std::fs::remove_file(&socket).unwrap();
+    let _hung = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let started = std::time::Instant::now();
+    let (live, said) = check_live(&node);
+    assert!(!live, "{said}");
+    assert!(
+        said.contains("did not answer") && said.contains("within 3 s: it is hung"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -87,24 +87,6 @@ fn admin_addr(log: &str) -> Option<SocketAddr> {
     })
 }
 
-fn get_status(addr: SocketAddr, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).is_err() {
-        return 0;
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The chart's repair-controller container: its command (the agent under
 /// the controller's name), its arguments and its environment. One
 /// deviation: the admin server on a free loopback port, not
@@ -241,8 +223,7 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     // deploy/'s container: the chart's environment plus deploy/'s repair
     // controller variables, their downward-API values this node's. The
     // conf and state dirs where this node has them (deploy/ mounts them
-    // where the controller looks by default), the admin server on a free
-    // port (deploy/: 9990).
+    // where the controller looks by default).
     let mut env: Vec<(String, String)> = deploy_repair_env()
         .into_iter()
         .map(|(k, field)| {
@@ -263,7 +244,6 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     );
     for (k, v) in [
         ("KUBECONFIG", kc.to_str().unwrap()),
-        ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", "127.0.0.1:0"),
         ("LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR", &conf),
         ("LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR", &state_s),
         (
@@ -289,9 +269,21 @@ fn deploys_one_container_repairs_and_answers_lookups() {
     node.wait_healthy(DEADLINE)
         .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
 
-    let admin = admin_addr(&installer.log()).expect("the admin server's address in the log");
-    assert_eq!(get_status(admin, "/live"), 200);
-    assert_eq!(get_status(admin, "/ready"), 200);
+    // No port; the probes' answers on the admin socket.
+    assert_eq!(admin_addr(&installer.log()), None, "{}", installer.log());
+    let live = node.run(&["check", "--live"], &env);
+    let said = String::from_utf8_lossy(&live.stdout);
+    assert!(live.status.success(), "{said}\n{}", installer.log());
+    assert!(said.starts_with("live: live (from "), "{said}");
+    let ready = {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(state.join("admin.sock")).unwrap();
+        s.write_all(b"GET /ready HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     let socket = state.join("agent.sock");
     wait("the lookup socket", &logs, || socket.exists());
 
@@ -325,4 +317,151 @@ fn the_switch_without_the_pod_name_is_a_configuration_error() {
             && err.contains("controller-pod-name"),
         "{err}"
     );
+}
+
+/// `GET path` at `addr`: the whole answer.
+fn get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Every address the process said it serves `/metrics` on.
+fn admin_addrs(log: &str) -> Vec<SocketAddr> {
+    let served = log.lines().filter_map(|l| {
+        let rest = l.split("serving /metrics on http://").nth(1)?;
+        rest.split("/metrics").next()?.parse().ok()
+    });
+    let mut addrs: Vec<SocketAddr> = vec![];
+    for a in served.chain(log.lines().filter_map(admin_addr)) {
+        if !addrs.contains(&a) {
+            addrs.push(a);
+        }
+    }
+    addrs
+}
+
+/// The installer with the repair controller beside it: `extra` on top of
+/// the controller's variables, with this node's dirs.
+fn beside(node: &Node, kubeconfig: &Path, extra: &[(&str, &str)]) -> common::Installer {
+    let state = node.prefix.join("run/linkerd-cni");
+    std::fs::create_dir_all(&state).unwrap();
+    let (conf, state) = (
+        node.conf_dir.display().to_string(),
+        state.display().to_string(),
+    );
+    let n = node_name();
+    let mut env = vec![
+        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+        (linkerd_cni_agent::repair::cli::SWITCH, n.as_str()),
+        (
+            "LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME",
+            "linkerd-cni-deploy",
+        ),
+        ("LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR", &conf),
+        ("LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR", &state),
+    ];
+    env.extend_from_slice(extra);
+    node.start(&env)
+}
+
+/// One admin server and one registry per process: the installer's and
+/// the repair controller's families on one page, served on the metrics
+/// address and on the controller's admin address (a listener each), and
+/// on one listener when the two are the same.
+#[test]
+fn beside_the_installer_one_admin_server_serves_one_registry() {
+    let api = WatchApiServer::start();
+    let node = Node::new("one-admin");
+    node.write_by_rename("10-calico.conflist", &calico_text(1));
+    let kc = kubeconfig(&api, &node.root);
+    let both_families = |addr: SocketAddr, log: &dyn Fn() -> String| {
+        let page = get(addr, "/metrics");
+        for family in [
+            "# TYPE linkerd_cni_passes_total counter",
+            "# TYPE linkerd_cni_repair_controller_pods_deleted_total counter",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(
+                page.contains(family),
+                "{family} at {addr}:\n{page}\n{}",
+                log()
+            );
+        }
+        wait("/ready", log, || {
+            get(addr, "/ready").starts_with("HTTP/1.1 200")
+        });
+        assert!(get(addr, "/live").starts_with("HTTP/1.1 200"));
+    };
+
+    let any = "127.0.0.1:0";
+    let two = beside(
+        &node,
+        &kc,
+        &[
+            ("LINKERD_CNI_METRICS_ADDR", any),
+            ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", "127.0.0.2:0"),
+        ],
+    );
+    let logs = || two.log();
+    wait("two listeners", &logs, || {
+        admin_addrs(&two.log()).len() == 2
+    });
+    for addr in admin_addrs(&two.log()) {
+        both_families(addr, &logs);
+    }
+    drop(two);
+
+    let port = std::net::TcpListener::bind(any)
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let same = port.to_string();
+    let one = beside(
+        &node,
+        &kc,
+        &[
+            ("LINKERD_CNI_METRICS_ADDR", &same),
+            ("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR", &same),
+        ],
+    );
+    let logs = || one.log();
+    wait("the listener", &logs, || {
+        !admin_addrs(&one.log()).is_empty()
+    });
+    both_families(port, &logs);
+    assert_eq!(admin_addrs(&one.log()), [port], "{}", one.log());
+    assert!(!one.log().contains("cannot"), "{}", one.log());
+}
+
+/// A repair controller beside the installer that cannot start fails the
+/// process's liveness, so that the kubelet restarts the container; the
+/// installer keeps the chain meanwhile.
+#[test]
+fn a_repair_controller_that_cannot_start_fails_liveness() {
+    let node = Node::new("live-no-controller");
+    node.write_by_rename("10-calico.conflist", &calico_text(1));
+    let missing = node.root.join("no-kubeconfig");
+    let inst = beside(&node, &missing, &[]);
+    let logs = || inst.log();
+    let socket = node.prefix.join("run/linkerd-cni/admin.sock");
+    wait(
+        "the controller's failure and the admin socket",
+        &logs,
+        || inst.log().contains("the repair controller stopped") && socket.exists(),
+    );
+    let out = node.run(&["check", "--live"], &[]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("503 Service Unavailable: the repair controller stopped"),
+        "{said}"
+    );
+    node.wait_healthy(DEADLINE)
+        .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
 }

@@ -590,11 +590,13 @@ fn the_admin_server_caps_connections_and_keeps_answering_probes() {
     let conf = ConfDir::new(true);
     let ctl = Controller::start(&api, conf.path(), &[]);
     ctl.wait_ready();
-    // One peer opens 100 connections and sends nothing.
-    let flood = [127, 0, 0, 2].into();
-    let mut held: Vec<TcpStream> = (0..100)
-        .map(|_| testkit::connect_from(flood, ctl.admin).unwrap())
-        .collect();
+    // One peer opens 100 connections and sends nothing; then 25 peers 4
+    // each, more than the server's 64.
+    let flood = (0..100)
+        .map(|_| 2)
+        .chain((3..28).flat_map(|i| [i; 4]))
+        .map(|i| testkit::connect_from([127, 0, 0, i].into(), ctl.admin).unwrap());
+    let mut held: Vec<TcpStream> = flood.collect();
     // The kubelet, from another address, is still answered.
     assert_eq!(ctl.get("/live").0, 200, "{}", ctl.log_text());
     // All but the peer's few were closed at once, and the log says why,
@@ -605,7 +607,7 @@ fn the_admin_server_caps_connections_and_keeps_answering_probes() {
         .map(|s| closed_by_server(s, deadline))
         .filter(|c| *c)
         .count();
-    assert_eq!(closed, 100, "the held ones close at the header timeout");
+    assert_eq!(closed, 200, "the held ones close at the header timeout");
     ctl.wait("the warning", || {
         ctl.log_text().contains("connection limit")
     });

@@ -1,18 +1,22 @@
-//! The admin server of both command lines: `/metrics`, and for the repair
-//! controller `/live` (the process answers) and `/ready` (the first list of
-//! this node's pods has been processed), as the chart's probes and
-//! scrapers expect them. One request per connection.
+//! The one admin server of a process: `/metrics` (one registry, the
+//! installer's and the repair controller's families), `/live` (the process
+//! answers, and the repair controller beside the installer has not
+//! stopped) and, with a repair controller, `/ready` (the first list of this
+//! node's pods has been processed), as the chart's probes and scrapers
+//! expect them. One request per connection, on each of its listeners.
 //!
-//! It listens on the node's network (the DaemonSet uses host networking),
-//! so anyone who can reach the node can reach it: [`Limits`] bounds what
-//! connections can hold (slots, time). When they are all taken, the oldest
-//! connection that has not sent a whole request head makes room for the new
-//! one, so that silent connections cannot blind a probe or a scrape; each
-//! kind of refusal is logged at most once a minute, with the count since
-//! the last line.
+//! A TCP listener is on the node's network (the DaemonSet uses host
+//! networking), so any pod can reach it: [`Limits`] bounds what connections
+//! can hold (slots, time), each listener its own. When they are all taken,
+//! the oldest connection that has not sent a whole request head makes room
+//! for the new one, so that silent connections cannot blind a probe or a
+//! scrape; each kind of refusal is logged at most once a minute, with the
+//! count since the last line. The installer also accepts on a root-only
+//! socket in its state dir ([`SOCKET`]), which no pod can reach: deploy/'s
+//! liveness probe asks there (`linkerd-cni-installer check --live`).
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,16 +26,23 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+
+/// The installer's admin socket, in its state dir.
+pub const SOCKET: &str = "admin.sock";
 
 /// What the admin server reports.
 #[derive(Clone)]
 pub struct AdminState {
-    /// Serves `/live` and `/ready` (from this) when set; else `/metrics`
-    /// only.
+    /// Serves `/ready` (from this) when set: a repair controller's.
     pub ready: Option<Arc<AtomicBool>>,
+    /// `/live` answers 200 while this holds: cleared when the repair
+    /// controller beside the installer stops, so that the kubelet restarts
+    /// the container.
+    pub live: Arc<AtomicBool>,
     pub registry: Arc<Registry>,
     pub format: Format,
     /// Comment lines the page ends with (Prometheus' format only), made
@@ -54,21 +65,20 @@ pub enum Format {
 
 /// The registry as a page in `format`, and its content type.
 pub fn encode(registry: &Registry, format: Format) -> (String, &'static str) {
-    match format {
-        Format::OpenMetrics => (
-            crate::repair::metrics::encode(registry),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-        Format::Prometheus => {
-            let mut out = String::new();
-            // Writing to a String cannot fail.
-            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
-            (
-                out,
-                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-            )
+    use prometheus_client::encoding::{prometheus_text, text};
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let content_type = match format {
+        Format::OpenMetrics => {
+            let _ = text::encode(&mut out, registry);
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
         }
-    }
+        Format::Prometheus => {
+            let _ = prometheus_text::encode(&mut out, registry);
+            prometheus_text::CONTENT_TYPE
+        }
+    };
+    (out, content_type)
 }
 
 /// What connections may hold. A probe or a scrape is one short request:
@@ -236,13 +246,33 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves the admin endpoints within `limits` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: AdminState, limits: Limits) {
+/// Where the server accepts connections.
+pub enum Listener {
+    Tcp(TcpListener),
+    /// Only root can connect: its connections count as one peer's, the
+    /// oldest silent one making room for a new one.
+    Unix(UnixListener),
+}
+
+/// Serves the admin endpoints on `listener` within `limits` until the task
+/// is dropped.
+pub async fn serve(listener: Listener, state: AdminState, limits: Limits) {
     let held = Arc::new(Mutex::new(Held::default()));
     let mut accept_errors = Throttle::new(Duration::from_secs(60));
     let mut refusals = Throttle::new(Duration::from_secs(60));
+    let place = match &listener {
+        Listener::Tcp(l) => format!("port {}", l.local_addr().map(|a| a.port()).unwrap_or(0)),
+        Listener::Unix(_) => "its socket".into(),
+    };
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = match &listener {
+            Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Ok(s), a.ip())),
+            Listener::Unix(l) => l
+                .accept()
+                .await
+                .map(|(s, _)| (Err(s), Ipv4Addr::UNSPECIFIED.into())),
+        };
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors and the like: try again shortly
@@ -254,7 +284,7 @@ pub async fn serve(listener: TcpListener, state: AdminState, limits: Limits) {
                 continue;
             }
         };
-        let taken = take_slot(&held, peer.ip(), &limits);
+        let taken = take_slot(&held, peer, &limits);
         if let Err(why) | Ok((_, Some(why))) = taken
             && let Some(suppressed) = refusals.allow(Instant::now())
         {
@@ -266,33 +296,41 @@ pub async fn serve(listener: TcpListener, state: AdminState, limits: Limits) {
                 Ok(_) => "closing the oldest that has sent no request",
                 Err(_) => "closing new connections (each has sent a request)",
             };
-            tracing::warn!(%peer, suppressed, "admin server at its connection limit ({limit} for {what}): {done}; is something flooding port {}?", listener.local_addr().map(|a| a.port()).unwrap_or(0));
+            tracing::warn!(%peer, suppressed, "admin server at its connection limit ({limit} for {what}): {done}; is something flooding {place}?");
         }
         // Refused: closed at once, the fd and the memory go back now.
-        let Ok((mut slot, _)) = taken else { continue };
+        let Ok((slot, _)) = taken else { continue };
+        match stream {
+            Ok(tcp) => tokio::spawn(connection(tcp, slot, state.clone(), limits)),
+            Err(unix) => tokio::spawn(connection(unix, slot, state.clone(), limits)),
+        };
+    }
+}
+
+/// One connection, until answered, timed out or evicted.
+async fn connection<S>(io: S, mut slot: Slot, state: AdminState, limits: Limits)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let head = slot.head.clone();
+    let service = hyper::service::service_fn(move |req| {
+        head.store(true, Ordering::SeqCst);
         let state = state.clone();
-        tokio::spawn(async move {
-            let head = slot.head.clone();
-            let service = hyper::service::service_fn(move |req| {
-                head.store(true, Ordering::SeqCst);
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &state)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .keep_alive(false)
-                .max_buf_size(limits.max_head)
-                .serve_connection(TokioIo::new(tcp), service);
-            tokio::select! {
-                r = tokio::time::timeout(limits.max_connection_age, conn) => match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::debug!(error = %e, "admin connection"),
-                    Err(_) => tracing::debug!("admin connection open too long: closed"),
-                },
-                _ = &mut slot.evicted => tracing::debug!("admin connection silent while the server was full: closed"),
-            }
-        });
+        async move { Ok::<_, Infallible>(respond(&req, &state)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(false)
+        .max_buf_size(limits.max_head)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::select! {
+        r = tokio::time::timeout(limits.max_connection_age, conn) => match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "admin connection"),
+            Err(_) => tracing::debug!("admin connection open too long: closed"),
+        },
+        _ = &mut slot.evicted => tracing::debug!("admin connection silent while the server was full: closed"),
     }
 }
 
@@ -301,7 +339,11 @@ fn respond(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     match (req.uri().path(), &state.ready) {
-        ("/live", Some(_)) => text(StatusCode::OK, "live\n"),
+        ("/live", _) if state.live.load(Ordering::SeqCst) => text(StatusCode::OK, "live\n"),
+        ("/live", _) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the repair controller stopped: see the log\n",
+        ),
         ("/ready", Some(r)) if r.load(Ordering::SeqCst) => text(StatusCode::OK, "ready\n"),
         ("/ready", Some(_)) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         ("/metrics", _) => {
@@ -409,6 +451,7 @@ mod tests {
         passes.inc_by(3);
         let state = AdminState {
             ready: ready.map(|r| Arc::new(AtomicBool::new(r))),
+            live: Arc::new(AtomicBool::new(true)),
             registry: Arc::new(registry),
             format,
             notes: Some(Arc::new(|| "# a note\n".into())),
@@ -419,7 +462,7 @@ mod tests {
             .unwrap();
         let listener = rt.block_on(bind("127.0.0.1:0".parse().unwrap())).unwrap();
         let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || rt.block_on(serve(listener, state, limits)));
+        std::thread::spawn(move || rt.block_on(serve(Listener::Tcp(listener), state, limits)));
         addr
     }
 
@@ -436,7 +479,7 @@ mod tests {
     }
 
     #[test]
-    fn serves_the_installer_its_metrics_and_nothing_else() {
+    fn serves_the_installer_its_metrics_and_liveness() {
         let addr = server(None, Format::Prometheus, Limits::default());
         let get = |r: &str| exchange([127, 0, 0, 1], addr, r);
         let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -450,7 +493,8 @@ mod tests {
         );
         // hyper answers an HTTP/1.0 request in HTTP/1.0.
         assert!(get("GET /metrics?x=1 HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200 OK"));
-        for path in ["/", "/live", "/ready"] {
+        assert!(get("GET /live HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+        for path in ["/", "/ready"] {
             let r = get(&format!("GET {path} HTTP/1.1\r\n\r\n"));
             assert!(r.starts_with("HTTP/1.1 404"), "{path}: {r}");
         }
@@ -472,9 +516,10 @@ mod tests {
         );
     }
 
-    /// Silent connections filling the server, from the prober's address
-    /// and from others, do not keep a probe from its answer; the ones that
-    /// made room are closed at once, not at the header timeout.
+    /// Silent connections filling the server from several addresses, the
+    /// prober's among them, do not keep the liveness probe from its answer;
+    /// the ones that made room are closed at once, not at the header
+    /// timeout.
     #[test]
     fn silent_connections_do_not_blind_a_probe() {
         use std::io::Read;
@@ -486,15 +531,17 @@ mod tests {
         let addr = server(None, Format::Prometheus, limits);
         let silent = |last: u8| testkit::connect_from([127, 0, 0, last].into(), addr).unwrap();
         let started = std::time::Instant::now();
-        let mut held: Vec<std::net::TcpStream> = [1, 1, 1, 2, 2, 2].map(silent).into();
-        let get = "GET /metrics HTTP/1.1\r\n\r\n";
-        // From the flood's own address: at its limit.
-        assert!(exchange([127, 0, 0, 1], addr, get).starts_with("HTTP/1.1 200"));
-        // From another, once the server is full again.
-        held.push(silent(3));
-        assert!(exchange([127, 0, 0, 3], addr, get).starts_with("HTTP/1.1 200"));
-        // The two oldest were closed to make room.
-        for s in &mut held[..2] {
+        let flood = [2, 3, 4, 5].iter().flat_map(|&a| [a; 3]);
+        let mut held: Vec<std::net::TcpStream> = flood.map(silent).collect();
+        let live = "GET /live HTTP/1.1\r\n\r\n";
+        // From an address outside the flood, and from one in it (the
+        // kubelet shares the node's address with host-network pods).
+        for from in [1, 5, 2] {
+            assert!(exchange([127, 0, 0, from], addr, live).starts_with("HTTP/1.1 200"));
+            held.push(silent(from));
+        }
+        // The oldest were closed to make room.
+        for s in &mut held[..6] {
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             assert_eq!(s.read(&mut [0u8; 64]).unwrap_or(0), 0);
         }

@@ -4,14 +4,15 @@
 //! environment asks for it ([`from_env`]): deploy/'s one container.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::logging;
-use crate::repair::admin::{self, AdminState, Format, Limits};
+use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
 use crate::repair::args::Args;
 use crate::repair::backoff::Policy;
 use crate::repair::controller::{Controller, Settings};
@@ -42,7 +43,26 @@ pub fn main() -> ExitCode {
     let result = runtime().and_then(|rt| {
         rt.block_on(async {
             let shutdown = signalled()?;
-            run(args, shutdown).await
+            let mut registry = Registry::default();
+            let parts = register(&mut registry);
+            let addr = args.admin_listen();
+            let listener = admin::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (--admin-addr, --admin-ip): {e}"))?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| format!("cannot read the admin address: {e}"))?;
+            tracing::info!(addr = %local, "admin server listening");
+            let state = AdminState {
+                ready: Some(parts.2.clone()),
+                live: Arc::new(AtomicBool::new(true)),
+                registry: Arc::new(registry),
+                format: Format::OpenMetrics,
+                notes: None,
+            };
+            let limits = Limits::default().for_fd_limit(process::max_fds());
+            tokio::spawn(admin::serve(Listener::Tcp(listener), state, limits));
+            run(args, parts, shutdown).await
         })
     });
     match result {
@@ -107,37 +127,56 @@ pub fn from_env() -> Result<Option<Args>, String> {
 }
 
 /// The repair controller beside the installer's loop, as a task on the
-/// agent's one runtime (see [`crate::api`]). Stopped by [`Beside::stop`]
-/// or on drop.
+/// agent's one runtime (see [`crate::api`]), reporting on the installer's
+/// admin server. Stopped by [`Beside::stop`] or on drop.
 pub struct Beside {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: mpsc::Receiver<()>,
+    /// Its admin address, when set (`LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR`
+    /// or `_ADMIN_IP`): the installer's admin server listens there too.
+    /// Unset, no port: the standalone controller's default is for the
+    /// chart's container.
+    pub admin_addr: Option<SocketAddr>,
+    /// Its `/ready`.
+    pub ready: Arc<AtomicBool>,
+    /// Cleared when it stops on an error: `/live` fails.
+    pub live: Arc<AtomicBool>,
 }
 
 impl Beside {
-    /// Starts it. The caller has blocked SIGTERM and SIGINT before the
-    /// runtime's thread started (it inherits that), so that they reach the
-    /// installer's loop alone.
-    pub fn start(args: Args) -> Result<Beside, String> {
+    /// Starts it, its metrics in `registry`. The caller has blocked SIGTERM
+    /// and SIGINT before the runtime's thread started (it inherits that),
+    /// so that they reach the installer's loop alone.
+    pub fn start(args: Args, registry: &mut Registry) -> Result<Beside, String> {
         let rt = crate::api::handle().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (finished, done) = mpsc::channel();
+        let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty());
+        let admin_addr = (set("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_ADDR")
+            || set("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_IP"))
+        .then(|| args.admin_listen());
+        let parts = register(registry);
+        let (ready, live) = (parts.2.clone(), Arc::new(AtomicBool::new(true)));
+        let failed = live.clone();
         rt.spawn(async move {
-            // A failure leaves the installer running without repairs: its
-            // chain work does not depend on them, and deploy/'s liveness
-            // probe, on this controller's admin server, restarts the
-            // container.
+            // A failure leaves the installer running without repairs (its
+            // chain work does not depend on them) but fails `/live`, so
+            // that the kubelet restarts the container.
             let stopped = async {
                 let _ = stopped.await;
             };
-            if let Err(e) = run(args, stopped).await {
+            if let Err(e) = run(args, parts, stopped).await {
                 tracing::error!("the repair controller stopped: {e}");
+                failed.store(false, Ordering::SeqCst);
             }
             let _ = finished.send(());
         });
         Ok(Beside {
             stop: Some(stop),
             done,
+            admin_addr,
+            ready,
+            live,
         })
     }
 
@@ -159,35 +198,25 @@ impl Drop for Beside {
     }
 }
 
-async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-    let client = client(&args).await?;
+/// What the controller reports (its metrics, its lookups', its `/ready`),
+/// registered in the process's one registry.
+type Parts = (Metrics, LookupMetrics, Arc<AtomicBool>);
 
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let lookup_metrics = LookupMetrics::register(&mut registry);
-    process::register(&mut registry);
+fn register(registry: &mut Registry) -> Parts {
     let ready = Arc::new(AtomicBool::new(false));
-    let admin_addr = args.admin_listen();
-    let listener = admin::bind(admin_addr)
-        .await
-        .map_err(|e| format!("cannot listen on {admin_addr} (--admin-addr, --admin-ip): {e}"))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the admin address: {e}"))?;
-    tracing::info!(addr = %local, "admin server listening");
-    let limits = Limits::default().for_fd_limit(process::max_fds());
-    tokio::spawn(admin::serve(
-        listener,
-        AdminState {
-            ready: Some(ready.clone()),
-            registry: Arc::new(registry),
-            format: Format::OpenMetrics,
-            notes: None,
-        },
-        limits,
-    ));
+    let parts = (
+        Metrics::register(registry),
+        LookupMetrics::register(registry),
+        ready,
+    );
+    process::register(registry);
+    parts
+}
 
-    let _socket = answer_lookups(&args, &client, lookup_metrics);
+async fn run(args: Args, parts: Parts, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let client = client(&args).await?;
+    let (metrics, lookup, ready) = parts;
+    let _socket = answer_lookups(&args, &client, lookup);
 
     let settings = Settings {
         node_name: args.node_name,
@@ -259,7 +288,7 @@ fn answer_lookups(
         );
         return None;
     }
-    match lookup::bind(&args.state_dir) {
+    match lookup::bind(&args.state_dir, linkerd_cni_lookup::SOCKET) {
         Ok((listener, guard)) => {
             tracing::info!(socket = %guard.path().display(), "answering the plugin's pod lookups");
             let facts = Facts::start(client.clone(), &args.node_name, metrics, args.api_timeout);

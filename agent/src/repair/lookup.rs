@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
-use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, SOCKET, Source};
+use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, Source};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -399,26 +399,26 @@ fn strip_service(svc: &mut Service) {
     };
 }
 
-/// Binds the socket in `state_dir`, root's alone (mode 0600) from the
+/// Binds the socket `name` in `state_dir`, root's alone (mode 0600) from the
 /// moment it can be connected to: bound under a temporary name, its mode
 /// set, then renamed over the socket path (which also replaces an earlier
 /// agent's). Refuses to replace anything at that path that is not a
 /// socket.
-pub fn bind(state_dir: &Path) -> io::Result<(UnixListener, SocketGuard)> {
-    let path = state_dir.join(SOCKET);
+pub fn bind(state_dir: &Path, name: &str) -> io::Result<(UnixListener, SocketGuard)> {
+    let path = state_dir.join(name);
     match std::fs::symlink_metadata(&path) {
         Ok(m) if !m.file_type().is_socket() => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!(
-                    "{} exists and is not a socket; remove it to let the agent answer the plugin",
+                    "{} exists and is not a socket; remove it to let the agent listen there",
                     path.display()
                 ),
             ));
         }
         _ => {}
     }
-    let tmp = state_dir.join(format!(".{SOCKET}.{}", std::process::id()));
+    let tmp = state_dir.join(format!(".{name}.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp)?;
     let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))

@@ -110,14 +110,6 @@ impl Metrics {
     }
 }
 
-/// The registry in the Prometheus text format.
-pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +119,8 @@ mod tests {
         let mut registry = Registry::default();
         let m = Metrics::register(&mut registry);
         m.pods_deleted.inc();
-        let text = encode(&registry);
+        let text =
+            crate::repair::admin::encode(&registry, crate::repair::admin::Format::OpenMetrics).0;
         for name in [
             "linkerd_cni_repair_controller_queue_overflow_total",
             "linkerd_cni_repair_controller_pods_deleted_total 1",
