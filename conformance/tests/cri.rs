@@ -10,9 +10,11 @@ use conformance::cri::grpc::GrpcError;
 use conformance::cri::{daemonset, measure};
 use conformance::expect::reserved_ips;
 use conformance::kube::{self, APP_NAMESPACE};
+use conformance::modes::MARKER_KEY;
 use conformance::{Node, PodSpec};
 use conformance::{artifacts, installer};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use testkit::FakeApiServer;
 
@@ -473,4 +475,219 @@ fn a_failing_test_leaves_nothing_behind() {
         "mounts under {} left behind",
         dir.display()
     );
+}
+
+/// Whether `source`, a network list containerd loaded, is `net` with
+/// linkerd-cni last, in owned mode (our own copy, carrying the marker) or
+/// inline (the primary's file).
+fn meshing_in(source: &str, net: &str, owned: bool) -> bool {
+    serde_json::from_str::<Value>(source).is_ok_and(|v| {
+        v["name"] == net
+            && v["plugins"]
+                .as_array()
+                .and_then(|p| p.last())
+                .is_some_and(|last| {
+                    last["type"] == "linkerd-cni" && last[MARKER_KEY].is_object() == owned
+                })
+    })
+}
+
+/// What is wrong with the node's attachments now: a sandbox that libcni's
+/// result cache shows attached to one network more than once, a running
+/// sandbox of `live` that has no entry for `net`, or whose netns has more
+/// or fewer than one link and one address but loopback's.
+fn double_attachments(node: &CriNode, net: &str, live: &[(String, String)]) -> Vec<String> {
+    let mut seen: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (file, text) in node.cni_results() {
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("result cache entry {file}: {e}: {text}"));
+        let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        seen.entry((field("containerId"), field("networkName")))
+            .or_default()
+            .push(field("ifName"));
+    }
+    let mut problems: Vec<String> = seen
+        .iter()
+        .filter(|(_, ifs)| ifs.len() != 1)
+        .map(|((id, n), ifs)| {
+            format!(
+                "sandbox {id}: {} cache entries for {n:?}: {ifs:?}",
+                ifs.len()
+            )
+        })
+        .collect();
+    for (name, id) in live {
+        if !seen.contains_key(&(id.clone(), net.to_string())) {
+            problems.push(format!("{name} ({id}): no cache entry for {net:?}"));
+        }
+        let sbx = node.sandbox(id.clone());
+        let ns = sbx.netns();
+        let (links, addrs) = (ns.links(), ns.ipv4_addrs_all());
+        if links.len() != 1 || addrs.len() != 1 {
+            problems.push(format!(
+                "{name} ({id}): links {links:?}, addresses {addrs:?}"
+            ));
+        }
+        drop(ns);
+        sbx.detach();
+    }
+    problems
+}
+
+/// `count` pods (every other one meshed) created at once through CRI,
+/// retried while the plugin asks to, as the kubelet would: each pod's name
+/// and sandbox id. A failed RunPodSandbox or a pod with the wrong rules is
+/// pushed to `problems`; a meshed pod that came up without rules counts in
+/// the returned total (reported, not asserted: the mode switch's window).
+fn burst_of_pods(
+    node: &CriNode,
+    api: &FakeApiServer,
+    tag: &str,
+    count: usize,
+    problems: &mut Vec<String>,
+) -> (Vec<(String, String)>, usize) {
+    let names: Vec<(String, bool)> = (0..count)
+        .map(|i| (format!("{tag}-{i}"), i % 2 == 0))
+        .collect();
+    for (n, meshed) in &names {
+        if *meshed {
+            kube::serve_meshed(api, n);
+        } else {
+            kube::serve_unmeshed(api, n);
+        }
+    }
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|(name, meshed)| {
+                s.spawn(move || (name, *meshed, measure::run_retried(node, name).0))
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let (mut live, mut unmeshed) = (Vec::new(), 0);
+    for (name, meshed, run) in outcomes {
+        match run {
+            Ok(sbx) => {
+                let ns = sbx.netns();
+                if meshed && !ns.has_linkerd_rules() {
+                    unmeshed += 1;
+                } else if meshed {
+                    if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
+                        problems.push(format!("{name}: partial rules: {e:?}"));
+                    }
+                } else if ns.has_linkerd_rules() {
+                    problems.push(format!("{name}: unmeshed, with rules"));
+                }
+                drop(ns);
+                live.push((name.clone(), sbx.detach()));
+            }
+            Err(e) => problems.push(format!("{name}: RunPodSandbox: {e}")),
+        }
+    }
+    (live, unmeshed)
+}
+
+/// `chain_mode: auto` follows containerd's `max_conf_num` across restarts.
+/// At 1 the installer picks owned mode (its own copy of the primary's
+/// network sorts first); containerd is then restarted with 0, which loads
+/// every file, and 10 pods are created the moment it serves CRI: had our
+/// copy still been there, each would be attached to the network twice
+/// (two interfaces, two host-local addresses, two result-cache entries).
+/// The installer watches containerd's config and leaves owned mode before
+/// the restarted containerd runs a pod. Then back to 1, and 10 more pods.
+/// Every sandbox, those from before the restarts too, has one interface
+/// and one address and one cache entry for the network; once all are
+/// removed, no address and no cache entry is left.
+#[test]
+fn containerd_restarted_with_another_max_conf_num_attaches_no_pod_twice() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("mcn");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Bridge, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let mut node = CriNode::start_with_max_conf_num(node, 1);
+    let inst = installer::start(
+        &node,
+        &api,
+        &[
+            ("LINKERD_CNI_CHAIN_MODE", "auto"),
+            ("LINKERD_CNI_WATCH", "true"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "10"),
+        ],
+    );
+    let owned = |node: &CriNode| {
+        node.wait_cni_loaded("linkerd-cni's own copy (owned mode)", |s| {
+            s.len() == 2 && meshing_in(&s[1], &net, true)
+        })
+    };
+    owned(&node);
+
+    let mut problems = Vec::new();
+    kube::serve_meshed(&api, "web-0");
+    kube::serve_unmeshed(&api, "db-0");
+    let web = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let db = node.run_pod(APP_NAMESPACE, "db-0").unwrap();
+    web.netns().expect_reference_rules();
+    db.netns().expect_no_rules();
+    let mut live = vec![
+        ("web-0".to_string(), web.detach()),
+        ("db-0".to_string(), db.detach()),
+    ];
+    assert_eq!(double_attachments(&node, &net, &live), Vec::<String>::new());
+
+    let mut unmeshed = Vec::new();
+    for (max_conf_num, tag) in [(0, "to-all"), (1, "to-first")] {
+        node.restart_containerd(max_conf_num);
+        let (pods, n) = burst_of_pods(&node, &api, tag, 10, &mut problems);
+        unmeshed.push((max_conf_num, n));
+        live.extend(pods);
+        problems.extend(
+            double_attachments(&node, &net, &live)
+                .into_iter()
+                .map(|p| format!("after the restart to max_conf_num {max_conf_num}: {p}")),
+        );
+        if max_conf_num == 0 {
+            node.wait_cni_loaded(
+                "the primary's file with linkerd-cni (inline mode) alone",
+                |s| s.len() == 2 && meshing_in(&s[1], &net, false),
+            );
+        }
+    }
+    owned(&node);
+    eprintln!(
+        "meshed pods of each burst that came up without rules (max_conf_num, count): {unmeshed:?}"
+    );
+    assert!(
+        problems.is_empty(),
+        "{problems:#?}\n--- installer log ---\n{}",
+        inst.log()
+    );
+
+    std::thread::scope(|s| {
+        for (name, id) in &live {
+            let sbx = node.sandbox(id.clone());
+            s.spawn(move || {
+                sbx.stop_and_remove()
+                    .unwrap_or_else(|e| panic!("{name}: {e}"))
+            });
+        }
+    });
+    assert_eq!(
+        reserved_ips(&node, &net),
+        Vec::<String>::new(),
+        "addresses leaked"
+    );
+    assert_eq!(
+        node.cni_results(),
+        Vec::<(String, String)>::new(),
+        "result cache entries left"
+    );
+    drop(inst);
+    drop(api);
+    shutdown_clean(node);
 }
