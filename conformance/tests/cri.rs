@@ -16,7 +16,7 @@ use conformance::{artifacts, installer};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use testkit::FakeApiServer;
+use testkit::{FakeApiServer, objects};
 
 /// A CRI node with the API server running and the typical chain, linkerd-cni
 /// last, loaded by containerd.
@@ -701,6 +701,134 @@ fn containerd_restarted_with_another_max_conf_num_attaches_no_pod_twice() {
         inst.log()
     );
     drop(inst);
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// linkerd-cni's image run as `deploy/linkerd-cni.yaml` runs it: one
+/// container, every variable the manifest sets (the repair controller's
+/// too), the plugin's state dir and the runtime's settings mounted. It
+/// picks owned mode from the node's containerd config (max_conf_num 1),
+/// answers the plugin's pod lookups from its watch (a meshed pod started
+/// through containerd gets its rules with no request made with the
+/// plugin's own token), and deletes a meshed pod whose
+/// linkerd-network-validator exited 95, once.
+#[test]
+fn the_image_run_as_deploy_runs_it_answers_lookups_and_repairs_pods() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("deploy");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Ptp, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
+    let deployed = daemonset::Deployed {
+        node_name: format!("node-{}", node.id()),
+        pod_name: "linkerd-cni-x7k2p".into(),
+    };
+    api.put_node(objects::node(&deployed.node_name, &[]));
+
+    let mut ds = daemonset::start_deployed(
+        &node,
+        &api,
+        &installer::template(&node),
+        artifacts::workspace_bin,
+        &deployed,
+    );
+    ds.wait_ready(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("readiness probe: {e}"));
+    node.wait_cni_loaded("linkerd-cni's own copy (owned mode)", |s| {
+        s.len() == 2 && meshing_in(&s[1], &net, true)
+    });
+    let socket = node.state_dir().join(linkerd_cni_lookup::SOCKET);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lookup socket at {}:\n{}",
+            socket.display(),
+            ds.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let on_node = |p: objects::Pod| objects::on_node(p.json(), &deployed.node_name);
+    // The kubelet passes the pod's UID, which the agent checks its answer
+    // against.
+    let run = |pod: objects::Pod, name: &str| {
+        let mut spec = node.sandbox_spec(APP_NAMESPACE, name);
+        spec.uid = api.put_pod(on_node(pod));
+        node.run_pod_spec(&spec).unwrap()
+    };
+    let meshed = run(objects::Pod::meshed(APP_NAMESPACE, "web-0"), "web-0");
+    let unmeshed = run(objects::Pod::new(APP_NAMESPACE, "db-0"), "db-0");
+    meshed.netns().expect_reference_rules();
+    unmeshed.netns().expect_no_rules();
+    let plugin_tokens: Vec<String> = api
+        .minted()
+        .into_iter()
+        .filter(|m| m.account.ends_with("/linkerd-cni-plugin"))
+        .map(|m| m.token)
+        .collect();
+    assert!(!plugin_tokens.is_empty(), "no token minted for the plugin");
+    for name in ["web-0", "db-0"] {
+        let by_plugin = api
+            .bearers(&kube::pod_path(name))
+            .iter()
+            .filter(|b| plugin_tokens.contains(b))
+            .count();
+        assert_eq!(
+            by_plugin,
+            0,
+            "{name} was asked for with the plugin's token: the agent did not answer\n{}",
+            ds.log()
+        );
+    }
+
+    // A meshed pod of this node whose validator found no redirect.
+    let validator = "linkerd-network-validator";
+    let broken = objects::owned_by(
+        objects::with_init_status(
+            on_node(
+                objects::Pod::meshed(APP_NAMESPACE, "web-broken")
+                    .label("linkerd.io/control-plane-ns", "linkerd"),
+            ),
+            validator,
+            Some(95),
+        ),
+        "ReplicaSet",
+        "web-5d8f",
+        true,
+    );
+    api.put_pod(broken);
+    let deleted = || {
+        api.deletions()
+            .iter()
+            .filter(|d| d.name == "web-broken")
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while deleted() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "web-broken was not deleted:\n{}",
+            ds.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Time for a second deletion, were there one.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(deleted(), 1, "{:?}", api.deletions());
+
+    meshed.stop_and_remove().unwrap();
+    unmeshed.stop_and_remove().unwrap();
+    assert!(reserved_ips(&node, &net).is_empty());
+    assert_eq!(ds.probe().0, 0, "{}", ds.log());
+    drop(ds);
     drop(api);
     shutdown_clean(node);
 }
