@@ -70,6 +70,9 @@ use testkit::child_path;
 /// The CRI's containerd namespace (the kubelet's images and sandboxes).
 pub const K8S_NAMESPACE: &str = "k8s.io";
 
+/// libcni's result cache, in containerd's mount namespace.
+pub const RESULTS_DIR: &str = "/var/lib/cni/results";
+
 /// How long containerd may take to start serving, on a loaded machine.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -225,7 +228,10 @@ impl CriNode {
     /// dir, socket and mount namespace; returns once the new one serves
     /// CRI. Running sandboxes survive, as on a node (their shims do).
     pub fn restart_containerd(&mut self, max_conf_num: u32) {
-        let Some(mut c) = self.containerd.take() else {
+        // In place in `self` throughout: should anything here fail, the
+        // node's teardown still finds containerd (old or new), its
+        // namespace and cgroups.
+        let Some(c) = self.containerd.as_mut() else {
             panic!("containerd was shut down");
         };
         let staged = c
@@ -238,32 +244,20 @@ impl CriNode {
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
         std::fs::rename(&staged, &c.config)
             .unwrap_or_else(|e| panic!("cannot rename to {}: {e}", c.config.display()));
+        let Some(ns) = c.mnt_ns_handle.as_ref() else {
+            panic!("containerd's mount namespace is not held: cannot restart into it");
+        };
         terminate(&mut c.child);
-        let ns = c
-            .mnt_ns_handle
-            .as_ref()
-            .unwrap_or_else(|| panic!("containerd's mount namespace is not held"));
         c.child = spawn_containerd(&self.node, &c.config, &c.log, Some(ns));
-        // Back in `self` before waiting (with the old, dead client): should
-        // the new one never serve, teardown still kills it and cleans up
-        // the namespace and cgroups.
-        let c = self.containerd.insert(c);
+        // Until it serves, the old (dead) client stays.
         c.cri = wait_serving(&mut c.child, &c.socket, &c.log);
-    }
-
-    /// containerd's config file (under the installers' mount prefix).
-    pub fn containerd_config(&self) -> &Path {
-        &self.containerd().config
     }
 
     /// libcni's result cache (`/var/lib/cni/results` in containerd's mount
     /// namespace, read through its root): each entry's file name and
     /// content, sorted by name.
     pub fn cni_results(&self) -> Vec<(String, String)> {
-        let dir = PathBuf::from(format!(
-            "/proc/{}/root/var/lib/cni/results",
-            self.containerd_pid()
-        ));
+        let dir = PathBuf::from(format!("/proc/{}/root{RESULTS_DIR}", self.containerd_pid()));
         let mut out: Vec<(String, String)> = match std::fs::read_dir(&dir) {
             Ok(rd) => rd
                 .flatten()

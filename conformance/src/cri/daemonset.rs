@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use testkit::FakeApiServer;
 
-use super::containerd::CriNode;
+use super::containerd::{CriNode, RESULTS_DIR};
 use super::image::{self, DockerfileLayout};
 use crate::sys;
 
@@ -35,9 +35,6 @@ pub const NAMESPACE: &str = "lcnic";
 
 /// The image's reference in the node's containerd.
 pub const IMAGE: &str = "lcnic.local/linkerd-cni:test";
-
-/// libcni's result cache, which deploy/ mounts read-only.
-const RESULTS_DIR: &str = "/var/lib/cni/results";
 
 /// Where the kubelet mounts the service account's token and CA.
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
