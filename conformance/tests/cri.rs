@@ -330,7 +330,8 @@ fn burst_while_the_primary_rewrites_owned() {
     assert!(report.most_retries <= 2, "{report}");
 }
 
-/// linkerd-cni's image, run as the DaemonSet runs it, installs the plugin
+/// linkerd-cni's image, run as a DaemonSet runs it (the installer alone, as
+/// the linkerd2-cni chart's install-cni container), installs the plugin
 /// and its entry; its readiness probe passes inside the container; then
 /// pods created through CRI are meshed.
 #[test]
