@@ -728,7 +728,7 @@ fn the_image_run_as_deploy_runs_it_answers_lookups_and_repairs_pods() {
     let node = CriNode::start(node);
     node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
     let deployed = daemonset::Deployed {
-        node_name: format!("node-{}", node.id()),
+        node_name: node.kube_name(),
         pod_name: "linkerd-cni-x7k2p".into(),
     };
     api.put_node(objects::node(&deployed.node_name, &[]));
