@@ -71,19 +71,27 @@ fn spawn(
     caps: Option<&[&str]>,
 ) -> Installer {
     let root = node.scratch_dir().join(testkit::unique_name("installer"));
-    let prefix = root.join("host");
+    let prefix = mount_prefix(node);
     let image_bin = root.join("image-bin");
     let sa_dir = root.join("serviceaccount");
     for d in [&prefix, &image_bin, &sa_dir] {
         mkdir_p(d);
     }
     // The host's view of the node dir, under the prefix: what a /host bind
-    // mount gives the container.
+    // mount gives the container. Made by the node's first installer.
     let mounted = prefix.join(node.dir().strip_prefix("/").unwrap_or(node.dir()));
     if let Some(parent) = mounted.parent() {
         mkdir_p(parent);
     }
-    symlink(node.dir(), &mounted);
+    if let Err(e) = std::os::unix::fs::symlink(node.dir(), &mounted)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        panic!(
+            "cannot link {} -> {}: {e}",
+            mounted.display(),
+            node.dir().display()
+        );
+    }
     // The image's binaries: the plugin, as built.
     symlink(&artifacts::linkerd_cni(), &image_bin.join("linkerd-cni"));
     for (name, content) in [
@@ -173,6 +181,15 @@ pub fn agent_vars(
 /// lookups: the socket in the plugin's state dir.
 pub fn agent_socket(node: &Node) -> PathBuf {
     node.state_dir().join(linkerd_cni_lookup::SOCKET)
+}
+
+/// The host's root as `node`'s installers see it, their
+/// `CONTAINER_MOUNT_PREFIX` (one per node, shared by its installers): the
+/// node's dir at its host path, and what a test puts there for them to
+/// read, such as a containerd node's config
+/// ([`crate::cri::CriNode::start`]).
+pub fn mount_prefix(node: &Node) -> PathBuf {
+    node.scratch_dir().join("host")
 }
 
 /// Writes the primary's `conf` as `file`, starts the installer with its

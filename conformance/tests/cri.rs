@@ -10,11 +10,13 @@ use conformance::cri::grpc::GrpcError;
 use conformance::cri::{daemonset, measure};
 use conformance::expect::reserved_ips;
 use conformance::kube::{self, APP_NAMESPACE};
+use conformance::modes::MARKER_KEY;
 use conformance::{Node, PodSpec};
 use conformance::{artifacts, installer};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::Duration;
-use testkit::FakeApiServer;
+use testkit::{FakeApiServer, objects};
 
 /// A CRI node with the API server running and the typical chain, linkerd-cni
 /// last, loaded by containerd.
@@ -328,7 +330,8 @@ fn burst_while_the_primary_rewrites_owned() {
     assert!(report.most_retries <= 2, "{report}");
 }
 
-/// linkerd-cni's image, run as the DaemonSet runs it, installs the plugin
+/// linkerd-cni's image, run as a DaemonSet runs it (the installer alone, as
+/// the linkerd2-cni chart's install-cni container), installs the plugin
 /// and its entry; its readiness probe passes inside the container; then
 /// pods created through CRI are meshed.
 #[test]
@@ -473,4 +476,360 @@ fn a_failing_test_leaves_nothing_behind() {
         "mounts under {} left behind",
         dir.display()
     );
+}
+
+/// Whether `source`, a network list containerd loaded, is `net` with
+/// linkerd-cni last, in owned mode (our own copy, carrying the marker) or
+/// inline (the primary's file).
+fn meshing_in(source: &str, net: &str, owned: bool) -> bool {
+    serde_json::from_str::<Value>(source).is_ok_and(|v| {
+        v["name"] == net
+            && v["plugins"]
+                .as_array()
+                .and_then(|p| p.last())
+                .is_some_and(|last| {
+                    last["type"] == "linkerd-cni" && last[MARKER_KEY].is_object() == owned
+                })
+    })
+}
+
+/// What is wrong with the node's attachments now: a sandbox that libcni's
+/// result cache shows attached to one network more than once, a running
+/// sandbox of `live` that has no entry for `net`, or whose netns has more
+/// or fewer than one link and one address but loopback's.
+fn double_attachments(node: &CriNode, net: &str, live: &[(String, String)]) -> Vec<String> {
+    let mut seen: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (file, text) in node.cni_results() {
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("result cache entry {file}: {e}: {text}"));
+        let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        seen.entry((field("containerId"), field("networkName")))
+            .or_default()
+            .push(field("ifName"));
+    }
+    let mut problems: Vec<String> = seen
+        .iter()
+        .filter(|(_, ifs)| ifs.len() != 1)
+        .map(|((id, n), ifs)| {
+            format!(
+                "sandbox {id}: {} cache entries for {n:?}: {ifs:?}",
+                ifs.len()
+            )
+        })
+        .collect();
+    for (name, id) in live {
+        if !seen.contains_key(&(id.clone(), net.to_string())) {
+            problems.push(format!("{name} ({id}): no cache entry for {net:?}"));
+        }
+        let sbx = node.sandbox(id.clone());
+        let ns = sbx.netns();
+        let (links, addrs) = (ns.links(), ns.ipv4_addrs_all());
+        if links.len() != 1 || addrs.len() != 1 {
+            problems.push(format!(
+                "{name} ({id}): links {links:?}, addresses {addrs:?}"
+            ));
+        }
+        drop(ns);
+        sbx.detach();
+    }
+    problems
+}
+
+/// `count` pods (every other one meshed) created at once through CRI,
+/// retried while the plugin asks to, as the kubelet would: each pod's name
+/// and sandbox id. A failed RunPodSandbox or a pod with the wrong rules is
+/// pushed to `problems`; a meshed pod that came up without rules counts in
+/// the returned total (reported, not asserted: the mode switch's window).
+fn burst_of_pods(
+    node: &CriNode,
+    api: &FakeApiServer,
+    tag: &str,
+    count: usize,
+    problems: &mut Vec<String>,
+) -> (Vec<(String, String)>, usize) {
+    let names: Vec<(String, bool)> = (0..count)
+        .map(|i| (format!("{tag}-{i}"), i % 2 == 0))
+        .collect();
+    for (n, meshed) in &names {
+        if *meshed {
+            kube::serve_meshed(api, n);
+        } else {
+            kube::serve_unmeshed(api, n);
+        }
+    }
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|(name, meshed)| {
+                s.spawn(move || (name, *meshed, measure::run_retried(node, name).0))
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let (mut live, mut unmeshed) = (Vec::new(), 0);
+    for (name, meshed, run) in outcomes {
+        match run {
+            Ok(sbx) => {
+                let ns = sbx.netns();
+                if meshed && !ns.has_linkerd_rules() {
+                    unmeshed += 1;
+                } else if meshed {
+                    if let Err(e) = std::panic::catch_unwind(|| ns.expect_reference_rules()) {
+                        problems.push(format!("{name}: partial rules: {e:?}"));
+                    }
+                } else if ns.has_linkerd_rules() {
+                    problems.push(format!("{name}: unmeshed, with rules"));
+                }
+                drop(ns);
+                live.push((name.clone(), sbx.detach()));
+            }
+            Err(e) => problems.push(format!("{name}: RunPodSandbox: {e}")),
+        }
+    }
+    (live, unmeshed)
+}
+
+/// `chain_mode: auto` follows containerd's `max_conf_num` across restarts.
+/// At 1 the installer picks owned mode (its own copy of the primary's
+/// network sorts first); containerd is then restarted with 0, which loads
+/// every file, and 10 pods are created the moment it serves CRI: had our
+/// copy still been there, each would be attached to the network twice
+/// (two interfaces, two host-local addresses, two result-cache entries).
+/// The installer watches containerd's config and leaves owned mode before
+/// the restarted containerd runs a pod. Then back to 1, and 10 more pods.
+/// Every sandbox, those from before the restarts too, has one interface
+/// and one address and one cache entry for the network; once all are
+/// removed, no address and no cache entry is left.
+#[test]
+fn containerd_restarted_with_another_max_conf_num_attaches_no_pod_twice() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("mcn");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Bridge, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let mut node = CriNode::start_with_max_conf_num(node, 1);
+    let inst = installer::start(
+        &node,
+        &api,
+        &[
+            ("LINKERD_CNI_CHAIN_MODE", "auto"),
+            ("LINKERD_CNI_WATCH", "true"),
+            ("LINKERD_CNI_RESYNC_SECONDS", "10"),
+        ],
+    );
+    let owned = |node: &CriNode| {
+        node.wait_cni_loaded("linkerd-cni's own copy (owned mode)", |s| {
+            s.len() == 2 && meshing_in(&s[1], &net, true)
+        })
+    };
+    owned(&node);
+
+    let mut problems = Vec::new();
+    kube::serve_meshed(&api, "web-0");
+    kube::serve_unmeshed(&api, "db-0");
+    let web = node.run_pod(APP_NAMESPACE, "web-0").unwrap();
+    let db = node.run_pod(APP_NAMESPACE, "db-0").unwrap();
+    web.netns().expect_reference_rules();
+    db.netns().expect_no_rules();
+    let mut live = vec![
+        ("web-0".to_string(), web.detach()),
+        ("db-0".to_string(), db.detach()),
+    ];
+    assert_eq!(double_attachments(&node, &net, &live), Vec::<String>::new());
+
+    let mut unmeshed = Vec::new();
+    for (max_conf_num, tag) in [(0, "to-all"), (1, "to-first")] {
+        node.restart_containerd(max_conf_num);
+        let (pods, n) = burst_of_pods(&node, &api, tag, 10, &mut problems);
+        unmeshed.push((max_conf_num, n));
+        live.extend(pods);
+        // Once each: a pod attached twice stays so.
+        for p in double_attachments(&node, &net, &live) {
+            if !problems.iter().any(|seen| seen.ends_with(&p)) {
+                problems.push(format!(
+                    "after the restart to max_conf_num {max_conf_num}: {p}"
+                ));
+            }
+        }
+        if max_conf_num == 0 {
+            node.wait_cni_loaded(
+                "the primary's file with linkerd-cni (inline mode) alone",
+                |s| s.len() == 2 && meshing_in(&s[1], &net, false),
+            );
+        }
+    }
+    owned(&node);
+    eprintln!(
+        "meshed pods of each burst that came up without rules (max_conf_num, count): {unmeshed:?}"
+    );
+
+    // Removed before judging, so that a failure also shows what a double
+    // attachment leaks.
+    let removals: Vec<Option<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = live
+            .iter()
+            .map(|(name, id)| {
+                let sbx = node.sandbox(id.clone());
+                s.spawn(move || {
+                    sbx.stop_and_remove()
+                        .err()
+                        .map(|e| format!("{name}: stop/remove: {e}"))
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    problems.extend(removals.into_iter().flatten());
+    let leaked = reserved_ips(&node, &net);
+    if !leaked.is_empty() {
+        problems.push(format!(
+            "host-local addresses left after removal: {leaked:?}"
+        ));
+    }
+    let cached: Vec<String> = node.cni_results().into_iter().map(|(f, _)| f).collect();
+    if !cached.is_empty() {
+        problems.push(format!(
+            "result cache entries left after removal: {cached:?}"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{problems:#?}\n--- installer log ---\n{}",
+        inst.log()
+    );
+    drop(inst);
+    drop(api);
+    shutdown_clean(node);
+}
+
+/// linkerd-cni's image run as `deploy/linkerd-cni.yaml` runs it: one
+/// container, every variable the manifest sets (the repair controller's
+/// too), the plugin's state dir and the runtime's settings mounted. It
+/// picks owned mode from the node's containerd config (max_conf_num 1),
+/// answers the plugin's pod lookups from its watch (a meshed pod started
+/// through containerd gets its rules with no request made with the
+/// plugin's own token), and deletes a meshed pod whose
+/// linkerd-network-validator exited 95, once.
+#[test]
+fn the_image_run_as_deploy_runs_it_answers_lookups_and_repairs_pods() {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name("deploy");
+    let primary = chains::conflist(
+        &net,
+        "1.0.0",
+        chains::typical_chain(&node, Primary::Ptp, None),
+    );
+    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let node = CriNode::start(node);
+    node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
+    let deployed = daemonset::Deployed {
+        node_name: node.kube_name(),
+        pod_name: "linkerd-cni-x7k2p".into(),
+    };
+    api.put_node(objects::node(&deployed.node_name, &[]));
+
+    let mut ds = daemonset::start_deployed(
+        &node,
+        &api,
+        &installer::template(&node),
+        artifacts::workspace_bin,
+        &deployed,
+    );
+    ds.wait_ready(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("readiness probe: {e}"));
+    node.wait_cni_loaded("linkerd-cni's own copy (owned mode)", |s| {
+        s.len() == 2 && meshing_in(&s[1], &net, true)
+    });
+    let socket = node.state_dir().join(linkerd_cni_lookup::SOCKET);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lookup socket at {}:\n{}",
+            socket.display(),
+            ds.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let on_node = |p: objects::Pod| objects::on_node(p.json(), &deployed.node_name);
+    // The kubelet passes the pod's UID, which the agent checks its answer
+    // against.
+    let run = |pod: objects::Pod, name: &str| {
+        let mut spec = node.sandbox_spec(APP_NAMESPACE, name);
+        spec.uid = api.put_pod(on_node(pod));
+        node.run_pod_spec(&spec).unwrap()
+    };
+    let meshed = run(objects::Pod::meshed(APP_NAMESPACE, "web-0"), "web-0");
+    let unmeshed = run(objects::Pod::new(APP_NAMESPACE, "db-0"), "db-0");
+    meshed.netns().expect_reference_rules();
+    unmeshed.netns().expect_no_rules();
+    let plugin_tokens: Vec<String> = api
+        .minted()
+        .into_iter()
+        .filter(|m| m.account.ends_with("/linkerd-cni-plugin"))
+        .map(|m| m.token)
+        .collect();
+    assert!(!plugin_tokens.is_empty(), "no token minted for the plugin");
+    for name in ["web-0", "db-0"] {
+        let by_plugin = api
+            .bearers(&kube::pod_path(name))
+            .iter()
+            .filter(|b| plugin_tokens.contains(b))
+            .count();
+        assert_eq!(
+            by_plugin,
+            0,
+            "{name} was asked for with the plugin's token: the agent did not answer\n{}",
+            ds.log()
+        );
+    }
+
+    // A meshed pod of this node whose validator found no redirect.
+    let validator = "linkerd-network-validator";
+    let broken = objects::owned_by(
+        objects::with_init_status(
+            on_node(
+                objects::Pod::meshed(APP_NAMESPACE, "web-broken")
+                    .label("linkerd.io/control-plane-ns", "linkerd"),
+            ),
+            validator,
+            Some(95),
+        ),
+        "ReplicaSet",
+        "web-5d8f",
+        true,
+    );
+    api.put_pod(broken);
+    let deleted = || {
+        api.deletions()
+            .iter()
+            .filter(|d| d.name == "web-broken")
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while deleted() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "web-broken was not deleted:\n{}",
+            ds.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Time for a second deletion, were there one.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(deleted(), 1, "{:?}", api.deletions());
+
+    meshed.stop_and_remove().unwrap();
+    unmeshed.stop_and_remove().unwrap();
+    assert!(reserved_ips(&node, &net).is_empty());
+    assert_eq!(ds.probe().0, 0, "{}", ds.log());
+    drop(ds);
+    drop(api);
+    shutdown_clean(node);
 }

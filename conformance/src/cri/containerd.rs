@@ -27,6 +27,19 @@
 //! Sandboxes' cgroups live under a parent named like every other thing of
 //! this harness (`lcnic-cri-<pid>-<n>`), removed at the end.
 //!
+//! # Its config, and restarts
+//!
+//! containerd's `config.toml` is written where the node's installers read
+//! the runtime's settings: `etc/containerd/config.toml` under their mount
+//! prefix ([`crate::installer::mount_prefix`]), and containerd is started
+//! with `--config` pointing there, so `chain_mode: auto` decides from the
+//! file containerd runs with. [`CriNode::restart_containerd`] rewrites it
+//! with another `max_conf_num` (a rename within its dir, as an editor or a
+//! config manager replaces it) and restarts containerd as systemd would:
+//! SIGTERM, then a new containerd on the same root, state dir, socket and
+//! mount namespace (the shims, the sandboxes' netns mounts and libcni's
+//! result cache live there and outlive containerd, as they do on a node).
+//!
 //! # Teardown
 //!
 //! On drop (also when a test panics): every sandbox is stopped and removed
@@ -56,6 +69,9 @@ use testkit::child_path;
 
 /// The CRI's containerd namespace (the kubelet's images and sandboxes).
 pub const K8S_NAMESPACE: &str = "k8s.io";
+
+/// libcni's result cache, in containerd's mount namespace.
+pub const RESULTS_DIR: &str = "/var/lib/cni/results";
 
 /// How long containerd may take to start serving, on a loaded machine.
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -108,6 +124,7 @@ pub struct CriNode {
 struct Containerd {
     child: Child,
     dir: PathBuf,
+    config: PathBuf,
     socket: PathBuf,
     log: PathBuf,
     /// `mnt:[inode]` of containerd's mount namespace, and an open handle on
@@ -144,17 +161,27 @@ impl CriNode {
     /// (`PR_SET_PDEATHSIG` follows the parent thread): keep the node on the
     /// thread that started it.
     pub fn start(node: Node) -> CriNode {
+        CriNode::start_with_max_conf_num(node, 1)
+    }
+
+    /// [`CriNode::start`] with `max_conf_num` in containerd's config (1:
+    /// the first config file alone; 0: every file).
+    pub fn start_with_max_conf_num(node: Node, max_conf_num: u32) -> CriNode {
         require_tools();
         let dir = node.dir().join("containerd");
         std::fs::create_dir(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let socket = dir.join("containerd.sock");
-        let config = dir.join("config.toml");
+        let config = crate::installer::mount_prefix(&node).join(CONFIG_PATH);
+        if let Some(parent) = config.parent() {
+            std::fs::create_dir_all(parent)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", parent.display()));
+        }
         let cgroup_parent = testkit::unique_name("cri");
-        std::fs::write(&config, config_toml(&node, &dir, &socket))
+        std::fs::write(&config, config_toml(&node, &dir, &socket, max_conf_num))
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", config.display()));
         let log = dir.join("containerd.log");
-        let child = spawn_containerd(&node, &config, &log);
+        let child = spawn_containerd(&node, &config, &log, None);
         let pid = child.id();
         let mnt_ns_handle = File::open(format!("/proc/{pid}/ns/mnt")).ok();
         let mnt_ns = match &mnt_ns_handle {
@@ -170,34 +197,14 @@ impl CriNode {
         // Until the client connects, a guard without one: on failure the
         // process and its namespace are still cleaned up.
         let mut pending = PendingChild(Some(child));
-        let deadline = Instant::now() + START_DEADLINE;
-        let cri = loop {
-            let attempt = if socket.exists() {
-                Cri::connect(&socket).and_then(|c| c.version().map(|_| c))
-            } else {
-                Err(GrpcError::Transport {
-                    what: "waiting for".into(),
-                    detail: socket.display().to_string(),
-                })
-            };
-            match attempt {
-                Ok(c) => break c,
-                Err(e) => {
-                    let exited = pending.0.as_mut().and_then(|c| c.try_wait().ok().flatten());
-                    if exited.is_some() || Instant::now() > deadline {
-                        panic!(
-                            "containerd did not start serving CRI on {} ({e}; exit {exited:?}):\n{}",
-                            socket.display(),
-                            std::fs::read_to_string(&log).unwrap_or_default()
-                        );
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
+        let cri = match pending.0.as_mut() {
+            Some(child) => wait_serving(child, &socket, &log),
+            None => unreachable!(),
         };
         me.containerd = Some(Containerd {
             child: pending.0.take().unwrap_or_else(|| unreachable!()),
             dir,
+            config,
             socket,
             log,
             mnt_ns,
@@ -213,6 +220,57 @@ impl CriNode {
         self.containerd
             .as_ref()
             .unwrap_or_else(|| panic!("containerd was shut down"))
+    }
+
+    /// Restarts containerd with `max_conf_num` in its config, as an
+    /// operator does on a node: the config file replaced (a rename within
+    /// its dir), then SIGTERM and a new containerd on the same root, state
+    /// dir, socket and mount namespace; returns once the new one serves
+    /// CRI. Running sandboxes survive, as on a node (their shims do).
+    pub fn restart_containerd(&mut self, max_conf_num: u32) {
+        // In place in `self` throughout: should anything here fail, the
+        // node's teardown still finds containerd (old or new), its
+        // namespace and cgroups.
+        let Some(c) = self.containerd.as_mut() else {
+            panic!("containerd was shut down");
+        };
+        let staged = c
+            .config
+            .with_file_name(format!(".config.toml.{}.tmp", testkit::names::unique_id()));
+        std::fs::write(
+            &staged,
+            config_toml(&self.node, &c.dir, &c.socket, max_conf_num),
+        )
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", staged.display()));
+        std::fs::rename(&staged, &c.config)
+            .unwrap_or_else(|e| panic!("cannot rename to {}: {e}", c.config.display()));
+        let Some(ns) = c.mnt_ns_handle.as_ref() else {
+            panic!("containerd's mount namespace is not held: cannot restart into it");
+        };
+        terminate(&mut c.child);
+        c.child = spawn_containerd(&self.node, &c.config, &c.log, Some(ns));
+        // Until it serves, the old (dead) client stays.
+        c.cri = wait_serving(&mut c.child, &c.socket, &c.log);
+    }
+
+    /// libcni's result cache (`/var/lib/cni/results` in containerd's mount
+    /// namespace, read through its root): each entry's file name and
+    /// content, sorted by name.
+    pub fn cni_results(&self) -> Vec<(String, String)> {
+        let dir = PathBuf::from(format!("/proc/{}/root{RESULTS_DIR}", self.containerd_pid()));
+        let mut out: Vec<(String, String)> = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd
+                .flatten()
+                .filter_map(|e| {
+                    let text = std::fs::read_to_string(e.path()).ok()?;
+                    Some((e.file_name().to_string_lossy().into_owned(), text))
+                })
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => panic!("cannot read {}: {e}", dir.display()),
+        };
+        out.sort();
+        out
     }
 
     /// The CRI client (one HTTP/2 connection; usable from many threads).
@@ -408,7 +466,11 @@ impl Drop for PendingChild {
     }
 }
 
-fn config_toml(node: &Node, dir: &Path, socket: &Path) -> String {
+/// Where containerd's config is, relative to the installers' mount prefix
+/// (the first path `chain_mode: auto` reads).
+const CONFIG_PATH: &str = "etc/containerd/config.toml";
+
+fn config_toml(node: &Node, dir: &Path, socket: &Path, max_conf_num: u32) -> String {
     let q = |p: &Path| serde_json::to_string(&p.to_string_lossy()).unwrap_or_default();
     format!(
         r#"version = 2
@@ -446,7 +508,7 @@ disabled_plugins = [
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {bin}
     conf_dir = {conf}
-    max_conf_num = 1
+    max_conf_num = {max_conf_num}
 "#,
         root = q(&dir.join("root")),
         state = q(&dir.join("state")),
@@ -458,10 +520,48 @@ disabled_plugins = [
     )
 }
 
-fn spawn_containerd(node: &Node, config: &Path, log: &Path) -> Child {
+/// Until containerd (`child`) serves CRI on `socket`: the client.
+/// Panics with its log when it exits or takes longer than
+/// [`START_DEADLINE`].
+fn wait_serving(child: &mut Child, socket: &Path, log: &Path) -> Cri {
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        let attempt = if socket.exists() {
+            Cri::connect(socket).and_then(|c| c.version().map(|_| c))
+        } else {
+            Err(GrpcError::Transport {
+                what: "waiting for".into(),
+                detail: socket.display().to_string(),
+            })
+        };
+        match attempt {
+            Ok(c) => return c,
+            Err(e) => {
+                let exited = child.try_wait().ok().flatten();
+                if exited.is_some() || Instant::now() > deadline {
+                    panic!(
+                        "containerd did not start serving CRI on {} ({e}; exit {exited:?}):\n{}",
+                        socket.display(),
+                        std::fs::read_to_string(log).unwrap_or_default()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Starts containerd in the node's netns, in a new mount namespace of its
+/// own, or in `mnt_ns` (a restart: the one its predecessor made). Its
+/// output is appended to `log`.
+fn spawn_containerd(node: &Node, config: &Path, log: &Path, mnt_ns: Option<&File>) -> Child {
     let netns = File::open(node.netns().path())
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", node.netns().path().display()));
-    let out = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()));
     let err = out
         .try_clone()
         .unwrap_or_else(|e| panic!("cannot dup {}: {e}", log.display()));
@@ -475,6 +575,7 @@ fn spawn_containerd(node: &Node, config: &Path, log: &Path) -> Child {
         cs("mode=0755"),
     );
     let fd = netns.as_raw_fd();
+    let mnt_fd = mnt_ns.map(File::as_raw_fd);
     let mut cmd = Command::new("containerd");
     cmd.arg("--config")
         .arg(config)
@@ -495,6 +596,12 @@ fn spawn_containerd(node: &Node, config: &Path, log: &Path) -> Child {
                 }
             };
             check(libc::setns(fd, libc::CLONE_NEWNET))?;
+            if let Some(mnt) = mnt_fd {
+                // Its predecessor's namespace: private, /run and /var/lib
+                // already its own.
+                check(libc::setns(mnt, libc::CLONE_NEWNS))?;
+                return check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL));
+            }
             check(libc::unshare(libc::CLONE_NEWNS))?;
             check(libc::mount(
                 std::ptr::null(),

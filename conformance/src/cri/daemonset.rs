@@ -10,13 +10,22 @@
 //! Where the node's dirs are not `/etc/cni/net.d` and `/opt/cni/bin` (they
 //! are temp dirs here), the mounts follow the chart's rule: the host path
 //! `P` appears at `/host/P`, and `DEST_CNI_*` name the host paths.
+//!
+//! [`start`] runs it as the linkerd2-cni chart's install-cni container
+//! (the installer alone); [`start_deployed`] as `deploy/linkerd-cni.yaml`'s
+//! one container: every variable the manifest sets, read from the manifest
+//! (downward-API fields filled from [`Deployed`]), so the installer also
+//! repairs the node's pods and answers the plugin's lookups on a socket in
+//! the plugin's state dir, mounted as the manifest mounts it, with the
+//! runtime's settings (the node's containerd config, libcni's result
+//! cache) mounted read-only.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use testkit::FakeApiServer;
 
-use super::containerd::CriNode;
+use super::containerd::{CriNode, RESULTS_DIR};
 use super::image::{self, DockerfileLayout};
 use crate::sys;
 
@@ -73,6 +82,98 @@ pub fn start<'a>(
     cni_network_config: &str,
     binary: impl Fn(&str) -> PathBuf,
 ) -> DaemonSetPod<'a> {
+    start_as(node, api, cni_network_config, binary, None)
+}
+
+/// What the downward API gives `deploy/linkerd-cni.yaml`'s container.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// `spec.nodeName`: the node whose pods it repairs and whose taint it
+    /// removes.
+    pub node_name: String,
+    /// `metadata.name`: the DaemonSet pod's.
+    pub pod_name: String,
+}
+
+/// The DaemonSet pod's namespace (`metadata.namespace`).
+pub const POD_NAMESPACE: &str = "linkerd-cni";
+
+/// [`start`], as `deploy/linkerd-cni.yaml` runs the image: its variables
+/// (the repair controller's too), the plugin's state dir, containerd's
+/// config dir and libcni's result cache mounted.
+pub fn start_deployed<'a>(
+    node: &'a CriNode,
+    api: &FakeApiServer,
+    cni_network_config: &str,
+    binary: impl Fn(&str) -> PathBuf,
+    deployed: &Deployed,
+) -> DaemonSetPod<'a> {
+    start_as(node, api, cni_network_config, binary, Some(deployed))
+}
+
+/// One variable of the manifest's container: its name and where its value
+/// comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestVar {
+    /// `value:`, unquoted.
+    Literal(String, String),
+    /// `valueFrom.configMapKeyRef.key`.
+    ConfigMap(String, String),
+    /// `valueFrom.fieldRef.fieldPath`.
+    Field(String, String),
+}
+
+/// The variables `deploy/linkerd-cni.yaml`'s install-cni container sets
+/// (commented-out ones are not set), in order. A line scan of the
+/// manifest's `env:` list, enough for its flat entries: a form it does not
+/// know is a panic naming the variable.
+pub fn manifest_env() -> Vec<ManifestVar> {
+    let lines: Vec<&str> = testkit::chart::MANIFEST.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "env:")
+        .unwrap_or_else(|| panic!("deploy/linkerd-cni.yaml has no env: list"));
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let list_indent = indent(lines[start]);
+    let mut vars = Vec::new();
+    let mut name: Option<String> = None;
+    for line in &lines[start + 1..] {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if indent(line) <= list_indent && !t.starts_with("- ") {
+            break;
+        }
+        let value = |key: &str| {
+            t.strip_prefix(key)
+                .map(|v| v.trim().trim_matches('"').to_string())
+        };
+        if let Some(n) = value("- name:") {
+            if let Some(n) = name.replace(n) {
+                panic!("deploy/linkerd-cni.yaml: {n} has no value the harness knows");
+            }
+        } else if let Some(v) = value("value:") {
+            vars.extend(name.take().map(|n| ManifestVar::Literal(n, v)));
+        } else if let Some(v) = value("key:") {
+            vars.extend(name.take().map(|n| ManifestVar::ConfigMap(n, v)));
+        } else if let Some(v) = value("fieldPath:") {
+            vars.extend(name.take().map(|n| ManifestVar::Field(n, v)));
+        }
+    }
+    if let Some(n) = name {
+        panic!("deploy/linkerd-cni.yaml: {n} has no value the harness knows");
+    }
+    vars
+}
+
+fn start_as<'a>(
+    node: &'a CriNode,
+    api: &FakeApiServer,
+    cni_network_config: &str,
+    binary: impl Fn(&str) -> PathBuf,
+    deployed: Option<&Deployed>,
+) -> DaemonSetPod<'a> {
     let layout = DockerfileLayout::of_repository();
     let installer = layout
         .entrypoint
@@ -123,16 +224,94 @@ pub fn start<'a>(
         .arg(bind(&node.conf_dir(), &host(&node.conf_dir()), "rw"))
         .arg("--mount")
         .arg(bind(&sa, SERVICE_ACCOUNT_DIR, "ro"));
-    for (k, v) in [
-        ("DEST_CNI_NET_DIR", node.conf_dir().display().to_string()),
-        ("DEST_CNI_BIN_DIR", node.bin_dir().display().to_string()),
-        ("CNI_NETWORK_CONFIG", cni_network_config.to_string()),
-        ("LINKERD_CNI_RESYNC_SECONDS", "10".into()),
-        // What the kubelet sets for the in-cluster API (here the fake
-        // server on the node's loopback).
-        ("KUBERNETES_SERVICE_HOST", addr.ip().to_string()),
-        ("KUBERNETES_SERVICE_PORT", addr.port().to_string()),
-    ] {
+    let mut env: Vec<(String, String)> = match deployed {
+        None => [
+            ("DEST_CNI_NET_DIR", node.conf_dir().display().to_string()),
+            ("DEST_CNI_BIN_DIR", node.bin_dir().display().to_string()),
+            ("CNI_NETWORK_CONFIG", cni_network_config.to_string()),
+            ("LINKERD_CNI_RESYNC_SECONDS", "10".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec(),
+        Some(d) => {
+            // The node's IP as the pod sees it (status.hostIP): the address
+            // the node's API server listens on, in the node's netns.
+            let host_ip = addr.ip().to_string();
+            let mut env: Vec<(String, String)> = manifest_env()
+                .into_iter()
+                .map(|var| match var {
+                    ManifestVar::Literal(k, v) => (k, v),
+                    ManifestVar::ConfigMap(k, key) => {
+                        let v = match key.as_str() {
+                            "dest_cni_net_dir" => node.conf_dir().display().to_string(),
+                            "dest_cni_bin_dir" => node.bin_dir().display().to_string(),
+                            "cni_network_config" => cni_network_config.to_string(),
+                            _ => panic!("{k}: ConfigMap key {key} unknown to the harness"),
+                        };
+                        (k, v)
+                    }
+                    ManifestVar::Field(k, path) => {
+                        let v = match path.as_str() {
+                            "spec.nodeName" => d.node_name.clone(),
+                            "metadata.name" => d.pod_name.clone(),
+                            "metadata.namespace" => POD_NAMESPACE.to_string(),
+                            "status.hostIP" => host_ip.clone(),
+                            _ => panic!("{k}: field {path} unknown to the harness"),
+                        };
+                        (k, v)
+                    }
+                })
+                .collect();
+            // The node's dirs are not the manifest's: the repair controller
+            // finds them where the mounts below put them (its defaults are
+            // /host/etc/cni/net.d and /host/run/linkerd-cni).
+            env.extend([
+                (
+                    "LINKERD_CNI_REPAIR_CONTROLLER_CNI_NET_DIR".to_string(),
+                    host(&node.conf_dir()),
+                ),
+                (
+                    "LINKERD_CNI_REPAIR_CONTROLLER_STATE_DIR".to_string(),
+                    host(&node.state_dir()),
+                ),
+            ]);
+            env
+        }
+    };
+    // What the kubelet sets for the in-cluster API (here the fake server
+    // on the node's loopback).
+    env.extend([
+        ("KUBERNETES_SERVICE_HOST".to_string(), addr.ip().to_string()),
+        (
+            "KUBERNETES_SERVICE_PORT".to_string(),
+            addr.port().to_string(),
+        ),
+    ]);
+    if deployed.is_some() {
+        // The manifest's other mounts: the plugin's state dir, and the
+        // runtime's settings read-only (where the node's containerd reads
+        // its config, and libcni's result cache, which lives in
+        // containerd's mount namespace: the bind's source is resolved
+        // there, by runc).
+        let state = node.state_dir();
+        let settings = crate::installer::mount_prefix(node).join("etc/containerd");
+        let results = PathBuf::from(format!("/proc/{}/root{RESULTS_DIR}", node.containerd_pid()));
+        for d in [&state, &results] {
+            std::fs::create_dir_all(d)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
+        }
+        cmd.arg("--mount")
+            .arg(bind(&state, &host(&state), "rw"))
+            .arg("--mount")
+            .arg(bind(&settings, "/host/etc/containerd", "ro"))
+            .arg("--mount")
+            .arg(bind(
+                Path::new(RESULTS_DIR),
+                &format!("/host{RESULTS_DIR}"),
+                "ro",
+            ));
+    }
+    for (k, v) in env {
         cmd.arg("--env").arg(format!("{k}={v}"));
     }
     cmd.args([IMAGE, &id]);

@@ -106,7 +106,7 @@ const ATTEMPTS: usize = 8;
 
 /// RunPodSandbox for pod `name`, retried while it asks to try again, at
 /// most [`ATTEMPTS`] calls in all: the last answer, and the retries.
-fn run_retried<'a>(
+pub fn run_retried<'a>(
     node: &'a CriNode,
     name: &str,
 ) -> (

@@ -5,8 +5,9 @@
 //!
 //! - [`containerd`]: [`CriNode`], a [`crate::Node`] with a containerd of its
 //!   own (own root, state, socket, config, the node's CNI dirs, a private
-//!   mount namespace), torn down on drop and checked clean by
-//!   [`CriNode::shutdown`].
+//!   mount namespace; its config where the node's installers read the
+//!   runtime's settings), restartable with another `max_conf_num`, torn
+//!   down on drop and checked clean by [`CriNode::shutdown`].
 //! - [`image`]: OCI image archives written by the harness: the pause image
 //!   (a static C program) and linkerd-cni's image with the Dockerfile's
 //!   layout.
@@ -19,7 +20,9 @@
 //!   of keeping the chain; sandbox creation time with and without
 //!   linkerd-cni.
 //! - [`daemonset`]: linkerd-cni's image started with `ctr run` as the
-//!   DaemonSet starts it.
+//!   linkerd2-cni chart's install-cni container starts it, or as
+//!   `deploy/linkerd-cni.yaml`'s one container (installer, repair
+//!   controller and lookup agent) does.
 
 pub mod api;
 pub mod containerd;

@@ -41,9 +41,29 @@ impl CriNode {
     }
 }
 
+impl CriNode {
+    /// The sandbox `id` (from [`Sandbox::detach`]), stopped and removed on
+    /// drop again.
+    pub fn sandbox(&self, id: String) -> Sandbox<'_> {
+        Sandbox {
+            node: self,
+            id,
+            removed: false,
+        }
+    }
+}
+
 impl Sandbox<'_> {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Its id, for [`CriNode::sandbox`], without stopping it: across
+    /// [`CriNode::restart_containerd`], which needs the node alone. Should
+    /// the test fail meanwhile, the node's teardown removes it.
+    pub fn detach(mut self) -> String {
+        self.removed = true;
+        std::mem::take(&mut self.id)
     }
 
     /// `PodSandboxStatus` (verbose).
@@ -192,6 +212,27 @@ impl SandboxNetns {
                 "{tool} in the sandbox:\n{table}"
             );
         }
+    }
+
+    /// The names of the sandbox's links but loopback (`ip -o link`): one
+    /// per network the runtime attached it to.
+    pub fn links(&self) -> Vec<String> {
+        let out = self.exec_ok(&["ip", "-o", "link", "show"]);
+        // `2: eth0@if7: <BROADCAST,...`: the name before any `@peer`.
+        out.lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .filter(|n| n != "lo")
+            .collect()
+    }
+
+    /// Every IPv4 address (`a.b.c.d/len`) in the sandbox but loopback's.
+    pub fn ipv4_addrs_all(&self) -> Vec<String> {
+        let out = self.exec_ok(&["ip", "-4", "-o", "addr", "show"]);
+        crate::node::inet_addrs(&out)
+            .into_iter()
+            .filter(|a| !a.starts_with("127."))
+            .collect()
     }
 
     /// The IPv4 addresses (`a.b.c.d/len`) on `ifname`.
