@@ -244,6 +244,36 @@ pub(crate) fn copy_of(
     bytes: &[u8],
     desired: &Entry,
 ) -> Result<(Vec<u8>, Marker), NotTaken> {
+    /// The last copy made: a keeper's pass looks at the primary without
+    /// the lock, then again under it, most often at the very same bytes,
+    /// and making the copy (parsed, checked, digested, written out) is
+    /// most of what each look costs on the way to the write.
+    type Memo = (
+        PathBuf,
+        Vec<u8>,
+        Map<String, Value>,
+        Result<(Vec<u8>, Marker), NotTaken>,
+    );
+    static LAST: std::sync::Mutex<Option<Memo>> = std::sync::Mutex::new(None);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((p, b, d, copy)) = last.as_ref()
+        && (p.as_path(), b.as_slice(), d) == (primary, bytes, desired.as_map())
+    {
+        return copy.clone();
+    }
+    let copy = make_copy(primary, bytes, desired);
+    *last = Some((
+        primary.to_path_buf(),
+        bytes.to_vec(),
+        desired.as_map().clone(),
+        copy.clone(),
+    ));
+    copy
+}
+
+fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, Marker), NotTaken> {
     let kind = Kind::of(primary);
     let top = plan::parse(kind, bytes).map_err(NotTaken::Invalid)?;
     if let Some(why) = meta_plugin(kind, &top) {
