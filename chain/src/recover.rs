@@ -27,7 +27,7 @@ pub(crate) struct Recovery {
 /// retired by a conversion) is put back when nothing newer has replaced it
 /// since, and only removed once something has. The lock guarantees that no
 /// live repair owns any of them. `listing.leftovers` is every place a temp
-/// file can be.
+/// file can be, and every copy of owned mode's a crash lost.
 pub(crate) fn recover(
     conf_dir: &Path,
     listing: &Listing,
@@ -38,6 +38,13 @@ pub(crate) fn recover(
     for p in &listing.leftovers {
         let name = p.file_name().unwrap_or_default();
         let restored = match Intent::of(name) {
+            // A copy of ours a crash lost (owned mode's `classify`): removed,
+            // unless a swap's recovery just put the copy it displaced back.
+            None if !write::is_temp_name(name)
+                && !scan::read_file(p).is_ok_and(|b| write::lost(&b)) =>
+            {
+                continue;
+            }
             None => None,
             Some(Intent::Swap {
                 back,

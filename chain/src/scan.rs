@@ -41,7 +41,8 @@ pub(crate) struct Listing {
     pub configs: Vec<PathBuf>,
     /// Our temp files (from a repair that was killed, or one in progress),
     /// in the conf dir and in every directory a symlinked config leads to:
-    /// wherever a repair may have written one.
+    /// wherever a repair may have written one. [`super::owned::classify`]
+    /// adds our copies a crash lost.
     pub leftovers: Vec<PathBuf>,
     /// The symlinks among `configs`, resolved.
     pub links: Vec<Link>,

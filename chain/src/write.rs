@@ -8,13 +8,16 @@
 //! (the original's, or the one asked for) and owner, and fsynced; only then
 //! is it renamed over the target and the directory fsynced.
 //!
-//! The chain repair's exchange with a primary's conflist is the one write
-//! that does not wait for the disk first: the runtime runs the primary's
-//! chain without us until the repair is visible, and under a node's I/O an
-//! fsync takes tens of milliseconds. The exchange keeps what the target
-//! held under the temp name, and that version is removed only once the new
-//! one is fsynced: a crash in between can lose the new content, never both,
-//! and recovery puts the displaced version back ([`lost`]).
+//! The chain repair's exchange with a primary's conflist, and owned mode's
+//! with its copy, are the writes that do not wait for the disk first: the
+//! runtime runs the primary's chain without us until the repair is
+//! visible, and under a node's I/O an fsync takes tens of milliseconds. The
+//! exchange keeps what the target held under the temp name, and that
+//! version is removed only once the new one is fsynced: a crash in between
+//! can lose the new content, never both, and recovery puts the displaced
+//! version back ([`lost`]). Where owned mode's copy displaces nothing (a
+//! first copy, or no `RENAME_EXCHANGE`), a copy a crash lost is removed and
+//! written again from the primary's.
 //!
 //! A reader (a runtime reloading on the rename, the runtime exec'ing
 //! the plugin, the plugin reading its kubeconfig) sees the old file or the
@@ -262,17 +265,16 @@ pub(crate) fn write_temp(
     temp_with(dir, None, content, like, Fsync::Now).map(|(path, _)| path)
 }
 
-/// [`write_temp`] without the fsync, its name carrying `intent`, for the
-/// chain repair's exchange: the caller fsyncs the returned file once it is
-/// in place, before it removes the version it displaced (see the module's
-/// docs).
+/// [`write_temp`] without the fsync, its name carrying `intent`, for an
+/// exchange: the caller fsyncs the returned file once it is in place,
+/// before it removes the version it displaced (see the module's docs).
 pub(crate) fn stage_temp_for(
     dir: &Path,
     intent: &Intent,
     content: &[u8],
-    like: &Metadata,
+    like: Option<&Metadata>,
 ) -> io::Result<(PathBuf, File)> {
-    temp_with(dir, Some(intent), content, Some(like), Fsync::Later)
+    temp_with(dir, Some(intent), content, like, Fsync::Later)
 }
 
 fn temp_with(

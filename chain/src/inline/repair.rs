@@ -450,7 +450,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         // Not fsynced yet: the runtime runs the primary's chain alone
         // until our repair is visible, so the disk waits until after the
         // exchange (see `judge_displaced`).
-        let (t, file) = write::stage_temp_for(self.dir, &intent, &bytes, self.meta)
+        let (t, file) = write::stage_temp_for(self.dir, &intent, &bytes, Some(self.meta))
             .map_err(Self::io_err("write a temp file in", self.dir))?;
         // A last look right before the swap: a change seen here costs
         // nobody anything.
@@ -826,7 +826,7 @@ pub(crate) mod testing {
         AFTER.with(|h| h.borrow_mut().push_back(Box::new(f)));
     }
 
-    pub(super) fn after_exchange() {
+    pub(crate) fn after_exchange() {
         if let Some(f) = AFTER.with(|h| h.borrow_mut().pop_front()) {
             f();
         }

@@ -9,6 +9,7 @@
 //! [`list`] is the conf dir as every layout sees it: the listing (names
 //! only) with the candidates read and sorted out.
 
+use std::fs;
 use std::io;
 use std::path::Path;
 
@@ -16,7 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::names::Kind;
 use crate::scan::{self, LinkRule, Listing, OwnedFile};
-use crate::{ChainError, plan, sha256, text};
+use crate::{ChainError, plan, sha256, text, write};
 
 use super::MARKER_KEY;
 
@@ -107,16 +108,23 @@ fn verified_chain(bytes: &[u8], marker: &Marker, plugins: usize) -> Option<Optio
 }
 
 /// Sorts out the listing's candidates (configs named like ours): ours when
-/// the marker verifies, a config like any other when not; one that cannot
+/// the marker verifies, a config like any other when not, a leftover when
+/// a crash lost its content ([`write::lost`]); one that cannot
 /// be read stays a config (the runtime sees it) and is also listed as
 /// unreadable, so that owned mode never takes it for a primary. Also keeps
 /// only those renamed-looking names that hold a marker.
 pub(crate) fn classify(listing: &mut Listing) {
     let mut others = false;
     for c in std::mem::take(&mut listing.candidates) {
-        match listing.read(&c).map(|b| ours_in(&c, &b)) {
-            Ok(Some(ours)) => listing.owned.push(ours),
-            Ok(None) => {
+        match listing.read(&c).map(|b| (write::lost(&b), ours_in(&c, &b))) {
+            // A copy of ours a crash lost before it reached the disk (one
+            // that displaced nothing to put back): no config, for anyone.
+            // Recovery removes it; the primary's is copied again.
+            Ok((true, _)) if fs::symlink_metadata(&c).is_ok_and(|m| m.is_file()) => {
+                listing.leftovers.push(c)
+            }
+            Ok((_, Some(ours))) => listing.owned.push(ours),
+            Ok((_, None)) => {
                 listing.configs.push(c);
                 others = true;
             }

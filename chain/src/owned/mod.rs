@@ -244,6 +244,36 @@ pub(crate) fn copy_of(
     bytes: &[u8],
     desired: &Entry,
 ) -> Result<(Vec<u8>, Marker), NotTaken> {
+    /// The last copy made: a keeper's pass looks at the primary without
+    /// the lock, then again under it, most often at the very same bytes,
+    /// and making the copy (parsed, checked, digested, written out) is
+    /// most of what each look costs on the way to the write.
+    type Memo = (
+        PathBuf,
+        Vec<u8>,
+        Map<String, Value>,
+        Result<(Vec<u8>, Marker), NotTaken>,
+    );
+    static LAST: std::sync::Mutex<Option<Memo>> = std::sync::Mutex::new(None);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((p, b, d, copy)) = last.as_ref()
+        && (p.as_path(), b.as_slice(), d) == (primary, bytes, desired.as_map())
+    {
+        return copy.clone();
+    }
+    let copy = make_copy(primary, bytes, desired);
+    *last = Some((
+        primary.to_path_buf(),
+        bytes.to_vec(),
+        desired.as_map().clone(),
+        copy.clone(),
+    ));
+    copy
+}
+
+fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, Marker), NotTaken> {
     let kind = Kind::of(primary);
     let top = plan::parse(kind, bytes).map_err(NotTaken::Invalid)?;
     if let Some(why) = meta_plugin(kind, &top) {
@@ -666,6 +696,13 @@ pub(crate) fn sync(
         let listing = recovered_listing(conf_dir, opts, &mut actions)?;
         let d = diagnose_listing(&listing, desired);
         match sync_step(conf_dir, &d, opts, &mut actions)? {
+            // Written: current, unless the primary changed while we copied
+            // it. Only the primary is read again: the rest of the conf dir
+            // was looked at under this lock, and a write our watch sees
+            // brings another pass.
+            Step::Again if still_copied(&listing, &d) => {
+                return Ok(SyncReport::new(actions, OwnedState::Current, None));
+            }
             Step::Again => continue,
             Step::Withheld(why) => return Ok(SyncReport::new(actions, d.state, Some(why))),
             Step::Done => {}
@@ -684,6 +721,16 @@ pub(crate) fn sync(
         path: conf_dir.to_path_buf(),
         attempts: MAX_ROUNDS,
     })
+}
+
+/// Whether the primary still holds the chain `d`'s copy was made from.
+fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
+    let (Some(primary), Some(marker)) = (&d.primary, &d.marker) else {
+        return false;
+    };
+    listing
+        .read(primary)
+        .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
 }
 
 /// The listing after recovery, as the inline repair does before deciding
@@ -800,21 +847,46 @@ fn remove_stale<'a>(
     Ok(())
 }
 
-/// Writes our file: a temp file in the conf dir, then a rename (never a
-/// file moved in from elsewhere: containerd 1.6 does not notice those).
+/// Writes our file: a temp file in the conf dir, never a file moved in
+/// from elsewhere (containerd 1.6 does not notice those). It is swapped in
+/// before the disk is waited for, as the inline repair's is (see
+/// [`write`]'s docs): the copy it displaces stays under the temp name until
+/// ours is fsynced, for recovery to put back if a crash loses ours. Where
+/// nothing is displaced (a first copy, no `RENAME_EXCHANGE`), a crash that
+/// loses ours leaves a lost file, which recovery removes for the next
+/// round to write again ([`marker::classify`]).
 fn put(
     conf_dir: &Path,
     path: &Path,
     content: &[u8],
     like: Option<&fs::Metadata>,
 ) -> Result<(), ChainError> {
-    let tmp = write::write_temp(conf_dir, content, like)
+    let old = scan::read_file(path).ok();
+    let intent = write::Intent::Swap {
+        back: false,
+        target: write::name_digest(path),
+        expected: write::digest(old.as_deref().unwrap_or_default()),
+        put: Some(write::digest(content)),
+    };
+    let (tmp, file) = write::stage_temp_for(conf_dir, &intent, content, like)
         .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
-    if let Err(e) = fs::rename(&tmp, path) {
+    let placed = match old {
+        Some(_) => match write::exchange(&tmp, path) {
+            // Gone since, or no exchange here: nothing to keep.
+            Err(e) if e.kind() == io::ErrorKind::NotFound || write::unsupported(&e) => {
+                fs::rename(&tmp, path)
+            }
+            r => r,
+        },
+        None => fs::rename(&tmp, path),
+    };
+    if let Err(e) = placed {
         let _ = fs::remove_file(&tmp);
-        return Err(ChainError::io("rename a temp file to", path, e));
+        return Err(ChainError::io("put in place", path, e));
     }
-    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))
+    #[cfg(test)]
+    crate::inline::testing::after_exchange();
+    write::settle(Some(&file), &tmp, conf_dir).map_err(|e| ChainError::io("fsync", path, e))
 }
 
 fn remove_all<'a>(

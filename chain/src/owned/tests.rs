@@ -607,3 +607,118 @@ fn a_file_of_ours_that_cannot_be_read_is_never_taken_for_the_primary() {
         ["05-x-linkerd-cni.conflist", "10-calico.conflist"]
     );
 }
+
+const OURS: &str = "10-calico-linkerd-cni.conflist";
+
+/// Runs a sync that crashes right after our copy is put in place, before
+/// it reaches the disk: the disk then holds our file with its data lost
+/// (`zeros` of its size, or nothing). Returns the durability steps taken
+/// before the crash.
+fn sync_crashing_after_the_swap(d: &TempDir, zeros: bool) -> Vec<&'static str> {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let ours = d.join(OURS);
+    let before = Rc::new(RefCell::new(Vec::new()));
+    let seen = Rc::clone(&before);
+    crate::inline::testing::after_next_exchange(move || {
+        *seen.borrow_mut() = write::order::take();
+        let len = fs::metadata(&ours).map_or(0, |m| m.len());
+        let lost = vec![0u8; if zeros { len as usize } else { 0 }];
+        fs::write(&ours, lost).unwrap();
+        panic!("crash");
+    });
+    write::order::take();
+    let crashed = std::panic::catch_unwind(|| sync(d.path(), &owned_desired(), &opts()));
+    assert!(
+        crashed.is_err(),
+        "the sync was to crash, it ended: {crashed:?}"
+    );
+    before.take()
+}
+
+#[test]
+fn the_copy_is_in_place_before_the_disk_is_waited_for() {
+    let d = TempDir::new("owned-order");
+    d.write("10-calico.conflist", CALICO);
+    let want = owned_desired();
+    sync(d.path(), &want, &opts()).unwrap();
+    d.write("10-calico.conflist", &CALICO.replace("1440", "1450"));
+    write::order::take();
+    let r = sync(d.path(), &want, &opts()).unwrap();
+    assert!(r.changed && !r.created, "{r:?}");
+    // The runtime loads the new copy from the exchange on; it reaches the
+    // disk before the copy it displaced is removed.
+    assert_eq!(
+        write::order::take(),
+        ["exchange", "fsync file", "remove displaced", "fsync dir"]
+    );
+    assert!(diagnose(d.path(), &want).unwrap().is_current());
+}
+
+#[test]
+fn a_crash_before_the_new_copy_reached_the_disk_puts_the_old_one_back() {
+    for zeros in [false, true] {
+        let d = TempDir::new("owned-crash-swap");
+        d.write("10-calico.conflist", CALICO);
+        let want = owned_desired();
+        sync(d.path(), &want, &opts()).unwrap();
+        let old_copy = d.read(OURS);
+        d.write("10-calico.conflist", &CALICO.replace("1440", "1450"));
+        assert_eq!(sync_crashing_after_the_swap(&d, zeros), ["exchange"]);
+        // The copy it displaced is parked under the swap's intent.
+        let parked: Vec<_> = d
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with(write::TEMP_PREFIX))
+            .collect();
+        assert_eq!(parked.len(), 1, "{parked:?}");
+        assert_eq!(d.read(&parked[0]), old_copy);
+        // Recovery puts it back (our file is not removed and created
+        // again), and the primary's newest is copied.
+        let r = sync(d.path(), &want, &opts()).unwrap();
+        assert!(
+            matches!(&r.actions[..], [SyncAction::Restored(n), SyncAction::Wrote { created: false, .. }] if n.contains("a crash lost")),
+            "{r:?}"
+        );
+        assert!(diagnose(d.path(), &want).unwrap().is_current());
+        assert_eq!(d.names(), [OURS, "10-calico.conflist"]);
+        assert_eq!(json(&d.read(OURS))["plugins"][0]["mtu"], 1450);
+    }
+}
+
+#[test]
+fn a_first_copy_a_crash_lost_is_written_again() {
+    for zeros in [false, true] {
+        let d = TempDir::new("owned-crash-first");
+        d.write("10-calico.conflist", CALICO);
+        let want = owned_desired();
+        sync_crashing_after_the_swap(&d, zeros);
+        assert_eq!(d.names(), [OURS, "10-calico.conflist"]);
+        // Not taken for the primary, which would leave it in place: ours,
+        // to be written again.
+        let diag = diagnose(d.path(), &want).unwrap();
+        assert_eq!(diag.primary, Some(d.join("10-calico.conflist")));
+        assert_eq!(diag.state, OwnedState::Outdated);
+        let r = sync(d.path(), &want, &opts()).unwrap();
+        assert!(r.changed && r.created, "{r:?}");
+        assert!(diagnose(d.path(), &want).unwrap().is_current());
+        assert_eq!(d.names(), [OURS, "10-calico.conflist"]);
+    }
+}
+
+#[test]
+fn a_primary_write_while_we_copy_is_copied_in_the_same_sync() {
+    let d = TempDir::new("owned-write-during-copy");
+    d.write("10-calico.conflist", CALICO);
+    let want = owned_desired();
+    sync(d.path(), &want, &opts()).unwrap();
+    d.write("10-calico.conflist", &CALICO.replace("1440", "1450"));
+    let primary = d.join("10-calico.conflist");
+    crate::inline::testing::after_next_exchange(move || {
+        fs::write(&primary, CALICO.replace("1440", "1460")).unwrap()
+    });
+    let r = sync(d.path(), &want, &opts()).unwrap();
+    assert_eq!(r.after, OwnedState::Current, "{r:?}");
+    assert_eq!(json(&d.read(OURS))["plugins"][0]["mtu"], 1460);
+    assert!(diagnose(d.path(), &want).unwrap().is_current());
+}
