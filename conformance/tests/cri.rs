@@ -41,6 +41,20 @@ fn meshing_node() -> (CriNode, FakeApiServer, String) {
     (node, api, net)
 }
 
+/// A node without linkerd-cni (its API server running), the primary's
+/// chain alone in place under network `tag`: what an installer meets.
+fn primary_only_node(tag: &str, primary: Primary) -> (Node, FakeApiServer, String) {
+    let node = Node::without_linkerd_cni();
+    let api = node.start_api_server_only();
+    let net = node.network_name(tag);
+    let plugins = chains::typical_chain(&node, primary, None);
+    node.write_conf(
+        &format!("10-{net}.conflist"),
+        &chains::conflist(&net, "1.0.0", plugins),
+    );
+    (node, api, net)
+}
+
 /// Shuts the node down and fails on anything it left behind.
 fn shutdown_clean(node: CriNode) {
     let left = node.shutdown();
@@ -336,15 +350,7 @@ fn burst_while_the_primary_rewrites_owned() {
 /// pods created through CRI are meshed.
 #[test]
 fn the_image_run_as_the_daemonset_runs_it_meshes_pods() {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    let net = node.network_name("ds");
-    let primary = chains::conflist(
-        &net,
-        "1.0.0",
-        chains::typical_chain(&node, Primary::Ptp, None),
-    );
-    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let (node, api, net) = primary_only_node("ds", Primary::Ptp);
     let node = CriNode::start(node);
     node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
 
@@ -602,15 +608,7 @@ fn burst_of_pods(
 /// removed, no address and no cache entry is left.
 #[test]
 fn containerd_restarted_with_another_max_conf_num_attaches_no_pod_twice() {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    let net = node.network_name("mcn");
-    let primary = chains::conflist(
-        &net,
-        "1.0.0",
-        chains::typical_chain(&node, Primary::Bridge, None),
-    );
-    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let (node, api, net) = primary_only_node("mcn", Primary::Bridge);
     let mut node = CriNode::start_with_max_conf_num(node, 1);
     let inst = installer::start(
         &node,
@@ -716,15 +714,7 @@ fn containerd_restarted_with_another_max_conf_num_attaches_no_pod_twice() {
 /// linkerd-network-validator exited 95, once.
 #[test]
 fn the_image_run_as_deploy_runs_it_answers_lookups_and_repairs_pods() {
-    let node = Node::without_linkerd_cni();
-    let api = node.start_api_server_only();
-    let net = node.network_name("deploy");
-    let primary = chains::conflist(
-        &net,
-        "1.0.0",
-        chains::typical_chain(&node, Primary::Ptp, None),
-    );
-    node.write_conf(&format!("10-{net}.conflist"), &primary);
+    let (node, api, net) = primary_only_node("deploy", Primary::Ptp);
     let node = CriNode::start(node);
     node.wait_cni_loaded("the primary's chain", |s| s.len() == 2);
     let deployed = daemonset::Deployed {
