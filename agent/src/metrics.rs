@@ -710,7 +710,7 @@ pub fn setup(
         match rt.block_on(admin::bind(addr)) {
             Ok(l) => {
                 if let Ok(local) = l.local_addr() {
-                    tracing::info!(addr = %local, "admin server listening: serving /metrics on http://{local}/metrics");
+                    tracing::info!("serving /metrics on http://{local}/metrics");
                 }
                 listeners.push(Listener::Tcp(l));
             }

@@ -156,10 +156,11 @@ fn each_step_prints_its_own_lines_once() {
         .collect();
     assert_eq!(old_stop.len(), 1, "{old_stop:?}\n{}", text(4));
     assert!(old_stop[0].contains("SIGTERM: exiting"), "{}", text(4));
-    assert!(has(
-        &s[4],
-        "serving /metrics on http://127.0.0.1:9995/metrics"
-    ));
+    assert!(
+        has(&s[4], "serving /metrics on http://127.0.0.1:9995/metrics"),
+        "{}",
+        text(4)
+    );
 
     // 5: healed by the watcher, its one repair line right after; status
     // and metrics agree.
