@@ -6,28 +6,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-deps() { # package -> its normal (non-dev, non-build) dependencies, one name per line
+# A package's normal (non-dev, non-build) dependencies: "name version" lines.
+deps() {
   cargo tree --locked --offline -p "$1" -e normal --prefix none --format '{p}' |
-    awk '{print $1}' | sort -u
+    awk '{print $1, $2}' | sort -u
 }
+plugin=$(deps linkerd-cni)
+agent=$(deps linkerd-cni-agent)
 fail=0
-refuse() { # package, crates it must not link
-  local pkg=$1 found
-  shift
+refuse() { # package, its dependencies, crates it must not link
+  local pkg=$1 tree=$2
+  shift 2
   for crate in "$@"; do
-    found=$(deps "$pkg" | grep -x "$crate" || true)
-    if [[ -n "$found" ]]; then
+    if awk -v c="$crate" '$1 == c {found = 1} END {exit !found}' <<<"$tree"; then
       echo "check-stacks: $pkg links $crate: $(cargo tree --locked --offline -p "$pkg" -e normal -i "$crate" --depth 1 | tail -n +2 | tr -s ' \n' ' ')" >&2
       fail=1
     fi
   done
 }
-refuse linkerd-cni tokio hyper kube async-trait futures
-refuse linkerd-cni-agent ureq
+refuse linkerd-cni "$plugin" tokio hyper kube async-trait futures
+refuse linkerd-cni-agent "$agent" ureq
 # One version of each crate of the agent's stack.
 for crate in tokio hyper kube kube-client; do
-  n=$(cargo tree --locked --offline -p linkerd-cni-agent -e normal --prefix none --format '{p}' |
-    awk -v c="$crate" '$1 == c {print $2}' | sort -u | wc -l)
+  n=$(awk -v c="$crate" '$1 == c' <<<"$agent" | wc -l)
   if ((n > 1)); then
     echo "check-stacks: linkerd-cni-agent links $n versions of $crate" >&2
     fail=1
