@@ -7,9 +7,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::ChainError;
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
+use crate::{ChainError, RepairOptions, owned};
 
 /// What [`recover`] did.
 #[derive(Debug, Default)]
@@ -21,6 +21,21 @@ pub(crate) struct Recovery {
     pub restored: Vec<String>,
 }
 
+/// The conf dir's listing after [`recover`] (run under the conf-dir lock,
+/// before any writer decides anything), and what recovery did: listed again
+/// when content came back, since that is what must be decided on.
+pub(crate) fn recovered_listing(
+    conf_dir: &Path,
+    opts: &RepairOptions,
+) -> Result<(Listing, Recovery), ChainError> {
+    let listing = owned::list(conf_dir, opts.link_rule())?;
+    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+    if recovery.restored.is_empty() {
+        return Ok((listing, recovery));
+    }
+    Ok((owned::list(conf_dir, opts.link_rule())?, recovery))
+}
+
 /// Deals with the temp files a killed repair left, before anything else is
 /// decided: our own unfinished writes are removed, and content that is not
 /// ours (a primary's write displaced by an exchange, a single-plugin config
@@ -28,11 +43,7 @@ pub(crate) struct Recovery {
 /// since, and only removed once something has. The lock guarantees that no
 /// live repair owns any of them. `listing.leftovers` is every place a temp
 /// file can be, and every copy of owned mode's a crash lost.
-pub(crate) fn recover(
-    conf_dir: &Path,
-    listing: &Listing,
-    host_root: &Path,
-) -> Result<Recovery, ChainError> {
+fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recovery, ChainError> {
     let mut done = Recovery::default();
     let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {

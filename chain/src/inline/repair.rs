@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use super::diagnose_listing;
 use crate::names::Kind;
-use crate::recover::{read_in, recover};
+use crate::recover::{self, read_in};
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
 use crate::{ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
@@ -185,15 +185,14 @@ impl Recovered {
     }
 }
 
-/// The listing after recovery (leftovers removed, displaced content put
-/// back, both recorded in `done`).
+/// The listing after recovery, its removals and restorations recorded in
+/// `done`.
 fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
     done: &mut Recovered,
 ) -> Result<Listing, ChainError> {
-    let listing = owned::list(conf_dir, opts.link_rule())?;
-    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
     if recovery.removed > 0 {
         done.leftovers += recovery.removed;
         done.notes.push(format!(
@@ -201,13 +200,9 @@ fn recovered_listing(
             recovery.removed
         ));
     }
-    if recovery.restored.is_empty() {
-        return Ok(listing);
-    }
-    // Files came back: look again before deciding anything.
     done.restored.extend(recovery.restored.iter().cloned());
     done.notes.extend(recovery.restored);
-    owned::list(conf_dir, opts.link_rule())
+    Ok(listing)
 }
 
 /// Writes the repair of `active` from `base`: a list in place, a single
@@ -248,13 +243,7 @@ pub(crate) fn remove_entries(
     opts: &RepairOptions,
 ) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let mut listing = owned::list(conf_dir, opts.link_rule())?;
-    if !recover(conf_dir, &listing, &opts.host_root)?
-        .restored
-        .is_empty()
-    {
-        listing = owned::list(conf_dir, opts.link_rule())?;
-    }
+    let (listing, _) = recover::recovered_listing(conf_dir, opts)?;
     let mut rewritten = Vec::new();
     for path in &listing.configs {
         let Ok(bytes) = listing.read(path) else {

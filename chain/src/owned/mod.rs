@@ -46,7 +46,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use crate::names::{Kind, owned_name};
-use crate::recover::recover;
+use crate::recover;
 use crate::scan::{self, Listing};
 use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, lock, plan, sha256, write};
 
@@ -733,24 +733,20 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
         .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
 }
 
-/// The listing after recovery, as the inline repair does before deciding
-/// anything: a killed write's leftovers go, and a primary's write it
+/// The listing after recovery, its removals and restorations recorded as
+/// actions: a killed write's leftovers go, and a primary's write it
 /// displaced comes back (it is what we must copy).
 fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
     actions: &mut Vec<SyncAction>,
 ) -> Result<Listing, ChainError> {
-    let listing = list(conf_dir, opts.link_rule())?;
-    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
+    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
     if recovery.removed > 0 {
         actions.push(SyncAction::Leftovers(recovery.removed));
     }
-    if recovery.restored.is_empty() {
-        return Ok(listing);
-    }
     actions.extend(recovery.restored.into_iter().map(SyncAction::Restored));
-    list(conf_dir, opts.link_rule())
+    Ok(listing)
 }
 
 /// How one round of [`sync`] ended.
@@ -911,13 +907,7 @@ fn remove_all<'a>(
 /// primary's file holds our entry; a fallback). Returns the files removed.
 pub(crate) fn retire(conf_dir: &Path, opts: &RepairOptions) -> Result<Vec<PathBuf>, ChainError> {
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
-    let mut listing = list(conf_dir, opts.link_rule())?;
-    if !recover(conf_dir, &listing, &opts.host_root)?
-        .restored
-        .is_empty()
-    {
-        listing = list(conf_dir, opts.link_rule())?;
-    }
+    let (listing, _) = recover::recovered_listing(conf_dir, opts)?;
     remove_all(conf_dir, listing.owned.iter().map(|o| &o.path))
 }
 
