@@ -140,18 +140,14 @@ impl Client {
     /// GETs `path` and decodes the JSON answer, retrying transient failures
     /// within the budget.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        self.call(Method::Get, path)
-    }
-
-    fn call<T: DeserializeOwned>(&self, method: Method, path: &str) -> Result<T, ApiError> {
+        let method = Method::Get;
         let mut attempt = 1;
         loop {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(self.timed_out(method, path, None));
             }
-            let req = Req { method, path };
-            let err = match self.attempt(&req, remaining.min(ATTEMPT_TIMEOUT), attempt) {
+            let err = match self.attempt(path, remaining.min(ATTEMPT_TIMEOUT), attempt) {
                 Ok(body) => {
                     return serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
                         method,
@@ -184,33 +180,27 @@ impl Client {
         ApiError::timed_out(&self.config.server, method, path, self.budget, last)
     }
 
-    /// One request; the body of a 200 answer.
-    fn attempt(&self, req: &Req<'_>, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
-        let (method, path) = (req.method, req.path);
-        let url = format!("{}{path}", self.config.server);
+    /// One GET of `path`; the body of a 200 answer.
+    fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
+        let method = Method::Get;
         self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
         let started = Instant::now();
+        let rb = self
+            .agent
+            .get(format!("{}{path}", self.config.server))
+            .config()
+            .timeout_global(Some(timeout))
+            .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
+            .build()
+            .header("Accept", "application/json");
         // No token: an anonymous request (a kubeconfig without credentials).
-        let auth = (!self.config.token.is_empty()).then(|| format!("Bearer {}", self.config.token));
-        // What every call carries, whatever its method and body.
-        fn common<B>(
-            rb: ureq::RequestBuilder<B>,
-            timeout: Duration,
-            auth: Option<&str>,
-        ) -> ureq::RequestBuilder<B> {
-            let rb = rb
-                .config()
-                .timeout_global(Some(timeout))
-                .timeout_connect(Some(timeout.min(CONNECT_TIMEOUT)))
-                .build();
-            match auth {
-                Some(a) => rb.header("Authorization", a),
-                None => rb,
-            }
-            .header("Accept", "application/json")
-        }
-        let res = common(self.agent.get(&url), timeout, auth.as_deref()).call();
-        let mut res = res.map_err(|e| self.classify(req, e, attempt, started))?;
+        let rb = match self.config.token.as_str() {
+            "" => rb,
+            token => rb.header("Authorization", format!("Bearer {token}")),
+        };
+        let mut res = rb
+            .call()
+            .map_err(|e| self.classify(path, e, attempt, started))?;
         let status = res.status().as_u16();
         log::debug!("{method} {path}: HTTP {status}");
         let body = res
@@ -218,7 +208,7 @@ impl Client {
             .with_config()
             .limit(MAX_BODY)
             .read_to_vec()
-            .map_err(|e| self.classify(req, e, attempt, started))?;
+            .map_err(|e| self.classify(path, e, attempt, started))?;
         match status {
             200 | 201 => Ok(body),
             _ => Err(ApiError::of_answer(
@@ -231,8 +221,8 @@ impl Client {
         }
     }
 
-    fn classify(&self, req: &Req<'_>, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
-        let (method, path) = (req.method, req.path);
+    fn classify(&self, path: &str, e: ureq::Error, attempts: u32, started: Instant) -> ApiError {
+        let method = Method::Get;
         let server = self.config.server.clone();
         let unreachable = |cause: Cause| ApiError::Unreachable {
             server: server.clone(),
@@ -310,12 +300,6 @@ impl Client {
             },
         }
     }
-}
-
-/// One request of a call: what [`Client::attempt`] sends.
-struct Req<'a> {
-    method: Method,
-    path: &'a str,
 }
 
 /// How far an attempt's connection got, recorded by [`Mark`]s between the
