@@ -1,8 +1,7 @@
-//! The one log-line format of linkerd-cni's programs (the plugin, the
-//! installer): `<time> <LEVEL> <program>[<pid>]: [<context> ]<message>`,
-//! the time in UTC as `YYYY-MM-DDTHH:MM:SS.mmmZ`. Each program keeps its
-//! own logger (where lines go); the line and which records make one are
-//! decided here only, so that every program's lines read, and parse (the
+//! The plugin's log line: `<time> <LEVEL> <program>[<pid>]: [<context> ]<message>`,
+//! the time in UTC as `YYYY-MM-DDTHH:MM:SS.mmmZ`, and which records make
+//! one. The node agent's tracing formatter writes the same shape (its time
+//! with microseconds), so that both programs' lines read, and parse (the
 //! demo does), alike.
 
 use std::fmt;
@@ -37,12 +36,6 @@ pub fn line(
 /// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
 pub fn rfc3339(secs: u64, millis: u32) -> String {
     format!("{}.{millis:03}Z", seconds(secs))
-}
-
-/// UTC time with microseconds, `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`: a Kubernetes
-/// `MicroTime` (an Event's `eventTime`).
-pub fn rfc3339_micros(secs: u64, micros: u32) -> String {
-    format!("{}.{micros:06}Z", seconds(secs))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` of `secs` since the epoch, in UTC.
