@@ -90,10 +90,6 @@ impl CniArgs {
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn pairs(&self) -> &[(String, String)] {
-        &self.pairs
-    }
-
     /// `K8S_POD_NAMESPACE`, when present and not empty.
     pub fn pod_namespace(&self) -> Option<&str> {
         self.get("K8S_POD_NAMESPACE").filter(|s| !s.is_empty())

@@ -102,11 +102,7 @@ impl NetConf {
                 if let Value::Object(m) = &mut prev {
                     let want = Value::String(self.cni_version.clone());
                     match m.get_mut("cniVersion") {
-                        Some(v) => {
-                            if *v != want {
-                                *v = want;
-                            }
-                        }
+                        Some(v) => *v = want,
                         None => {
                             // Insert first, where every runtime writes it.
                             let mut out = Map::with_capacity(m.len() + 1);

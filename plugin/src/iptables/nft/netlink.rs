@@ -18,7 +18,6 @@ use nix::sys::time::TimeVal;
 use super::NftError;
 
 pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_EXCL: u16 = 0x200;
