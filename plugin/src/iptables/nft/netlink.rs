@@ -325,11 +325,7 @@ impl Socket {
     }
 
     /// Reads one datagram and splits it into (type, flags, seq, body).
-    fn recv(&mut self, what: &'static str) -> Result<Vec<Raw>, NftError> {
-        self.recv_flags(what, MsgFlags::empty())
-    }
-
-    fn recv_flags(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
+    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
         self.arm(what)?;
         let n = loop {
             match socket::recv(
@@ -393,7 +389,7 @@ impl Socket {
                 self.queued.retain(|q| q.seq == seq);
                 return Ok(r);
             }
-            self.queued = self.recv(what)?;
+            self.queued = self.recv(what, MsgFlags::empty())?;
         }
     }
 
@@ -486,7 +482,7 @@ impl Socket {
             } else {
                 MsgFlags::empty()
             };
-            let got = match self.recv_flags(what, flags) {
+            let got = match self.recv(what, flags) {
                 Ok(got) => got,
                 Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
                 Err(e) => return Err(e),
