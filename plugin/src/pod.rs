@@ -636,13 +636,10 @@ fn driver(config: &PluginConfig) -> Driver {
 }
 
 fn netns_of(inv: &Invocation) -> Result<&std::path::Path, CniError> {
-    inv.env.netns.as_deref().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_ENV,
-            "CNI_NETNS is not set",
-            "the container runtime must set it for this command",
-        )
-    })
+    inv.env
+        .netns
+        .as_deref()
+        .ok_or_else(|| crate::cni::env::missing("CNI_NETNS"))
 }
 
 /// Kubernetes names: DNS labels and subdomains.

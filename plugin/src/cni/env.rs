@@ -232,7 +232,8 @@ fn required_for_add_and_check(
     Ok(())
 }
 
-fn missing(name: &str) -> CniError {
+/// The error for a `CNI_*` variable this command needs.
+pub(crate) fn missing(name: &str) -> CniError {
     CniError::new(
         code::INVALID_ENV,
         format!("{name} is not set"),

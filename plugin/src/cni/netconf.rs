@@ -78,7 +78,7 @@ impl NetConf {
 
     /// Code 1 when we do not speak the config's version.
     pub fn check_version(&self) -> Result<(), CniError> {
-        if version::is_supported(&self.cni_version) {
+        if version::SUPPORTED.contains(&self.cni_version.as_str()) {
             Ok(())
         } else {
             Err(CniError::new(

@@ -15,10 +15,6 @@ pub const LATEST: &str = "1.1.0";
 /// The version a config without `cniVersion` is read as (libcni does the same).
 pub const IMPLICIT: &str = "0.1.0";
 
-pub fn is_supported(v: &str) -> bool {
-    SUPPORTED.contains(&v)
-}
-
 /// A spec version as numbers, so "0.10.0" sorts after "0.3.0" (as strings
 /// it would not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
