@@ -327,7 +327,7 @@ fn plan_for(
             FALLBACK_API_PORTS.to_vec()
         });
         spec.outbound_ports_to_ignore
-            .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
+            .extend(ports.into_iter().map(PortRange::from));
     }
     // One rule set per family to program.
     let mut families = vec![Family::V4];

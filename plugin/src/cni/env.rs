@@ -120,7 +120,6 @@ pub struct Env {
     pub container_id: Option<String>,
     /// `CNI_NETNS`; required for ADD and CHECK, may be empty or stale on DEL.
     pub netns: Option<PathBuf>,
-    pub ifname: Option<String>,
     pub path: Vec<PathBuf>,
     pub args: CniArgs,
 }
@@ -179,7 +178,6 @@ impl Env {
             command,
             container_id,
             netns,
-            ifname,
             path,
             args,
         })
