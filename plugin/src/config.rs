@@ -199,21 +199,20 @@ impl PluginConfig {
             log::warn!("{why}");
         }
         self.state_dir = dir;
-        if let Some(d) = top.seconds("installer_gone_after_seconds")? {
-            self.installer_gone_after = Some(d);
-        }
-        if let Some(list) = top.strings("exempt-namespaces")? {
-            self.exempt_namespaces = list;
-        }
-        if let Some(b) = top.bool("chain_heal")? {
-            self.chain_heal = b;
-        }
-        if let Some(d) = top.seconds("chain_repair_budget_seconds")? {
-            self.chain_repair_budget = d;
-        }
-        if let Some(b) = top.bool("chain_write_outside_conf_dir")? {
-            self.chain_write_outside_conf_dir = b;
-        }
+        self.installer_gone_after = top.seconds("installer_gone_after_seconds")?;
+        set(
+            &mut self.exempt_namespaces,
+            top.strings("exempt-namespaces")?,
+        );
+        set(&mut self.chain_heal, top.bool("chain_heal")?);
+        set(
+            &mut self.chain_repair_budget,
+            top.seconds("chain_repair_budget_seconds")?,
+        );
+        set(
+            &mut self.chain_write_outside_conf_dir,
+            top.bool("chain_write_outside_conf_dir")?,
+        );
         if let Some(d) = top.seconds("add_deadline_seconds")? {
             if d > MAX_ADD_DEADLINE {
                 return Err(bad(
@@ -234,15 +233,9 @@ impl PluginConfig {
         {
             self.kubeconfig = Some(PathBuf::from(path));
         }
-        if let Some(d) = k8s.seconds("api-budget-seconds")? {
-            self.api_budget = d;
-        }
-        if let Some(b) = k8s.bool("allow-plain-http")? {
-            self.allow_plain_http = b;
-        }
-        if let Some(b) = k8s.bool("agent-only")? {
-            self.agent_only = b;
-        }
+        set(&mut self.api_budget, k8s.seconds("api-budget-seconds")?);
+        set(&mut self.allow_plain_http, k8s.bool("allow-plain-http")?);
+        set(&mut self.agent_only, k8s.bool("agent-only")?);
         Ok(())
     }
 }
@@ -250,36 +243,28 @@ impl PluginConfig {
 impl ProxyInit {
     /// The `linkerd` block: proxy-init's settings.
     fn read(&mut self, l: &Obj) -> Result<(), CniError> {
-        if let Some(v) = l.port("incoming-proxy-port")? {
-            self.incoming_proxy_port = v;
-        }
-        if let Some(v) = l.port("outgoing-proxy-port")? {
-            self.outgoing_proxy_port = v;
-        }
-        if let Some(v) = l.owner_id("proxy-uid")? {
-            self.proxy_uid = v;
-        }
-        if let Some(v) = l.owner_id("proxy-gid")? {
-            self.proxy_gid = v;
-        }
-        if let Some(v) = l.ports("ports-to-redirect")? {
-            self.ports_to_redirect = v;
-        }
-        if let Some(v) = l.strings("inbound-ports-to-ignore")? {
-            self.inbound_ports_to_ignore = v;
-        }
-        if let Some(v) = l.strings("outbound-ports-to-ignore")? {
-            self.outbound_ports_to_ignore = v;
-        }
-        if let Some(v) = l.strings("subnets-to-ignore")? {
-            self.subnets_to_ignore = v;
-        }
-        if let Some(v) = l.bool("simulate")? {
-            self.simulate = v;
-        }
-        if let Some(v) = l.bool("use-wait-flag")? {
-            self.use_wait_flag = v;
-        }
+        set(
+            &mut self.incoming_proxy_port,
+            l.port("incoming-proxy-port")?,
+        );
+        set(
+            &mut self.outgoing_proxy_port,
+            l.port("outgoing-proxy-port")?,
+        );
+        set(&mut self.proxy_uid, l.owner_id("proxy-uid")?);
+        set(&mut self.proxy_gid, l.owner_id("proxy-gid")?);
+        set(&mut self.ports_to_redirect, l.ports("ports-to-redirect")?);
+        set(
+            &mut self.inbound_ports_to_ignore,
+            l.strings("inbound-ports-to-ignore")?,
+        );
+        set(
+            &mut self.outbound_ports_to_ignore,
+            l.strings("outbound-ports-to-ignore")?,
+        );
+        set(&mut self.subnets_to_ignore, l.strings("subnets-to-ignore")?);
+        set(&mut self.simulate, l.bool("simulate")?);
+        set(&mut self.use_wait_flag, l.bool("use-wait-flag")?);
         if let Some(v) = l.string("iptables-mode")? {
             self.iptables_mode = match v.as_str() {
                 "" | "legacy" => IptablesMode::Legacy,
@@ -294,9 +279,7 @@ impl ProxyInit {
                 }
             };
         }
-        if let Some(v) = l.bool("ipv6")? {
-            self.ipv6 = v;
-        }
+        set(&mut self.ipv6, l.bool("ipv6")?);
         Ok(())
     }
 }
@@ -329,49 +312,39 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn string(&self, k: &str) -> Result<Option<String>, CniError> {
+    /// The value of `k` as `read` takes it; a value it refuses is an error
+    /// saying it expected `want`.
+    fn scalar<T>(
+        &self,
+        k: &str,
+        want: &str,
+        read: impl FnOnce(&Value) -> Option<T>,
+    ) -> Result<Option<T>, CniError> {
         match self.get(k) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(bad(&self.key(k), v, "a string")),
+            Some(v) => read(v).map(Some).ok_or_else(|| bad(&self.key(k), v, want)),
         }
     }
 
+    fn string(&self, k: &str) -> Result<Option<String>, CniError> {
+        self.scalar(k, "a string", |v| v.as_str().map(String::from))
+    }
+
     fn bool(&self, k: &str) -> Result<Option<bool>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(bad(&self.key(k), v, "true or false")),
-        }
+        self.scalar(k, "true or false", Value::as_bool)
     }
 
     /// A uid or gid iptables' owner match takes, or -1/0 for none: a value
     /// iptables refuses would otherwise fail every meshed pod's ADD.
     fn owner_id(&self, k: &str) -> Result<Option<i64>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => int_of(v)
-                .filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
-                .map(Some)
-                .ok_or_else(|| {
-                    bad(
-                        &self.key(k),
-                        v,
-                        &format!(
-                            "an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)"
-                        ),
-                    )
-                }),
-        }
+        let want = format!("an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)");
+        self.scalar(k, &want, |v| {
+            int_of(v).filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
+        })
     }
 
     fn port(&self, k: &str) -> Result<Option<u16>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => port_of(v)
-                .map(Some)
-                .ok_or_else(|| bad(&self.key(k), v, "a port number 1-65535")),
-        }
+        self.scalar(k, "a port number 1-65535", port_of)
     }
 
     fn ports(&self, k: &str) -> Result<Option<Vec<u16>>, CniError> {
@@ -405,14 +378,18 @@ impl<'a> Obj<'a> {
     }
 
     fn seconds(&self, k: &str) -> Result<Option<Duration>, CniError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
+        self.scalar(k, "a number of seconds in (0, 3600]", |v| {
+            v.as_f64()
                 .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
-                .map(|s| Some(Duration::from_secs_f64(s)))
-                .ok_or_else(|| bad(&self.key(k), v, "a number of seconds in (0, 3600]")),
-        }
+                .map(Duration::from_secs_f64)
+        })
+    }
+}
+
+/// A key that is present replaces the default.
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
     }
 }
 

@@ -33,10 +33,6 @@ pub fn init(program: &'static str, level: LevelFilter) {
     log::set_max_level(level);
 }
 
-pub fn set_level(level: LevelFilter) {
-    log::set_max_level(level);
-}
-
 /// Sets the text every following line starts with.
 pub fn set_context(ctx: impl Into<String>) {
     if let Some(l) = LOGGER.get() {

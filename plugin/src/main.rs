@@ -75,39 +75,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error.
+/// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error
+/// (said on stderr).
 fn chain_cli(args: &[&str]) -> ExitCode {
     logging::init("linkerd-cni", log::LevelFilter::Warn);
+    chain_command(args).unwrap_or_else(|msg| {
+        eprintln!("linkerd-cni chain: {msg}");
+        ExitCode::from(2)
+    })
+}
+
+/// [`chain_cli`], its errors as values.
+fn chain_command(args: &[&str]) -> Result<ExitCode, String> {
     let Some((&cmd, mut rest)) = args.split_first() else {
-        return fail(&format!("expected status or repair\n\n{USAGE}"));
+        return Err(format!("expected status or repair\n\n{USAGE}"));
     };
     let mut conf_dir = PathBuf::from(DEFAULT_CONF_DIR);
     let mut entry_file: Option<PathBuf> = None;
     while let Some((&flag, tail)) = rest.split_first() {
-        let (name, value, tail) = match split_flag(flag, tail) {
-            Ok(split) => split,
-            Err(msg) => return fail(&msg),
-        };
+        let (name, value, tail) = split_flag(flag, tail)?;
         match name {
             "--conf-dir" => conf_dir = PathBuf::from(value),
             "--entry" => entry_file = Some(PathBuf::from(value)),
-            _ => return fail(&format!("unknown argument {flag:?}\n\n{USAGE}")),
+            _ => return Err(format!("unknown argument {flag:?}\n\n{USAGE}")),
         }
         rest = tail;
     }
     // Before the entry: a missing conf dir would otherwise be reported as
     // a missing entry file in it.
-    if let Err(msg) = conf_dir_usable(&conf_dir) {
-        return fail(&msg);
-    }
-    let desired = match desired_entry(&conf_dir, entry_file.as_deref()) {
-        Ok(e) => e,
-        Err(msg) => return fail(&msg),
-    };
-    let mode = match ModeChoice::of_entry(&desired) {
-        Ok(m) => m,
-        Err(e) => return fail(&e.to_string()),
-    };
+    conf_dir_usable(&conf_dir)?;
+    let desired = desired_entry(&conf_dir, entry_file.as_deref())?;
+    let mode = ModeChoice::of_entry(&desired).map_err(|e| e.to_string())?;
     // As the plugin itself would repair: the entry's own settings; bounded
     // by the lock's usual wait, without a limit on repeated repairs.
     let mut ctx = Context::new(&conf_dir, desired, mode, CLI_BUDGET);
@@ -121,37 +119,26 @@ fn chain_cli(args: &[&str]) -> ExitCode {
             // a writer's exchange and its put-back the conf dir shows a
             // state nobody wrote, and a lock-free look at it would judge
             // (and race) that instead of the settled result.
-            match chain::lock_dir(&conf_dir, CLI_BUDGET, Some(ctx.deadline)) {
-                // Released at once: the keeper takes the lock itself.
-                Ok(in_flight_done) => drop(in_flight_done),
-                Err(e) => return fail(&e.to_string()),
-            }
+            let in_flight_done = chain::lock_dir(&conf_dir, CLI_BUDGET, Some(ctx.deadline))
+                .map_err(|e| e.to_string())?;
+            // Released at once: the keeper takes the lock itself.
+            drop(in_flight_done);
             repair(&ctx)
         }
-        other => fail(&format!(
+        other => Err(format!(
             "unknown chain command {other:?}: expected status or repair"
         )),
     }
 }
 
 /// `chain repair`: the keeper without a repair limit, then the status.
-fn repair(ctx: &Context) -> ExitCode {
-    match chain::keep(ctx, &mut NoLimit) {
-        Ok(r) => {
-            println!("{r}");
-            if let Some(e) = r.errors.first() {
-                return fail(&e.to_string());
-            }
-            status(ctx)
-        }
-        Err(e) => fail(&e.to_string()),
+fn repair(ctx: &Context) -> Result<ExitCode, String> {
+    let r = chain::keep(ctx, &mut NoLimit).map_err(|e| e.to_string())?;
+    println!("{r}");
+    if let Some(e) = r.errors.first() {
+        return Err(e.to_string());
     }
-}
-
-/// A `chain` CLI error: said on stderr, exit 2.
-fn fail(msg: &str) -> ExitCode {
-    eprintln!("linkerd-cni chain: {msg}");
-    ExitCode::from(2)
+    status(ctx)
 }
 
 /// How long `chain repair` waits for the conf-dir lock and works, at most.
@@ -174,29 +161,20 @@ fn split_flag<'a, 'b>(
     }
 }
 
-/// Prints the chain's health in the context's mode: exit 0 healthy, 1 not,
-/// 2 error.
-fn status(ctx: &Context) -> ExitCode {
-    match chain::health(ctx) {
-        Ok(h) => {
-            let text = h.to_string();
-            // The mode and why, then how the entry reaches the API, then
-            // the chain.
-            let mut lines = text.split_inclusive('\n');
-            for line in lines.by_ref().take(2) {
-                print!("{line}");
-            }
-            print_transport_warnings(&ctx.desired);
-            for line in lines {
-                print!("{line}");
-            }
-            ExitCode::from(u8::from(!h.is_healthy()))
-        }
-        Err(e) => {
-            eprintln!("linkerd-cni chain: {e}");
-            ExitCode::from(2)
-        }
+/// Prints the chain's health in the context's mode: exit 0 healthy, 1 not.
+fn status(ctx: &Context) -> Result<ExitCode, String> {
+    let h = chain::health(ctx).map_err(|e| e.to_string())?;
+    let text = h.to_string();
+    // The mode and why, then how the entry reaches the API, then the chain.
+    let mut lines = text.split_inclusive('\n');
+    for line in lines.by_ref().take(2) {
+        print!("{line}");
     }
+    print_transport_warnings(&ctx.desired);
+    for line in lines {
+        print!("{line}");
+    }
+    Ok(ExitCode::from(u8::from(!h.is_healthy())))
 }
 
 /// How the entry's kubeconfig reaches the API server, when that is weak

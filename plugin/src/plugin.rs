@@ -27,7 +27,7 @@ impl cni::Plugin for LinkerdCni {
 
     fn configure(&self, conf: &NetConf) {
         let level = logging::level_from_config(conf.raw.get("log_level").and_then(Value::as_str));
-        logging::set_level(level);
+        log::set_max_level(level);
     }
 
     /// Every ADD's outcome is counted in the state dir (see

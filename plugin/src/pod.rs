@@ -39,7 +39,7 @@ use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
 use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
-pub use credentials::{CONFIRM_ATTEMPTS, CredentialCause, CredentialOutcome};
+pub use credentials::CONFIRM_ATTEMPTS;
 
 /// The proxy container linkerd's injector adds.
 pub const PROXY_CONTAINER: &str = "linkerd-proxy";
@@ -269,72 +269,79 @@ fn plan(inv: &Invocation, config: &PluginConfig, deadline: Instant) -> Result<Pl
         )
     };
     let (client, pod) = get_pod(config, (namespace, name), &pod_id, deadline, &api_failed)?;
-    let mut facts = ApiFacts {
-        client: &client,
-        api_failed: &api_failed,
+    let namespace_annotations = || {
+        client
+            .namespace(namespace)
+            .map(|ns| ns.metadata.annotations)
+            .map_err(|e| api_failed(&format!("namespace {namespace} of pod {pod_id}"), e))
     };
-    plan_for(&pod, &mut facts, config, &pod_id)
-}
-
-/// What the decision reads beyond the pod, wherever it comes from: the
-/// node agent's answer carries it, the API server is asked for it only when
-/// the pod needs it.
-trait Facts {
-    /// The annotations of the pod's namespace.
-    fn namespace_annotations(
-        &mut self,
-        namespace: &str,
-        pod_id: &str,
-    ) -> Result<BTreeMap<String, String>, CniError>;
-    /// The ports and numeric target ports of Service `default/kubernetes`.
-    fn api_server_ports(&mut self) -> Result<Vec<u16>, String>;
+    let api_server_ports = || {
+        client
+            .kubernetes_service()
+            .map(|svc| service_ports(&svc))
+            .map_err(|e| e.to_string())
+    };
+    plan_for(
+        &pod,
+        namespace_annotations,
+        api_server_ports,
+        config,
+        &pod_id,
+    )
 }
 
 /// The one decision, whatever the source of the facts: meshed or not, and
-/// with which rules.
+/// with which rules (the config keys, overridden by the pod's or its
+/// namespace's annotations; a control-plane pod also skips the API
+/// server's ports). What it reads beyond the pod, the annotations of its
+/// namespace and the ports and numeric target ports of Service
+/// `default/kubernetes`, is asked for only when the pod needs it: the node
+/// agent's answer carries it, the API server is asked for it then.
 fn plan_for(
     pod: &Pod,
-    facts: &mut dyn Facts,
+    namespace_annotations: impl FnOnce() -> Result<BTreeMap<String, String>, CniError>,
+    api_server_ports: impl FnOnce() -> Result<Vec<u16>, String>,
     config: &PluginConfig,
     pod_id: &str,
 ) -> Result<Plan, Stop> {
     check_meshed(&pod.spec, pod_id)?;
-    let spec = effective_spec(facts, config, pod, pod_id)?;
-    let rule_sets = rule_sets(&spec, config.proxy.ipv6);
+    let mut spec = base_spec(&config.proxy)?;
+    let pod_ann = &pod.metadata.annotations;
+    // One namespace lookup covers every annotation the pod lacks.
+    let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
+        namespace_annotations()?
+    } else {
+        BTreeMap::new()
+    };
+    apply_annotations(&mut spec, pod_ann, &ns_ann, pod_id)?;
+    if pod
+        .metadata
+        .labels
+        .get(CONTROL_PLANE_LABEL)
+        .is_some_and(|v| !v.is_empty())
+    {
+        let ports = api_server_ports().unwrap_or_else(|e| {
+            log::warn!(
+                "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
+            );
+            FALLBACK_API_PORTS.to_vec()
+        });
+        spec.outbound_ports_to_ignore
+            .extend(ports.into_iter().map(PortRange::from));
+    }
+    // One rule set per family to program.
+    let mut families = vec![Family::V4];
+    if config.proxy.ipv6 {
+        families.push(Family::V6);
+    }
     Ok(Plan {
         pod: pod_id.to_string(),
+        rule_sets: families
+            .into_iter()
+            .map(|f| RuleSet::build(&spec, f))
+            .collect(),
         spec,
-        rule_sets,
     })
-}
-
-/// The facts asked of the API server with the plugin's own credentials.
-struct ApiFacts<'a> {
-    client: &'a Client,
-    api_failed: &'a dyn Fn(&str, ApiError) -> CniError,
-}
-
-impl Facts for ApiFacts<'_> {
-    fn namespace_annotations(
-        &mut self,
-        namespace: &str,
-        pod_id: &str,
-    ) -> Result<BTreeMap<String, String>, CniError> {
-        Ok(self
-            .client
-            .namespace(namespace)
-            .map_err(|e| (self.api_failed)(&format!("namespace {namespace} of pod {pod_id}"), e))?
-            .metadata
-            .annotations)
-    }
-
-    fn api_server_ports(&mut self) -> Result<Vec<u16>, String> {
-        let svc = self
-            .client
-            .kubernetes_service()
-            .map_err(|e| e.to_string())?;
-        Ok(service_ports(&svc))
-    }
 }
 
 /// The pod, and the client that got it. Rejected credentials are retried
@@ -380,8 +387,7 @@ fn get_pod(
                         std::thread::sleep(d);
                     }
                     credentials::Next::Stop => {
-                        let (_cause, stop) = retry.give_up(pod_id, status, &kubeconfig, &installer);
-                        return Err(stop);
+                        return Err(retry.give_up(pod_id, status, &kubeconfig, &installer));
                     }
                 }
             }
@@ -432,7 +438,7 @@ fn api_client(config: &PluginConfig, pod_id: &str, deadline: Instant) -> Result<
     // Only a kubeconfig known to be absent: one that cannot be checked
     // (permissions) is an error below, like any unusable one.
     if matches!(path.try_exists(), Ok(false)) {
-        return Err(credentials::kubeconfig_missing(config, pod_id, path).1);
+        return Err(credentials::kubeconfig_missing(config, pod_id, path));
     }
     let api = usable_kubeconfig(path, config)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -466,55 +472,6 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         ));
     }
     Ok(())
-}
-
-/// The config keys, overridden by the pod's (or its namespace's)
-/// annotations; a control-plane pod also skips the API server's ports.
-fn effective_spec(
-    facts: &mut dyn Facts,
-    config: &PluginConfig,
-    pod: &Pod,
-    pod_id: &str,
-) -> Result<RedirectSpec, CniError> {
-    let mut spec = base_spec(&config.proxy)?;
-    let pod_ann = &pod.metadata.annotations;
-    // One namespace lookup covers every annotation the pod lacks.
-    let ns_ann = if annotation::ALL.iter().any(|k| !pod_ann.contains_key(*k)) {
-        let namespace = pod_id.split_once('/').map_or(pod_id, |(ns, _)| ns);
-        facts.namespace_annotations(namespace, pod_id)?
-    } else {
-        BTreeMap::new()
-    };
-    apply_annotations(&mut spec, pod_ann, &ns_ann, pod_id)?;
-
-    if pod
-        .metadata
-        .labels
-        .get(CONTROL_PLANE_LABEL)
-        .is_some_and(|v| !v.is_empty())
-    {
-        let ports = facts.api_server_ports().unwrap_or_else(|e| {
-            log::warn!(
-                "pod {pod_id}: cannot read Service default/kubernetes ({e}); skipping outbound ports {FALLBACK_API_PORTS:?}"
-            );
-            FALLBACK_API_PORTS.to_vec()
-        });
-        spec.outbound_ports_to_ignore
-            .extend(ports.into_iter().map(|p| PortRange { low: p, high: p }));
-    }
-    Ok(spec)
-}
-
-/// One rule set per family to program.
-fn rule_sets(spec: &RedirectSpec, ipv6: bool) -> Vec<RuleSet> {
-    let mut families = vec![Family::V4];
-    if ipv6 {
-        families.push(Family::V6);
-    }
-    families
-        .into_iter()
-        .map(|f| RuleSet::build(spec, f))
-        .collect()
 }
 
 /// The kubeconfig at `path`, refused when it would send the token over
@@ -679,13 +636,10 @@ fn driver(config: &PluginConfig) -> Driver {
 }
 
 fn netns_of(inv: &Invocation) -> Result<&std::path::Path, CniError> {
-    inv.env.netns.as_deref().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_ENV,
-            "CNI_NETNS is not set",
-            "the container runtime must set it for this command",
-        )
-    })
+    inv.env
+        .netns
+        .as_deref()
+        .ok_or_else(|| crate::cni::env::missing("CNI_NETNS"))
 }
 
 /// Kubernetes names: DNS labels and subdomains.

@@ -90,10 +90,6 @@ impl CniArgs {
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn pairs(&self) -> &[(String, String)] {
-        &self.pairs
-    }
-
     /// `K8S_POD_NAMESPACE`, when present and not empty.
     pub fn pod_namespace(&self) -> Option<&str> {
         self.get("K8S_POD_NAMESPACE").filter(|s| !s.is_empty())
@@ -124,7 +120,6 @@ pub struct Env {
     pub container_id: Option<String>,
     /// `CNI_NETNS`; required for ADD and CHECK, may be empty or stale on DEL.
     pub netns: Option<PathBuf>,
-    pub ifname: Option<String>,
     pub path: Vec<PathBuf>,
     pub args: CniArgs,
 }
@@ -183,7 +178,6 @@ impl Env {
             command,
             container_id,
             netns,
-            ifname,
             path,
             args,
         })
@@ -236,7 +230,8 @@ fn required_for_add_and_check(
     Ok(())
 }
 
-fn missing(name: &str) -> CniError {
+/// The error for a `CNI_*` variable this command needs.
+pub(crate) fn missing(name: &str) -> CniError {
     CniError::new(
         code::INVALID_ENV,
         format!("{name} is not set"),

@@ -7,16 +7,12 @@
 use std::fmt;
 
 use linkerd_cni_state::outcomes::RetryCause;
-use serde_json::{Map, Value};
+use serde_json::{Value, json};
 
 /// Error codes from the CNI specification, plus ours from 100 up.
 pub mod code {
     /// The config's `cniVersion` is not one we speak.
     pub const INCOMPATIBLE_VERSION: u32 = 1;
-    /// A field of the config is not supported.
-    pub const UNSUPPORTED_FIELD: u32 = 2;
-    /// The container does not exist or is unknown.
-    pub const UNKNOWN_CONTAINER: u32 = 3;
     /// A required `CNI_*` environment variable is missing or malformed.
     pub const INVALID_ENV: u32 = 4;
     /// Reading stdin or another local I/O failed.
@@ -74,14 +70,11 @@ impl CniError {
 
     /// The error object as the spec shapes it, tagged with `cni_version`.
     pub fn to_json(&self, cni_version: &str) -> Value {
-        let mut m = Map::new();
-        m.insert("cniVersion".into(), Value::String(cni_version.into()));
-        m.insert("code".into(), Value::from(self.code));
-        m.insert("msg".into(), Value::String(self.msg.clone()));
+        let mut v = json!({ "cniVersion": cni_version, "code": self.code, "msg": self.msg });
         if !self.details.is_empty() {
-            m.insert("details".into(), Value::String(self.details.clone()));
+            v["details"] = json!(self.details);
         }
-        Value::Object(m)
+        v
     }
 }
 

@@ -64,29 +64,26 @@ pub struct Reply {
 
 impl Reply {
     fn ok(v: Option<Value>) -> Reply {
-        let stdout = match v {
-            Some(v) => {
-                let mut s = serde_json::to_vec(&v).unwrap_or_default();
-                s.push(b'\n');
-                s
-            }
-            None => Vec::new(),
-        };
         Reply {
-            stdout,
+            stdout: v.as_ref().map(json_line).unwrap_or_default(),
             exit_code: 0,
         }
     }
 
     /// The error JSON on stdout, exit 1.
     pub fn error(e: &CniError, cni_version: &str) -> Reply {
-        let mut stdout = serde_json::to_vec(&e.to_json(cni_version)).unwrap_or_default();
-        stdout.push(b'\n');
         Reply {
-            stdout,
+            stdout: json_line(&e.to_json(cni_version)),
             exit_code: 1,
         }
     }
+}
+
+/// `v` as one line of JSON.
+fn json_line(v: &Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    line
 }
 
 /// Reads stdin up to [`netconf::MAX_STDIN`].
@@ -129,15 +126,11 @@ pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn
             plugin.start(&env);
             env
         }
-        Err(e) => {
-            let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-            return Reply::error(&e, &v);
-        }
+        Err(e) => return Reply::error(&e, &requested_version(stdin)),
     };
 
     if env.command == Command::Version {
-        let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-        return Reply::ok(Some(version::version_info(&v)));
+        return Reply::ok(Some(version::version_info(&requested_version(stdin))));
     }
 
     let tolerant = matches!(env.command, Command::Del | Command::Gc | Command::Status);
@@ -147,10 +140,7 @@ pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn
             log::warn!("{}: ignoring unusable network config: {e}", env.command);
             return Reply::ok(None);
         }
-        Err(e) => {
-            let v = requested_version(stdin).unwrap_or_else(|| version::LATEST.to_string());
-            return Reply::error(&e, &v);
-        }
+        Err(e) => return Reply::error(&e, &requested_version(stdin)),
     };
     plugin.configure(&conf);
 
@@ -172,15 +162,14 @@ pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn
     }
 }
 
-/// The `cniVersion` string of stdin, if stdin is a JSON object that has one.
-fn requested_version(stdin: &[u8]) -> Option<String> {
-    match serde_json::from_slice::<Value>(stdin).ok()? {
-        Value::Object(m) => match m.get("cniVersion") {
-            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
+/// The `cniVersion` string of stdin, if stdin is a JSON object that has
+/// one, else the latest version.
+fn requested_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(String::from))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| version::LATEST.to_string())
 }
 
 #[cfg(test)]

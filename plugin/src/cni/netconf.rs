@@ -18,8 +18,6 @@ pub const MAX_STDIN: usize = 16 << 20;
 pub struct NetConf {
     /// `cniVersion`, or the implicit "0.1.0" when absent (as libcni reads it).
     pub cni_version: String,
-    pub name: Option<String>,
-    pub plugin_type: Option<String>,
     pub prev_result: Option<Value>,
     /// The whole object, in its original order.
     pub raw: Map<String, Value>,
@@ -57,8 +55,10 @@ impl NetConf {
                 ));
             }
         };
-        let name = opt_string(&raw, "name")?;
-        let plugin_type = opt_string(&raw, "type")?;
+        // Nothing reads them, but they are strings in every valid config.
+        for key in ["name", "type"] {
+            string_or_null(&raw, key)?;
+        }
         let prev_result = match raw.get("prevResult") {
             None | Some(Value::Null) => None,
             Some(v @ Value::Object(_)) => Some(v.clone()),
@@ -71,8 +71,6 @@ impl NetConf {
         };
         Ok(NetConf {
             cni_version,
-            name,
-            plugin_type,
             prev_result,
             raw,
         })
@@ -80,7 +78,7 @@ impl NetConf {
 
     /// Code 1 when we do not speak the config's version.
     pub fn check_version(&self) -> Result<(), CniError> {
-        if version::is_supported(&self.cni_version) {
+        if version::SUPPORTED.contains(&self.cni_version.as_str()) {
             Ok(())
         } else {
             Err(CniError::new(
@@ -102,11 +100,7 @@ impl NetConf {
                 if let Value::Object(m) = &mut prev {
                     let want = Value::String(self.cni_version.clone());
                     match m.get_mut("cniVersion") {
-                        Some(v) => {
-                            if *v != want {
-                                *v = want;
-                            }
-                        }
+                        Some(v) => *v = want,
                         None => {
                             // Insert first, where every runtime writes it.
                             let mut out = Map::with_capacity(m.len() + 1);
@@ -122,10 +116,9 @@ impl NetConf {
     }
 }
 
-fn opt_string(raw: &Map<String, Value>, key: &str) -> Result<Option<String>, CniError> {
+fn string_or_null(raw: &Map<String, Value>, key: &str) -> Result<(), CniError> {
     match raw.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        None | Some(Value::Null | Value::String(_)) => Ok(()),
         Some(other) => Err(invalid(
             format!("{key} must be a string"),
             format!("got {}", short(other)),

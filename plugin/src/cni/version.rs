@@ -1,7 +1,7 @@
 //! CNI spec versions: which we speak, and what an empty result looks like in
 //! each.
 
-use serde_json::{Map, Value};
+use serde_json::{Value, json};
 
 /// Every released spec version; we answer all of them, because CRI-O drops a
 /// whole network whose version one plugin of the list does not list.
@@ -14,10 +14,6 @@ pub const LATEST: &str = "1.1.0";
 
 /// The version a config without `cniVersion` is read as (libcni does the same).
 pub const IMPLICIT: &str = "0.1.0";
-
-pub fn is_supported(v: &str) -> bool {
-    SUPPORTED.contains(&v)
-}
 
 /// A spec version as numbers, so "0.10.0" sorts after "0.3.0" (as strings
 /// it would not).
@@ -41,32 +37,18 @@ impl Version {
 
 /// The answer to VERSION.
 pub fn version_info(requested: &str) -> Value {
-    let mut m = Map::new();
-    m.insert("cniVersion".into(), Value::String(requested.into()));
-    m.insert(
-        "supportedVersions".into(),
-        Value::Array(
-            SUPPORTED
-                .iter()
-                .map(|v| Value::String((*v).into()))
-                .collect(),
-        ),
-    );
-    Value::Object(m)
+    json!({ "cniVersion": requested, "supportedVersions": SUPPORTED })
 }
 
 /// A well-formed result with nothing in it, for a chained ADD that received no
 /// prevResult. Multus and others fail on an empty stdout, so something valid
 /// must be printed; `dns` is the one member every version's result carries.
 pub fn empty_result(cni_version: &str) -> Value {
-    let mut m = Map::new();
-    m.insert("cniVersion".into(), Value::String(cni_version.into()));
     if Version::parse(cni_version) >= Some(Version(0, 3, 0)) {
-        m.insert("interfaces".into(), Value::Array(vec![]));
-        m.insert("ips".into(), Value::Array(vec![]));
+        json!({ "cniVersion": cni_version, "interfaces": [], "ips": [], "dns": {} })
+    } else {
+        json!({ "cniVersion": cni_version, "dns": {} })
     }
-    m.insert("dns".into(), Value::Object(Map::new()));
-    Value::Object(m)
 }
 
 #[cfg(test)]

@@ -187,17 +187,7 @@ fn run(
     input: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Vec<u8>, ExecError> {
-    run_limited(cmd, bin, input, timeout, MAX_OUTPUT)
-}
-
-fn run_limited(
-    cmd: Command,
-    bin: &Path,
-    input: Option<&[u8]>,
-    timeout: Duration,
-    max_output: usize,
-) -> Result<Vec<u8>, ExecError> {
-    run_child(cmd, bin, input, timeout, max_output, Exit::Pidfd)
+    run_child(cmd, bin, input, timeout, MAX_OUTPUT, Exit::Pidfd)
 }
 
 /// How the end of a child is noticed.
@@ -579,12 +569,13 @@ mod tests {
     fn output_beyond_the_limit_is_an_error() {
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", "head -c 100000 /dev/zero"]);
-        let e = run_limited(
+        let e = run_child(
             cmd,
             Path::new("/bin/sh"),
             None,
             Duration::from_secs(10),
             4096,
+            Exit::Pidfd,
         )
         .unwrap_err();
         assert!(

@@ -113,22 +113,19 @@ impl Driver {
         if self.mode != IptablesMode::Nft {
             return Ok(Err(Tools::find(self.mode, family, &self.dirs)?));
         }
-        match in_process() {
-            Ok(v) => Ok(Ok(v)),
-            Err(e) => self.fallback(family, e).map(Err),
-        }
-    }
-
-    /// The binaries to use when nf_tables cannot be programmed over
-    /// netlink (e.g. a kernel or a sandbox refusing NETLINK_NETFILTER).
-    fn fallback(&self, family: Family, netlink: NftError) -> Result<Tools, IptablesError> {
+        let netlink = match in_process() {
+            Ok(v) => return Ok(Ok(v)),
+            Err(e) => e,
+        };
+        // nf_tables cannot be programmed over netlink (e.g. a kernel or a
+        // sandbox refusing NETLINK_NETFILTER): the binaries, if any.
         match Tools::find(self.mode, family, &self.dirs) {
             Ok(t) => {
                 log::warn!(
                     "{family} rules over netlink failed ({netlink}); using {} instead",
                     t.restore.display()
                 );
-                Ok(t)
+                Ok(Err(t))
             }
             Err(exec) => Err(IptablesError::Netlink {
                 family,

@@ -101,6 +101,13 @@ pub struct PortRange {
     pub high: u16,
 }
 
+impl From<u16> for PortRange {
+    /// The one port `p`.
+    fn from(p: u16) -> PortRange {
+        PortRange { low: p, high: p }
+    }
+}
+
 impl PortRange {
     /// Parses `p` or `a-b` (surrounding whitespace ignored), as upstream's
     /// `ParsePortRange` does.
@@ -116,10 +123,7 @@ impl PortRange {
         };
         let (low, high) = match t.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
-            None => {
-                let p = num(t)?;
-                (p, p)
-            }
+            None => return num(t).map(PortRange::from),
         };
         if low > high {
             return Err(bad());
@@ -236,16 +240,7 @@ impl Default for RedirectSpec {
             proxy_uid: 2102,
             proxy_gid: -1,
             ports_to_redirect: vec![],
-            inbound_ports_to_ignore: vec![
-                PortRange {
-                    low: 4191,
-                    high: 4191,
-                },
-                PortRange {
-                    low: 4190,
-                    high: 4190,
-                },
-            ],
+            inbound_ports_to_ignore: vec![PortRange::from(4191), PortRange::from(4190)],
             outbound_ports_to_ignore: vec![],
             subnets_to_ignore: vec![],
         }
@@ -332,15 +327,11 @@ fn port_list(ports: &[PortRange]) -> String {
 pub struct Jump {
     pub from: &'static str,
     pub to: &'static str,
-    comment: &'static str,
+    /// The jump's comment, after upstream's `proxy-init/` prefix.
+    pub comment: &'static str,
 }
 
 impl Jump {
-    /// The jump's comment, after upstream's `proxy-init/` prefix.
-    pub fn comment(&self) -> &'static str {
-        self.comment
-    }
-
     pub fn spec(&self) -> String {
         format!("{} -j {}", comment(self.comment), self.to)
     }

@@ -46,7 +46,7 @@ impl NatTable {
                 in_nat = false;
             } else if let Some(decl) = line.strip_prefix(':') {
                 if let Some(name) = decl.split_whitespace().next() {
-                    t.chains.push(name.to_string());
+                    t.add_chain(name);
                 }
             } else {
                 // `iptables-save -c` prefixes `[pkts:bytes] `.
@@ -57,10 +57,7 @@ impl NatTable {
                 if let Some(rest) = rule.strip_prefix("-A ")
                     && let Some((chain, spec)) = rest.split_once(' ')
                 {
-                    t.rules
-                        .entry(chain.to_string())
-                        .or_default()
-                        .push(spec.trim().to_string());
+                    t.add_rule(chain, spec.trim().to_string());
                 }
             }
         }

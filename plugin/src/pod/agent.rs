@@ -7,14 +7,13 @@
 //! be used, sends the plugin down the direct path to the API server, so a
 //! node without an agent (or with an older or newer one) works as before.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use linkerd_cni_kube::objects::{Namespace, Pod, Service};
 use linkerd_cni_kube::text::printable;
 use linkerd_cni_lookup::{self as lookup, AskError, Body, Request};
 
-use super::{Facts, Plan, Stop, plan_for, service_ports};
+use super::{Plan, Stop, plan_for, service_ports};
 use crate::cni::{CniError, Invocation, code};
 use crate::config::PluginConfig;
 
@@ -82,11 +81,21 @@ pub fn plan(
                 return direct(&"the node agent's answer lacks the pod's namespace");
             };
             log::debug!("pod {pod_id}: facts from the node agent ({source:?})");
-            let mut facts = AgentFacts {
-                namespace: ns.metadata.annotations,
-                service,
+            let api_server_ports = || {
+                service
+                    .as_ref()
+                    .map(service_ports)
+                    .ok_or_else(|| "the node agent has not seen it".to_string())
             };
-            plan_for(&pod, &mut facts, config, pod_id).map(Some)
+            let namespace_annotations = || Ok(ns.metadata.annotations);
+            plan_for(
+                &pod,
+                namespace_annotations,
+                api_server_ports,
+                config,
+                pod_id,
+            )
+            .map(Some)
         }
         Body::NotFound { message } => Err(Stop::Failed(CniError::new(
             code::KUBERNETES,
@@ -101,28 +110,5 @@ pub fn plan(
             "the node agent cannot answer now ({})",
             printable(&message, MAX_MESSAGE)
         )),
-    }
-}
-
-/// The facts as the agent sent them.
-struct AgentFacts {
-    namespace: BTreeMap<String, String>,
-    service: Option<Service>,
-}
-
-impl Facts for AgentFacts {
-    fn namespace_annotations(
-        &mut self,
-        _namespace: &str,
-        _pod_id: &str,
-    ) -> Result<BTreeMap<String, String>, CniError> {
-        Ok(std::mem::take(&mut self.namespace))
-    }
-
-    fn api_server_ports(&mut self) -> Result<Vec<u16>, String> {
-        self.service
-            .as_ref()
-            .map(service_ports)
-            .ok_or_else(|| "the node agent has not seen it".to_string())
     }
 }

@@ -32,62 +32,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni_state::heartbeat::{self, Gone, Liveness};
+use linkerd_cni_state::heartbeat::{self, Liveness};
 use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 use super::Stop;
 use crate::cni::CniError;
 use crate::config::PluginConfig;
-
-/// Why the plugin's credentials gave no answer about a pod: what the pod
-/// then gets is [`CredentialCause::outcome`]. One value per cause, so
-/// outcomes can be counted by cause.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CredentialCause {
-    /// The kubeconfig does not exist (an uninstall, or no installer ever
-    /// ran here): passed through.
-    NoKubeconfig,
-    /// The kubeconfig does not exist while an installer is alive to write
-    /// it: try again later (code 11).
-    NoKubeconfigInstallerAlive,
-    /// Rejected, and no installer is alive to renew them: passed through.
-    RejectedInstallerGone,
-    /// Rejected while an installer is alive: try again later (code 11).
-    RejectedInstallerAlive,
-    /// Forbidden, and the installer found the plugin's RBAC missing:
-    /// passed through.
-    ForbiddenRbacMissing,
-}
-
-/// What a pod gets for a [`CredentialCause`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CredentialOutcome {
-    PassThrough,
-    TryAgainLater,
-}
-
-impl CredentialCause {
-    pub fn outcome(self) -> CredentialOutcome {
-        match self {
-            CredentialCause::NoKubeconfig
-            | CredentialCause::RejectedInstallerGone
-            | CredentialCause::ForbiddenRbacMissing => CredentialOutcome::PassThrough,
-            CredentialCause::RejectedInstallerAlive
-            | CredentialCause::NoKubeconfigInstallerAlive => CredentialOutcome::TryAgainLater,
-        }
-    }
-
-    /// A stable name, for logs and counters.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CredentialCause::NoKubeconfig => "no_kubeconfig",
-            CredentialCause::NoKubeconfigInstallerAlive => "no_kubeconfig_installer_alive",
-            CredentialCause::RejectedInstallerGone => "rejected_installer_gone",
-            CredentialCause::RejectedInstallerAlive => "rejected_installer_alive",
-            CredentialCause::ForbiddenRbacMissing => "forbidden_rbac_missing",
-        }
-    }
-}
 
 /// Rejections in a row, with no installer alive, before the credentials
 /// are taken for dead: a lone 401 (an API server that has not yet seen a
@@ -161,7 +111,7 @@ impl Retry {
         status: u16,
         kubeconfig: &Path,
         installer: &Liveness,
-    ) -> (CredentialCause, Stop) {
+    ) -> Stop {
         let tried = format!(
             "HTTP {status}, {} attempt{} over {:.1} s",
             self.attempts,
@@ -169,138 +119,114 @@ impl Retry {
             self.started.elapsed().as_secs_f64()
         );
         match installer {
+            // A 403 the installer confirmed: no new token fixes missing
+            // RBAC, so retrying would hold back every pod of the node,
+            // unmeshed ones included.
             Liveness::Alive {
                 plugin_denied: Some(found),
                 ..
-            } if !will_be_renewed(status, installer) => rbac_missing(pod_id, &tried, found),
-            Liveness::Gone(gone) => installer_gone(pod_id, &tried, status, gone, kubeconfig),
-            Liveness::Alive { age, .. } => renewal_awaited(pod_id, &tried, *age, kubeconfig),
+            } if !will_be_renewed(status, installer) => pass_through(
+                PassCause::Forbidden,
+                format!(
+                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API forbids \
+                     linkerd-cni's credentials to read it ({tried}), and the linkerd-cni \
+                     installer on this node found the same ({found}): their RBAC is missing, \
+                     which no new token fixes, so the pod starts WITHOUT linkerd's redirect \
+                     rules (a meshed pod's linkerd-network-validator refuses to start); fix: \
+                     restore the ClusterRole and ClusterRoleBinding of the plugin's \
+                     ServiceAccount (deploy/linkerd-cni.yaml), then restart the pods that \
+                     started meanwhile (the repair controller restarts meshed ones)"
+                ),
+            ),
+            // Nobody is left to renew the credentials: the pod passes
+            // through, as when the kubeconfig is gone, so that the node's
+            // other pods start.
+            Liveness::Gone(gone) => pass_through(
+                match status {
+                    403 => PassCause::Forbidden,
+                    _ => PassCause::Unauthorized,
+                },
+                format!(
+                    "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
+                     linkerd-cni's credentials ({tried}) and no linkerd-cni installer is alive \
+                     on this node to renew them ({gone}), so the pod starts WITHOUT linkerd's \
+                     redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
+                     fix: the token in {} is stale or lacks RBAC to get pods: check that the \
+                     linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), \
+                     or, if linkerd-cni was uninstalled, remove the linkerd-cni entry from the \
+                     node's CNI config",
+                    kubeconfig.display()
+                ),
+            ),
+            // A live installer will rewrite the kubeconfig: the runtime's
+            // retry then gives a meshed pod its rules instead of a wedged
+            // network-validator.
+            Liveness::Alive { age, .. } => try_again(
+                RetryCause::CredentialsRejected,
+                format!(
+                    "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
+                     rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \
+                     installer on this node is alive (last heartbeat {:.0} s ago) to renew \
+                     them; try again later",
+                    age.as_secs_f64()
+                ),
+                format!(
+                    "the token in {} is stale (a rolling update or a restart of the \
+                     linkerd-cni DaemonSet, or its expiry) until the installer rewrites the \
+                     kubeconfig; the runtime retries the pod. If this lasts, read the \
+                     installer's log (kubectl -n linkerd-cni logs daemonset/linkerd-cni -c \
+                     install-cni) and check that the kubeconfig's ServiceAccount may get \
+                     pods, namespaces and Service default/kubernetes",
+                    kubeconfig.display()
+                ),
+            ),
         }
     }
 }
 
-/// A 403 the installer confirmed: no new token fixes missing RBAC, so
-/// retrying would hold back every pod of the node, unmeshed ones included.
-fn rbac_missing(pod_id: &str, tried: &str, found: &str) -> (CredentialCause, Stop) {
-    let why = format!(
-        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API forbids \
-         linkerd-cni's credentials to read it ({tried}), and the linkerd-cni \
-         installer on this node found the same ({found}): their RBAC is missing, \
-         which no new token fixes, so the pod starts WITHOUT linkerd's redirect \
-         rules (a meshed pod's linkerd-network-validator refuses to start); fix: \
-         restore the ClusterRole and ClusterRoleBinding of the plugin's \
-         ServiceAccount (deploy/linkerd-cni.yaml), then restart the pods that \
-         started meanwhile (the repair controller restarts meshed ones)"
-    );
+/// A pod that cannot be told meshed or not starts without rules: said at
+/// error level, since a meshed one is then refused by its
+/// network-validator.
+fn pass_through(cause: PassCause, why: String) -> Stop {
     log::error!("{why}");
-    (
-        CredentialCause::ForbiddenRbacMissing,
-        super::skip(super::Skip::CannotTell(PassCause::Forbidden), why),
-    )
+    super::skip(super::Skip::CannotTell(cause), why)
 }
 
-/// Nobody is left to renew the credentials: the pod passes through, as
-/// when the kubeconfig is gone, so that the node's other pods start.
-fn installer_gone(
-    pod_id: &str,
-    tried: &str,
-    status: u16,
-    gone: &Gone,
-    kubeconfig: &Path,
-) -> (CredentialCause, Stop) {
-    let why = format!(
-        "cannot tell whether pod {pod_id} is meshed: the Kubernetes API rejected \
-         linkerd-cni's credentials ({tried}) and no linkerd-cni installer is alive \
-         on this node to renew them ({gone}), so the pod starts WITHOUT linkerd's \
-         redirect rules (a meshed pod's linkerd-network-validator refuses to start); \
-         fix: the token in {} is stale or lacks RBAC to get pods: check that the \
-         linkerd-cni installer pod runs on this node (it rewrites the kubeconfig), \
-         or, if linkerd-cni was uninstalled, remove the linkerd-cni entry from the \
-         node's CNI config",
-        kubeconfig.display()
-    );
-    log::error!("{why}");
-    let counted = match status {
-        403 => PassCause::Forbidden,
-        _ => PassCause::Unauthorized,
-    };
-    (
-        CredentialCause::RejectedInstallerGone,
-        super::skip(super::Skip::CannotTell(counted), why),
-    )
-}
-
-/// A live installer will rewrite the kubeconfig: the runtime's retry then
-/// gives a meshed pod its rules instead of a wedged network-validator.
-fn renewal_awaited(
-    pod_id: &str,
-    tried: &str,
-    age: Duration,
-    kubeconfig: &Path,
-) -> (CredentialCause, Stop) {
-    let e = CniError::try_again(
-        RetryCause::CredentialsRejected,
-        format!(
-            "cannot tell yet whether pod {pod_id} is meshed: the Kubernetes API \
-             rejected linkerd-cni's credentials ({tried}) while the linkerd-cni \
-             installer on this node is alive (last heartbeat {:.0} s ago) to renew \
-             them; try again later",
-            age.as_secs_f64()
-        ),
-        format!(
-            "the token in {} is stale (a rolling update or a restart of the \
-             linkerd-cni DaemonSet, or its expiry) until the installer rewrites the \
-             kubeconfig; the runtime retries the pod. If this lasts, read the \
-             installer's log (kubectl -n linkerd-cni logs daemonset/linkerd-cni -c \
-             install-cni) and check that the kubeconfig's ServiceAccount may get \
-             pods, namespaces and Service default/kubernetes",
-            kubeconfig.display()
-        ),
-    );
+/// "Try again later" (code 11), said at warn level: the runtime retries.
+fn try_again(cause: RetryCause, msg: String, details: impl Into<String>) -> Stop {
+    let e = CniError::try_again(cause, msg, details);
     log::warn!("{}: {}", e.msg, e.details);
-    (CredentialCause::RejectedInstallerAlive, Stop::Failed(e))
+    Stop::Failed(e)
 }
 
 /// No kubeconfig at `path`: a pass-through when no installer is alive to
 /// write it (an uninstall, which removes the heartbeat too, or no
 /// installer ever ran here), else "try again later" while it does.
-pub(super) fn kubeconfig_missing(
-    config: &PluginConfig,
-    pod_id: &str,
-    path: &Path,
-) -> (CredentialCause, Stop) {
+pub(super) fn kubeconfig_missing(config: &PluginConfig, pod_id: &str, path: &Path) -> Stop {
     match installer(config) {
-        Liveness::Alive { age, .. } => {
-            let e = CniError::try_again(
-                RetryCause::KubeconfigMissing,
-                format!(
-                    "cannot tell yet whether pod {pod_id} is meshed: the kubeconfig {} does not \
-                     exist while the linkerd-cni installer on this node is alive (last heartbeat \
-                     {:.0} s ago) to write it; try again later",
-                    path.display(),
-                    age.as_secs_f64()
-                ),
-                "the installer writes the kubeconfig on its next pass; the runtime retries the \
-                 pod. If this lasts, read the installer's log (kubectl -n linkerd-cni logs \
-                 daemonset/linkerd-cni -c install-cni)",
-            );
-            log::warn!("{}: {}", e.msg, e.details);
-            (CredentialCause::NoKubeconfigInstallerAlive, Stop::Failed(e))
-        }
-        Liveness::Gone(gone) => {
-            let why = format!(
+        Liveness::Alive { age, .. } => try_again(
+            RetryCause::KubeconfigMissing,
+            format!(
+                "cannot tell yet whether pod {pod_id} is meshed: the kubeconfig {} does not \
+                 exist while the linkerd-cni installer on this node is alive (last heartbeat \
+                 {:.0} s ago) to write it; try again later",
+                path.display(),
+                age.as_secs_f64()
+            ),
+            "the installer writes the kubeconfig on its next pass; the runtime retries the \
+             pod. If this lasts, read the installer's log (kubectl -n linkerd-cni logs \
+             daemonset/linkerd-cni -c install-cni)",
+        ),
+        Liveness::Gone(gone) => pass_through(
+            PassCause::KubeconfigMissing,
+            format!(
                 "cannot tell whether pod {pod_id} is meshed: the kubeconfig {} does not exist \
                  and no linkerd-cni installer is alive on this node to write it ({gone}): \
                  linkerd-cni is being uninstalled, or its installer has not run on this node; \
                  the pod starts without linkerd's redirect rules",
                 path.display()
-            );
-            log::error!("{why}");
-            (
-                CredentialCause::NoKubeconfig,
-                super::skip(super::Skip::CannotTell(PassCause::KubeconfigMissing), why),
-            )
-        }
+            ),
+        ),
     }
 }
 
@@ -314,33 +240,28 @@ pub(super) fn kubeconfig_missing(
 /// come.
 pub(super) fn no_agent(config: &PluginConfig, pod_id: &str) -> Stop {
     match installer(config) {
-        Liveness::Alive { age, .. } => {
-            let e = CniError::try_again(
-                RetryCause::NoAgent,
-                format!(
-                    "cannot tell yet whether pod {pod_id} is meshed: no linkerd-cni node agent \
-                     answered, and kubernetes.agent-only keeps the plugin off the Kubernetes \
-                     API, while the linkerd-cni DaemonSet is alive on this node (last heartbeat \
-                     {:.0} s ago); try again later",
-                    age.as_secs_f64()
-                ),
-                "the node agent answers once it runs; the runtime retries the pod. If this \
-                 lasts, read the DaemonSet's log (kubectl -n linkerd-cni logs \
-                 daemonset/linkerd-cni)",
-            );
-            log::warn!("{}: {}", e.msg, e.details);
-            Stop::Failed(e)
-        }
-        Liveness::Gone(gone) => {
-            let why = format!(
+        Liveness::Alive { age, .. } => try_again(
+            RetryCause::NoAgent,
+            format!(
+                "cannot tell yet whether pod {pod_id} is meshed: no linkerd-cni node agent \
+                 answered, and kubernetes.agent-only keeps the plugin off the Kubernetes \
+                 API, while the linkerd-cni DaemonSet is alive on this node (last heartbeat \
+                 {:.0} s ago); try again later",
+                age.as_secs_f64()
+            ),
+            "the node agent answers once it runs; the runtime retries the pod. If this \
+             lasts, read the DaemonSet's log (kubectl -n linkerd-cni logs \
+             daemonset/linkerd-cni)",
+        ),
+        Liveness::Gone(gone) => pass_through(
+            PassCause::NoAgent,
+            format!(
                 "cannot tell whether pod {pod_id} is meshed: no linkerd-cni node agent answered, \
                  kubernetes.agent-only keeps the plugin off the Kubernetes API, and no \
                  linkerd-cni DaemonSet is alive on this node ({gone}): linkerd-cni is being \
                  uninstalled; the pod starts without linkerd's redirect rules"
-            );
-            log::error!("{why}");
-            super::skip(super::Skip::CannotTell(PassCause::NoAgent), why)
-        }
+            ),
+        ),
     }
 }
 

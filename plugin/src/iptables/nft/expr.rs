@@ -312,7 +312,7 @@ pub fn jump(j: &Jump) -> NftRule {
     NftRule {
         exprs: vec![
             // A constant of ours, well under the limit.
-            comment(j.comment()).unwrap_or(Expr::Other("comment".into())),
+            comment(j.comment).unwrap_or(Expr::Other("comment".into())),
             Expr::Counter,
             Expr::Verdict {
                 code: NFT_JUMP,

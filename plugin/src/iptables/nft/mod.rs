@@ -304,13 +304,9 @@ impl Expected {
     }
 }
 
-fn socket(timeout: Duration, deadline: Option<Instant>) -> Result<Socket, NftError> {
-    Socket::open(timeout, deadline)
-}
-
 /// The nat table of `family` in this thread's network namespace.
 pub fn dump(family: Family, timeout: Duration) -> Result<Listing, NftError> {
-    let mut sock = socket(timeout, None)?;
+    let mut sock = Socket::open(timeout, None)?;
     list(&mut sock, family)
 }
 
@@ -321,7 +317,7 @@ pub fn nat_is_empty(
     timeout: Duration,
     deadline: Option<Instant>,
 ) -> Result<bool, NftError> {
-    let mut sock = socket(timeout, deadline)?;
+    let mut sock = Socket::open(timeout, deadline)?;
     Ok(list(&mut sock, family)?.is_empty())
 }
 
@@ -332,7 +328,7 @@ pub fn verify(
     deadline: Option<Instant>,
 ) -> Result<Vec<String>, NftError> {
     let want = Expected::of(set)?;
-    let mut sock = socket(timeout, deadline)?;
+    let mut sock = Socket::open(timeout, deadline)?;
     let l = list(&mut sock, set.family)?;
     Ok(table::differences(set, &want.view(&l)))
 }
@@ -340,7 +336,7 @@ pub fn verify(
 /// Makes the nat table hold exactly `set`'s chains and jumps.
 pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Result<(), NftError> {
     let want = Expected::of(set)?;
-    let mut sock = socket(timeout, deadline)?;
+    let mut sock = Socket::open(timeout, deadline)?;
     let mut attempt = 0;
     loop {
         attempt += 1;

@@ -18,7 +18,6 @@ use nix::sys::time::TimeVal;
 use super::NftError;
 
 pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_EXCL: u16 = 0x200;
@@ -326,11 +325,7 @@ impl Socket {
     }
 
     /// Reads one datagram and splits it into (type, flags, seq, body).
-    fn recv(&mut self, what: &'static str) -> Result<Vec<Raw>, NftError> {
-        self.recv_flags(what, MsgFlags::empty())
-    }
-
-    fn recv_flags(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
+    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
         self.arm(what)?;
         let n = loop {
             match socket::recv(
@@ -394,7 +389,7 @@ impl Socket {
                 self.queued.retain(|q| q.seq == seq);
                 return Ok(r);
             }
-            self.queued = self.recv(what)?;
+            self.queued = self.recv(what, MsgFlags::empty())?;
         }
     }
 
@@ -487,7 +482,7 @@ impl Socket {
             } else {
                 MsgFlags::empty()
             };
-            let got = match self.recv_flags(what, flags) {
+            let got = match self.recv(what, flags) {
                 Ok(got) => got,
                 Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
                 Err(e) => return Err(e),
