@@ -1,6 +1,8 @@
-//! The plugin's logger: one line per record on stderr (formatted by
-//! `linkerd_cni_logline`, as the installer's are),
-//! and a copy to syslog when `/dev/log` exists (it does not in containers or
+//! The plugin's logger: one line per record on stderr,
+//! `<time> <LEVEL> <program>[<pid>]: [<context> ]<message>` with the time in
+//! UTC as `YYYY-MM-DDTHH:MM:SS.mmmZ` (the node agent's tracing formatter
+//! writes the same shape, so that both read, and parse, alike), and a copy
+//! to syslog when `/dev/log` exists (it does not in containers or
 //! CI; then stderr alone is used, silently).
 //!
 //! Never stdout: for the plugin, stdout carries the CNI result.
@@ -8,7 +10,7 @@
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::sync::{Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -86,8 +88,12 @@ fn connect_syslog() -> Option<UnixDatagram> {
 }
 
 impl Log for Logger {
+    /// Under the maximum level; the HTTP client and TLS stack log each
+    /// handshake step at debug, which is for linkerd-cni's own steps, so
+    /// theirs need warn.
     fn enabled(&self, m: &Metadata) -> bool {
-        linkerd_cni_logline::enabled(m)
+        let ours = m.target().starts_with("linkerd_cni");
+        m.level() <= log::max_level() && (ours || m.level() <= Level::Warn)
     }
 
     fn log(&self, record: &Record) {
@@ -97,7 +103,7 @@ impl Log for Logger {
         let ctx = self.context.lock().map(|c| c.clone()).unwrap_or_default();
         let sep = if ctx.is_empty() { "" } else { " " };
         let pid = std::process::id();
-        let line = linkerd_cni_logline::line(
+        let line = line(
             SystemTime::now(),
             record.level(),
             self.program,
@@ -121,6 +127,49 @@ impl Log for Logger {
     fn flush(&self) {
         let _ = std::io::stderr().flush();
     }
+}
+
+/// The stderr line for one record at `now`, newline included.
+fn line(
+    now: SystemTime,
+    level: Level,
+    program: &str,
+    pid: u32,
+    context: &str,
+    message: &std::fmt::Arguments<'_>,
+) -> String {
+    let t = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let sep = if context.is_empty() { "" } else { " " };
+    format!(
+        "{} {level:<5} {program}[{pid}]: {context}{sep}{message}\n",
+        rfc3339(t.as_secs(), t.subsec_millis()),
+    )
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
+fn rfc3339(secs: u64, millis: u32) -> String {
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 fn severity(l: Level) -> u8 {
@@ -151,6 +200,53 @@ mod tests {
         let long = "x".repeat(1000);
         let shown = invocation_context(Some(&long), None);
         assert!(shown.len() < 150 && shown.ends_with("...\""), "{shown}");
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
+    }
+
+    #[test]
+    fn libraries_log_only_warnings() {
+        log::set_max_level(LevelFilter::Debug);
+        let logger = Logger {
+            program: "test",
+            syslog: None,
+            context: Mutex::new(String::new()),
+        };
+        let enabled = |target: &'static str, level| {
+            logger.enabled(&Metadata::builder().target(target).level(level).build())
+        };
+        assert!(enabled("linkerd_cni::pod", Level::Debug));
+        assert!(enabled("linkerd_cni_installer", Level::Debug));
+        assert!(enabled("linkerd_cni_kube::client", Level::Debug));
+        assert!(!enabled("rustls::client::hs", Level::Debug));
+        assert!(!enabled("ureq::unversioned", Level::Info));
+        assert!(enabled("ureq::unversioned", Level::Warn));
+        assert!(!enabled("linkerd_cni::pod", Level::Trace));
+    }
+
+    #[test]
+    fn one_line_with_or_without_context() {
+        let at = UNIX_EPOCH + std::time::Duration::from_millis(1_795_920_646_123);
+        assert_eq!(
+            line(at, Level::Info, "prog", 7, "", &format_args!("hi")),
+            "2026-11-29T02:50:46.123Z INFO  prog[7]: hi\n"
+        );
+        assert_eq!(
+            line(
+                at,
+                Level::Warn,
+                "prog",
+                7,
+                "pod=a/b",
+                &format_args!("x {}", 1)
+            ),
+            "2026-11-29T02:50:46.123Z WARN  prog[7]: pod=a/b x 1\n"
+        );
     }
 
     #[test]
