@@ -111,7 +111,7 @@ impl std::fmt::Debug for ApiConfig {
 #[serde(default)]
 struct File {
     clusters: Vec<Named<Cluster>>,
-    users: Vec<NamedUser>,
+    users: Vec<Named<User>>,
     contexts: Vec<Named<Context>>,
     #[serde(rename = "current-context")]
     current_context: Option<String>,
@@ -120,14 +120,8 @@ struct File {
 #[derive(Debug, Deserialize)]
 struct Named<T> {
     name: String,
-    #[serde(alias = "cluster", alias = "context")]
+    #[serde(alias = "cluster", alias = "context", alias = "user")]
     value: Option<T>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedUser {
-    name: String,
-    user: Option<User>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -177,10 +171,7 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
         ..err(String::new())
     })?;
     let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
-    let base = path.parent().unwrap_or(Path::new("/"));
-    let mut config = parse(&text, base).map_err(err)?;
-    config.source = path.to_path_buf();
-    Ok(config)
+    from_text(&text, path)
 }
 
 /// Reads kubeconfig `text` already in memory (the installer's own
@@ -311,7 +302,7 @@ fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'
         .iter()
         .find(|u| u.name == user_name)
         .ok_or_else(|| format!("user {user_name:?} (of context {name:?}) is not defined"))?
-        .user
+        .value
         .as_ref()
         .ok_or_else(|| format!("user {user_name:?} is empty"))?;
     Ok((user_name, user))
