@@ -502,13 +502,6 @@ pub fn token_times(token: &str) -> Option<(u64, u64)> {
     Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
 }
 
-fn mode_name(m: ChainMode) -> &'static str {
-    match m {
-        ChainMode::Inline => "inline",
-        ChainMode::Owned => "owned",
-    }
-}
-
 fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -551,7 +544,7 @@ impl Collector for NodeCollector {
                 None,
                 MetricType::Gauge,
             )?;
-            healthy.encode(f.encode_family(&[("mode", mode_name(v.selected))])?)?;
+            healthy.encode(f.encode_family(&[("mode", v.selected.as_str())])?)?;
             let mut f = e.encode_descriptor(
                 "linkerd_cni_chain_mode",
                 "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
@@ -559,8 +552,8 @@ impl Collector for NodeCollector {
                 MetricType::Gauge,
             )?;
             let labels = [
-                ("configured", mode_name(v.configured)),
-                ("selected", mode_name(v.selected)),
+                ("configured", v.configured.as_str()),
+                ("selected", v.selected.as_str()),
                 ("reason", v.reason.as_deref().unwrap_or("")),
             ];
             ConstGauge::new(1i64).encode(f.encode_family(&labels)?)?;
