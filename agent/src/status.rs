@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use linkerd_cni_state::outcomes;
 
 use crate::installer::Installer;
-use crate::metrics::{REPAIR_CAUSES, Verdict};
+use crate::metrics::{REPAIR_CAUSES, Sources, Verdict};
 
 /// The most a scrape of the running installer may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,76 +46,59 @@ pub fn report(inst: &Installer, stood_in: &[&str]) -> (String, bool) {
         vec![]
     };
     let sources = inst.metrics_sources();
-    let mut o = String::new();
-    let line = |o: &mut String, key: &str, value: &str| {
-        let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
-    };
-    line(&mut o, "mode", &mode_line(&v));
-    if let (Some(why), true) = (&v.reason, v.configured == v.selected) {
-        line(&mut o, "mode chosen", why);
-    }
-    line(
-        &mut o,
-        "chain",
-        &match &v.problem {
-            None => "healthy: linkerd-cni is chained".to_string(),
-            Some(p) => format!("NOT healthy: {p}"),
-        },
-    );
-    line(
-        &mut o,
-        "ready",
-        &match problems.first() {
-            None if !stood_in.is_empty() => format!(
-                "unknown: {} not set here (readiness compares the kubeconfig and the entry \
-                 with them: run this in the install-cni container, or set them); the chain is \
-                 judged against the entry file on the node",
-                stood_in.join(", ")
-            ),
-            None => "yes".to_string(),
-            Some(p) => format!(
-                "no: {}",
-                p.lines().map(str::trim).collect::<Vec<_>>().join(" ")
-            ),
-        },
-    );
     let now = SystemTime::now();
-    line(
-        &mut o,
-        "credential",
-        &match sources.credential() {
-            Some(c) => {
-                let age = now.duration_since(c.issued).unwrap_or_default();
-                let mut s = format!("token issued {} ago", human(age));
-                if let Some(r) = c.next_refresh {
-                    match r.duration_since(now) {
-                        Ok(d) => {
-                            let _ = write!(s, ", refreshed in {}", human(d));
-                        }
-                        Err(_) => s.push_str(", refresh overdue"),
-                    }
-                }
-                s
-            }
-            None => format!(
-                "unknown (no token with iat/exp claims in {})",
-                sources.kubeconfig.display()
-            ),
-        },
-    );
-    line(
-        &mut o,
-        "plugin ADDs",
-        &plugin_line(&sources.plugin_state_dir),
-    );
+    let mut rows = vec![("mode", mode_line(&v))];
+    if let (Some(why), true) = (&v.reason, v.configured == v.selected) {
+        rows.push(("mode chosen", why.clone()));
+    }
+    let chain = match &v.problem {
+        None => "healthy: linkerd-cni is chained".to_string(),
+        Some(p) => format!("NOT healthy: {p}"),
+    };
+    let ready = match problems.first() {
+        None if !stood_in.is_empty() => format!(
+            "unknown: {} not set here (readiness compares the kubeconfig and the entry with \
+             them: run this in the install-cni container, or set them); the chain is judged \
+             against the entry file on the node",
+            stood_in.join(", ")
+        ),
+        None => "yes".to_string(),
+        Some(p) => format!(
+            "no: {}",
+            p.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+        ),
+    };
     let socket = sources.plugin_state_dir.join(crate::repair::admin::SOCKET);
-    let metrics_on = cfg.metrics_addr.is_some();
-    line(
-        &mut o,
-        "installer",
-        &installer_line(metrics_on, &socket, now),
-    );
+    rows.extend([
+        ("chain", chain),
+        ("ready", ready),
+        ("credential", credential_line(&sources, now)),
+        ("plugin ADDs", plugin_line(&sources.plugin_state_dir)),
+        (
+            "installer",
+            installer_line(cfg.metrics_addr.is_some(), &socket, now),
+        ),
+    ]);
+    let mut o = String::new();
+    for (key, value) in rows {
+        let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
+    }
     (o, v.healthy() && problems.is_empty())
+}
+
+/// The plugin's credential: its age, and when it is refreshed.
+fn credential_line(sources: &Sources, now: SystemTime) -> String {
+    let Some(c) = sources.credential() else {
+        let at = sources.kubeconfig.display();
+        return format!("unknown (no token with iat/exp claims in {at})");
+    };
+    let age = now.duration_since(c.issued).unwrap_or_default();
+    let refresh = match c.next_refresh.map(|r| r.duration_since(now)) {
+        None => String::new(),
+        Some(Ok(d)) => format!(", refreshed in {}", human(d)),
+        Some(Err(_)) => ", refresh overdue".into(),
+    };
+    format!("token issued {} ago{refresh}", human(age))
 }
 
 fn mode_line(v: &Verdict) -> String {
@@ -426,6 +409,39 @@ mod tests {
         let socket = serve_once(&tmp, "# EOF\n".into(), Duration::ZERO);
         let l = installer_line(true, &socket, SystemTime::now());
         assert!(l.starts_with("none of its metrics on /metrics on "), "{l}");
+    }
+
+    #[test]
+    fn the_credential_says_its_age_and_its_refresh() {
+        use base64::Engine;
+        let tmp = testkit::TempDir::new("status-credential").unwrap();
+        let sources = Sources {
+            plugin_state_dir: tmp.path().to_path_buf(),
+            token_file: tmp.path().join("token"),
+            kubeconfig: tmp.path().join("kubeconfig"),
+        };
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let l = credential_line(&sources, at(4600));
+        assert!(
+            l.starts_with("unknown (no token with iat/exp claims in /"),
+            "{l}"
+        );
+        let claims = r#"{"iat":1000,"exp":11000}"#;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        std::fs::write(
+            &sources.kubeconfig,
+            format!(r#"{{"users":[{{"name":"x","user":{{"token":"h.{b64}.s"}}}}]}}"#),
+        )
+        .unwrap();
+        // Not the installer's own token: refreshed at half its lifetime.
+        assert_eq!(
+            credential_line(&sources, at(4600)),
+            "token issued 60 min ago, refreshed in 23 min"
+        );
+        assert_eq!(
+            credential_line(&sources, at(7000)),
+            "token issued 100 min ago, refresh overdue"
+        );
     }
 
     /// Counters at the top of a u64 (a corrupt file) add up without a
