@@ -187,6 +187,7 @@ impl Counters {
 #[derive(Clone, Default)]
 pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
 
+#[derive(Default)]
 struct Inner {
     /// What `/metrics` serves, when it is on.
     metrics: Option<Counters>,
@@ -197,9 +198,9 @@ struct Inner {
     last_pass: Option<SystemTime>,
     events: Option<Events>,
     seen: Seen,
-    /// Until the first pass is done: its repairs are no samples of heal
+    /// Once the first pass is done: its repairs are no samples of heal
     /// latency (a node chained at start, after hours without an installer).
-    first_pass: bool,
+    past_first: bool,
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
@@ -220,47 +221,39 @@ struct Seen {
     rejections: Option<u64>,
 }
 
+/// Whether `now` is news after `seen`, which holds it from then on.
+fn news(seen: &mut Option<String>, now: &str) -> bool {
+    let new = seen.as_deref() != Some(now);
+    if new {
+        *seen = Some(now.to_string());
+    }
+    new
+}
+
 impl Telemetry {
     /// Records nothing.
     pub fn off() -> Telemetry {
         Telemetry(None)
     }
 
-    /// Sends `events` only; off without them.
-    pub fn events_only(events: Option<Events>) -> Telemetry {
-        match events {
-            None => Telemetry::off(),
-            Some(e) => Telemetry::with_inner(None, Some(e)),
+    /// Keeps the metrics in the registry when given (with those read when
+    /// scraped from the sources) and sends `events`; off with neither.
+    pub fn new(metrics: Option<(&mut Registry, Sources)>, events: Option<Events>) -> Telemetry {
+        if metrics.is_none() && events.is_none() {
+            return Telemetry::off();
         }
-    }
-
-    /// Keeps the metrics in `registry` (those read when scraped from
-    /// `sources`) and sends `events`.
-    pub fn register(
-        registry: &mut Registry,
-        sources: Sources,
-        events: Option<Events>,
-    ) -> Telemetry {
-        let t = Telemetry::with_inner(Some(Counters::register(registry)), events);
-        if let Some(inner) = &t.0 {
+        let inner = Arc::new(Mutex::new(Inner {
+            events,
+            ..Inner::default()
+        }));
+        if let Some((registry, sources)) = metrics {
+            lock(&inner).metrics = Some(Counters::register(registry));
             registry.register_collector(Box::new(NodeCollector {
                 inner: inner.clone(),
                 sources,
             }));
         }
-        t
-    }
-
-    fn with_inner(metrics: Option<Counters>, events: Option<Events>) -> Telemetry {
-        Telemetry(Some(Arc::new(Mutex::new(Inner {
-            metrics,
-            chain: None,
-            last_pass: None,
-            events,
-            seen: Seen::default(),
-            first_pass: true,
-            written: BTreeMap::new(),
-        }))))
+        Telemetry(Some(inner))
     }
 
     /// Whether `/metrics` is served.
@@ -274,12 +267,6 @@ impl Telemetry {
         }
     }
 
-    fn event(i: &Inner, kind: Kind, note: String) {
-        if let Some(e) = &i.events {
-            e.emit(kind, note);
-        }
-    }
-
     /// The chain at the end of the pass.
     pub fn chain(&self, v: &Verdict) {
         self.with(|i| {
@@ -289,80 +276,9 @@ impl Telemetry {
         });
     }
 
-    /// A repair that rewrote `file`: counted under `cause`, and its heal
-    /// latency observed from the file's last write before the repair
-    /// (`written`: its mtime then; the primary's write) to now.
-    pub fn repaired(&self, cause: &'static str, written: Option<SystemTime>) {
-        self.with(|i| {
-            i.seen.holding = None;
-            let Some(m) = &i.metrics else { return };
-            m.repairs.get_or_create(&[("cause", cause)]).inc();
-            if let Some(w) = written.filter(|_| !i.first_pass) {
-                let latency = SystemTime::now().duration_since(w).unwrap_or_default();
-                m.heal_latency.observe(latency.as_secs_f64());
-            }
-        });
-    }
-
-    /// Repairs of `what` (a file and the content they start from) are a
-    /// fight, as `warning` says: counted (and an Event) once until
-    /// [`Self::no_fight`].
-    pub fn fight(&self, what: &str, warning: &str) {
-        self.with(|i| {
-            if i.seen.fighting.as_deref() == Some(what) {
-                return;
-            }
-            i.seen.fighting = Some(what.to_string());
-            if let Some(m) = &i.metrics {
-                m.fights.inc();
-            }
-            Self::event(i, Kind::Fight, warning.to_string());
-        });
-    }
-
-    /// A repair that was not a fight.
-    pub fn no_fight(&self) {
-        self.with(|i| i.seen.fighting = None);
-    }
-
-    /// The repair of `what` held back by the fight limit: counted once
-    /// until a repair is made.
-    pub fn held_back(&self, what: &str) {
-        self.with(|i| {
-            if i.seen.holding.as_deref() == Some(what) {
-                return;
-            }
-            i.seen.holding = Some(what.to_string());
-            if let Some(m) = &i.metrics {
-                m.held_back.inc();
-            }
-        });
-    }
-
-    /// The entry asks for owned mode, which does not apply here (`why`):
-    /// the inline repair keeps the chain. An Event once per reason.
-    pub fn owned_fallback(&self, why: &str) {
-        self.with(|i| {
-            if i.seen.fallback.as_deref() == Some(why) {
-                return;
-            }
-            i.seen.fallback = Some(why.to_string());
-            Self::event(
-                i,
-                Kind::OwnedFallback,
-                format!("owned chain mode does not apply on this node, inline repair keeps linkerd-cni chained: {why}"),
-            );
-        });
-    }
-
-    /// Owned mode applies again.
-    pub fn owned_applies(&self) {
-        self.with(|i| i.seen.fallback = None);
-    }
-
     /// The startup taint is gone from the node (`how`).
     pub fn taint_removed(&self, how: &str) {
-        self.with(|i| Self::event(i, Kind::TaintRemoved, how.to_string()));
+        self.with(|i| i.event(Kind::TaintRemoved, how.to_string()));
     }
 
     /// SIGTERM: the node is being uninstalled, `why`. Sent before the
@@ -383,7 +299,7 @@ impl Telemetry {
     /// pass (one read of its counters file).
     pub fn pass_done(&self, rejections: Option<u64>) {
         self.with(|i| {
-            i.first_pass = false;
+            i.past_first = true;
             if let Some(m) = &i.metrics {
                 m.passes.inc();
                 i.last_pass = Some(SystemTime::now());
@@ -391,7 +307,7 @@ impl Telemetry {
             if i.events.is_some()
                 && let Some(now) = rejections
             {
-                plugin_rejections(i, now);
+                i.plugin_rejections(now);
             }
         });
     }
@@ -415,59 +331,113 @@ impl Telemetry {
     /// What the keeper did in this pass, from its report (in `mode`).
     pub fn report(&self, r: &linkerd_cni_chain::Report, mode: ChainMode) {
         use linkerd_cni_chain::{Action, HoldCause, Layout};
-        let written = |f: &Path| {
-            self.0
-                .as_ref()
-                .and_then(|i| lock(i).written.get(f).copied())
-        };
-        for a in &r.actions {
-            match a {
-                Action::Repaired { file, cause } => {
-                    let w = written(file);
-                    self.repaired(repair_cause(cause), w);
+        self.with(|i| {
+            for a in &r.actions {
+                match a {
+                    Action::Repaired { file, cause } => {
+                        let w = i.written.get(file).copied();
+                        i.repaired(repair_cause(cause), w);
+                    }
+                    Action::Copied { created: true, .. } => i.repaired("owned_missing", None),
+                    Action::Copied { from, .. } => {
+                        let w = i.written.get(from).copied();
+                        i.repaired("owned_outdated", w);
+                    }
+                    _ => {}
                 }
-                Action::Copied { from, created, .. } => match created {
-                    true => self.repaired("owned_missing", None),
-                    false => self.repaired("owned_outdated", written(from)),
-                },
+            }
+            match r.fights.first() {
+                Some(w) => i.fight(w),
+                // A repair that was not a fight.
+                None if r.changed() => i.seen.fighting = None,
+                None => {}
+            }
+            for h in &r.held_back {
+                if let HoldCause::Fight { .. } = h.cause {
+                    i.held_back(&h.file.display().to_string());
+                }
+            }
+            match (&r.layout, mode) {
+                (Layout::Fallback(why), _) => i.owned_fallback(why),
+                // Owned mode applies again.
+                (_, ChainMode::Owned) => i.seen.fallback = None,
                 _ => {}
             }
-        }
-        match r.fights.first() {
-            Some(w) => self.fight(w, w),
-            None if r.changed() => self.no_fight(),
-            None => {}
-        }
-        for h in &r.held_back {
-            if let HoldCause::Fight { .. } = h.cause {
-                self.held_back(&h.file.display().to_string());
-            }
-        }
-        match (&r.layout, mode) {
-            (Layout::Fallback(why), _) => self.owned_fallback(why),
-            (_, ChainMode::Owned) => self.owned_applies(),
-            _ => {}
-        }
+        });
     }
 }
 
-/// ADDs whose pod GET the API server refused the plugin's credentials for.
-fn plugin_rejections(i: &mut Inner, now: u64) {
-    let before = i.seen.rejections.replace(now);
-    if let Some(before) = before
-        && now > before
-    {
-        Telemetry::event(
-            i,
-            Kind::CredentialRejected,
-            format!(
-                "the Kubernetes API rejected linkerd-cni's credentials (HTTP 401 or 403) for {} \
-                 pod ADD(s) since the installer's last pass: those pods were passed through \
-                 without linkerd's rules or retried; check that the token in the node's \
-                 kubeconfig is current and that its RBAC allows get on pods",
-                now - before
-            ),
-        );
+impl Inner {
+    fn event(&self, kind: Kind, note: String) {
+        if let Some(e) = &self.events {
+            e.emit(kind, note);
+        }
+    }
+
+    /// A repair that rewrote a file: counted under `cause`, and its heal
+    /// latency observed from the file's last write before the repair
+    /// (`written`: its mtime then; the primary's write) to now.
+    fn repaired(&mut self, cause: &'static str, written: Option<SystemTime>) {
+        self.seen.holding = None;
+        let Some(m) = &self.metrics else { return };
+        m.repairs.get_or_create(&[("cause", cause)]).inc();
+        if let Some(w) = written.filter(|_| self.past_first) {
+            let latency = SystemTime::now().duration_since(w).unwrap_or_default();
+            m.heal_latency.observe(latency.as_secs_f64());
+        }
+    }
+
+    /// Repairs are a fight, as `warning` (which names the file and the
+    /// content they start from) says: counted (and an Event) once until a
+    /// repair that is not one.
+    fn fight(&mut self, warning: &str) {
+        if news(&mut self.seen.fighting, warning) {
+            if let Some(m) = &self.metrics {
+                m.fights.inc();
+            }
+            self.event(Kind::Fight, warning.to_string());
+        }
+    }
+
+    /// The repair of `what` held back by the fight limit: counted once
+    /// until a repair is made.
+    fn held_back(&mut self, what: &str) {
+        if news(&mut self.seen.holding, what)
+            && let Some(m) = &self.metrics
+        {
+            m.held_back.inc();
+        }
+    }
+
+    /// The entry asks for owned mode, which does not apply here (`why`):
+    /// the inline repair keeps the chain. An Event once per reason.
+    fn owned_fallback(&mut self, why: &str) {
+        if news(&mut self.seen.fallback, why) {
+            self.event(
+                Kind::OwnedFallback,
+                format!("owned chain mode does not apply on this node, inline repair keeps linkerd-cni chained: {why}"),
+            );
+        }
+    }
+
+    /// ADDs whose pod GET the API server refused the plugin's credentials
+    /// for, `now` counted in all.
+    fn plugin_rejections(&mut self, now: u64) {
+        let before = self.seen.rejections.replace(now);
+        if let Some(before) = before
+            && now > before
+        {
+            self.event(
+                Kind::CredentialRejected,
+                format!(
+                    "the Kubernetes API rejected linkerd-cni's credentials (HTTP 401 or 403) for {} \
+                     pod ADD(s) since the installer's last pass: those pods were passed through \
+                     without linkerd's rules or retried; check that the token in the node's \
+                     kubeconfig is current and that its RBAC allows get on pods",
+                    now - before
+                ),
+            );
+        }
     }
 }
 
@@ -532,13 +502,6 @@ pub fn token_times(token: &str) -> Option<(u64, u64)> {
     Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
 }
 
-fn mode_name(m: ChainMode) -> &'static str {
-    match m {
-        ChainMode::Inline => "inline",
-        ChainMode::Owned => "owned",
-    }
-}
-
 fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -581,7 +544,7 @@ impl Collector for NodeCollector {
                 None,
                 MetricType::Gauge,
             )?;
-            healthy.encode(f.encode_family(&[("mode", mode_name(v.selected))])?)?;
+            healthy.encode(f.encode_family(&[("mode", v.selected.as_str())])?)?;
             let mut f = e.encode_descriptor(
                 "linkerd_cni_chain_mode",
                 "The chain mode the entry asks for and the one selected, and why they differ (1 per node).",
@@ -589,8 +552,8 @@ impl Collector for NodeCollector {
                 MetricType::Gauge,
             )?;
             let labels = [
-                ("configured", mode_name(v.configured)),
-                ("selected", mode_name(v.selected)),
+                ("configured", v.configured.as_str()),
+                ("selected", v.selected.as_str()),
                 ("reason", v.reason.as_deref().unwrap_or("")),
             ];
             ConstGauge::new(1i64).encode(f.encode_family(&labels)?)?;
@@ -692,7 +655,7 @@ pub fn setup(
             if let Some(Err(e)) = other {
                 tracing::error!("no admin server, no metrics: {e}");
             }
-            inst.set_telemetry(Telemetry::events_only(events));
+            inst.set_telemetry(Telemetry::new(None, events));
             return None;
         }
     };
@@ -721,10 +684,8 @@ pub fn setup(
         }
     }
     let dir = sources.plugin_state_dir.clone();
-    inst.set_telemetry(match listeners.is_empty() {
-        true => Telemetry::events_only(events),
-        false => Telemetry::register(&mut registry, sources, events),
-    });
+    let metrics = (!listeners.is_empty()).then_some((&mut registry, sources));
+    inst.set_telemetry(Telemetry::new(metrics, events));
     let socket = linkerd_cni_state::record::create_dir(&dir)
         .map_err(|e| e.to_string())
         .and_then(|()| {
@@ -777,8 +738,8 @@ mod tests {
     /// reports is a heal-latency sample.
     fn registered(dir: &Path, past_first: bool) -> (Telemetry, Registry) {
         let mut r = Registry::default();
-        let t = Telemetry::register(&mut r, sources(dir), None);
-        t.with(|i| i.first_pass = !past_first);
+        let t = Telemetry::new(Some((&mut r, sources(dir))), None);
+        t.with(|i| i.past_first = past_first);
         (t, r)
     }
 
@@ -848,12 +809,14 @@ mod tests {
     fn the_first_pass_is_no_heal_latency_sample() {
         let tmp = testkit::TempDir::new("metrics-first").unwrap();
         let (t, r) = registered(tmp.path(), false);
-        t.repaired(
-            "missing",
-            Some(SystemTime::now() - Duration::from_secs(3600)),
-        );
+        t.with(|i| {
+            i.repaired(
+                "missing",
+                Some(SystemTime::now() - Duration::from_secs(3600)),
+            )
+        });
         t.pass_done(None);
-        t.repaired("missing", Some(SystemTime::now()));
+        t.with(|i| i.repaired("missing", Some(SystemTime::now())));
         let text = page(&r);
         assert!(
             text.contains("\nlinkerd_cni_chain_repairs_total{cause=\"missing\"} 2\n"),
@@ -877,12 +840,14 @@ mod tests {
     #[test]
     fn off_records_nothing() {
         let t = Telemetry::off();
-        t.repaired("missing", Some(SystemTime::now()));
-        t.fight("f", "w");
+        t.with(|i| {
+            i.repaired("missing", Some(SystemTime::now()));
+            i.fight("w");
+        });
         t.pass_done(None);
         t.chain(&verdict_for_test());
         assert!(t.0.is_none() && !t.metrics_on());
-        assert!(Telemetry::events_only(None).0.is_none());
+        assert!(Telemetry::new(None, None).0.is_none());
     }
 
     /// The installer's own token is read non-blocking: a FIFO in its place
@@ -952,7 +917,7 @@ mod tests {
                 "iat {iat}, exp {exp}, own {own}"
             );
             let mut r = Registry::default();
-            let _t = Telemetry::register(&mut r, src, None);
+            let _t = Telemetry::new(Some((&mut r, src)), None);
             let text = page(&r);
             assert_eq!(
                 text.contains("linkerd_cni_credential_age_seconds "),
@@ -973,13 +938,16 @@ mod tests {
             problem: None,
         });
         let ago = SystemTime::now() - Duration::from_millis(30);
-        t.repaired("missing", Some(ago));
-        t.repaired("not_last", None);
-        // One fight and one held-back repair, however many passes see them.
-        for _ in 0..3 {
-            t.fight("f@1", "w");
-            t.held_back("f@1");
-        }
+        t.with(|i| {
+            i.repaired("missing", Some(ago));
+            i.repaired("not_last", None);
+            // One fight and one held-back repair, however many passes see
+            // them.
+            for _ in 0..3 {
+                i.fight("w");
+                i.held_back("f@1");
+            }
+        });
         t.pass_done(None);
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.

@@ -3,20 +3,20 @@
 //! chain in its mode, readiness, the plugin's ADD counters, the
 //! credential); what only the running installer knows (its repairs, fights,
 //! last pass) comes from its own `/metrics` when that is on, the same
-//! numbers a scraper sees.
+//! numbers a scraper sees, asked on its root-only admin socket (which no
+//! pod can fill, as it can the metrics port).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_state::outcomes;
 
 use crate::installer::Installer;
-use crate::metrics::{REPAIR_CAUSES, Verdict};
+use crate::metrics::{REPAIR_CAUSES, Sources, Verdict};
 
 /// The most a scrape of the running installer may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,144 +46,137 @@ pub fn report(inst: &Installer, stood_in: &[&str]) -> (String, bool) {
         vec![]
     };
     let sources = inst.metrics_sources();
-    let mut o = String::new();
-    let line = |o: &mut String, key: &str, value: &str| {
-        let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
-    };
-    line(&mut o, "mode", &mode_line(&v));
-    if let (Some(why), true) = (&v.reason, v.configured == v.selected) {
-        line(&mut o, "mode chosen", why);
-    }
-    line(
-        &mut o,
-        "chain",
-        &match &v.problem {
-            None => "healthy: linkerd-cni is chained".to_string(),
-            Some(p) => format!("NOT healthy: {p}"),
-        },
-    );
-    line(
-        &mut o,
-        "ready",
-        &match problems.first() {
-            None if !stood_in.is_empty() => format!(
-                "unknown: {} not set here (readiness compares the kubeconfig and the entry \
-                 with them: run this in the install-cni container, or set them); the chain is \
-                 judged against the entry file on the node",
-                stood_in.join(", ")
-            ),
-            None => "yes".to_string(),
-            Some(p) => format!(
-                "no: {}",
-                p.lines().map(str::trim).collect::<Vec<_>>().join(" ")
-            ),
-        },
-    );
     let now = SystemTime::now();
-    line(
-        &mut o,
-        "credential",
-        &match sources.credential() {
-            Some(c) => {
-                let age = now.duration_since(c.issued).unwrap_or_default();
-                let mut s = format!("token issued {} ago", human(age));
-                if let Some(r) = c.next_refresh {
-                    match r.duration_since(now) {
-                        Ok(d) => {
-                            let _ = write!(s, ", refreshed in {}", human(d));
-                        }
-                        Err(_) => s.push_str(", refresh overdue"),
-                    }
-                }
-                s
-            }
-            None => format!(
-                "unknown (no token with iat/exp claims in {})",
-                sources.kubeconfig.display()
-            ),
-        },
-    );
-    line(
-        &mut o,
-        "plugin ADDs",
-        &plugin_line(&sources.plugin_state_dir),
-    );
-    line(&mut o, "installer", &installer_line(cfg.metrics_addr, now));
+    let mut rows = vec![("mode", mode_line(&v))];
+    if let (Some(why), true) = (&v.reason, v.configured == v.selected) {
+        rows.push(("mode chosen", why.clone()));
+    }
+    let chain = match &v.problem {
+        None => "healthy: linkerd-cni is chained".to_string(),
+        Some(p) => format!("NOT healthy: {p}"),
+    };
+    let ready = match problems.first() {
+        None if !stood_in.is_empty() => format!(
+            "unknown: {} not set here (readiness compares the kubeconfig and the entry with \
+             them: run this in the install-cni container, or set them); the chain is judged \
+             against the entry file on the node",
+            stood_in.join(", ")
+        ),
+        None => "yes".to_string(),
+        Some(p) => format!(
+            "no: {}",
+            p.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+        ),
+    };
+    let socket = sources.plugin_state_dir.join(crate::repair::admin::SOCKET);
+    rows.extend([
+        ("chain", chain),
+        ("ready", ready),
+        ("credential", credential_line(&sources, now)),
+        ("plugin ADDs", plugin_line(&sources.plugin_state_dir)),
+        (
+            "installer",
+            installer_line(cfg.metrics_addr.is_some(), &socket, now),
+        ),
+    ]);
+    let mut o = String::new();
+    for (key, value) in rows {
+        let _ = writeln!(o, "{:<15}{value}", format!("{key}:"));
+    }
     (o, v.healthy() && problems.is_empty())
 }
 
-fn mode_line(v: &Verdict) -> String {
-    let name = |m: ChainMode| m.as_str().to_string();
-    match (&v.reason, v.configured == v.selected) {
-        (_, true) => name(v.selected),
-        (Some(why), false) => format!(
-            "{} (the entry asks for {}: {why})",
-            name(v.selected),
-            name(v.configured)
-        ),
-        (None, false) => format!(
-            "{} (the entry asks for {})",
-            name(v.selected),
-            name(v.configured)
-        ),
-    }
+/// The plugin's credential: its age, and when it is refreshed.
+fn credential_line(sources: &Sources, now: SystemTime) -> String {
+    let Some(c) = sources.credential() else {
+        let at = sources.kubeconfig.display();
+        return format!("unknown (no token with iat/exp claims in {at})");
+    };
+    let age = now.duration_since(c.issued).unwrap_or_default();
+    let refresh = match c.next_refresh.map(|r| r.duration_since(now)) {
+        None => String::new(),
+        Some(Ok(d)) => format!(", refreshed in {}", human(d)),
+        Some(Err(_)) => ", refresh overdue".into(),
+    };
+    format!("token issued {} ago{refresh}", human(age))
 }
 
-/// The plugin's counters by outcome, each with its causes.
-fn plugin_line(dir: &std::path::Path) -> String {
+fn mode_line(v: &Verdict) -> String {
+    let selected = v.selected.as_str();
+    if v.configured == v.selected {
+        return selected.to_string();
+    }
+    let why = v
+        .reason
+        .as_ref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    format!(
+        "{selected} (the entry asks for {}{why})",
+        v.configured.as_str()
+    )
+}
+
+/// The plugin's counters by outcome, each with its causes (the counters
+/// come in slot order, each outcome's causes side by side).
+fn plugin_line(dir: &Path) -> String {
     let file = dir.join(outcomes::OUTCOMES_FILE);
     let counts = match outcomes::read(dir) {
         Ok(c) => c,
         Err(e) => return format!("cannot read {}: {e}", file.display()),
     };
-    let mut by_kind: Vec<(&'static str, u64, Vec<String>)> = Vec::new();
-    for (o, n) in counts {
-        let i = match by_kind.iter().position(|(k, ..)| *k == o.kind()) {
-            Some(i) => i,
-            None => {
-                by_kind.push((o.kind(), 0, vec![]));
-                by_kind.len() - 1
+    let parts: Vec<String> = counts
+        .chunk_by(|(a, _), (b, _)| a.kind() == b.kind())
+        .map(|kind| {
+            // Counts read from a file: saturating, whatever it holds.
+            let n = kind.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
+            let causes: Vec<String> = kind
+                .iter()
+                .filter(|(o, n)| *n > 0 && !o.cause().is_empty())
+                .map(|(o, n)| format!("{} {n}", o.cause()))
+                .collect();
+            let name = kind[0].0.kind().replace('_', " ");
+            match causes.is_empty() {
+                true => format!("{name} {n}"),
+                false => format!("{name} {n} ({})", causes.join(", ")),
             }
-        };
-        // Counts read from a file: saturating, whatever it holds.
-        by_kind[i].1 = by_kind[i].1.saturating_add(n);
-        if n > 0 && !o.cause().is_empty() {
-            by_kind[i].2.push(format!("{} {n}", o.cause()));
-        }
-    }
-    let parts: Vec<String> = by_kind
-        .into_iter()
-        .map(|(k, n, causes)| match causes.is_empty() {
-            true => format!("{} {n}", k.replace('_', " ")),
-            false => format!("{} {n} ({})", k.replace('_', " "), causes.join(", ")),
         })
         .collect();
     format!("{} (counted in {})", parts.join(", "), file.display())
 }
 
-/// What the running installer reports on its `/metrics`.
-fn installer_line(addr: Option<SocketAddr>, now: SystemTime) -> String {
-    let Some(addr) = addr else {
+/// What the running installer reports on its `/metrics`, asked on its
+/// admin `socket`.
+fn installer_line(metrics_on: bool, socket: &Path, now: SystemTime) -> String {
+    if !metrics_on {
         return "metrics off (LINKERD_CNI_METRICS_ADDR unset): its repairs, fights and passes \
                 are in its log"
             .into();
-    };
-    let m = match scrape(addr) {
+    }
+    let at = format!("/metrics on {}", socket.display());
+    let m = match scrape(socket) {
         Ok(m) => m,
-        Err(e) => return format!("cannot read http://{addr}/metrics: {e}"),
+        Err(e) => return format!("cannot read {at}: {e}"),
     };
     let get = |k: &str| m.get(k).copied().unwrap_or_default();
-    let repairs: Vec<String> = REPAIR_CAUSES
+    if !m.contains_key("linkerd_cni_passes_total") {
+        return format!(
+            "none of its metrics on {at}: it could not serve LINKERD_CNI_METRICS_ADDR (its \
+             log says why)"
+        );
+    }
+    let counts = REPAIR_CAUSES.map(|c| {
+        (
+            c,
+            get(&format!("linkerd_cni_chain_repairs_total{{cause=\"{c}\"}}")),
+        )
+    });
+    let total: f64 = counts.iter().map(|(_, n)| n).sum();
+    let repairs: Vec<String> = counts
         .iter()
-        .filter_map(|c| {
-            let n = get(&format!("linkerd_cni_chain_repairs_total{{cause=\"{c}\"}}"));
-            (n > 0.0).then(|| format!("{c} {n}"))
-        })
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(c, n)| format!("{c} {n}"))
         .collect();
-    let total: f64 = REPAIR_CAUSES
-        .iter()
-        .map(|c| get(&format!("linkerd_cni_chain_repairs_total{{cause=\"{c}\"}}")))
-        .sum();
     let last = m
         .get("linkerd_cni_last_pass_timestamp_seconds")
         .map(|&t| last_pass(t, now))
@@ -197,7 +190,7 @@ fn installer_line(addr: Option<SocketAddr>, now: SystemTime) -> String {
     }
     let _ = write!(
         s,
-        "; fights {}; repairs held back {} (from http://{addr}/metrics)",
+        "; fights {}; repairs held back {} (from {at})",
         get("linkerd_cni_chain_fights_total"),
         get("linkerd_cni_chain_repairs_held_back_total")
     );
@@ -220,11 +213,10 @@ fn last_pass(t: f64, now: SystemTime) -> String {
     }
 }
 
-/// One GET of the running installer's page, each sample as
-/// `name{labels}` -> value.
-fn scrape(addr: SocketAddr) -> io::Result<BTreeMap<String, f64>> {
-    let connect = move || TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT);
-    let body = get(connect, "/metrics", SCRAPE_TIMEOUT)?;
+/// One GET of the running installer's page on its admin `socket`, each
+/// sample as `name{labels}` -> value.
+fn scrape(socket: &Path) -> io::Result<BTreeMap<String, f64>> {
+    let body = get(socket.to_path_buf(), "/metrics", SCRAPE_TIMEOUT)?;
     Ok(body
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -235,22 +227,18 @@ fn scrape(addr: SocketAddr) -> io::Result<BTreeMap<String, f64>> {
         .collect())
 }
 
-/// `GET path` on the connection `connect` opens: the body of a 200, else
-/// the status line and the body as the error. All of it within `bound`,
-/// however slowly the other end answers (a timeout per read would let one
-/// byte per read keep it waiting forever, and a connect to a Unix socket
-/// whose backlog is full blocks): on a thread of its own, left behind when
-/// it does not end in time.
-fn get<S: Read + Write>(
-    connect: impl FnOnce() -> io::Result<S> + Send + 'static,
-    path: &str,
-    bound: Duration,
-) -> io::Result<String> {
+/// `GET path` on the admin `socket`: the body of a 200, else the status
+/// line and the body as the error. All of it within `bound`, however slowly
+/// the other end answers (a timeout per read would let one byte per read
+/// keep it waiting forever, and a connect to a Unix socket whose backlog is
+/// full blocks): on a thread of its own, left behind when it does not end
+/// in time.
+fn get(socket: PathBuf, path: &str, bound: Duration) -> io::Result<String> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: linkerd-cni\r\n\r\n");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let exchange = || -> io::Result<Vec<u8>> {
-            let mut s = connect()?;
+            let mut s = UnixStream::connect(&socket)?;
             s.write_all(request.as_bytes())?;
             let mut bytes = Vec::new();
             // The server closes once it has answered.
@@ -283,12 +271,11 @@ fn get<S: Read + Write>(
 /// Whether the installer running on this node answers `/live` on its admin
 /// socket in `state_dir` (root's alone: no pod can fill it) within
 /// [`LIVE_TIMEOUT`]. Its answer, or why not.
-pub fn live(state_dir: &std::path::Path) -> Result<String, String> {
+pub fn live(state_dir: &Path) -> Result<String, String> {
     use std::io::ErrorKind::{ConnectionRefused, NotFound, TimedOut};
     let path = state_dir.join(crate::repair::admin::SOCKET);
-    let p = path.clone();
     let at = path.display();
-    match get(move || UnixStream::connect(p), "/live", LIVE_TIMEOUT) {
+    match get(path.clone(), "/live", LIVE_TIMEOUT) {
         Ok(body) => Ok(format!("{} (from {at})", body.trim())),
         Err(e) if matches!(e.kind(), NotFound | ConnectionRefused) => Err(format!(
             "the installer is not running on this node: nothing listens on {at} ({e})"
@@ -324,11 +311,12 @@ mod tests {
         assert_eq!(human(Duration::from_secs(187_200)), "2 d 4 h");
     }
 
-    /// A one-shot HTTP server on loopback answering `page` with `200`,
-    /// `pause` between its bytes.
-    fn serve_once(page: String, pause: Duration) -> SocketAddr {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
+    /// A one-shot HTTP server on a socket in `dir` answering `page` with
+    /// `200`, `pause` between its bytes; the socket's path.
+    fn serve_once(dir: &testkit::TempDir, page: String, pause: Duration) -> PathBuf {
+        let socket = dir.path().join(crate::repair::admin::SOCKET);
+        let _ = std::fs::remove_file(&socket);
+        let l = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         std::thread::spawn(move || {
             let Ok((mut c, _)) = l.accept() else { return };
             let mut head = [0u8; 1024];
@@ -345,7 +333,7 @@ mod tests {
                 std::thread::sleep(pause);
             }
         });
-        addr
+        socket
     }
 
     /// The page's last-pass time is the answering server's word: values no
@@ -353,6 +341,7 @@ mod tests {
     /// build).
     #[test]
     fn a_last_pass_time_no_clock_holds_is_reported_not_a_panic() {
+        let tmp = testkit::TempDir::new("status-clock").unwrap();
         for t in [
             "-1",
             "NaN",
@@ -362,13 +351,14 @@ mod tests {
             "1.8446744073709552e19",
             "1e300",
         ] {
-            let addr = serve_once(
+            let socket = serve_once(
+                &tmp,
                 format!(
                     "linkerd_cni_last_pass_timestamp_seconds {t}\nlinkerd_cni_passes_total 3\n"
                 ),
                 Duration::ZERO,
             );
-            let l = installer_line(Some(addr), SystemTime::now());
+            let l = installer_line(true, &socket, SystemTime::now());
             assert!(l.contains("last pass at an invalid time ("), "{t}: {l}");
             assert!(l.starts_with("3 passes"), "{t}: {l}");
         }
@@ -380,12 +370,14 @@ mod tests {
     /// 1.5 s (each read within a per-read timeout) is given up on at 2 s.
     #[test]
     fn a_server_trickling_its_answer_is_given_up_on_in_time() {
-        let addr = serve_once(
+        let tmp = testkit::TempDir::new("status-trickle").unwrap();
+        let socket = serve_once(
+            &tmp,
             "linkerd_cni_passes_total 3\n".into(),
             Duration::from_millis(1500),
         );
         let start = std::time::Instant::now();
-        let got = scrape(addr);
+        let got = scrape(&socket);
         let took = start.elapsed();
         assert!(got.is_err(), "{got:?}");
         assert!(
@@ -398,13 +390,58 @@ mod tests {
 
     #[test]
     fn a_scrape_reads_the_samples() {
-        let addr = serve_once(
+        let tmp = testkit::TempDir::new("status-scrape").unwrap();
+        let socket = serve_once(
+            &tmp,
             "# HELP x y\nlinkerd_cni_passes_total 3\nlinkerd_cni_chain_fights_total 1\n".into(),
             Duration::ZERO,
         );
-        let m = scrape(addr).unwrap();
+        let m = scrape(&socket).unwrap();
         assert_eq!(m.get("linkerd_cni_passes_total"), Some(&3.0));
         assert_eq!(m.get("linkerd_cni_chain_fights_total"), Some(&1.0));
+    }
+
+    /// Metrics on, but the running installer's page holds none of its
+    /// metrics (it could not bind its port): said, not read as zeros.
+    #[test]
+    fn a_page_without_the_installer_metrics_is_not_read_as_zeros() {
+        let tmp = testkit::TempDir::new("status-none").unwrap();
+        let socket = serve_once(&tmp, "# EOF\n".into(), Duration::ZERO);
+        let l = installer_line(true, &socket, SystemTime::now());
+        assert!(l.starts_with("none of its metrics on /metrics on "), "{l}");
+    }
+
+    #[test]
+    fn the_credential_says_its_age_and_its_refresh() {
+        use base64::Engine;
+        let tmp = testkit::TempDir::new("status-credential").unwrap();
+        let sources = Sources {
+            plugin_state_dir: tmp.path().to_path_buf(),
+            token_file: tmp.path().join("token"),
+            kubeconfig: tmp.path().join("kubeconfig"),
+        };
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let l = credential_line(&sources, at(4600));
+        assert!(
+            l.starts_with("unknown (no token with iat/exp claims in /"),
+            "{l}"
+        );
+        let claims = r#"{"iat":1000,"exp":11000}"#;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims);
+        std::fs::write(
+            &sources.kubeconfig,
+            format!(r#"{{"users":[{{"name":"x","user":{{"token":"h.{b64}.s"}}}}]}}"#),
+        )
+        .unwrap();
+        // Not the installer's own token: refreshed at half its lifetime.
+        assert_eq!(
+            credential_line(&sources, at(4600)),
+            "token issued 60 min ago, refreshed in 23 min"
+        );
+        assert_eq!(
+            credential_line(&sources, at(7000)),
+            "token issued 100 min ago, refresh overdue"
+        );
     }
 
     /// Counters at the top of a u64 (a corrupt file) add up without a

@@ -302,7 +302,7 @@ fn buckets_moved(
 
 /// `status` for a person on the node: the chain, readiness and the
 /// plugin's counters from disk, the running installer's repairs from its
-/// `/metrics`; exit 0 healthy, 1 not.
+/// `/metrics` on its admin socket; exit 0 healthy, 1 not.
 #[test]
 fn status_shows_the_same_state() {
     let node = Node::new("status");
@@ -333,6 +333,9 @@ fn status_shows_the_same_state() {
     ] {
         assert!(text.contains(want), "no {want:?} in\n{text}");
     }
+    // Asked on the root-only socket, which no pod can fill.
+    let from = format!("(from /metrics on {})\n", admin_socket(&node).display());
+    assert!(text.contains(&from), "no {from:?} in\n{text}");
 }
 
 /// Owned mode: the copy's creation and each primary rewrite it follows are

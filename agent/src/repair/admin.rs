@@ -159,18 +159,13 @@ impl Throttle {
 }
 
 /// The connections held, oldest first.
-#[derive(Debug, Default)]
-struct Held {
-    next_id: u64,
-    conns: Vec<Held1>,
-}
+type Held = Vec<Held1>;
 
 #[derive(Debug)]
 struct Held1 {
-    id: u64,
     peer: IpAddr,
     /// Set once the whole request head is in: no longer a candidate to make
-    /// room.
+    /// room. Its allocation is the connection's identity.
     head: Arc<AtomicBool>,
     /// Closes the connection to make room for a new one.
     evict: oneshot::Sender<()>,
@@ -179,7 +174,6 @@ struct Held1 {
 /// One connection's place in [`Held`], given back on drop.
 struct Slot {
     held: Arc<Mutex<Held>>,
-    id: u64,
     head: Arc<AtomicBool>,
     evicted: oneshot::Receiver<()>,
 }
@@ -201,33 +195,29 @@ fn take_slot(
     limits: &Limits,
 ) -> Result<(Slot, Option<AtLimit>), AtLimit> {
     let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
-    let full = if h.conns.iter().filter(|c| c.peer == peer).count() >= limits.max_per_peer {
+    let full = if h.iter().filter(|c| c.peer == peer).count() >= limits.max_per_peer {
         Some(AtLimit::Peer)
-    } else if h.conns.len() >= limits.max_connections {
+    } else if h.len() >= limits.max_connections {
         Some(AtLimit::Total)
     } else {
         None
     };
     if let Some(why) = full {
-        let silent = h.conns.iter().position(|c| {
+        let silent = h.iter().position(|c| {
             (why == AtLimit::Total || c.peer == peer) && !c.head.load(Ordering::SeqCst)
         });
-        let evicted = h.conns.remove(silent.ok_or(why)?);
+        let evicted = h.remove(silent.ok_or(why)?);
         let _ = evicted.evict.send(());
     }
     let (evict, evicted) = oneshot::channel();
-    let id = h.next_id;
-    h.next_id += 1;
     let head = Arc::new(AtomicBool::new(false));
-    h.conns.push(Held1 {
-        id,
+    h.push(Held1 {
         peer,
         head: head.clone(),
         evict,
     });
     let slot = Slot {
         held: held.clone(),
-        id,
         head,
         evicted,
     };
@@ -237,7 +227,7 @@ fn take_slot(
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        h.conns.retain(|c| c.id != self.id);
+        h.retain(|c| !Arc::ptr_eq(&c.head, &self.head));
     }
 }
 
@@ -380,7 +370,7 @@ mod tests {
     }
 
     fn total(held: &Arc<Mutex<Held>>) -> usize {
-        held.lock().unwrap().conns.len()
+        held.lock().unwrap().len()
     }
 
     #[test]
