@@ -2,7 +2,7 @@
 //! `linkerd-cni`) and their copies in the host's bin dir.
 //!
 //! A copy is current when it has the same bytes and is executable; anything
-//! else is replaced atomically (see [`crate::fsutil`]). The bytes are
+//! else is replaced atomically (the chain library's `write::copy_atomic`). The bytes are
 //! compared once: while neither file's identity (device, inode, size,
 //! modification time) changes after a comparison found them equal, a pass
 //! only looks at their metadata instead of reading megabytes.
@@ -156,7 +156,7 @@ pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
     match state(b)? {
         BinaryState::Current => Ok(None),
         before => {
-            fsutil::copy_atomic(&b.source, &b.dest, BINARY_MODE)?;
+            linkerd_cni_chain::write::copy_atomic(&b.source, &b.dest, BINARY_MODE)?;
             Ok(Some(before))
         }
     }

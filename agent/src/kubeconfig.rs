@@ -317,7 +317,12 @@ pub fn ensure(
             // leftover).
             let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
                 .map_err(FsError::from)?;
-            fsutil::write_atomic(&cfg.kubeconfig_path(), want.text().as_bytes(), MODE)?;
+            linkerd_cni_chain::write::write_atomic(
+                &cfg.kubeconfig_path(),
+                want.text().as_bytes(),
+                MODE,
+            )
+            .map_err(FsError::from)?;
             Ok(Some(before))
         }
     }
