@@ -655,27 +655,18 @@ impl Installer {
 
         // The heartbeat before the kubeconfig: while it is fresh, an ADD
         // that finds no kubeconfig is sent back to wait for one.
-        match heartbeat::remove(&self.state_dir()) {
-            Ok(true) => tracing::info!(
-                "removed {} (uninstall)",
-                heartbeat::path(&self.state_dir()).display()
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::error!("{e}"),
+        let state_dir = self.state_dir();
+        let beat = heartbeat::path(&state_dir);
+        if let Err(e) = removed(&beat, heartbeat::remove(&state_dir)) {
+            tracing::error!("{e}");
         }
         let kc = self.cfg.kubeconfig_path();
-        match fsutil::remove(&kc) {
-            Ok(true) => tracing::info!("removed {} (uninstall)", kc.display()),
-            Ok(false) => {}
-            Err(e) => tracing::error!("{e}"),
+        if let Err(e) = removed(&kc, fsutil::remove(&kc)) {
+            tracing::error!("{e}");
         }
-        match chain::remove_entry_file(&dir) {
-            Ok(true) => tracing::info!(
-                "removed {} (uninstall)",
-                dir.join(chain::ENTRY_FILE).display()
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::error!("cannot remove the persisted entry: {e}"),
+        let entry_file = dir.join(chain::ENTRY_FILE);
+        if let Err(e) = removed(&entry_file, chain::remove_entry_file(&dir)) {
+            tracing::error!("cannot remove the persisted entry: {e}");
         }
         // A plugin ADD that ran meanwhile may have healed the chain from its
         // own config. Plugins repair only while their kubeconfig exists,
@@ -703,30 +694,30 @@ impl Installer {
         // the chain, finds no kubeconfig under the lock, and repairs
         // nothing), which would create the file again.
         if dir.is_dir() {
-            match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
-                Ok(true) => tracing::info!(
-                    "removed {} (uninstall)",
-                    dir.join(chain::LOCK_FILE).display()
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!("the conf dir's lock file stays: {e}"),
+            let lock = chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout);
+            if let Err(e) = removed(&dir.join(chain::LOCK_FILE), lock) {
+                tracing::warn!("the conf dir's lock file stays: {e}");
             }
         }
-
-        let mut failed = vec![];
-        for b in &self.bins {
-            match binaries::remove(b) {
-                Ok(true) => tracing::info!("removed {} (uninstall)", b.dest.display()),
-                Ok(false) => {}
-                Err(e) => failed.push(e.to_string()),
-            }
-        }
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(failed.join("; "))
+        let failed: Vec<String> = self
+            .bins
+            .iter()
+            .filter_map(|b| removed(&b.dest, binaries::remove(b)).err())
+            .map(|e| e.to_string())
+            .collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("; ")),
         }
     }
+}
+
+/// An uninstall's removal of `path`: said when it removed the file.
+fn removed<E>(path: &Path, result: Result<bool, E>) -> Result<(), E> {
+    if result? {
+        tracing::info!("removed {} (uninstall)", path.display());
+    }
+    Ok(())
 }
 
 fn healthy_note(file: &Path, layout: &Layout) -> String {
