@@ -348,24 +348,23 @@ impl Config {
             e.with(key, value)
                 .map_err(|err| ConfigError::new(source, err.to_string()))
         };
-        let (e, note) = match choice {
+        let selection = || {
+            runtime::select(&Host {
+                prefix: &self.mount_prefix,
+            })
+        };
+        let (e, mode, why) = match choice {
             Some(ModeSetting::Auto) => {
-                let sel = runtime::select(&Host {
-                    prefix: &self.mount_prefix,
-                });
+                let sel = selection();
                 let e = with(e, owned::MODE_KEY, sel.mode.as_str())?;
                 let e = with(e, linkerd_cni_chain::MODE_REASON_KEY, &sel.reason)?;
-                let note = ModeNote {
-                    mode: sel.mode,
-                    why: format!("{source}=auto: {}", sel.reason),
-                    conflict: None,
-                };
-                (e, note)
+                (e, sel.mode, format!("{source}=auto: {}", sel.reason))
             }
-            Some(ModeSetting::Fixed(m)) => {
-                let e = with(e, owned::MODE_KEY, m.as_str())?;
-                (e, self.fixed_note(m, format!("set by {source}")))
-            }
+            Some(ModeSetting::Fixed(m)) => (
+                with(e, owned::MODE_KEY, m.as_str())?,
+                m,
+                format!("set by {source}"),
+            ),
             None => {
                 let m =
                     owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
@@ -377,29 +376,21 @@ impl Config {
                          (auto selects owned where the runtime's settings allow it)"
                     )
                 };
-                (e, self.fixed_note(m, why))
+                (e, m, why)
             }
         };
-        owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
-        Ok((e, note))
-    }
-
-    /// A mode not chosen by `auto`: owned mode is checked against the
-    /// runtime's settings all the same.
-    fn fixed_note(&self, mode: ChainMode, why: String) -> ModeNote {
-        let conflict = (mode == ChainMode::Owned)
-            .then(|| {
-                runtime::select(&Host {
-                    prefix: &self.mount_prefix,
-                })
-            })
+        // Owned mode not chosen by `auto` is checked against the runtime's
+        // settings all the same.
+        let conflict = (mode == ChainMode::Owned && choice != Some(ModeSetting::Auto))
+            .then(selection)
             .filter(|sel| sel.mode != ChainMode::Owned)
             .map(|sel| sel.reason);
-        ModeNote {
+        let note = ModeNote {
             mode,
             why,
             conflict,
-        }
+        };
+        Ok((e, note))
     }
 }
 

@@ -22,7 +22,7 @@ use crate::config::{self, Config};
 use crate::credential::{self, Credential};
 use crate::entry::Entry;
 use crate::fsutil;
-use crate::kubeconfig::{self, KubeconfigState};
+use crate::kubeconfig::{self, KubeconfigError, KubeconfigState};
 use crate::metrics::{self, Telemetry};
 use crate::notes::Notes;
 
@@ -566,33 +566,28 @@ impl Installer {
             // kubeconfig without a token is not ready either: the plugin's token
             // has not been minted yet.
             let token = kubeconfig::file_token(&self.cfg);
-            // Without a token of its own, none is written (see
-            // `Credential::token`): that is what is missing.
-            let usable = match (&token, kubeconfig::own_token(&self.cfg)) {
-                (None, Err(e)) => Err(e.to_string()),
-                _ => Ok(()),
+            let state = || -> Result<KubeconfigState, KubeconfigError> {
+                // Without a token of its own, none is written (see
+                // `Credential::token`): that is what is missing.
+                if token.is_none() {
+                    kubeconfig::own_token(&self.cfg)?;
+                }
+                let want = kubeconfig::render(&self.cfg, token.as_deref())?;
+                Ok(kubeconfig::state(&self.cfg, &want)?)
             };
-            match usable
-                .and_then(|()| {
-                    kubeconfig::render(&self.cfg, token.as_deref()).map_err(|e| e.to_string())
-                })
-                .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
-            {
-                Ok(KubeconfigState::Current) => match &token {
-                    Some(t) => {
-                        if let Some(why) = credential::problem(&self.cfg, t) {
-                            problems.push(format!("kubeconfig {}: {why}", path.display()));
-                        }
-                    }
-                    None => problems.push(format!(
-                        "kubeconfig {} holds no token yet: the plugin's could not be minted (the \
-                         installer's log says why); pods are retried meanwhile",
-                        path.display()
-                    )),
-                },
-                Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
-                Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
-            }
+            let problem = match (state(), &token) {
+                (Ok(KubeconfigState::Current), Some(t)) => {
+                    credential::problem(&self.cfg, t).map(|why| format!(": {why}"))
+                }
+                (Ok(KubeconfigState::Current), None) => Some(
+                    " holds no token yet: the plugin's could not be minted (the installer's log \
+                     says why); pods are retried meanwhile"
+                        .to_string(),
+                ),
+                (Ok(s), _) => Some(format!(" is {s}")),
+                (Err(e), _) => Some(format!(": {e}")),
+            };
+            problems.extend(problem.map(|p| format!("kubeconfig {}{p}", path.display())));
         }
         let entry = match self.cfg.desired_entry() {
             Ok(e) => e,
