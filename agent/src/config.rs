@@ -14,6 +14,7 @@
 //! into files the plugin reads. The installer itself reaches them under
 //! `CONTAINER_MOUNT_PREFIX`.
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -455,7 +456,7 @@ fn kubeconfig_file_name(name: &str) -> Result<String, String> {
             linkerd_cni_chain::TEMP_PREFIX
         ));
     }
-    if has_config_extension(name) {
+    if linkerd_cni_chain::is_config_name(OsStr::new(name)) {
         // The runtime would try to load it as the node's network config.
         return Err(format!(
             "{name:?} ends in .conf, .conflist or .json, which the container runtime would \
@@ -613,12 +614,6 @@ fn is_qualified_name(s: &str) -> bool {
 
 fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
-}
-
-/// Whether a runtime would load a file of this name as a network config
-/// (the chain library's rule, so both agree).
-pub fn has_config_extension(name: &str) -> bool {
-    linkerd_cni_chain::is_config_name(std::ffi::OsStr::new(name))
 }
 
 #[cfg(test)]
@@ -924,6 +919,8 @@ mod tests {
 
     #[test]
     fn config_extensions() {
+        // The chain library's rule, which the watch follows too.
+        let has_config_extension = |n: &str| linkerd_cni_chain::is_config_name(OsStr::new(n));
         assert!(has_config_extension("10-calico.conflist"));
         assert!(has_config_extension(".tmp.conf"));
         assert!(has_config_extension("x.json"));
