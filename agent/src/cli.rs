@@ -271,15 +271,10 @@ fn load(
     };
     // Without a template, the entry the plugin was given (its state dir is
     // where uninstall removes the heartbeat).
-    let persisted = match (lenient, templated) {
-        (true, false) => linkerd_cni_chain::load_entry(&cfg.conf_dir())
-            .ok()
-            .flatten(),
-        _ => None,
-    };
+    let persisted = (lenient && !templated).then(|| linkerd_cni_chain::load_entry(&cfg.conf_dir()));
     let entry = match persisted {
-        Some(e) => e,
-        None => cfg.desired_entry()?,
+        Some(Ok(Some(e))) => e,
+        _ => cfg.desired_entry()?,
     };
     Ok((Installer::new(cfg, bins, entry), stood_in))
 }
