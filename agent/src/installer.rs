@@ -20,11 +20,12 @@ use tracing::Level;
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
 use crate::config::{self, Config};
 use crate::credential::{self, Credential};
-use crate::entry::Entry;
+use crate::entry::{Entry, Template};
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigError, KubeconfigState};
 use crate::metrics::{self, Telemetry};
 use crate::notes::Notes;
+use crate::watch::Filter;
 
 /// The longest a pass may spend repairing the chain: a pass must stay short
 /// so that SIGTERM is answered promptly.
@@ -726,11 +727,7 @@ fn healthy_note(file: &Path, layout: &Layout) -> String {
 }
 
 /// The directories a watch covers, and what matters in each.
-pub fn watch_targets(
-    cfg: &Config,
-    bins: &[Binary],
-) -> Vec<(std::path::PathBuf, crate::watch::Filter)> {
-    use crate::watch::Filter;
+pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
     let mut targets = vec![
         (
             cfg.conf_dir(),
@@ -753,7 +750,7 @@ pub fn watch_targets(
         }
     };
     extra(&cfg.kube_ca_file);
-    if let crate::entry::Template::File(f) = &cfg.template {
+    if let Template::File(f) = &cfg.template {
         extra(f);
     }
     targets
