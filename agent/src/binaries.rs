@@ -2,7 +2,7 @@
 //! `linkerd-cni`) and their copies in the host's bin dir.
 //!
 //! A copy is current when it has the same bytes and is executable; anything
-//! else is replaced atomically (see [`crate::fsutil`]). The bytes are
+//! else is replaced atomically (the chain library's `write::copy_atomic`). The bytes are
 //! compared once: while neither file's identity (device, inode, size,
 //! modification time) changes after a comparison found them equal, a pass
 //! only looks at their metadata instead of reading megabytes.
@@ -76,44 +76,42 @@ impl fmt::Display for BinaryState {
     }
 }
 
-/// Lists the regular files of `CONTAINER_CNI_BIN_DIR` (by name order). The
-/// image is immutable, so this is read once at start.
+/// The binary `name`, from `source` in the image to the host's bin dir.
+fn binary(cfg: &Config, name: &str, source: PathBuf) -> Binary {
+    Binary {
+        name: name.to_string(),
+        source,
+        dest: cfg.bin_dir().join(name),
+        verified: Cell::new(None),
+    }
+}
+
 /// The plugin binary alone, without looking at the image: for the
 /// commands that only read or remove the host's copy (`status`,
 /// `uninstall`) when `CONTAINER_CNI_BIN_DIR` cannot be listed.
 pub fn plugin_only(cfg: &Config) -> Vec<Binary> {
-    vec![Binary {
-        name: PLUGIN_BINARY.to_string(),
-        source: cfg.container_cni_bin_dir.join(PLUGIN_BINARY),
-        dest: cfg.bin_dir().join(PLUGIN_BINARY),
-        verified: Cell::new(None),
-    }]
+    let source = cfg.container_cni_bin_dir.join(PLUGIN_BINARY);
+    vec![binary(cfg, PLUGIN_BINARY, source)]
 }
 
+/// Lists the regular files of `CONTAINER_CNI_BIN_DIR` (by name order). The
+/// image is immutable, so this is read once at start.
 pub fn list(cfg: &Config) -> Result<Vec<Binary>, ConfigError> {
     const VAR: &str = "CONTAINER_CNI_BIN_DIR";
     let dir = &cfg.container_cni_bin_dir;
-    let entries = fs::read_dir(dir)
-        .map_err(|e| ConfigError::new(VAR, format!("cannot list {}: {e}", dir.display())))?;
-    let dest_dir = cfg.bin_dir();
+    let unlisted =
+        |e: std::io::Error| ConfigError::new(VAR, format!("cannot list {}: {e}", dir.display()));
     let mut out = vec![];
-    for entry in entries {
-        let entry = entry
-            .map_err(|e| ConfigError::new(VAR, format!("cannot list {}: {e}", dir.display())))?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
+    for entry in fs::read_dir(dir).map_err(unlisted)? {
+        let entry = entry.map_err(unlisted)?;
         // Symlinks are followed: the image may link a binary into place.
         let is_file = fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
-        if name.starts_with('.') || !is_file {
-            continue;
+        match entry.file_name().to_str() {
+            Some(name) if is_file && !name.starts_with('.') => {
+                out.push(binary(cfg, name, entry.path()))
+            }
+            _ => {}
         }
-        out.push(Binary {
-            dest: dest_dir.join(&name),
-            source: entry.path(),
-            name,
-            verified: Cell::new(None),
-        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     if !out.iter().any(|b| b.name == PLUGIN_BINARY) {
@@ -156,7 +154,7 @@ pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
     match state(b)? {
         BinaryState::Current => Ok(None),
         before => {
-            fsutil::copy_atomic(&b.source, &b.dest, BINARY_MODE)?;
+            linkerd_cni_chain::write::copy_atomic(&b.source, &b.dest, BINARY_MODE)?;
             Ok(Some(before))
         }
     }

@@ -10,6 +10,7 @@ use clap::{Args, FromArgMatches, Subcommand};
 use crate::config::{self, Config, ConfigError};
 use crate::entry::Template;
 use crate::installer::Installer;
+use crate::logging::LogFormat;
 use crate::{binaries, logging, repair, run, runtime, status};
 
 const PROGRAM: &str = "linkerd-cni-installer";
@@ -130,19 +131,16 @@ pub fn main() -> ExitCode {
         },
         _ => None,
     };
-    match &repair {
-        Some(args) => {
-            if let Err(e) = logging::init(PROGRAM, &args.log_level, args.log_format) {
-                eprintln!("{PROGRAM}: {e}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        }
-        // `check` runs every few seconds as a probe: its stdout says why
-        // the node is not ready, and routine log lines would only add noise.
-        None => log_to_stderr(match command {
-            Command::Check { .. } | Command::Status => logging::QUIET,
-            _ => logging::ROUTINE,
-        }),
+    // `check` runs every few seconds as a probe: its stdout says why the
+    // node is not ready, and routine log lines would only add noise.
+    let (filter, format) = match (&repair, command) {
+        (Some(args), _) => (args.log_level.as_str(), args.log_format),
+        (None, Command::Check { .. } | Command::Status) => (logging::QUIET, LogFormat::Plain),
+        (None, _) => (logging::ROUTINE, LogFormat::Plain),
+    };
+    if let Err(e) = logging::init(PROGRAM, filter, format) {
+        eprintln!("{PROGRAM}: {e}");
+        return ExitCode::from(EXIT_CONFIG);
     }
 
     let (installer, stood_in) = match load(command, &cmd, &matches) {
@@ -206,14 +204,10 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn log_to_stderr(filter: &str) {
-    // A fixed, valid filter, installed once: this cannot fail.
-    let _ = logging::init(PROGRAM, filter, logging::LogFormat::Plain);
-}
-
 /// A setting the installer cannot run with: said on stderr, exit 2.
 fn refuse(e: impl std::fmt::Display) -> ExitCode {
-    log_to_stderr(logging::QUIET);
+    // A fixed, valid filter, installed once: this cannot fail.
+    let _ = logging::init(PROGRAM, logging::QUIET, LogFormat::Plain);
     tracing::error!("{e}");
     ExitCode::from(EXIT_CONFIG)
 }
@@ -277,15 +271,10 @@ fn load(
     };
     // Without a template, the entry the plugin was given (its state dir is
     // where uninstall removes the heartbeat).
-    let persisted = match (lenient, templated) {
-        (true, false) => linkerd_cni_chain::load_entry(&cfg.conf_dir())
-            .ok()
-            .flatten(),
-        _ => None,
-    };
+    let persisted = (lenient && !templated).then(|| linkerd_cni_chain::load_entry(&cfg.conf_dir()));
     let entry = match persisted {
-        Some(e) => e,
-        None => cfg.desired_entry()?,
+        Some(Ok(Some(e))) => e,
+        _ => cfg.desired_entry()?,
     };
     Ok((Installer::new(cfg, bins, entry), stood_in))
 }

@@ -14,6 +14,7 @@
 //! into files the plugin reads. The installer itself reaches them under
 //! `CONTAINER_MOUNT_PREFIX`.
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -348,24 +349,23 @@ impl Config {
             e.with(key, value)
                 .map_err(|err| ConfigError::new(source, err.to_string()))
         };
-        let (e, note) = match choice {
+        let selection = || {
+            runtime::select(&Host {
+                prefix: &self.mount_prefix,
+            })
+        };
+        let (e, mode, why) = match choice {
             Some(ModeSetting::Auto) => {
-                let sel = runtime::select(&Host {
-                    prefix: &self.mount_prefix,
-                });
+                let sel = selection();
                 let e = with(e, owned::MODE_KEY, sel.mode.as_str())?;
                 let e = with(e, linkerd_cni_chain::MODE_REASON_KEY, &sel.reason)?;
-                let note = ModeNote {
-                    mode: sel.mode,
-                    why: format!("{source}=auto: {}", sel.reason),
-                    conflict: None,
-                };
-                (e, note)
+                (e, sel.mode, format!("{source}=auto: {}", sel.reason))
             }
-            Some(ModeSetting::Fixed(m)) => {
-                let e = with(e, owned::MODE_KEY, m.as_str())?;
-                (e, self.fixed_note(m, format!("set by {source}")))
-            }
+            Some(ModeSetting::Fixed(m)) => (
+                with(e, owned::MODE_KEY, m.as_str())?,
+                m,
+                format!("set by {source}"),
+            ),
             None => {
                 let m =
                     owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
@@ -377,29 +377,21 @@ impl Config {
                          (auto selects owned where the runtime's settings allow it)"
                     )
                 };
-                (e, self.fixed_note(m, why))
+                (e, m, why)
             }
         };
-        owned::mode_of(&e).map_err(|err| ConfigError::new(source, err.to_string()))?;
-        Ok((e, note))
-    }
-
-    /// A mode not chosen by `auto`: owned mode is checked against the
-    /// runtime's settings all the same.
-    fn fixed_note(&self, mode: ChainMode, why: String) -> ModeNote {
-        let conflict = (mode == ChainMode::Owned)
-            .then(|| {
-                runtime::select(&Host {
-                    prefix: &self.mount_prefix,
-                })
-            })
+        // Owned mode not chosen by `auto` is checked against the runtime's
+        // settings all the same.
+        let conflict = (mode == ChainMode::Owned && choice != Some(ModeSetting::Auto))
+            .then(selection)
             .filter(|sel| sel.mode != ChainMode::Owned)
             .map(|sel| sel.reason);
-        ModeNote {
+        let note = ModeNote {
             mode,
             why,
             conflict,
-        }
+        };
+        Ok((e, note))
     }
 }
 
@@ -464,7 +456,7 @@ fn kubeconfig_file_name(name: &str) -> Result<String, String> {
             linkerd_cni_chain::TEMP_PREFIX
         ));
     }
-    if has_config_extension(name) {
+    if linkerd_cni_chain::is_config_name(OsStr::new(name)) {
         // The runtime would try to load it as the node's network config.
         return Err(format!(
             "{name:?} ends in .conf, .conflist or .json, which the container runtime would \
@@ -622,12 +614,6 @@ fn is_qualified_name(s: &str) -> bool {
 
 fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
-}
-
-/// Whether a runtime would load a file of this name as a network config
-/// (the chain library's rule, so both agree).
-pub fn has_config_extension(name: &str) -> bool {
-    linkerd_cni_chain::is_config_name(std::ffi::OsStr::new(name))
 }
 
 #[cfg(test)]
@@ -933,6 +919,8 @@ mod tests {
 
     #[test]
     fn config_extensions() {
+        // The chain library's rule, which the watch follows too.
+        let has_config_extension = |n: &str| linkerd_cni_chain::is_config_name(OsStr::new(n));
         assert!(has_config_extension("10-calico.conflist"));
         assert!(has_config_extension(".tmp.conf"));
         assert!(has_config_extension("x.json"));

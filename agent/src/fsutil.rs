@@ -1,18 +1,18 @@
-//! Atomic file replacement for what the installer owns outright (the
-//! binaries and the kubeconfig; conflists go through `linkerd_cni_chain`).
-//!
-//! A reader (the runtime exec'ing the plugin, the plugin reading its
-//! kubeconfig) must only ever see the old file or the new one: the content is
-//! written to a temp file in the same directory, synced, given its mode, and
-//! renamed over the target; then the directory is synced so the rename
-//! survives a crash. The target is never opened for writing, so replacing a
-//! binary that is running cannot fail with "text file busy".
+//! The installer's reads, comparisons and removals of the files it owns
+//! outright (the binaries and the kubeconfig), with errors naming the path.
+//! Their atomic replacement is the chain library's (`write::replace_with`):
+//! a reader (the runtime exec'ing the plugin, the plugin reading its
+//! kubeconfig) only ever sees the old file or the new one, and a running
+//! binary is never opened for writing ("text file busy").
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use linkerd_cni_chain::{ChainError, open_regular, write};
+
+/// What [`same_content`] reads of each file at a time.
+const CHUNK: u64 = 64 * 1024;
 
 /// A file-system operation of the installer that failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,21 +40,12 @@ impl FsError {
     }
 }
 
-/// Replaces `target` with `content`, atomically, with `mode`.
-pub fn write_atomic(target: &Path, content: &[u8], mode: u32) -> Result<(), FsError> {
-    Ok(write::write_atomic(target, content, mode)?)
-}
-
-/// Copies `src` onto `target` atomically (never in place), with `mode`.
-pub fn copy_atomic(src: &Path, target: &Path, mode: u32) -> Result<(), FsError> {
-    Ok(write::copy_atomic(src, target, mode)?)
-}
-
 /// Removes `path`; Ok(false) when it was already absent.
 pub fn remove(path: &Path) -> Result<bool, FsError> {
     match fs::remove_file(path) {
         Ok(()) => {
-            sync_dir(parent(path))?;
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            sync_dir(dir.unwrap_or(Path::new(".")))?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -80,13 +71,20 @@ pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
     if la.len() != lb.len() {
         return Ok(false);
     }
-    let mut ba = vec![0u8; 64 * 1024];
-    let mut bb = vec![0u8; 64 * 1024];
+    // Chunk by chunk: a binary is megabytes.
+    let (mut ba, mut bb) = (vec![], vec![]);
     loop {
-        let n = read_full(&mut fa, &mut ba).map_err(|e| FsError::new("cannot read", a, e))?;
-        let m = read_full(&mut fb, &mut bb[..n.max(1)])
+        ba.clear();
+        bb.clear();
+        let n = (&mut fa)
+            .take(CHUNK)
+            .read_to_end(&mut ba)
+            .map_err(|e| FsError::new("cannot read", a, e))?;
+        (&mut fb)
+            .take(CHUNK)
+            .read_to_end(&mut bb)
             .map_err(|e| FsError::new("cannot read", b, e))?;
-        if n != m || ba.get(..n) != bb.get(..m) {
+        if ba != bb {
             return Ok(false);
         }
         if n == 0 {
@@ -116,26 +114,6 @@ pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FsError::new("cannot read", path, e)),
-    }
-}
-
-fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-fn parent(p: &Path) -> &Path {
-    match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
     }
 }
 

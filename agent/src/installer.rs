@@ -20,11 +20,12 @@ use tracing::Level;
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
 use crate::config::{self, Config};
 use crate::credential::{self, Credential};
-use crate::entry::Entry;
+use crate::entry::{Entry, Template};
 use crate::fsutil;
-use crate::kubeconfig::{self, KubeconfigState};
+use crate::kubeconfig::{self, KubeconfigError, KubeconfigState};
 use crate::metrics::{self, Telemetry};
 use crate::notes::Notes;
+use crate::watch::Filter;
 
 /// The longest a pass may spend repairing the chain: a pass must stay short
 /// so that SIGTERM is answered promptly.
@@ -566,33 +567,28 @@ impl Installer {
             // kubeconfig without a token is not ready either: the plugin's token
             // has not been minted yet.
             let token = kubeconfig::file_token(&self.cfg);
-            // Without a token of its own, none is written (see
-            // `Credential::token`): that is what is missing.
-            let usable = match (&token, kubeconfig::own_token(&self.cfg)) {
-                (None, Err(e)) => Err(e.to_string()),
-                _ => Ok(()),
+            let state = || -> Result<KubeconfigState, KubeconfigError> {
+                // Without a token of its own, none is written (see
+                // `Credential::token`): that is what is missing.
+                if token.is_none() {
+                    kubeconfig::own_token(&self.cfg)?;
+                }
+                let want = kubeconfig::render(&self.cfg, token.as_deref())?;
+                Ok(kubeconfig::state(&self.cfg, &want)?)
             };
-            match usable
-                .and_then(|()| {
-                    kubeconfig::render(&self.cfg, token.as_deref()).map_err(|e| e.to_string())
-                })
-                .and_then(|want| kubeconfig::state(&self.cfg, &want).map_err(|e| e.to_string()))
-            {
-                Ok(KubeconfigState::Current) => match &token {
-                    Some(t) => {
-                        if let Some(why) = credential::problem(&self.cfg, t) {
-                            problems.push(format!("kubeconfig {}: {why}", path.display()));
-                        }
-                    }
-                    None => problems.push(format!(
-                        "kubeconfig {} holds no token yet: the plugin's could not be minted (the \
-                         installer's log says why); pods are retried meanwhile",
-                        path.display()
-                    )),
-                },
-                Ok(s) => problems.push(format!("kubeconfig {} is {s}", path.display())),
-                Err(e) => problems.push(format!("kubeconfig {}: {e}", path.display())),
-            }
+            let problem = match (state(), &token) {
+                (Ok(KubeconfigState::Current), Some(t)) => {
+                    credential::problem(&self.cfg, t).map(|why| format!(": {why}"))
+                }
+                (Ok(KubeconfigState::Current), None) => Some(
+                    " holds no token yet: the plugin's could not be minted (the installer's log \
+                     says why); pods are retried meanwhile"
+                        .to_string(),
+                ),
+                (Ok(s), _) => Some(format!(" is {s}")),
+                (Err(e), _) => Some(format!(": {e}")),
+            };
+            problems.extend(problem.map(|p| format!("kubeconfig {}{p}", path.display())));
         }
         let entry = match self.cfg.desired_entry() {
             Ok(e) => e,
@@ -655,27 +651,18 @@ impl Installer {
 
         // The heartbeat before the kubeconfig: while it is fresh, an ADD
         // that finds no kubeconfig is sent back to wait for one.
-        match heartbeat::remove(&self.state_dir()) {
-            Ok(true) => tracing::info!(
-                "removed {} (uninstall)",
-                heartbeat::path(&self.state_dir()).display()
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::error!("{e}"),
+        let state_dir = self.state_dir();
+        let beat = heartbeat::path(&state_dir);
+        if let Err(e) = removed(&beat, heartbeat::remove(&state_dir)) {
+            tracing::error!("{e}");
         }
         let kc = self.cfg.kubeconfig_path();
-        match fsutil::remove(&kc) {
-            Ok(true) => tracing::info!("removed {} (uninstall)", kc.display()),
-            Ok(false) => {}
-            Err(e) => tracing::error!("{e}"),
+        if let Err(e) = removed(&kc, fsutil::remove(&kc)) {
+            tracing::error!("{e}");
         }
-        match chain::remove_entry_file(&dir) {
-            Ok(true) => tracing::info!(
-                "removed {} (uninstall)",
-                dir.join(chain::ENTRY_FILE).display()
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::error!("cannot remove the persisted entry: {e}"),
+        let entry_file = dir.join(chain::ENTRY_FILE);
+        if let Err(e) = removed(&entry_file, chain::remove_entry_file(&dir)) {
+            tracing::error!("cannot remove the persisted entry: {e}");
         }
         // A plugin ADD that ran meanwhile may have healed the chain from its
         // own config. Plugins repair only while their kubeconfig exists,
@@ -703,30 +690,30 @@ impl Installer {
         // the chain, finds no kubeconfig under the lock, and repairs
         // nothing), which would create the file again.
         if dir.is_dir() {
-            match chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout) {
-                Ok(true) => tracing::info!(
-                    "removed {} (uninstall)",
-                    dir.join(chain::LOCK_FILE).display()
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!("the conf dir's lock file stays: {e}"),
+            let lock = chain::remove_lock_file(&dir, RepairOptions::default().lock_timeout);
+            if let Err(e) = removed(&dir.join(chain::LOCK_FILE), lock) {
+                tracing::warn!("the conf dir's lock file stays: {e}");
             }
         }
-
-        let mut failed = vec![];
-        for b in &self.bins {
-            match binaries::remove(b) {
-                Ok(true) => tracing::info!("removed {} (uninstall)", b.dest.display()),
-                Ok(false) => {}
-                Err(e) => failed.push(e.to_string()),
-            }
-        }
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(failed.join("; "))
+        let failed: Vec<String> = self
+            .bins
+            .iter()
+            .filter_map(|b| removed(&b.dest, binaries::remove(b)).err())
+            .map(|e| e.to_string())
+            .collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("; ")),
         }
     }
+}
+
+/// An uninstall's removal of `path`: said when it removed the file.
+fn removed<E>(path: &Path, result: Result<bool, E>) -> Result<(), E> {
+    if result? {
+        tracing::info!("removed {} (uninstall)", path.display());
+    }
+    Ok(())
 }
 
 fn healthy_note(file: &Path, layout: &Layout) -> String {
@@ -740,11 +727,7 @@ fn healthy_note(file: &Path, layout: &Layout) -> String {
 }
 
 /// The directories a watch covers, and what matters in each.
-pub fn watch_targets(
-    cfg: &Config,
-    bins: &[Binary],
-) -> Vec<(std::path::PathBuf, crate::watch::Filter)> {
-    use crate::watch::Filter;
+pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
     let mut targets = vec![
         (
             cfg.conf_dir(),
@@ -767,7 +750,7 @@ pub fn watch_targets(
         }
     };
     extra(&cfg.kube_ca_file);
-    if let crate::entry::Template::File(f) = &cfg.template {
+    if let Template::File(f) = &cfg.template {
         extra(f);
     }
     targets

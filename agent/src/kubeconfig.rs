@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use linkerd_cni_chain::write::write_atomic;
 use linkerd_cni_kube::ApiConfig;
 use serde_json::Value;
 
@@ -317,7 +318,8 @@ pub fn ensure(
             // leftover).
             let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
                 .map_err(FsError::from)?;
-            fsutil::write_atomic(&cfg.kubeconfig_path(), want.text().as_bytes(), MODE)?;
+            let path = cfg.kubeconfig_path();
+            write_atomic(&path, want.text().as_bytes(), MODE).map_err(FsError::from)?;
             Ok(Some(before))
         }
     }

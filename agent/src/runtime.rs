@@ -411,73 +411,53 @@ fn glob(files: &dyn HostFiles, pattern: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Go's filepath.Match for one name: `*` (no `/`), `?`, `[...]` (ranges,
-/// `^` negation), `\` escapes. None for a malformed pattern.
+/// `^` negation), `\\` escapes. None for a malformed pattern. Matched as the
+/// regex it translates to (the regex crate, which kube-rs links already).
 pub fn name_matches(pattern: &str, name: &str) -> Option<bool> {
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    fn go(p: &[char], n: &[char]) -> Option<bool> {
-        let Some((&c, rest)) = p.split_first() else {
-            return Some(n.is_empty());
-        };
+    let lit = |c: char| regex::escape(c.encode_utf8(&mut [0; 4]));
+    let mut re = String::from("(?s)^");
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
         match c {
-            '*' => {
-                for skip in 0..=n.len() {
-                    if go(rest, n.get(skip..)?)? {
-                        return Some(true);
-                    }
-                }
-                Some(false)
-            }
-            '?' => match n.split_first() {
-                Some((_, nr)) => go(rest, nr),
-                None => Some(false),
-            },
+            '*' => re.push_str(".*"),
+            '?' => re.push('.'),
+            '\\' => re.push_str(&lit(chars.next()?)),
             '[' => {
-                let close = rest.iter().position(|&x| x == ']')?;
-                let (class, after) = (rest.get(..close)?, rest.get(close + 1..)?);
-                let (negate, class) = match class.split_first() {
-                    Some(('^', c)) => (true, c),
-                    _ => (false, class),
+                let (class, rest) = chars.as_str().split_once(']')?;
+                chars = rest.chars();
+                let (negate, class) = match class.strip_prefix('^') {
+                    Some(c) => ("^", c),
+                    None => ("", class),
                 };
                 if class.is_empty() {
                     return None;
                 }
-                let Some((&ch, nr)) = n.split_first() else {
-                    return Some(false);
-                };
-                let mut hit = false;
+                // Led by an empty class, so that a class whose only range
+                // is inverted (which matches nothing, as in Go) is still a
+                // regex.
+                re.push_str(&format!("[{negate}[^\\x00-\\x{{10FFFF}}]"));
+                let class: Vec<char> = class.chars().collect();
                 let mut i = 0;
                 while let Some(&lo) = class.get(i) {
                     if class.get(i + 1) == Some(&'-')
                         && let Some(&hi) = class.get(i + 2)
                     {
-                        hit |= lo <= ch && ch <= hi;
+                        if lo <= hi {
+                            re.push_str(&format!("{}-{}", lit(lo), lit(hi)));
+                        }
                         i += 3;
                     } else {
-                        hit |= lo == ch;
+                        re.push_str(&lit(lo));
                         i += 1;
                     }
                 }
-                if hit != negate {
-                    go(after, nr)
-                } else {
-                    Some(false)
-                }
+                re.push(']');
             }
-            '\\' => {
-                let (&lit, rest) = rest.split_first()?;
-                match n.split_first() {
-                    Some((&ch, nr)) if ch == lit => go(rest, nr),
-                    _ => Some(false),
-                }
-            }
-            lit => match n.split_first() {
-                Some((&ch, nr)) if ch == lit => go(rest, nr),
-                _ => Some(false),
-            },
+            c => re.push_str(&lit(c)),
         }
     }
-    go(&p, &n)
+    re.push('$');
+    Some(regex::Regex::new(&re).ok()?.is_match(name))
 }
 
 fn crio(files: &dyn HostFiles) -> Verdict {

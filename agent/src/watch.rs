@@ -20,9 +20,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
+use linkerd_cni_chain::is_config_name;
 use linkerd_cni_chain::write::is_temp_name;
-
-use crate::config::has_config_extension;
 
 /// Which names in a watched directory matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,11 +78,13 @@ impl Filter {
             chain: false,
             full: true,
         };
-        if is_temp_name(std::ffi::OsStr::new(name)) {
+        let os_name = std::ffi::OsStr::new(name);
+        if is_temp_name(os_name) {
             return none;
         }
         match self {
-            Filter::ConfigsAnd(_) if has_config_extension(name) => Wanted {
+            // Any name the runtime would load (the chain library's rule).
+            Filter::ConfigsAnd(_) if is_config_name(os_name) => Wanted {
                 chain: chain_event(mask),
                 full: false,
             },

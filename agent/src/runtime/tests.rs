@@ -332,6 +332,14 @@ fn go_style_name_patterns() {
         ("\\*", "*", Some(true)),
         ("a[", "a", None),
         ("*", "", Some(true)),
+        ("[a-c]x", "bx", Some(true)),
+        ("[z-a]", "b", Some(false)),
+        ("[^z-a]", "b", Some(true)),
+        ("[^]", "a", None),
+        ("a\\", "a", None),
+        ("[.-]?", "-x", Some(true)),
+        ("a.b", "axb", Some(false)),
+        ("[a&&b]", "&", Some(true)),
     ] {
         assert_eq!(name_matches(p, n), want, "{p} vs {n}");
     }
