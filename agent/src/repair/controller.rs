@@ -36,12 +36,13 @@ use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
+use crate::events::Notice;
 use crate::repair::backoff::{self, Backoff, Retry};
 use crate::repair::chain_gate::{self, Verdict};
 use crate::repair::metrics::Metrics;
@@ -475,7 +476,7 @@ pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
     event(
         regarding,
         instance,
-        "Normal",
+        false,
         EVENT_ACTION,
         "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again",
     )
@@ -487,7 +488,7 @@ pub fn unowned_event_for(regarding: &ObjectReference, instance: &str) -> K8sEven
     event(
         regarding,
         instance,
-        "Warning",
+        true,
         EVENT_ACTION_UNOWNED,
         "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it has no controller owner to create it again. Now that the node's chain is healthy, delete it and create it again",
     )
@@ -499,7 +500,7 @@ pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent
     event(
         regarding,
         instance,
-        "Warning",
+        true,
         EVENT_ACTION_UNOWNED,
         "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it is a static pod's mirror pod, which the kubelet would only create again. Now that the node's chain is healthy, restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back)",
     )
@@ -508,28 +509,24 @@ pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent
 fn event(
     regarding: &ObjectReference,
     instance: &str,
-    type_: &str,
-    action: &str,
+    warning: bool,
+    action: &'static str,
     note: &str,
 ) -> K8sEvent {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let pod = regarding.name.clone().unwrap_or_default();
-    K8sEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{pod}.{:x}", now.as_nanosecond())),
-            namespace: regarding.namespace.clone(),
-            ..ObjectMeta::default()
-        },
-        action: Some(action.into()),
-        reason: Some(EVENT_REASON.into()),
-        note: Some(note.into()),
-        type_: Some(type_.into()),
-        event_time: Some(MicroTime(now)),
-        regarding: Some(regarding.clone()),
-        reporting_controller: Some(REPORTER.into()),
-        reporting_instance: Some(instance.into()),
-        ..K8sEvent::default()
-    }
+    let notice = Notice {
+        reason: EVENT_REASON,
+        action,
+        warning,
+        note: note.into(),
+    };
+    let namespace = regarding.namespace.clone();
+    notice.about(
+        regarding.clone(),
+        namespace,
+        REPORTER,
+        instance,
+        Timestamp::now(),
+    )
 }
 
 #[cfg(test)]
