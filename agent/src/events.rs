@@ -47,28 +47,22 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn reason(self) -> &'static str {
-        match self {
-            Kind::Fight => "LinkerdCNIChainFight",
-            Kind::OwnedFallback => "LinkerdCNIOwnedModeFallback",
-            Kind::CredentialRejected => "LinkerdCNICredentialRejected",
-            Kind::TaintRemoved => "LinkerdCNIStartupTaintRemoved",
-            Kind::Uninstall => "LinkerdCNIUninstall",
+    /// What the Event of this kind says: why (its reason), what was done
+    /// (its action), and `note`.
+    fn notice(self, note: String) -> Notice {
+        let (reason, action) = match self {
+            Kind::Fight => ("LinkerdCNIChainFight", "LimitRepairs"),
+            Kind::OwnedFallback => ("LinkerdCNIOwnedModeFallback", "UseInlineMode"),
+            Kind::CredentialRejected => ("LinkerdCNICredentialRejected", "PassThroughPods"),
+            Kind::TaintRemoved => ("LinkerdCNIStartupTaintRemoved", "RemoveTaint"),
+            Kind::Uninstall => ("LinkerdCNIUninstall", "Uninstall"),
+        };
+        Notice {
+            reason,
+            action,
+            warning: !matches!(self, Kind::TaintRemoved | Kind::Uninstall),
+            note,
         }
-    }
-
-    fn action(self) -> &'static str {
-        match self {
-            Kind::Fight => "LimitRepairs",
-            Kind::OwnedFallback => "UseInlineMode",
-            Kind::CredentialRejected => "PassThroughPods",
-            Kind::TaintRemoved => "RemoveTaint",
-            Kind::Uninstall => "Uninstall",
-        }
-    }
-
-    fn warning(self) -> bool {
-        !matches!(self, Kind::TaintRemoved | Kind::Uninstall)
     }
 }
 
@@ -233,12 +227,7 @@ impl Events {
                 INTERVAL.as_secs() / 60
             ),
         };
-        Some(Notice {
-            reason: kind.reason(),
-            action: kind.action(),
-            warning: kind.warning(),
-            note,
-        })
+        Some(kind.notice(note))
     }
 
     /// Queues the Event for `kind` (rate-limited); never waits.
