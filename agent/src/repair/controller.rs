@@ -27,7 +27,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -43,7 +42,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::events::Notice;
-use crate::repair::backoff::{self, Backoff, Retry};
+use crate::repair::args::Args;
+use crate::repair::backoff::{Backoff, Policy, Retry};
 use crate::repair::chain_gate::{self, Verdict};
 use crate::repair::metrics::Metrics;
 use crate::repair::pod::{DATA_PLANE_LABEL, Remedy, needs_repair, remedy};
@@ -65,16 +65,6 @@ pub const MAX_PENDING: usize = 4096;
 /// How long a deleted pod's UID is remembered, so that a stale watch event
 /// of the deleted pod does not cause a second deletion.
 const DELETED_MEMORY: Duration = Duration::from_secs(600);
-
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub node_name: String,
-    pub controller_pod_name: String,
-    pub cni_net_dir: PathBuf,
-    pub chain_check_interval: Duration,
-    pub backoff: backoff::Policy,
-    pub api_timeout: Duration,
-}
 
 type Key = (String, String);
 
@@ -104,7 +94,8 @@ enum Deletion {
 
 pub struct Controller {
     client: Client,
-    settings: Settings,
+    /// Its command line (or the installer's repair variables).
+    args: Args,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     pending: BTreeMap<Key, Candidate>,
@@ -121,16 +112,14 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(
-        client: Client,
-        settings: Settings,
-        metrics: Metrics,
-        ready: Arc<AtomicBool>,
-    ) -> Self {
-        let backoff = Backoff::new(settings.backoff);
+    pub fn new(client: Client, args: Args, metrics: Metrics, ready: Arc<AtomicBool>) -> Self {
+        let backoff = Backoff::new(Policy {
+            initial: args.pod_backoff,
+            max: args.pod_backoff_max.max(args.pod_backoff),
+        });
         Controller {
             client,
-            settings,
+            args,
             metrics,
             ready,
             pending: BTreeMap::new(),
@@ -147,7 +136,7 @@ impl Controller {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
-            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+            .fields(&format!("spec.nodeName={}", self.args.node_name));
         watcher(api, config).boxed()
     }
 
@@ -159,8 +148,8 @@ impl Controller {
         // While set, the watch is not polled: the next attempt waits.
         let mut resume_at: Option<Instant> = None;
         tracing::info!(
-            node = %self.settings.node_name,
-            conf_dir = %self.settings.cni_net_dir.display(),
+            node = %self.args.node_name,
+            conf_dir = %self.args.cni_net_dir.display(),
             "watching this node's meshed pods"
         );
         loop {
@@ -243,7 +232,7 @@ impl Controller {
         let already_done = uid
             .as_ref()
             .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
-        if !needs_repair(pod, &self.settings.node_name) || already_done {
+        if !needs_repair(pod, &self.args.node_name) || already_done {
             set.remove(&key);
             return;
         }
@@ -296,7 +285,7 @@ impl Controller {
             return;
         }
         if !self.chain_allows_repair().await {
-            self.chain_recheck_at = Some(Instant::now() + self.settings.chain_check_interval);
+            self.chain_recheck_at = Some(Instant::now() + self.args.chain_check_interval);
             return;
         }
         self.chain_recheck_at = None;
@@ -319,7 +308,7 @@ impl Controller {
                     if let Some(uid) = &c.uid {
                         self.deleted.insert(uid.clone(), Instant::now());
                     }
-                    let event = event_for(&c.reference, &self.settings.controller_pod_name);
+                    let event = event_for(&c.reference, &self.args.controller_pod_name);
                     self.publish(&key, event).await;
                 }
                 Deletion::Moot => {
@@ -339,7 +328,7 @@ impl Controller {
     /// Judges the chain (off the async threads: it reads files) and logs
     /// when the verdict changes.
     async fn chain_allows_repair(&mut self) -> bool {
-        let dir = self.settings.cni_net_dir.clone();
+        let dir = self.args.cni_net_dir.clone();
         let verdict = tokio::task::spawn_blocking(move || chain_gate::check(&dir))
             .await
             .unwrap_or_else(|e| Verdict::Broken(format!("the chain check failed: {e}")));
@@ -381,7 +370,7 @@ impl Controller {
             ..DeleteParams::default()
         };
         let t0 = Instant::now();
-        match tokio::time::timeout(self.settings.api_timeout, api.delete(name, &params)).await {
+        match tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await {
             Ok(Ok(_)) => {
                 self.metrics.pods_deleted.inc();
                 self.metrics
@@ -401,7 +390,7 @@ impl Controller {
             }
             Err(_) => {
                 self.metrics.pods_delete_timeouts.inc();
-                tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.settings.api_timeout, "pod deletion timed out; will retry");
+                tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.args.api_timeout, "pod deletion timed out; will retry");
                 Deletion::Failed
             }
         }
@@ -415,7 +404,7 @@ impl Controller {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        let instance = &self.settings.controller_pod_name;
+        let instance = &self.args.controller_pod_name;
         let event = if c.remedy == Remedy::MirrorPod {
             tracing::warn!(
                 namespace = %ns,
@@ -438,7 +427,7 @@ impl Controller {
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), ns);
         let t0 = Instant::now();
         match tokio::time::timeout(
-            self.settings.api_timeout,
+            self.args.api_timeout,
             api.create(&PostParams::default(), &event),
         )
         .await
