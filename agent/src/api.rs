@@ -141,7 +141,7 @@ impl Api {
 
     /// GETs `path` and decodes the JSON answer.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        self.call(HttpMethod::GET, path, "", Vec::new()).await
+        self.call(Method::Get, path, None).await
     }
 
     /// POSTs the JSON `body` to `path` (a create that may happen twice: an
@@ -151,13 +151,8 @@ impl Api {
         path: &str,
         body: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        self.call(
-            HttpMethod::POST,
-            path,
-            "application/json",
-            body.to_string().into_bytes(),
-        )
-        .await
+        let body = ("application/json", body);
+        self.call(Method::Post, path, Some(body)).await
     }
 
     /// PATCHes `path` with a JSON patch, which must be safe to apply twice.
@@ -166,23 +161,27 @@ impl Api {
         path: &str,
         patch: &serde_json::Value,
     ) -> Result<T, ApiError> {
-        let body = patch.to_string().into_bytes();
-        self.call(HttpMethod::PATCH, path, "application/json-patch+json", body)
-            .await
+        let body = ("application/json-patch+json", patch);
+        self.call(Method::Patch, path, Some(body)).await
     }
 
-    /// One call, retried on transient failures within the budget.
+    /// One call, with a body of its content type when it has one, retried
+    /// on transient failures within the budget.
     async fn call<T: DeserializeOwned>(
         &self,
-        http_method: HttpMethod,
+        method: Method,
         path: &str,
-        content_type: &str,
-        body: Vec<u8>,
+        body: Option<(&str, &serde_json::Value)>,
     ) -> Result<T, ApiError> {
-        let method = match http_method {
-            HttpMethod::POST => Method::Post,
-            HttpMethod::PATCH => Method::Patch,
-            _ => Method::Get,
+        let decode = |cause| ApiError::Decode {
+            method,
+            path: path.into(),
+            cause,
+        };
+        let http_method = match method {
+            Method::Get => HttpMethod::GET,
+            Method::Post => HttpMethod::POST,
+            Method::Patch => HttpMethod::PATCH,
         };
         for attempt in 1..=MAX_ATTEMPTS {
             if Instant::now() >= self.deadline {
@@ -192,23 +191,16 @@ impl Api {
                 .method(http_method.clone())
                 .uri(path)
                 .header("accept", "application/json");
-            if !content_type.is_empty() {
+            if let Some((content_type, _)) = body {
                 req = req.header("content-type", content_type);
             }
-            let req = req.body(body.clone()).map_err(|e| ApiError::Decode {
-                method,
-                path: path.into(),
-                cause: e.into(),
-            })?;
+            let bytes = body.map_or_else(Vec::new, |(_, b)| b.to_string().into_bytes());
+            let req = req.body(bytes).map_err(|e| decode(e.into()))?;
             let started = Instant::now();
             let bound = self.deadline.min(started + ATTEMPT_TIMEOUT);
             let err = match timeout_at(bound, self.attempt(method, path, req, attempt)).await {
                 Ok(Ok(bytes)) => {
-                    return serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode {
-                        method,
-                        path: path.into(),
-                        cause: e.into(),
-                    });
+                    return serde_json::from_slice(&bytes).map_err(|e| decode(e.into()));
                 }
                 Ok(Err(e)) => e,
                 Err(_) => ApiError::NoAnswer {

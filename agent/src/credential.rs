@@ -216,19 +216,11 @@ pub fn plugin_access(
     let Ok(config) = kubeconfig::api_with(cfg, &t) else {
         return previous;
     };
-    let review = json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {
-            "namespace": "", "verb": "get", "resource": "pods", "name": "",
-        }},
-    });
+    let get_pods = json!({"namespace": "", "verb": "get", "resource": "pods", "name": ""});
     let answer = api::blocking(config, API_TIMEOUT, async |api| {
-        api.create::<serde_json::Value>(SELF_SUBJECT_ACCESS_REVIEW_PATH, &review)
-            .await
+        allowed(api, get_pods).await
     })
-    .and_then(|r| r)
-    .map(|r| r["status"]["allowed"] == true);
+    .and_then(|r| r);
     match answer {
         Ok(true) => None,
         Ok(false) => {
@@ -478,8 +470,13 @@ impl Credential {
                 tokio::time::sleep(pause).await;
                 r = request(api, &namespace, account, node).await;
             }
+            // Whether this pod may create the account's tokens.
+            let may_mint = json!({
+                "namespace": namespace, "verb": "create", "resource": "serviceaccounts",
+                "subresource": "token", "name": account,
+            });
             let review = match r {
-                Err(TokenError::Forbidden { .. }) => may_mint(api, &namespace, account).await,
+                Err(TokenError::Forbidden { .. }) => allowed(api, may_mint).await,
                 _ => Ok(true),
             };
             (r, review)
@@ -543,16 +540,13 @@ impl Credential {
     }
 }
 
-/// Whether this pod may create tokens of ServiceAccount `namespace/name`,
-/// as a SelfSubjectAccessReview with its own token answers.
-async fn may_mint(api: &Api, namespace: &str, name: &str) -> Result<bool, ApiError> {
+/// Whether the asker may do what `attributes` (a SelfSubjectAccessReview's
+/// `resourceAttributes`) say, as the API server answers.
+async fn allowed(api: &Api, attributes: serde_json::Value) -> Result<bool, ApiError> {
     let review = json!({
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {
-            "namespace": namespace, "verb": "create", "resource": "serviceaccounts",
-            "subresource": "token", "name": name,
-        }},
+        "spec": {"resourceAttributes": attributes},
     });
     let r: serde_json::Value = api.create(SELF_SUBJECT_ACCESS_REVIEW_PATH, &review).await?;
     Ok(r["status"]["allowed"] == true)

@@ -16,7 +16,8 @@
 //! Events are `events.k8s.io/v1`, about the Node, in the `default`
 //! namespace (where `kubectl describe node` finds them). Each is a new
 //! Event, never a patch of an earlier series (as kube-rs's `Recorder`
-//! would make): `create` is the only right needed.
+//! would make): `create` is the only right needed. The repair controller's
+//! Events about pods are built the same way ([`Notice::about`]).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
@@ -46,28 +47,22 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn reason(self) -> &'static str {
-        match self {
-            Kind::Fight => "LinkerdCNIChainFight",
-            Kind::OwnedFallback => "LinkerdCNIOwnedModeFallback",
-            Kind::CredentialRejected => "LinkerdCNICredentialRejected",
-            Kind::TaintRemoved => "LinkerdCNIStartupTaintRemoved",
-            Kind::Uninstall => "LinkerdCNIUninstall",
+    /// What the Event of this kind says: why (its reason), what was done
+    /// (its action), and `note`.
+    fn notice(self, note: String) -> Notice {
+        let (reason, action) = match self {
+            Kind::Fight => ("LinkerdCNIChainFight", "LimitRepairs"),
+            Kind::OwnedFallback => ("LinkerdCNIOwnedModeFallback", "UseInlineMode"),
+            Kind::CredentialRejected => ("LinkerdCNICredentialRejected", "PassThroughPods"),
+            Kind::TaintRemoved => ("LinkerdCNIStartupTaintRemoved", "RemoveTaint"),
+            Kind::Uninstall => ("LinkerdCNIUninstall", "Uninstall"),
+        };
+        Notice {
+            reason,
+            action,
+            warning: !matches!(self, Kind::TaintRemoved | Kind::Uninstall),
+            note,
         }
-    }
-
-    fn action(self) -> &'static str {
-        match self {
-            Kind::Fight => "LimitRepairs",
-            Kind::OwnedFallback => "UseInlineMode",
-            Kind::CredentialRejected => "PassThroughPods",
-            Kind::TaintRemoved => "RemoveTaint",
-            Kind::Uninstall => "Uninstall",
-        }
-    }
-
-    fn warning(self) -> bool {
-        !matches!(self, Kind::TaintRemoved | Kind::Uninstall)
     }
 }
 
@@ -78,9 +73,10 @@ const REPORTER: &str = "linkerd.io/linkerd-cni-installer";
 /// The API limits an Event's note to 1 kB.
 const MAX_NOTE: usize = 1024;
 
-/// One Event about the Node.
+/// What an Event says: the installer's about its Node, and the repair
+/// controller's about pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeEvent {
+pub struct Notice {
     /// Why, in CamelCase: what alerts match on.
     pub reason: &'static str,
     /// What was done about it, in CamelCase.
@@ -91,10 +87,31 @@ pub struct NodeEvent {
     pub note: String,
 }
 
-impl NodeEvent {
+impl Notice {
     /// The Event about `node`, reported by `instance` (the installer's
     /// pod) at `now`.
     fn to_event(&self, node: &str, instance: &str, now: Timestamp) -> Event {
+        let node = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            ..ObjectReference::default()
+        };
+        let namespace = Some(NODE_EVENTS_NAMESPACE.into());
+        self.about(node, namespace, REPORTER, instance, now)
+    }
+
+    /// The `events.k8s.io/v1` Event saying this about `regarding`, in
+    /// `namespace`, reported by `instance` of `controller` at `now`, named
+    /// after `regarding` and `now`.
+    pub fn about(
+        &self,
+        regarding: ObjectReference,
+        namespace: Option<String>,
+        controller: &str,
+        instance: &str,
+        now: Timestamp,
+    ) -> Event {
         let mut note = self.note.clone();
         if note.len() > MAX_NOTE {
             let mut cut = MAX_NOTE - 3;
@@ -104,25 +121,21 @@ impl NodeEvent {
             note.truncate(cut);
             note.push_str("...");
         }
+        let name = regarding.name.as_deref().unwrap_or_default();
         Event {
             metadata: ObjectMeta {
-                name: Some(format!("{node}.{:x}", now.as_nanosecond())),
-                namespace: Some(NODE_EVENTS_NAMESPACE.into()),
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace,
                 ..ObjectMeta::default()
             },
             event_time: Some(MicroTime(now)),
-            reporting_controller: Some(REPORTER.into()),
+            reporting_controller: Some(controller.into()),
             reporting_instance: Some(instance.into()),
             action: Some(self.action.into()),
             reason: Some(self.reason.into()),
             type_: Some(if self.warning { "Warning" } else { "Normal" }.into()),
             note: Some(note),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.into()),
-                ..ObjectReference::default()
-            }),
+            regarding: Some(regarding),
             ..Event::default()
         }
     }
@@ -130,7 +143,7 @@ impl NodeEvent {
 
 /// Where Events go: the API server, or a test's list.
 pub trait Sink: Send + Sync {
-    fn create(&self, event: &NodeEvent) -> Result<(), String>;
+    fn create(&self, event: &Notice) -> Result<(), String>;
 }
 
 /// The API server, with the installer's own credential (its
@@ -143,7 +156,7 @@ pub struct ApiSink {
 }
 
 impl Sink for ApiSink {
-    fn create(&self, event: &NodeEvent) -> Result<(), String> {
+    fn create(&self, event: &Notice) -> Result<(), String> {
         let config = crate::kubeconfig::own_api(&self.cfg)?;
         let body =
             serde_json::to_value(event.to_event(&self.node, &self.instance, Timestamp::now()))
@@ -192,7 +205,7 @@ impl Limiter {
 pub struct Events {
     sink: Arc<dyn Sink>,
     limiter: Mutex<Limiter>,
-    queue: Mutex<Option<SyncSender<NodeEvent>>>,
+    queue: Mutex<Option<SyncSender<Notice>>>,
 }
 
 impl Events {
@@ -205,7 +218,7 @@ impl Events {
     }
 
     /// The Event for `kind`, unless one was sent within [`INTERVAL`].
-    fn admitted(&self, kind: Kind, note: String) -> Option<NodeEvent> {
+    fn admitted(&self, kind: Kind, note: String) -> Option<Notice> {
         let skipped = crate::metrics::lock(&self.limiter).admit(kind, Instant::now())?;
         let note = match skipped {
             0 => note,
@@ -214,12 +227,7 @@ impl Events {
                 INTERVAL.as_secs() / 60
             ),
         };
-        Some(NodeEvent {
-            reason: kind.reason(),
-            action: kind.action(),
-            warning: kind.warning(),
-            note,
-        })
+        Some(kind.notice(note))
     }
 
     /// Queues the Event for `kind` (rate-limited); never waits.
@@ -229,7 +237,7 @@ impl Events {
         };
         let mut queue = crate::metrics::lock(&self.queue);
         let tx = queue.get_or_insert_with(|| {
-            let (tx, rx) = mpsc::sync_channel::<NodeEvent>(QUEUE);
+            let (tx, rx) = mpsc::sync_channel::<Notice>(QUEUE);
             let sink = self.sink.clone();
             let spawned = std::thread::Builder::new()
                 .name("events".into())
@@ -260,7 +268,7 @@ impl Events {
     }
 }
 
-fn send(sink: &dyn Sink, e: &NodeEvent) {
+fn send(sink: &dyn Sink, e: &Notice) {
     match sink.create(e) {
         Ok(()) => tracing::debug!("Event {} created", e.reason),
         Err(err) => tracing::warn!("cannot create Event {} on this node: {err}", e.reason),
@@ -272,9 +280,9 @@ mod tests {
     use super::*;
 
     #[derive(Default)]
-    struct List(Mutex<Vec<NodeEvent>>);
+    struct List(Mutex<Vec<Notice>>);
     impl Sink for List {
-        fn create(&self, event: &NodeEvent) -> Result<(), String> {
+        fn create(&self, event: &Notice) -> Result<(), String> {
             self.0.lock().unwrap().push(event.clone());
             Ok(())
         }
@@ -298,7 +306,7 @@ mod tests {
 
     #[test]
     fn shape_of_a_node_event() {
-        let e = NodeEvent {
+        let e = Notice {
             reason: "ChainFight",
             action: "RepairLimited",
             warning: true,

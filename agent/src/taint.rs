@@ -28,8 +28,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Node, Taint};
 use linkerd_cni_kube::ApiError;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{self, Api};
@@ -142,16 +142,6 @@ impl StartupTaint {
 
     /// One removal: Err is the failure's kind and what to say about it.
     fn remove(&self) -> Result<TaintOutcome, (Failure, String)> {
-        // Names go into an API path: refuse anything that could change it.
-        if !is_path_segment(&self.node) {
-            return Err((
-                Failure::Other,
-                format!(
-                    "LINKERD_CNI_NODE_NAME {:?} is not a valid node name",
-                    self.node
-                ),
-            ));
-        }
         let config = kubeconfig::own_api(&self.cfg).map_err(|e| (Failure::Other, e))?;
         let (node, key) = (self.node.as_str(), self.key.as_str());
         api::blocking(config, API_TIMEOUT, async |api| {
@@ -224,54 +214,30 @@ impl StartupTaint {
     }
 }
 
-/// A node name is a DNS subdomain: lower-case alphanumerics, `-` and `.`.
-fn is_path_segment(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && s != "."
-        && s != ".."
-}
-
 /// Reads of the node (and patches) before giving up on a node whose taint
 /// list keeps changing under us.
 const MAX_ROUNDS: u32 = 5;
 
-/// The fields of a Node this reads.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct Node {
-    spec: NodeSpec,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct NodeSpec {
-    /// Kept as JSON: only `key` and `effect` are read.
-    #[serde(deserialize_with = "nullable_list")]
-    taints: Vec<Value>,
-}
-
-fn nullable_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
-    Ok(Option::<Vec<Value>>::deserialize(d)?.unwrap_or_default())
-}
-
-fn key_of(taint: &Value) -> &str {
-    taint.get("key").and_then(Value::as_str).unwrap_or_default()
+/// The taints of `node` (none when the list is null or missing).
+fn taints(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
 }
 
 /// `key[=value]:Effect`, as kubectl shows a taint.
-fn describe(taint: &Value) -> String {
-    let value = match taint.get("value").and_then(Value::as_str) {
+fn describe(taint: &Taint) -> String {
+    let value = match taint.value.as_deref() {
         Some(v) if !v.is_empty() => format!("={v}"),
         _ => String::new(),
     };
-    let effect = taint.get("effect").and_then(Value::as_str).unwrap_or("");
-    format!("{}{value}:{effect}", key_of(taint))
+    format!("{}{value}:{}", taint.key, taint.effect)
 }
 
-/// The API path of a node (its name one encoded segment).
+/// The API path of a node: its name one encoded segment, so that no name
+/// can reach another object (the name was checked as a node name when the
+/// settings were read, too).
 fn node_path(node: &str) -> String {
     format!("/api/v1/nodes/{}", linkerd_cni_kube::names::segment(node))
 }
@@ -354,13 +320,14 @@ impl TaintError {
 
     /// What an operator should do about it.
     fn hint(&self) -> String {
+        let (TaintError::Get { node, key, .. }
+        | TaintError::Patch { node, key, .. }
+        | TaintError::Contended { node, key, .. }) = self;
         match self.kind() {
             Failure::Forbidden => format!(
                 "the linkerd-cni service account needs get and patch on nodes \
                  (deploy/linkerd-cni.yaml grants them; the linkerd2-cni chart does not); \
-                 until then remove the taint by hand: kubectl taint nodes {} {}-",
-                self.node(),
-                self.key()
+                 until then remove the taint by hand: kubectl taint nodes {node} {key}-"
             ),
             Failure::Unauthorized => {
                 "the token in the kubeconfig was refused: the installer rewrites it when the \
@@ -376,22 +343,6 @@ impl TaintError {
                 }
                 _ => "see the message".into(),
             },
-        }
-    }
-
-    fn node(&self) -> &str {
-        match self {
-            TaintError::Get { node, .. }
-            | TaintError::Patch { node, .. }
-            | TaintError::Contended { node, .. } => node,
-        }
-    }
-
-    fn key(&self) -> &str {
-        match self {
-            TaintError::Get { key, .. }
-            | TaintError::Patch { key, .. }
-            | TaintError::Contended { key, .. } => key,
         }
     }
 }
@@ -423,12 +374,10 @@ async fn remove_taint(api: &Api, node: &str, key: &str) -> Result<TaintOutcome, 
             key: key.into(),
             source: Box::new(source),
         })?;
-        let indices: Vec<usize> = n
-            .spec
-            .taints
+        let indices: Vec<usize> = taints(&n)
             .iter()
             .enumerate()
-            .filter(|(_, t)| key_of(t) == key)
+            .filter(|(_, t)| t.key == key)
             .map(|(i, _)| i)
             .collect();
         if indices.is_empty() {
@@ -437,10 +386,7 @@ async fn remove_taint(api: &Api, node: &str, key: &str) -> Result<TaintOutcome, 
                 key: key.into(),
             });
         }
-        let removed = indices
-            .iter()
-            .map(|&i| describe(&n.spec.taints[i]))
-            .collect();
+        let removed = indices.iter().map(|&i| describe(&taints(&n)[i])).collect();
         match api
             .json_patch::<Value>(&path, &removal_patch(&indices, key))
             .await
@@ -544,12 +490,13 @@ mod tests {
     fn reads_null_and_missing_taints() {
         for body in [r#"{"spec":{"taints":null}}"#, r#"{"spec":{}}"#, "{}"] {
             let n: Node = serde_json::from_str(body).unwrap();
-            assert!(n.spec.taints.is_empty(), "{body}");
+            assert!(taints(&n).is_empty(), "{body}");
         }
-        let t = json!({"key": "k", "value": "v", "effect": "NoSchedule"});
+        let taint = |v| serde_json::from_value::<Taint>(v).unwrap();
+        let t = taint(json!({"key": "k", "value": "v", "effect": "NoSchedule"}));
         assert_eq!(describe(&t), "k=v:NoSchedule");
         assert_eq!(
-            describe(&json!({"key": "k", "effect": "NoExecute"})),
+            describe(&taint(json!({"key": "k", "effect": "NoExecute"}))),
             "k:NoExecute"
         );
     }

@@ -20,15 +20,6 @@ pub struct Policy {
     pub max: Duration,
 }
 
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            initial: Duration::from_secs(10),
-            max: Duration::from_secs(300),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     attempts: u32,
@@ -36,7 +27,7 @@ struct Entry {
 }
 
 /// The deletion history of each pod.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Backoff<K> {
     policy: Policy,
     entries: HashMap<K, Entry>,
@@ -56,7 +47,7 @@ impl<K: std::hash::Hash + Eq + Clone> Backoff<K> {
         match self.entries.get(key) {
             None => now,
             Some(e) if self.expired(e, now) => now,
-            Some(e) => e.last + self.delay(e.attempts),
+            Some(e) => e.last + self.policy.nominal(e.attempts),
         }
     }
 
@@ -83,21 +74,8 @@ impl<K: std::hash::Hash + Eq + Clone> Backoff<K> {
             .retain(|_, e| now.saturating_duration_since(e.last) < policy.max * 2);
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     fn expired(&self, e: &Entry, now: Instant) -> bool {
         now.saturating_duration_since(e.last) >= self.policy.max * 2
-    }
-
-    /// The wait after `attempts` deletions.
-    fn delay(&self, attempts: u32) -> Duration {
-        self.policy.nominal(attempts)
     }
 }
 
@@ -196,7 +174,7 @@ mod tests {
         let later = t0 + Duration::from_secs(10 + 120);
         assert_eq!(b.ready_at(&"a", later), later);
         b.prune(later);
-        assert!(b.is_empty());
+        assert!(b.entries.is_empty());
         b.record(&"a", later);
         assert_eq!(
             b.ready_at(&"a", later),

@@ -14,8 +14,7 @@ use std::time::Duration;
 use crate::logging;
 use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
 use crate::repair::args::Args;
-use crate::repair::backoff::Policy;
-use crate::repair::controller::{Controller, Settings};
+use crate::repair::controller::Controller;
 use crate::repair::lookup::{self, Facts, LookupMetrics};
 use crate::repair::metrics::Metrics;
 use crate::repair::process;
@@ -217,19 +216,7 @@ async fn run(args: Args, parts: Parts, shutdown: impl Future<Output = ()>) -> Re
     let client = client(&args).await?;
     let (metrics, lookup, ready) = parts;
     let _socket = answer_lookups(&args, &client, lookup);
-
-    let settings = Settings {
-        node_name: args.node_name,
-        controller_pod_name: args.controller_pod_name,
-        cni_net_dir: args.cni_net_dir,
-        chain_check_interval: args.chain_check_interval,
-        backoff: Policy {
-            initial: args.pod_backoff,
-            max: args.pod_backoff_max.max(args.pod_backoff),
-        },
-        api_timeout: args.api_timeout,
-    };
-    Controller::new(client, settings, metrics, ready)
+    Controller::new(client, args, metrics, ready)
         .run(async {
             shutdown.await;
             tracing::info!("shutting down");

@@ -27,7 +27,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -36,13 +35,15 @@ use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 
-use crate::repair::backoff::{self, Backoff, Retry};
+use crate::events::Notice;
+use crate::repair::args::Args;
+use crate::repair::backoff::{Backoff, Policy, Retry};
 use crate::repair::chain_gate::{self, Verdict};
 use crate::repair::metrics::Metrics;
 use crate::repair::pod::{DATA_PLANE_LABEL, Remedy, needs_repair, remedy};
@@ -64,16 +65,6 @@ pub const MAX_PENDING: usize = 4096;
 /// How long a deleted pod's UID is remembered, so that a stale watch event
 /// of the deleted pod does not cause a second deletion.
 const DELETED_MEMORY: Duration = Duration::from_secs(600);
-
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub node_name: String,
-    pub controller_pod_name: String,
-    pub cni_net_dir: PathBuf,
-    pub chain_check_interval: Duration,
-    pub backoff: backoff::Policy,
-    pub api_timeout: Duration,
-}
 
 type Key = (String, String);
 
@@ -103,7 +94,8 @@ enum Deletion {
 
 pub struct Controller {
     client: Client,
-    settings: Settings,
+    /// Its command line (or the installer's repair variables).
+    args: Args,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     pending: BTreeMap<Key, Candidate>,
@@ -120,16 +112,14 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(
-        client: Client,
-        settings: Settings,
-        metrics: Metrics,
-        ready: Arc<AtomicBool>,
-    ) -> Self {
-        let backoff = Backoff::new(settings.backoff);
+    pub fn new(client: Client, args: Args, metrics: Metrics, ready: Arc<AtomicBool>) -> Self {
+        let backoff = Backoff::new(Policy {
+            initial: args.pod_backoff,
+            max: args.pod_backoff_max.max(args.pod_backoff),
+        });
         Controller {
             client,
-            settings,
+            args,
             metrics,
             ready,
             pending: BTreeMap::new(),
@@ -146,7 +136,7 @@ impl Controller {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
-            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+            .fields(&format!("spec.nodeName={}", self.args.node_name));
         watcher(api, config).boxed()
     }
 
@@ -158,8 +148,8 @@ impl Controller {
         // While set, the watch is not polled: the next attempt waits.
         let mut resume_at: Option<Instant> = None;
         tracing::info!(
-            node = %self.settings.node_name,
-            conf_dir = %self.settings.cni_net_dir.display(),
+            node = %self.args.node_name,
+            conf_dir = %self.args.cni_net_dir.display(),
             "watching this node's meshed pods"
         );
         loop {
@@ -242,7 +232,7 @@ impl Controller {
         let already_done = uid
             .as_ref()
             .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
-        if !needs_repair(pod, &self.settings.node_name) || already_done {
+        if !needs_repair(pod, &self.args.node_name) || already_done {
             set.remove(&key);
             return;
         }
@@ -295,7 +285,7 @@ impl Controller {
             return;
         }
         if !self.chain_allows_repair().await {
-            self.chain_recheck_at = Some(Instant::now() + self.settings.chain_check_interval);
+            self.chain_recheck_at = Some(Instant::now() + self.args.chain_check_interval);
             return;
         }
         self.chain_recheck_at = None;
@@ -318,7 +308,7 @@ impl Controller {
                     if let Some(uid) = &c.uid {
                         self.deleted.insert(uid.clone(), Instant::now());
                     }
-                    let event = event_for(&c.reference, &self.settings.controller_pod_name);
+                    let event = event_for(&c.reference, &self.args.controller_pod_name);
                     self.publish(&key, event).await;
                 }
                 Deletion::Moot => {
@@ -338,7 +328,7 @@ impl Controller {
     /// Judges the chain (off the async threads: it reads files) and logs
     /// when the verdict changes.
     async fn chain_allows_repair(&mut self) -> bool {
-        let dir = self.settings.cni_net_dir.clone();
+        let dir = self.args.cni_net_dir.clone();
         let verdict = tokio::task::spawn_blocking(move || chain_gate::check(&dir))
             .await
             .unwrap_or_else(|e| Verdict::Broken(format!("the chain check failed: {e}")));
@@ -380,7 +370,7 @@ impl Controller {
             ..DeleteParams::default()
         };
         let t0 = Instant::now();
-        match tokio::time::timeout(self.settings.api_timeout, api.delete(name, &params)).await {
+        match tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await {
             Ok(Ok(_)) => {
                 self.metrics.pods_deleted.inc();
                 self.metrics
@@ -400,7 +390,7 @@ impl Controller {
             }
             Err(_) => {
                 self.metrics.pods_delete_timeouts.inc();
-                tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.settings.api_timeout, "pod deletion timed out; will retry");
+                tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.args.api_timeout, "pod deletion timed out; will retry");
                 Deletion::Failed
             }
         }
@@ -414,7 +404,7 @@ impl Controller {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        let instance = &self.settings.controller_pod_name;
+        let instance = &self.args.controller_pod_name;
         let event = if c.remedy == Remedy::MirrorPod {
             tracing::warn!(
                 namespace = %ns,
@@ -437,7 +427,7 @@ impl Controller {
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), ns);
         let t0 = Instant::now();
         match tokio::time::timeout(
-            self.settings.api_timeout,
+            self.args.api_timeout,
             api.create(&PostParams::default(), &event),
         )
         .await
@@ -475,7 +465,7 @@ pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
     event(
         regarding,
         instance,
-        "Normal",
+        false,
         EVENT_ACTION,
         "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again",
     )
@@ -487,7 +477,7 @@ pub fn unowned_event_for(regarding: &ObjectReference, instance: &str) -> K8sEven
     event(
         regarding,
         instance,
-        "Warning",
+        true,
         EVENT_ACTION_UNOWNED,
         "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it has no controller owner to create it again. Now that the node's chain is healthy, delete it and create it again",
     )
@@ -499,7 +489,7 @@ pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent
     event(
         regarding,
         instance,
-        "Warning",
+        true,
         EVENT_ACTION_UNOWNED,
         "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it is a static pod's mirror pod, which the kubelet would only create again. Now that the node's chain is healthy, restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back)",
     )
@@ -508,28 +498,24 @@ pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent
 fn event(
     regarding: &ObjectReference,
     instance: &str,
-    type_: &str,
-    action: &str,
+    warning: bool,
+    action: &'static str,
     note: &str,
 ) -> K8sEvent {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let pod = regarding.name.clone().unwrap_or_default();
-    K8sEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{pod}.{:x}", now.as_nanosecond())),
-            namespace: regarding.namespace.clone(),
-            ..ObjectMeta::default()
-        },
-        action: Some(action.into()),
-        reason: Some(EVENT_REASON.into()),
-        note: Some(note.into()),
-        type_: Some(type_.into()),
-        event_time: Some(MicroTime(now)),
-        regarding: Some(regarding.clone()),
-        reporting_controller: Some(REPORTER.into()),
-        reporting_instance: Some(instance.into()),
-        ..K8sEvent::default()
-    }
+    let notice = Notice {
+        reason: EVENT_REASON,
+        action,
+        warning,
+        note: note.into(),
+    };
+    let namespace = regarding.namespace.clone();
+    notice.about(
+        regarding.clone(),
+        namespace,
+        REPORTER,
+        instance,
+        Timestamp::now(),
+    )
 }
 
 #[cfg(test)]

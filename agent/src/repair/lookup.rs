@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, Se
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, Source};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -231,10 +231,8 @@ impl Facts {
             return json(&*s);
         }
         let control_plane = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(CONTROL_PLANE_LABEL))
+            .labels()
+            .get(CONTROL_PLANE_LABEL)
             .is_some_and(|v| !v.is_empty());
         if !control_plane {
             return None;

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 
 /// The init container linkerd's injector adds to meshed pods in CNI mode.
 pub const VALIDATOR_CONTAINER: &str = "linkerd-network-validator";
@@ -19,15 +20,7 @@ pub const DATA_PLANE_LABEL: &str = "linkerd.io/control-plane-ns";
 /// selectors already restrict to meshed pods of this node; they are checked
 /// again so that a pod the API sends us by mistake is never deleted.
 pub fn needs_repair(pod: &Pod, node: &str) -> bool {
-    let meta = &pod.metadata;
-    if meta.deletion_timestamp.is_some() {
-        return false;
-    }
-    if !meta
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(DATA_PLANE_LABEL))
-    {
+    if pod.metadata.deletion_timestamp.is_some() || !pod.labels().contains_key(DATA_PLANE_LABEL) {
         return false;
     }
     if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
@@ -82,14 +75,10 @@ pub fn remedy(pod: &Pod) -> Remedy {
 /// one on the mirror pods a kubelet creates). Either suffices, so that a
 /// pod the admission policy refuses to let us delete is never tried.
 pub fn is_mirror_pod(pod: &Pod) -> bool {
-    let meta = &pod.metadata;
-    meta.annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
-        || meta
-            .owner_references
+    pod.annotations().contains_key(MIRROR_ANNOTATION)
+        || pod
+            .owner_references()
             .iter()
-            .flatten()
             .any(|o| o.kind == "Node" && o.api_version == "v1")
 }
 
@@ -97,9 +86,7 @@ pub fn is_mirror_pod(pod: &Pod) -> bool {
 /// reference marked `controller` (a ReplicaSet, StatefulSet, DaemonSet,
 /// Job...), or none.
 pub fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
-    pod.metadata
-        .owner_references
-        .as_ref()?
+    pod.owner_references()
         .iter()
         .find(|o| o.controller == Some(true))
 }
