@@ -421,9 +421,11 @@ fn leftover_temp_files_are_removed_at_start() {
         inst.log()
     );
     assert!(other.exists());
+    // The line follows the removal: wait for it too, not just look.
     assert!(
+        inst.wait_log("a temp file left by an interrupted write", GRACE),
+        "{}",
         inst.log()
-            .contains("a temp file left by an interrupted write")
     );
 }
 
