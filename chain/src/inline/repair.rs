@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::diagnose_listing;
-use crate::names::Kind;
+use crate::names::{Kind, file_name};
+use crate::options::past;
 use crate::recover::{self, read_in};
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
@@ -62,16 +63,6 @@ enum Replacement {
     /// Someone else's content is in place (newer than what we read, and
     /// either healthy or not ours to repair): look again.
     Superseded,
-}
-
-fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.display().to_string())
 }
 
 /// Repairs the active config under the conf-dir lock. Never writes when
@@ -250,7 +241,7 @@ pub(crate) fn remove_entries(
             continue;
         };
         if Kind::of(path) == Kind::Single {
-            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::is_ours(&t.into())) {
+            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::holds_ours(Kind::Single, &t)) {
                 log::warn!(
                     "{} is a linkerd-cni-only config, not a primary's: left as it is",
                     path.display()
@@ -674,11 +665,7 @@ fn conversion_target(
             .map_err(|e| ChainError::io("read", &dst, e))?;
         // A list holding our entry is what a conversion interrupted after
         // writing it leaves; anything else is someone's config.
-        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
-            t.get("plugins")
-                .and_then(|p| p.as_array())
-                .is_some_and(|p| p.iter().any(plan::is_ours))
-        }) {
+        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| plan::holds_ours(Kind::List, &t)) {
             return Err(ChainError::Refused {
                 path: active.to_path_buf(),
                 reason: format!(

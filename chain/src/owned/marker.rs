@@ -73,10 +73,7 @@ impl Marker {
 /// when `bytes` are those of one of our files and the marker verifies. Cheap on anything else: a file that does not mention
 /// the marker key is not parsed.
 pub(crate) fn ours_in(path: &Path, bytes: &[u8]) -> Option<OwnedFile> {
-    if !bytes
-        .windows(MARKER_KEY.len())
-        .any(|w| w == MARKER_KEY.as_bytes())
-    {
+    if !plan::mentions(bytes, MARKER_KEY) {
         return None;
     }
     let top = plan::parse(Kind::List, bytes).ok()?;

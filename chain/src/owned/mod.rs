@@ -41,11 +41,10 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use crate::names::{Kind, owned_name};
+use crate::names::{Kind, file_name, owned_name};
 use crate::recover;
 use crate::scan::{self, Listing};
 use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, lock, plan, sha256, write};
@@ -98,19 +97,20 @@ impl fmt::Display for ChainMode {
 /// The mode an entry selects; an unknown value is an error (a typo must not
 /// silently select inline mode).
 pub fn mode_of(entry: &Entry) -> Result<ChainMode, ChainError> {
-    match entry.get(MODE_KEY) {
-        None | Some(Value::Null) => Ok(ChainMode::Inline),
-        Some(Value::String(s)) if ChainMode::parse(s).is_some() => {
-            Ok(ChainMode::parse(s).unwrap_or(ChainMode::Inline))
-        }
-        Some(other) => Err(ChainError::InvalidEntry {
+    let found = match entry.get(MODE_KEY) {
+        None | Some(Value::Null) => return Ok(ChainMode::Inline),
+        Some(found) => found,
+    };
+    found
+        .as_str()
+        .and_then(ChainMode::parse)
+        .ok_or_else(|| ChainError::InvalidEntry {
             origin: "the desired entry".into(),
             problem: super::EntryProblem::UnknownMode {
                 key: MODE_KEY,
-                found: other.to_string(),
+                found: found.to_string(),
             },
-        }),
-    }
+        })
 }
 
 /// Plugin types that delegate to other networks: never shadowed.
@@ -120,19 +120,17 @@ const META_KEYS: [&str; 3] = ["delegates", "clusterNetwork", "defaultNetworks"];
 
 /// Why a config is a meta-plugin's, if it is.
 fn meta_plugin(kind: Kind, top: &Map<String, Value>) -> Option<String> {
-    let plugins: Vec<&Value> = match kind {
+    let single;
+    let all: &[Value] = match kind {
         Kind::List => top
             .get("plugins")
             .and_then(Value::as_array)
-            .map(|p| p.iter().collect())
+            .map(Vec::as_slice)
             .unwrap_or_default(),
-        Kind::Single => vec![],
-    };
-    let single = Value::Object(top.clone());
-    let all = if kind == Kind::Single {
-        vec![&single]
-    } else {
-        plugins
+        Kind::Single => {
+            single = [Value::Object(top.clone())];
+            &single
+        }
     };
     for p in all {
         let t = p.get("type").and_then(Value::as_str).unwrap_or("?");
@@ -169,19 +167,11 @@ pub enum NotTaken {
 /// switch) does not change it.
 fn primary_chain(kind: Kind, bytes: &[u8]) -> Vec<u8> {
     match kind {
-        Kind::List if mentions_us(bytes) => {
+        Kind::List if plan::mentions(bytes, PLUGIN_TYPE) => {
             plan::without_entries(bytes).unwrap_or_else(|| bytes.to_vec())
         }
         _ => bytes.to_vec(),
     }
-}
-
-/// Whether `bytes` name linkerd-cni at all: a file that does not holds no
-/// entry of ours, and is not parsed to find one.
-fn mentions_us(bytes: &[u8]) -> bool {
-    bytes
-        .windows(PLUGIN_TYPE.len())
-        .any(|w| w == PLUGIN_TYPE.as_bytes())
 }
 
 /// The digest recorded in the marker for a primary holding `bytes`.
@@ -296,12 +286,6 @@ fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, 
         Some(content) => Ok((content, marker)),
         None => Err(NotTaken::Invalid("cannot be copied".into())),
     }
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// Owned mode's view of the conf dir.
@@ -464,8 +448,9 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         }
     };
     let kind = Kind::of(&primary);
-    d.inline_entry =
-        kind == Kind::List && mentions_us(&bytes) && plan::without_entries(&bytes).is_some();
+    d.inline_entry = kind == Kind::List
+        && plan::mentions(&bytes, PLUGIN_TYPE)
+        && plan::without_entries(&bytes).is_some();
     if let Some(r) = d.renamed.first() {
         d.state = OwnedState::Fallback {
             reason: format!(
@@ -589,10 +574,6 @@ fn copy_state(
     }
 }
 
-/// Keys a runtime sets in every plugin's config: an entry rebuilt from the
-/// plugin's stdin cannot know their value in the file.
-const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
-
 /// Whether our entry as read (its marker aside) is the desired one; its
 /// runtime-set keys compared only when the desired entry has them. A copy
 /// that means the same is never rewritten.
@@ -600,7 +581,7 @@ fn same_entry(have: &Map<String, Value>, desired: &Entry) -> bool {
     let strip = |m: &Map<String, Value>| -> Map<String, Value> {
         m.iter()
             .filter(|(k, _)| k.as_str() != MARKER_KEY)
-            .filter(|(k, _)| !RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
+            .filter(|(k, _)| !plan::RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
@@ -815,7 +796,7 @@ fn write_copy(
             reason: "a directory has its name; remove it".into(),
         });
     }
-    if opts.deadline.is_some_and(|t| Instant::now() >= t) {
+    if crate::options::past(opts.deadline) {
         return Err(ChainError::Deadline {
             path: ours.to_path_buf(),
         });
