@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
-use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState, SyncAction};
+use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState};
 use crate::{ChainError, ChainState, Entry, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
@@ -660,38 +660,14 @@ impl Run<'_> {
                 return self.fall_back(why).map(|()| false);
             }
         };
-        let created = r.created;
-        for a in r.actions {
-            self.report.actions.push(match a {
-                SyncAction::Wrote {
-                    file,
-                    from,
-                    created,
-                } => Action::Copied {
-                    file,
-                    from,
-                    created,
-                },
-                SyncAction::Removed { file, primary_gone } => Action::Retired {
-                    file,
-                    why: if primary_gone {
-                        Retired::PrimaryGone
-                    } else {
-                        Retired::Replaced
-                    },
-                },
-                SyncAction::Leftovers(n) => Action::Leftovers(n),
-                SyncAction::Restored(s) => Action::Restored(s),
-            });
-        }
-        if created
+        self.report.actions.extend(r.actions);
+        if r.created
             && let Some((ours, digest)) = key
             && let Some(w) = self.limit.record(ours, digest, now)
         {
             self.report.fights.push(w);
         }
-        if r.withheld.is_some() {
-            let req = ctx.opts.requires.clone().unwrap_or_default();
+        if let Some(req) = r.withheld {
             self.report.held_back.push(HeldBack {
                 file: ours,
                 cause: HoldCause::Requirement(req),

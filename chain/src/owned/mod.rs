@@ -47,7 +47,10 @@ use serde_json::{Map, Value};
 use crate::names::{Kind, file_name, owned_name};
 use crate::recover;
 use crate::scan::{self, Listing};
-use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, lock, plan, sha256, write};
+use crate::{
+    Action, ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, Retired, lock, plan, sha256,
+    write,
+};
 
 pub use crate::names::{OWNED_SUFFIX, owned_name as name_for};
 pub use marker::Marker;
@@ -609,47 +612,29 @@ pub(crate) fn diagnose_with(
     ))
 }
 
-/// One thing [`sync`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SyncAction {
-    /// Our file was written from the primary's (`created`: where none was).
-    Wrote {
-        file: PathBuf,
-        from: PathBuf,
-        created: bool,
-    },
-    /// One of our files removed: its primary is gone or replaced.
-    Removed { file: PathBuf, primary_gone: bool },
-    /// Leftover temp files of a killed write removed.
-    Leftovers(usize),
-    /// Someone's content displaced by a killed write put back.
-    Restored(String),
-}
-
 /// What [`sync`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyncReport {
-    /// What changed in the conf dir, in order.
-    pub actions: Vec<SyncAction>,
+    /// What changed in the conf dir, in order, as the keeper reports it.
+    pub actions: Vec<Action>,
     /// Whether anything in the conf dir changed (more than leftovers).
     pub changed: bool,
     /// Our file was written where none was (for fight detection).
     pub created: bool,
     /// The state after the sync.
     pub after: OwnedState,
-    /// Why nothing was written although the copy is missing or outdated.
-    pub withheld: Option<String>,
+    /// The file whose absence withheld the copy although it is missing or
+    /// outdated ([`RepairOptions::requires`]).
+    pub withheld: Option<PathBuf>,
 }
 
 impl SyncReport {
-    fn new(actions: Vec<SyncAction>, after: OwnedState, withheld: Option<String>) -> SyncReport {
+    fn new(actions: Vec<Action>, after: OwnedState, withheld: Option<PathBuf>) -> SyncReport {
         SyncReport {
-            changed: actions
-                .iter()
-                .any(|a| !matches!(a, SyncAction::Leftovers(_))),
+            changed: changed(&actions),
             created: actions
                 .iter()
-                .any(|a| matches!(a, SyncAction::Wrote { created: true, .. })),
+                .any(|a| matches!(a, Action::Copied { created: true, .. })),
             actions,
             after,
             withheld,
@@ -685,13 +670,10 @@ pub(crate) fn sync(
                 return Ok(SyncReport::new(actions, OwnedState::Current, None));
             }
             Step::Again => continue,
-            Step::Withheld(why) => return Ok(SyncReport::new(actions, d.state, Some(why))),
+            Step::Withheld(req) => return Ok(SyncReport::new(actions, d.state, Some(req))),
             Step::Done => {}
         }
-        let after = if actions
-            .iter()
-            .any(|a| !matches!(a, SyncAction::Leftovers(_)))
-        {
+        let after = if changed(&actions) {
             diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
         } else {
             d.state
@@ -702,6 +684,11 @@ pub(crate) fn sync(
         path: conf_dir.to_path_buf(),
         attempts: MAX_ROUNDS,
     })
+}
+
+/// Whether anything in the conf dir changed (more than leftovers).
+fn changed(actions: &[Action]) -> bool {
+    actions.iter().any(|a| !matches!(a, Action::Leftovers(_)))
 }
 
 /// Whether the primary still holds the chain `d`'s copy was made from.
@@ -720,13 +707,13 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
 fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
+    actions: &mut Vec<Action>,
 ) -> Result<Listing, ChainError> {
     let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
     if recovery.removed > 0 {
-        actions.push(SyncAction::Leftovers(recovery.removed));
+        actions.push(Action::Leftovers(recovery.removed));
     }
-    actions.extend(recovery.restored.into_iter().map(SyncAction::Restored));
+    actions.extend(recovery.restored.into_iter().map(Action::Restored));
     Ok(listing)
 }
 
@@ -736,29 +723,27 @@ enum Step {
     Again,
     /// Nothing to write, or done.
     Done,
-    /// The copy is due but may not be written now.
-    Withheld(String),
+    /// The copy is due but may not be written now: this required file is
+    /// gone.
+    Withheld(PathBuf),
 }
 
 fn sync_step(
     conf_dir: &Path,
     d: &OwnedDiagnosis,
     opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
+    actions: &mut Vec<Action>,
 ) -> Result<Step, ChainError> {
     match (&d.state, &d.ours) {
         (OwnedState::Missing | OwnedState::Outdated, Some(ours)) => {
             if let Some(r) = opts.requires.as_ref().filter(|r| !r.exists()) {
-                return Ok(Step::Withheld(format!(
-                    "not writing our config: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-                    r.display()
-                )));
+                return Ok(Step::Withheld(r.clone()));
             }
             if let Some(content) = &d.expected {
                 write_copy(conf_dir, d, ours, content, opts, actions)?;
             }
             let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, false, actions)?;
+            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
             // Written: the primary may have changed while we copied it, so
             // look again. Only stale files removed: done.
             Ok(if d.expected.is_some() {
@@ -768,12 +753,12 @@ fn sync_step(
             })
         }
         (OwnedState::NoPrimary, _) => {
-            remove_stale(conf_dir, d.owned.iter(), true, actions)?;
+            remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, actions)?;
             Ok(Step::Done)
         }
         (OwnedState::Current, Some(ours)) => {
             let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, false, actions)?;
+            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
             Ok(Step::Done)
         }
         _ => Ok(Step::Done),
@@ -786,7 +771,7 @@ fn write_copy(
     ours: &Path,
     content: &[u8],
     opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
+    actions: &mut Vec<Action>,
 ) -> Result<(), ChainError> {
     // Nothing is written where it could never be renamed into place (every
     // write wakes the runtime).
@@ -804,7 +789,7 @@ fn write_copy(
     let existed = ours.exists();
     let like = d.primary.as_ref().and_then(|p| fs::metadata(p).ok());
     put(conf_dir, ours, content, like.as_ref())?;
-    actions.push(SyncAction::Wrote {
+    actions.push(Action::Copied {
         file: ours.to_path_buf(),
         from: d.primary.clone().unwrap_or_default(),
         created: !existed,
@@ -815,11 +800,11 @@ fn write_copy(
 fn remove_stale<'a>(
     conf_dir: &Path,
     files: impl Iterator<Item = &'a PathBuf>,
-    primary_gone: bool,
-    actions: &mut Vec<SyncAction>,
+    why: Retired,
+    actions: &mut Vec<Action>,
 ) -> Result<(), ChainError> {
     for file in remove_all(conf_dir, files)? {
-        actions.push(SyncAction::Removed { file, primary_gone });
+        actions.push(Action::Retired { file, why });
     }
     Ok(())
 }

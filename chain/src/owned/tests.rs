@@ -677,7 +677,7 @@ fn a_crash_before_the_new_copy_reached_the_disk_puts_the_old_one_back() {
         // again), and the primary's newest is copied.
         let r = sync(d.path(), &want, &opts()).unwrap();
         assert!(
-            matches!(&r.actions[..], [SyncAction::Restored(n), SyncAction::Wrote { created: false, .. }] if n.contains("a crash lost")),
+            matches!(&r.actions[..], [Action::Restored(n), Action::Copied { created: false, .. }] if n.contains("a crash lost")),
             "{r:?}"
         );
         assert!(diagnose(d.path(), &want).unwrap().is_current());
