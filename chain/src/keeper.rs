@@ -550,11 +550,7 @@ impl Run<'_> {
         }
         match inline::repair_locked(&ctx.conf_dir, &ctx.desired, &ctx.step()) {
             Ok((r, _lock)) => {
-                if r.leftovers > 0 {
-                    self.report.actions.push(Action::Leftovers(r.leftovers));
-                }
-                let restored = r.restored.iter().cloned().map(Action::Restored);
-                self.report.actions.extend(restored);
+                self.report.actions.extend(r.recovery);
                 if let Some(req) = r.withheld {
                     self.report.held_back.push(HeldBack {
                         file: active,

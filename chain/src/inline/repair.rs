@@ -30,7 +30,7 @@ use crate::options::past;
 use crate::recover::{self, read_in};
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
-use crate::{ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
+use crate::{Action, ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
 
 /// What a repair did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,10 +45,9 @@ pub(crate) struct RepairReport {
     pub summary: String,
     /// The file whose absence withheld the repair ([`RepairOptions::requires`]).
     pub withheld: Option<PathBuf>,
-    /// Leftover temp files of a killed write removed.
-    pub leftovers: usize,
-    /// What recovery put back, one note each.
-    pub restored: Vec<String>,
+    /// What recovery did: leftover temp files of a killed write removed,
+    /// someone's content it displaced put back.
+    pub recovery: Vec<Action>,
 }
 
 /// Re-diagnoses after someone else's write this many times at most.
@@ -110,7 +109,9 @@ fn repair_under(
     let mut done = Recovered::default();
     let mut before = None;
     for _ in 0..MAX_ATTEMPTS {
-        let listing = recovered_listing(conf_dir, opts, &mut done)?;
+        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
+        done.notes.extend(recovery.iter().map(Action::to_string));
+        done.recovery.extend(recovery);
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
         let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
@@ -148,8 +149,7 @@ fn repair_under(
 /// What one repair's recovery did, and its notes for the summary.
 #[derive(Default)]
 struct Recovered {
-    leftovers: usize,
-    restored: Vec<String>,
+    recovery: Vec<Action>,
     notes: Vec<String>,
 }
 
@@ -170,30 +170,9 @@ impl Recovered {
             before,
             summary,
             withheld: None,
-            leftovers: self.leftovers,
-            restored: self.restored,
+            recovery: self.recovery,
         }
     }
-}
-
-/// The listing after recovery, its removals and restorations recorded in
-/// `done`.
-fn recovered_listing(
-    conf_dir: &Path,
-    opts: &RepairOptions,
-    done: &mut Recovered,
-) -> Result<Listing, ChainError> {
-    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-    if recovery.removed > 0 {
-        done.leftovers += recovery.removed;
-        done.notes.push(format!(
-            "removed {} leftover temp file(s)",
-            recovery.removed
-        ));
-    }
-    done.restored.extend(recovery.restored.iter().cloned());
-    done.notes.extend(recovery.restored);
-    Ok(listing)
 }
 
 /// Writes the repair of `active` from `base`: a list in place, a single

@@ -659,7 +659,8 @@ pub(crate) fn sync(
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
     let mut actions = Vec::new();
     for _ in 0..MAX_ROUNDS {
-        let listing = recovered_listing(conf_dir, opts, &mut actions)?;
+        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
+        actions.extend(recovery);
         let d = diagnose_listing(&listing, desired);
         match sync_step(conf_dir, &d, opts, &mut actions)? {
             // Written: current, unless the primary changed while we copied
@@ -699,22 +700,6 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
     listing
         .read(primary)
         .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
-}
-
-/// The listing after recovery, its removals and restorations recorded as
-/// actions: a killed write's leftovers go, and a primary's write it
-/// displaced comes back (it is what we must copy).
-fn recovered_listing(
-    conf_dir: &Path,
-    opts: &RepairOptions,
-    actions: &mut Vec<Action>,
-) -> Result<Listing, ChainError> {
-    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-    if recovery.removed > 0 {
-        actions.push(Action::Leftovers(recovery.removed));
-    }
-    actions.extend(recovery.restored.into_iter().map(Action::Restored));
-    Ok(listing)
 }
 
 /// How one round of [`sync`] ended.
