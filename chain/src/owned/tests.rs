@@ -722,3 +722,18 @@ fn a_primary_write_while_we_copy_is_copied_in_the_same_sync() {
     assert_eq!(json(&d.read(OURS))["plugins"][0]["mtu"], 1460);
     assert!(diagnose(d.path(), &want).unwrap().is_current());
 }
+
+/// The meaning digest is recorded in every owned file's marker: its
+/// canonical form must never change, or every copy on every node would
+/// look stale after an upgrade. Pinned on escapes, non-ASCII keys, big and
+/// exact numbers, nesting and key order.
+#[test]
+fn the_meaning_digest_of_a_chain_is_pinned() {
+    let chain = br#"{"z": 1, "name": "k8s-pod-network", "cniVersion": "0.3.1",
+        "plugins": [{"type": "calico", "b": {"y": [1.50, 1e3, 123456789012345678901234567890], "x": null},
+        "a": "tab\t\"quote\" \u00e9\ud83d\ude00", "\u00e9": true, "A": false}]}"#;
+    assert_eq!(
+        meaning_digest(Path::new("10-calico.conflist"), chain).as_deref(),
+        Some("7f1b33879036df9e340585b39d29a224c5eee5dafa52a41c80e17cba5770fa30")
+    );
+}
