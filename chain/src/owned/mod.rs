@@ -192,42 +192,11 @@ pub(crate) fn meaning_digest(primary: &Path, bytes: &[u8]) -> Option<String> {
 }
 
 fn meaning_of(chain: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(chain).ok()?;
-    let mut out = String::with_capacity(chain.len());
-    canonical(&v, &mut out);
-    Some(sha256::hex(out.as_bytes()))
-}
-
-/// `v` as compact JSON with every object's keys in byte order. Strings
-/// and numbers are written as serde_json writes them.
-fn canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical(&m[k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, e) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical(e, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
+    let mut v: Value = serde_json::from_slice(chain).ok()?;
+    // `str` order is byte order and `Display` is compact: the form the
+    // digests in owned files on disk were made from.
+    v.sort_all_objects();
+    Some(sha256::hex(v.to_string().as_bytes()))
 }
 
 /// The content of our file for the primary `primary` holding `bytes`, and
