@@ -55,9 +55,8 @@ impl Diagnosis {
     /// The file the runtime loads: the first config file by bytewise name,
     /// ours (owned mode's) included.
     pub fn runtime_active(&self) -> Option<PathBuf> {
-        let name = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
         match (self.owned.first(), &self.active) {
-            (Some(o), Some(a)) if name(o) < name(a) => Some(o.clone()),
+            (Some(o), Some(a)) if o.file_name() < a.file_name() => Some(o.clone()),
             (Some(o), None) => Some(o.clone()),
             (_, a) => a.clone(),
         }
