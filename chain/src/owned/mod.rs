@@ -689,8 +689,11 @@ fn sync_step(
     actions: &mut Vec<Action>,
 ) -> Result<Step, ChainError> {
     match (&d.state, &d.ours) {
-        (OwnedState::Missing | OwnedState::Outdated, Some(ours)) => {
-            if let Some(r) = opts.requires.as_ref().filter(|r| !r.exists()) {
+        (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
+            // A current copy (never `expected`) only has stale files of ours
+            // to remove: no requirement for that.
+            let due = d.state != OwnedState::Current;
+            if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
                 return Ok(Step::Withheld(r.clone()));
             }
             if let Some(content) = &d.expected {
@@ -708,11 +711,6 @@ fn sync_step(
         }
         (OwnedState::NoPrimary, _) => {
             remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, actions)?;
-            Ok(Step::Done)
-        }
-        (OwnedState::Current, Some(ours)) => {
-            let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
             Ok(Step::Done)
         }
         _ => Ok(Step::Done),
