@@ -359,23 +359,16 @@ impl fmt::Display for Action {
             Action::Copied { file, from, .. } => {
                 write!(f, "wrote {} from {}", file.display(), from.display())
             }
-            Action::Retired { file, why } => match why {
-                Retired::InlineChained => write!(
-                    f,
-                    "removed {} (the primary's file holds linkerd-cni, so no file of our own is needed)",
-                    file.display()
-                ),
-                Retired::PrimaryGone => write!(
-                    f,
-                    "removed {}: the primary's config is gone, so must be its copy",
-                    file.display()
-                ),
-                Retired::Replaced => write!(
-                    f,
-                    "removed {} (its primary is gone or replaced)",
-                    file.display()
-                ),
-            },
+            Action::Retired { file, why } => {
+                let why = match why {
+                    Retired::InlineChained => {
+                        " (the primary's file holds linkerd-cni, so no file of our own is needed)"
+                    }
+                    Retired::PrimaryGone => ": the primary's config is gone, so must be its copy",
+                    Retired::Replaced => " (its primary is gone or replaced)",
+                };
+                write!(f, "removed {}{why}", file.display())
+            }
             Action::EntryTakenOut { file } => write!(
                 f,
                 "took inline mode's linkerd-cni entry out of {} (our own file holds it)",

@@ -132,17 +132,14 @@ impl fmt::Display for Diagnosis {
             writeln!(f, "refused:       will not rewrite it: {why}")?;
         }
         if !self.is_healthy() {
-            let mut remedy = match self.state {
-                ChainState::Healthy => String::new(),
-                _ => self.remedy(),
-            };
-            if !self.leftovers.is_empty() {
-                if !remedy.is_empty() {
-                    remedy.push_str("; ");
-                }
-                remedy.push_str("remove the leftover temp files");
+            let mut remedy = vec![];
+            if self.state != ChainState::Healthy {
+                remedy.push(self.remedy());
             }
-            writeln!(f, "repair would:  {remedy}")?;
+            if !self.leftovers.is_empty() {
+                remedy.push("remove the leftover temp files".into());
+            }
+            writeln!(f, "repair would:  {}", remedy.join("; "))?;
         }
         for s in &self.stray {
             writeln!(
