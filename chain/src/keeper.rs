@@ -298,34 +298,29 @@ impl Report {
 
     /// One line per fact, each once, for logs.
     pub fn lines(&self) -> Vec<String> {
+        let fallback = match &self.layout {
+            Layout::Fallback(why) => Some(format!(
+                "owned mode does not apply, using inline repair: {why}"
+            )),
+            _ => None,
+        };
+        let facts = fallback
+            .into_iter()
+            .chain(self.actions.iter().map(Action::to_string))
+            .chain(self.held_back.iter().map(HeldBack::to_string))
+            .chain(self.fights.iter().cloned())
+            .chain(self.errors.iter().map(ChainError::to_string))
+            .chain(self.waiting.clone())
+            .chain(
+                self.stale
+                    .iter()
+                    .map(|s| format!("the chain that ran was stale: {s}")),
+            );
         let mut out: Vec<String> = Vec::new();
-        let mut say = |s: String| {
+        for s in facts {
             if !out.contains(&s) {
                 out.push(s);
             }
-        };
-        if let Layout::Fallback(why) = &self.layout {
-            say(format!(
-                "owned mode does not apply, using inline repair: {why}"
-            ));
-        }
-        for a in &self.actions {
-            say(a.to_string());
-        }
-        for h in &self.held_back {
-            say(h.to_string());
-        }
-        for f in &self.fights {
-            say(f.clone());
-        }
-        for e in &self.errors {
-            say(e.to_string());
-        }
-        if let Some(w) = &self.waiting {
-            say(w.clone());
-        }
-        if let Some(s) = &self.stale {
-            say(format!("the chain that ran was stale: {s}"));
         }
         out
     }
