@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
-use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState, SyncAction};
+use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState};
 use crate::{ChainError, ChainState, Entry, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
@@ -298,34 +298,29 @@ impl Report {
 
     /// One line per fact, each once, for logs.
     pub fn lines(&self) -> Vec<String> {
+        let fallback = match &self.layout {
+            Layout::Fallback(why) => Some(format!(
+                "owned mode does not apply, using inline repair: {why}"
+            )),
+            _ => None,
+        };
+        let facts = fallback
+            .into_iter()
+            .chain(self.actions.iter().map(Action::to_string))
+            .chain(self.held_back.iter().map(HeldBack::to_string))
+            .chain(self.fights.iter().cloned())
+            .chain(self.errors.iter().map(ChainError::to_string))
+            .chain(self.waiting.clone())
+            .chain(
+                self.stale
+                    .iter()
+                    .map(|s| format!("the chain that ran was stale: {s}")),
+            );
         let mut out: Vec<String> = Vec::new();
-        let mut say = |s: String| {
+        for s in facts {
             if !out.contains(&s) {
                 out.push(s);
             }
-        };
-        if let Layout::Fallback(why) = &self.layout {
-            say(format!(
-                "owned mode does not apply, using inline repair: {why}"
-            ));
-        }
-        for a in &self.actions {
-            say(a.to_string());
-        }
-        for h in &self.held_back {
-            say(h.to_string());
-        }
-        for f in &self.fights {
-            say(f.clone());
-        }
-        for e in &self.errors {
-            say(e.to_string());
-        }
-        if let Some(w) = &self.waiting {
-            say(w.clone());
-        }
-        if let Some(s) = &self.stale {
-            say(format!("the chain that ran was stale: {s}"));
         }
         out
     }
@@ -359,23 +354,16 @@ impl fmt::Display for Action {
             Action::Copied { file, from, .. } => {
                 write!(f, "wrote {} from {}", file.display(), from.display())
             }
-            Action::Retired { file, why } => match why {
-                Retired::InlineChained => write!(
-                    f,
-                    "removed {} (the primary's file holds linkerd-cni, so no file of our own is needed)",
-                    file.display()
-                ),
-                Retired::PrimaryGone => write!(
-                    f,
-                    "removed {}: the primary's config is gone, so must be its copy",
-                    file.display()
-                ),
-                Retired::Replaced => write!(
-                    f,
-                    "removed {} (its primary is gone or replaced)",
-                    file.display()
-                ),
-            },
+            Action::Retired { file, why } => {
+                let why = match why {
+                    Retired::InlineChained => {
+                        " (the primary's file holds linkerd-cni, so no file of our own is needed)"
+                    }
+                    Retired::PrimaryGone => ": the primary's config is gone, so must be its copy",
+                    Retired::Replaced => " (its primary is gone or replaced)",
+                };
+                write!(f, "removed {}{why}", file.display())
+            }
             Action::EntryTakenOut { file } => write!(
                 f,
                 "took inline mode's linkerd-cni entry out of {} (our own file holds it)",
@@ -550,11 +538,7 @@ impl Run<'_> {
         }
         match inline::repair_locked(&ctx.conf_dir, &ctx.desired, &ctx.step()) {
             Ok((r, _lock)) => {
-                if r.leftovers > 0 {
-                    self.report.actions.push(Action::Leftovers(r.leftovers));
-                }
-                let restored = r.restored.iter().cloned().map(Action::Restored);
-                self.report.actions.extend(restored);
+                self.report.actions.extend(r.recovery);
                 if let Some(req) = r.withheld {
                     self.report.held_back.push(HeldBack {
                         file: active,
@@ -660,38 +644,14 @@ impl Run<'_> {
                 return self.fall_back(why).map(|()| false);
             }
         };
-        let created = r.created;
-        for a in r.actions {
-            self.report.actions.push(match a {
-                SyncAction::Wrote {
-                    file,
-                    from,
-                    created,
-                } => Action::Copied {
-                    file,
-                    from,
-                    created,
-                },
-                SyncAction::Removed { file, primary_gone } => Action::Retired {
-                    file,
-                    why: if primary_gone {
-                        Retired::PrimaryGone
-                    } else {
-                        Retired::Replaced
-                    },
-                },
-                SyncAction::Leftovers(n) => Action::Leftovers(n),
-                SyncAction::Restored(s) => Action::Restored(s),
-            });
-        }
-        if created
+        self.report.actions.extend(r.actions);
+        if r.created
             && let Some((ours, digest)) = key
             && let Some(w) = self.limit.record(ours, digest, now)
         {
             self.report.fights.push(w);
         }
-        if r.withheld.is_some() {
-            let req = ctx.opts.requires.clone().unwrap_or_default();
+        if let Some(req) = r.withheld {
             self.report.held_back.push(HeldBack {
                 file: ours,
                 cause: HoldCause::Requirement(req),

@@ -14,6 +14,14 @@ pub const CONFIG_EXTENSIONS: [&str; 3] = [".conf", ".conflist", ".json"];
 /// Our file is the primary's stem followed by this.
 pub const OWNED_SUFFIX: &str = "-linkerd-cni.conflist";
 
+/// A path's file name, for messages and markers (the whole path when it
+/// has none).
+pub(crate) fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
 /// Go's `filepath.Ext`: from the last `.` of the name (so `.conf` alone has
 /// the extension `.conf`).
 pub fn is_config_name(name: &OsStr) -> bool {

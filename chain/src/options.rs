@@ -41,6 +41,11 @@ impl Default for RepairOptions {
     }
 }
 
+/// Whether `deadline` has come.
+pub(crate) fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
 impl RepairOptions {
     pub(crate) fn link_rule(&self) -> LinkRule<'_> {
         LinkRule {

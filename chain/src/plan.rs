@@ -20,10 +20,28 @@ pub(crate) fn is_ours(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }
 
+/// Whether `bytes` hold `needle` at all: a cheap filter before parsing, as
+/// most files never mention us.
+pub(crate) fn mentions(bytes: &[u8], needle: &str) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Whether a parsed config holds one of our entries: a list in its
+/// plugins, a single-plugin file as itself.
+pub(crate) fn holds_ours(kind: Kind, top: &Map<String, Value>) -> bool {
+    match kind {
+        Kind::List => top
+            .get("plugins")
+            .and_then(Value::as_array)
+            .is_some_and(|p| p.iter().any(is_ours)),
+        Kind::Single => top.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE),
+    }
+}
+
 /// Keys a runtime overwrites in every plugin of a list before invoking it,
 /// so their value in an entry has no effect and is not compared: an entry
 /// rebuilt from the plugin's stdin cannot know them.
-const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
+pub(crate) const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
 
 /// The keys whose values differ between an entry and the desired one, in
 /// the desired entry's order then the entry's.

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
-use crate::{ChainError, RepairOptions, owned};
+use crate::{Action, ChainError, RepairOptions, owned};
 
 /// What [`recover`] did.
 #[derive(Debug, Default)]
-pub(crate) struct Recovery {
+struct Recovery {
     /// Temp files removed: our unfinished writes, and displaced content
     /// already superseded.
     pub removed: usize,
@@ -22,18 +22,25 @@ pub(crate) struct Recovery {
 }
 
 /// The conf dir's listing after [`recover`] (run under the conf-dir lock,
-/// before any writer decides anything), and what recovery did: listed again
-/// when content came back, since that is what must be decided on.
+/// before any writer decides anything), and what recovery did, as the
+/// keeper reports it: listed again when content came back, since that is
+/// what must be decided on.
 pub(crate) fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
-) -> Result<(Listing, Recovery), ChainError> {
+) -> Result<(Listing, Vec<Action>), ChainError> {
     let listing = owned::list(conf_dir, opts.link_rule())?;
-    let recovery = recover(conf_dir, &listing, &opts.host_root)?;
-    if recovery.restored.is_empty() {
-        return Ok((listing, recovery));
+    let Recovery { removed, restored } = recover(conf_dir, &listing, &opts.host_root)?;
+    let relist = !restored.is_empty();
+    let actions = (removed > 0)
+        .then_some(Action::Leftovers(removed))
+        .into_iter()
+        .chain(restored.into_iter().map(Action::Restored))
+        .collect();
+    if !relist {
+        return Ok((listing, actions));
     }
-    Ok((owned::list(conf_dir, opts.link_rule())?, recovery))
+    Ok((owned::list(conf_dir, opts.link_rule())?, actions))
 }
 
 /// Deals with the temp files a killed repair left, before anything else is

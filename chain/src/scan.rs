@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -284,11 +283,8 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
 
 /// Load order: bytewise order of the file names.
 pub(crate) fn sort_by_name(paths: &mut [PathBuf]) {
-    paths.sort_by(|a, b| {
-        let a = a.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
-        let b = b.file_name().map(OsStrExt::as_bytes).unwrap_or_default();
-        a.cmp(b)
-    });
+    // `OsStr` orders by its bytes on Unix.
+    paths.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
 }
 
 /// Opens a file linkerd-cni reads on input, through symlinks, without
@@ -311,21 +307,21 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 /// Reads a config, entry or other input file ([`open_regular`]): at most
 /// [`MAX_CONFIG_SIZE`] bytes.
 pub fn read_file(path: &Path) -> io::Result<Vec<u8>> {
+    let too_big = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_SIZE} bytes"),
+        )
+    };
     let mut f = open_regular(path)?;
     let meta = f.metadata()?;
     if meta.len() > MAX_CONFIG_SIZE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {MAX_CONFIG_SIZE} bytes"),
-        ));
+        return Err(too_big());
     }
     let mut buf = Vec::with_capacity(meta.len() as usize + 1);
     f.by_ref().take(MAX_CONFIG_SIZE + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > MAX_CONFIG_SIZE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {MAX_CONFIG_SIZE} bytes"),
-        ));
+        return Err(too_big());
     }
     Ok(buf)
 }

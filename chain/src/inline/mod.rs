@@ -11,9 +11,7 @@ mod repair;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
-use crate::names::Kind;
+use crate::names::{Kind, file_name};
 use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, owned, plan, scan};
 
 pub(crate) use repair::{remove_entries, repair_locked};
@@ -57,9 +55,8 @@ impl Diagnosis {
     /// The file the runtime loads: the first config file by bytewise name,
     /// ours (owned mode's) included.
     pub fn runtime_active(&self) -> Option<PathBuf> {
-        let name = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
         match (self.owned.first(), &self.active) {
-            (Some(o), Some(a)) if name(o) < name(a) => Some(o.clone()),
+            (Some(o), Some(a)) if o.file_name() < a.file_name() => Some(o.clone()),
             (Some(o), None) => Some(o.clone()),
             (_, a) => a.clone(),
         }
@@ -72,11 +69,6 @@ impl Diagnosis {
 
     /// What [`repair`] would do, for people.
     pub fn remedy(&self) -> String {
-        let name = |p: &Path| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        };
         let active = self.active.as_deref().unwrap_or(Path::new("?"));
         let len = self.plugins.len();
         if let (Some(why), true) = (&self.refused, self.state.is_repairable()) {
@@ -92,8 +84,8 @@ impl Diagnosis {
             }
             ChainState::SingleConf => format!(
                 "write {} holding this plugin (same \"name\" and \"cniVersion\") followed by the linkerd-cni entry, then remove {}",
-                name(&Self::conflist_for(active)),
-                name(active)
+                file_name(&Self::conflist_for(active)),
+                file_name(active)
             ),
             ChainState::Missing => {
                 format!("append the linkerd-cni entry (plugin {} of {})", len + 1, len + 1)
@@ -140,17 +132,14 @@ impl fmt::Display for Diagnosis {
             writeln!(f, "refused:       will not rewrite it: {why}")?;
         }
         if !self.is_healthy() {
-            let mut remedy = match self.state {
-                ChainState::Healthy => String::new(),
-                _ => self.remedy(),
-            };
-            if !self.leftovers.is_empty() {
-                if !remedy.is_empty() {
-                    remedy.push_str("; ");
-                }
-                remedy.push_str("remove the leftover temp files");
+            let mut remedy = vec![];
+            if self.state != ChainState::Healthy {
+                remedy.push(self.remedy());
             }
-            writeln!(f, "repair would:  {remedy}")?;
+            if !self.leftovers.is_empty() {
+                remedy.push("remove the leftover temp files".into());
+            }
+            writeln!(f, "repair would:  {}", remedy.join("; "))?;
         }
         for s in &self.stray {
             writeln!(
@@ -238,21 +227,7 @@ fn holds_entry(listing: &scan::Listing, path: &Path) -> bool {
     let Ok(bytes) = listing.read(path) else {
         return false;
     };
-    // Cheap filter first: most files never mention us.
-    if !bytes
-        .windows(PLUGIN_TYPE.len())
-        .any(|w| w == PLUGIN_TYPE.as_bytes())
-    {
-        return false;
-    }
-    match plan::parse(Kind::of(path), &bytes) {
-        Ok(top) => match Kind::of(path) {
-            Kind::List => top
-                .get("plugins")
-                .and_then(Value::as_array)
-                .is_some_and(|p| p.iter().any(plan::is_ours)),
-            Kind::Single => plan::is_ours(&Value::Object(top)),
-        },
-        Err(_) => false,
-    }
+    plan::mentions(&bytes, PLUGIN_TYPE)
+        && plan::parse(Kind::of(path), &bytes)
+            .is_ok_and(|top| plan::holds_ours(Kind::of(path), &top))
 }

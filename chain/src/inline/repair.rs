@@ -25,11 +25,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::diagnose_listing;
-use crate::names::Kind;
+use crate::names::{Kind, file_name};
+use crate::options::past;
 use crate::recover::{self, read_in};
 use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
-use crate::{ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
+use crate::{Action, ChainError, ChainState, Entry, RepairOptions, lock, owned, plan};
 
 /// What a repair did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,10 +45,9 @@ pub(crate) struct RepairReport {
     pub summary: String,
     /// The file whose absence withheld the repair ([`RepairOptions::requires`]).
     pub withheld: Option<PathBuf>,
-    /// Leftover temp files of a killed write removed.
-    pub leftovers: usize,
-    /// What recovery put back, one note each.
-    pub restored: Vec<String>,
+    /// What recovery did: leftover temp files of a killed write removed,
+    /// someone's content it displaced put back.
+    pub recovery: Vec<Action>,
 }
 
 /// Re-diagnoses after someone else's write this many times at most.
@@ -62,16 +62,6 @@ enum Replacement {
     /// Someone else's content is in place (newer than what we read, and
     /// either healthy or not ours to repair): look again.
     Superseded,
-}
-
-fn past(deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.display().to_string())
 }
 
 /// Repairs the active config under the conf-dir lock. Never writes when
@@ -119,7 +109,9 @@ fn repair_under(
     let mut done = Recovered::default();
     let mut before = None;
     for _ in 0..MAX_ATTEMPTS {
-        let listing = recovered_listing(conf_dir, opts, &mut done)?;
+        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
+        done.notes.extend(recovery.iter().map(Action::to_string));
+        done.recovery.extend(recovery);
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
         let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
@@ -157,8 +149,7 @@ fn repair_under(
 /// What one repair's recovery did, and its notes for the summary.
 #[derive(Default)]
 struct Recovered {
-    leftovers: usize,
-    restored: Vec<String>,
+    recovery: Vec<Action>,
     notes: Vec<String>,
 }
 
@@ -179,30 +170,9 @@ impl Recovered {
             before,
             summary,
             withheld: None,
-            leftovers: self.leftovers,
-            restored: self.restored,
+            recovery: self.recovery,
         }
     }
-}
-
-/// The listing after recovery, its removals and restorations recorded in
-/// `done`.
-fn recovered_listing(
-    conf_dir: &Path,
-    opts: &RepairOptions,
-    done: &mut Recovered,
-) -> Result<Listing, ChainError> {
-    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-    if recovery.removed > 0 {
-        done.leftovers += recovery.removed;
-        done.notes.push(format!(
-            "removed {} leftover temp file(s)",
-            recovery.removed
-        ));
-    }
-    done.restored.extend(recovery.restored.iter().cloned());
-    done.notes.extend(recovery.restored);
-    Ok(listing)
 }
 
 /// Writes the repair of `active` from `base`: a list in place, a single
@@ -250,7 +220,7 @@ pub(crate) fn remove_entries(
             continue;
         };
         if Kind::of(path) == Kind::Single {
-            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::is_ours(&t.into())) {
+            if plan::parse(Kind::Single, &bytes).is_ok_and(|t| plan::holds_ours(Kind::Single, &t)) {
                 log::warn!(
                     "{} is a linkerd-cni-only config, not a primary's: left as it is",
                     path.display()
@@ -674,11 +644,7 @@ fn conversion_target(
             .map_err(|e| ChainError::io("read", &dst, e))?;
         // A list holding our entry is what a conversion interrupted after
         // writing it leaves; anything else is someone's config.
-        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| {
-            t.get("plugins")
-                .and_then(|p| p.as_array())
-                .is_some_and(|p| p.iter().any(plan::is_ours))
-        }) {
+        if !plan::parse(Kind::List, &bytes).is_ok_and(|t| plan::holds_ours(Kind::List, &t)) {
             return Err(ChainError::Refused {
                 path: active.to_path_buf(),
                 reason: format!(

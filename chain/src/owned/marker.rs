@@ -13,7 +13,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::names::Kind;
 use crate::scan::{self, LinkRule, Listing, OwnedFile};
@@ -59,13 +59,11 @@ impl Marker {
     }
 
     pub(crate) fn to_value(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("file".into(), Value::String(self.file.clone()));
-        m.insert("sha256".into(), Value::String(self.sha256.clone()));
-        if let Some(meaning) = &self.meaning {
-            m.insert(MEANING_KEY.into(), Value::String(meaning.clone()));
+        let mut v = json!({"file": self.file, "sha256": self.sha256});
+        if let (Some(meaning), Value::Object(m)) = (&self.meaning, &mut v) {
+            m.insert(MEANING_KEY.into(), meaning.as_str().into());
         }
-        Value::Object(m)
+        v
     }
 }
 
@@ -73,10 +71,7 @@ impl Marker {
 /// when `bytes` are those of one of our files and the marker verifies. Cheap on anything else: a file that does not mention
 /// the marker key is not parsed.
 pub(crate) fn ours_in(path: &Path, bytes: &[u8]) -> Option<OwnedFile> {
-    if !bytes
-        .windows(MARKER_KEY.len())
-        .any(|w| w == MARKER_KEY.as_bytes())
-    {
+    if !plan::mentions(bytes, MARKER_KEY) {
         return None;
     }
     let top = plan::parse(Kind::List, bytes).ok()?;

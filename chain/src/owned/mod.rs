@@ -41,14 +41,16 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use crate::names::{Kind, owned_name};
+use crate::names::{Kind, file_name, owned_name};
 use crate::recover;
 use crate::scan::{self, Listing};
-use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, lock, plan, sha256, write};
+use crate::{
+    Action, ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, Retired, lock, plan, sha256,
+    write,
+};
 
 pub use crate::names::{OWNED_SUFFIX, owned_name as name_for};
 pub use marker::Marker;
@@ -98,19 +100,20 @@ impl fmt::Display for ChainMode {
 /// The mode an entry selects; an unknown value is an error (a typo must not
 /// silently select inline mode).
 pub fn mode_of(entry: &Entry) -> Result<ChainMode, ChainError> {
-    match entry.get(MODE_KEY) {
-        None | Some(Value::Null) => Ok(ChainMode::Inline),
-        Some(Value::String(s)) if ChainMode::parse(s).is_some() => {
-            Ok(ChainMode::parse(s).unwrap_or(ChainMode::Inline))
-        }
-        Some(other) => Err(ChainError::InvalidEntry {
+    let found = match entry.get(MODE_KEY) {
+        None | Some(Value::Null) => return Ok(ChainMode::Inline),
+        Some(found) => found,
+    };
+    found
+        .as_str()
+        .and_then(ChainMode::parse)
+        .ok_or_else(|| ChainError::InvalidEntry {
             origin: "the desired entry".into(),
             problem: super::EntryProblem::UnknownMode {
                 key: MODE_KEY,
-                found: other.to_string(),
+                found: found.to_string(),
             },
-        }),
-    }
+        })
 }
 
 /// Plugin types that delegate to other networks: never shadowed.
@@ -120,19 +123,17 @@ const META_KEYS: [&str; 3] = ["delegates", "clusterNetwork", "defaultNetworks"];
 
 /// Why a config is a meta-plugin's, if it is.
 fn meta_plugin(kind: Kind, top: &Map<String, Value>) -> Option<String> {
-    let plugins: Vec<&Value> = match kind {
+    let single;
+    let all: &[Value] = match kind {
         Kind::List => top
             .get("plugins")
             .and_then(Value::as_array)
-            .map(|p| p.iter().collect())
+            .map(Vec::as_slice)
             .unwrap_or_default(),
-        Kind::Single => vec![],
-    };
-    let single = Value::Object(top.clone());
-    let all = if kind == Kind::Single {
-        vec![&single]
-    } else {
-        plugins
+        Kind::Single => {
+            single = [Value::Object(top.clone())];
+            &single
+        }
     };
     for p in all {
         let t = p.get("type").and_then(Value::as_str).unwrap_or("?");
@@ -169,19 +170,11 @@ pub enum NotTaken {
 /// switch) does not change it.
 fn primary_chain(kind: Kind, bytes: &[u8]) -> Vec<u8> {
     match kind {
-        Kind::List if mentions_us(bytes) => {
+        Kind::List if plan::mentions(bytes, PLUGIN_TYPE) => {
             plan::without_entries(bytes).unwrap_or_else(|| bytes.to_vec())
         }
         _ => bytes.to_vec(),
     }
-}
-
-/// Whether `bytes` name linkerd-cni at all: a file that does not holds no
-/// entry of ours, and is not parsed to find one.
-fn mentions_us(bytes: &[u8]) -> bool {
-    bytes
-        .windows(PLUGIN_TYPE.len())
-        .any(|w| w == PLUGIN_TYPE.as_bytes())
 }
 
 /// The digest recorded in the marker for a primary holding `bytes`.
@@ -199,42 +192,11 @@ pub(crate) fn meaning_digest(primary: &Path, bytes: &[u8]) -> Option<String> {
 }
 
 fn meaning_of(chain: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(chain).ok()?;
-    let mut out = String::with_capacity(chain.len());
-    canonical(&v, &mut out);
-    Some(sha256::hex(out.as_bytes()))
-}
-
-/// `v` as compact JSON with every object's keys in byte order. Strings
-/// and numbers are written as serde_json writes them.
-fn canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical(&m[k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, e) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical(e, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
+    let mut v: Value = serde_json::from_slice(chain).ok()?;
+    // `str` order is byte order and `Display` is compact: the form the
+    // digests in owned files on disk were made from.
+    v.sort_all_objects();
+    Some(sha256::hex(v.to_string().as_bytes()))
 }
 
 /// The content of our file for the primary `primary` holding `bytes`, and
@@ -296,12 +258,6 @@ fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, 
         Some(content) => Ok((content, marker)),
         None => Err(NotTaken::Invalid("cannot be copied".into())),
     }
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// Owned mode's view of the conf dir.
@@ -464,8 +420,9 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         }
     };
     let kind = Kind::of(&primary);
-    d.inline_entry =
-        kind == Kind::List && mentions_us(&bytes) && plan::without_entries(&bytes).is_some();
+    d.inline_entry = kind == Kind::List
+        && plan::mentions(&bytes, PLUGIN_TYPE)
+        && plan::without_entries(&bytes).is_some();
     if let Some(r) = d.renamed.first() {
         d.state = OwnedState::Fallback {
             reason: format!(
@@ -589,10 +546,6 @@ fn copy_state(
     }
 }
 
-/// Keys a runtime sets in every plugin's config: an entry rebuilt from the
-/// plugin's stdin cannot know their value in the file.
-const RUNTIME_SET: [&str; 2] = ["name", "cniVersion"];
-
 /// Whether our entry as read (its marker aside) is the desired one; its
 /// runtime-set keys compared only when the desired entry has them. A copy
 /// that means the same is never rewritten.
@@ -600,7 +553,7 @@ fn same_entry(have: &Map<String, Value>, desired: &Entry) -> bool {
     let strip = |m: &Map<String, Value>| -> Map<String, Value> {
         m.iter()
             .filter(|(k, _)| k.as_str() != MARKER_KEY)
-            .filter(|(k, _)| !RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
+            .filter(|(k, _)| !plan::RUNTIME_SET.contains(&k.as_str()) || desired.contains_key(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
@@ -628,47 +581,29 @@ pub(crate) fn diagnose_with(
     ))
 }
 
-/// One thing [`sync`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SyncAction {
-    /// Our file was written from the primary's (`created`: where none was).
-    Wrote {
-        file: PathBuf,
-        from: PathBuf,
-        created: bool,
-    },
-    /// One of our files removed: its primary is gone or replaced.
-    Removed { file: PathBuf, primary_gone: bool },
-    /// Leftover temp files of a killed write removed.
-    Leftovers(usize),
-    /// Someone's content displaced by a killed write put back.
-    Restored(String),
-}
-
 /// What [`sync`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyncReport {
-    /// What changed in the conf dir, in order.
-    pub actions: Vec<SyncAction>,
+    /// What changed in the conf dir, in order, as the keeper reports it.
+    pub actions: Vec<Action>,
     /// Whether anything in the conf dir changed (more than leftovers).
     pub changed: bool,
     /// Our file was written where none was (for fight detection).
     pub created: bool,
     /// The state after the sync.
     pub after: OwnedState,
-    /// Why nothing was written although the copy is missing or outdated.
-    pub withheld: Option<String>,
+    /// The file whose absence withheld the copy although it is missing or
+    /// outdated ([`RepairOptions::requires`]).
+    pub withheld: Option<PathBuf>,
 }
 
 impl SyncReport {
-    fn new(actions: Vec<SyncAction>, after: OwnedState, withheld: Option<String>) -> SyncReport {
+    fn new(actions: Vec<Action>, after: OwnedState, withheld: Option<PathBuf>) -> SyncReport {
         SyncReport {
-            changed: actions
-                .iter()
-                .any(|a| !matches!(a, SyncAction::Leftovers(_))),
+            changed: changed(&actions),
             created: actions
                 .iter()
-                .any(|a| matches!(a, SyncAction::Wrote { created: true, .. })),
+                .any(|a| matches!(a, Action::Copied { created: true, .. })),
             actions,
             after,
             withheld,
@@ -693,7 +628,8 @@ pub(crate) fn sync(
     let _lock = lock::lock_dir(conf_dir, opts.lock_timeout, opts.deadline)?;
     let mut actions = Vec::new();
     for _ in 0..MAX_ROUNDS {
-        let listing = recovered_listing(conf_dir, opts, &mut actions)?;
+        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
+        actions.extend(recovery);
         let d = diagnose_listing(&listing, desired);
         match sync_step(conf_dir, &d, opts, &mut actions)? {
             // Written: current, unless the primary changed while we copied
@@ -704,13 +640,10 @@ pub(crate) fn sync(
                 return Ok(SyncReport::new(actions, OwnedState::Current, None));
             }
             Step::Again => continue,
-            Step::Withheld(why) => return Ok(SyncReport::new(actions, d.state, Some(why))),
+            Step::Withheld(req) => return Ok(SyncReport::new(actions, d.state, Some(req))),
             Step::Done => {}
         }
-        let after = if actions
-            .iter()
-            .any(|a| !matches!(a, SyncAction::Leftovers(_)))
-        {
+        let after = if changed(&actions) {
             diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
         } else {
             d.state
@@ -723,6 +656,11 @@ pub(crate) fn sync(
     })
 }
 
+/// Whether anything in the conf dir changed (more than leftovers).
+fn changed(actions: &[Action]) -> bool {
+    actions.iter().any(|a| !matches!(a, Action::Leftovers(_)))
+}
+
 /// Whether the primary still holds the chain `d`'s copy was made from.
 fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
     let (Some(primary), Some(marker)) = (&d.primary, &d.marker) else {
@@ -733,51 +671,36 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
         .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
 }
 
-/// The listing after recovery, its removals and restorations recorded as
-/// actions: a killed write's leftovers go, and a primary's write it
-/// displaced comes back (it is what we must copy).
-fn recovered_listing(
-    conf_dir: &Path,
-    opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
-) -> Result<Listing, ChainError> {
-    let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-    if recovery.removed > 0 {
-        actions.push(SyncAction::Leftovers(recovery.removed));
-    }
-    actions.extend(recovery.restored.into_iter().map(SyncAction::Restored));
-    Ok(listing)
-}
-
 /// How one round of [`sync`] ended.
 enum Step {
     /// Our file was written: the primary may have changed meanwhile.
     Again,
     /// Nothing to write, or done.
     Done,
-    /// The copy is due but may not be written now.
-    Withheld(String),
+    /// The copy is due but may not be written now: this required file is
+    /// gone.
+    Withheld(PathBuf),
 }
 
 fn sync_step(
     conf_dir: &Path,
     d: &OwnedDiagnosis,
     opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
+    actions: &mut Vec<Action>,
 ) -> Result<Step, ChainError> {
     match (&d.state, &d.ours) {
-        (OwnedState::Missing | OwnedState::Outdated, Some(ours)) => {
-            if let Some(r) = opts.requires.as_ref().filter(|r| !r.exists()) {
-                return Ok(Step::Withheld(format!(
-                    "not writing our config: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-                    r.display()
-                )));
+        (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
+            // A current copy (never `expected`) only has stale files of ours
+            // to remove: no requirement for that.
+            let due = d.state != OwnedState::Current;
+            if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
+                return Ok(Step::Withheld(r.clone()));
             }
             if let Some(content) = &d.expected {
                 write_copy(conf_dir, d, ours, content, opts, actions)?;
             }
             let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, false, actions)?;
+            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
             // Written: the primary may have changed while we copied it, so
             // look again. Only stale files removed: done.
             Ok(if d.expected.is_some() {
@@ -787,12 +710,7 @@ fn sync_step(
             })
         }
         (OwnedState::NoPrimary, _) => {
-            remove_stale(conf_dir, d.owned.iter(), true, actions)?;
-            Ok(Step::Done)
-        }
-        (OwnedState::Current, Some(ours)) => {
-            let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, false, actions)?;
+            remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, actions)?;
             Ok(Step::Done)
         }
         _ => Ok(Step::Done),
@@ -805,7 +723,7 @@ fn write_copy(
     ours: &Path,
     content: &[u8],
     opts: &RepairOptions,
-    actions: &mut Vec<SyncAction>,
+    actions: &mut Vec<Action>,
 ) -> Result<(), ChainError> {
     // Nothing is written where it could never be renamed into place (every
     // write wakes the runtime).
@@ -815,7 +733,7 @@ fn write_copy(
             reason: "a directory has its name; remove it".into(),
         });
     }
-    if opts.deadline.is_some_and(|t| Instant::now() >= t) {
+    if crate::options::past(opts.deadline) {
         return Err(ChainError::Deadline {
             path: ours.to_path_buf(),
         });
@@ -823,7 +741,7 @@ fn write_copy(
     let existed = ours.exists();
     let like = d.primary.as_ref().and_then(|p| fs::metadata(p).ok());
     put(conf_dir, ours, content, like.as_ref())?;
-    actions.push(SyncAction::Wrote {
+    actions.push(Action::Copied {
         file: ours.to_path_buf(),
         from: d.primary.clone().unwrap_or_default(),
         created: !existed,
@@ -834,11 +752,11 @@ fn write_copy(
 fn remove_stale<'a>(
     conf_dir: &Path,
     files: impl Iterator<Item = &'a PathBuf>,
-    primary_gone: bool,
-    actions: &mut Vec<SyncAction>,
+    why: Retired,
+    actions: &mut Vec<Action>,
 ) -> Result<(), ChainError> {
     for file in remove_all(conf_dir, files)? {
-        actions.push(SyncAction::Removed { file, primary_gone });
+        actions.push(Action::Retired { file, why });
     }
     Ok(())
 }

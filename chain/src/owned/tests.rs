@@ -677,7 +677,7 @@ fn a_crash_before_the_new_copy_reached_the_disk_puts_the_old_one_back() {
         // again), and the primary's newest is copied.
         let r = sync(d.path(), &want, &opts()).unwrap();
         assert!(
-            matches!(&r.actions[..], [SyncAction::Restored(n), SyncAction::Wrote { created: false, .. }] if n.contains("a crash lost")),
+            matches!(&r.actions[..], [Action::Restored(n), Action::Copied { created: false, .. }] if n.contains("a crash lost")),
             "{r:?}"
         );
         assert!(diagnose(d.path(), &want).unwrap().is_current());
@@ -721,4 +721,19 @@ fn a_primary_write_while_we_copy_is_copied_in_the_same_sync() {
     assert_eq!(r.after, OwnedState::Current, "{r:?}");
     assert_eq!(json(&d.read(OURS))["plugins"][0]["mtu"], 1460);
     assert!(diagnose(d.path(), &want).unwrap().is_current());
+}
+
+/// The meaning digest is recorded in every owned file's marker: its
+/// canonical form must never change, or every copy on every node would
+/// look stale after an upgrade. Pinned on escapes, non-ASCII keys, big and
+/// exact numbers, nesting and key order.
+#[test]
+fn the_meaning_digest_of_a_chain_is_pinned() {
+    let chain = br#"{"z": 1, "name": "k8s-pod-network", "cniVersion": "0.3.1",
+        "plugins": [{"type": "calico", "b": {"y": [1.50, 1e3, 123456789012345678901234567890], "x": null},
+        "a": "tab\t\"quote\" \u00e9\ud83d\ude00", "\u00e9": true, "A": false}]}"#;
+    assert_eq!(
+        meaning_digest(Path::new("10-calico.conflist"), chain).as_deref(),
+        Some("7f1b33879036df9e340585b39d29a224c5eee5dafa52a41c80e17cba5770fa30")
+    );
 }
