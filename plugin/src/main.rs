@@ -67,7 +67,14 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        ["chain", rest @ ..] => chain_cli(rest),
+        // Exit 0 healthy, 1 not, 2 error (said on stderr).
+        ["chain", rest @ ..] => {
+            logging::init("linkerd-cni", log::LevelFilter::Warn);
+            chain_command(rest).unwrap_or_else(|msg| {
+                eprintln!("linkerd-cni chain: {msg}");
+                ExitCode::from(2)
+            })
+        }
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
@@ -75,17 +82,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error
-/// (said on stderr).
-fn chain_cli(args: &[&str]) -> ExitCode {
-    logging::init("linkerd-cni", log::LevelFilter::Warn);
-    chain_command(args).unwrap_or_else(|msg| {
-        eprintln!("linkerd-cni chain: {msg}");
-        ExitCode::from(2)
-    })
-}
-
-/// [`chain_cli`], its errors as values.
+/// `linkerd-cni chain status|repair`, its errors as values.
 fn chain_command(args: &[&str]) -> Result<ExitCode, String> {
     let Some((&cmd, mut rest)) = args.split_first() else {
         return Err(format!("expected status or repair\n\n{USAGE}"));

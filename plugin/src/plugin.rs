@@ -1,15 +1,17 @@
 //! linkerd-cni's behaviour for each CNI command: the glue between the
 //! protocol layer ([`crate::cni`]) and the work (per-pod rules, chain healing).
 
+use std::path::Path;
 use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::cni::{self, CniError, Env, Invocation, NetConf};
-use crate::config::PluginConfig;
+use crate::config::{DEFAULT_CONF_DIR, PluginConfig};
 use crate::logging;
 use crate::outcome;
 use crate::pod;
+use linkerd_cni_state::heartbeat;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
@@ -34,7 +36,10 @@ impl cni::Plugin for LinkerdCni {
     /// [`crate::outcome`]).
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
         let config = PluginConfig::from_netconf(&inv.conf).inspect_err(|e| {
-            outcome::count(&outcome::state_dir_of(&inv.conf.raw), &Err(e.clone()))
+            // The state dir of a config that did not parse: its
+            // `state_dir` string when it has one, else the default.
+            let (dir, _) = heartbeat::state_dir_of(&inv.conf.raw, Path::new(DEFAULT_CONF_DIR));
+            outcome::count(&dir, &Err(e.clone()))
         })?;
         let added = add_pod(inv, &config);
         outcome::count(&config.state_dir, &added);

@@ -36,7 +36,7 @@ use crate::config::{PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
-use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
+use linkerd_cni_kube::{self as k8s, ApiError, Client};
 use linkerd_cni_state::outcomes::{PassCause, RetryCause};
 
 pub use credentials::CONFIRM_ATTEMPTS;
@@ -208,10 +208,11 @@ pub fn status(config: &PluginConfig) {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
         }
-        Some(path) => match usable_kubeconfig(path, config) {
-            Ok(_) => {}
-            Err(e) => log::warn!("STATUS: {e}: meshed pods cannot be set up"),
-        },
+        Some(path) => {
+            if let Err(e) = usable_kubeconfig(path, config) {
+                log::warn!("STATUS: {e}: meshed pods cannot be set up")
+            }
+        }
     }
 }
 
@@ -330,16 +331,14 @@ fn plan_for(
             .extend(ports.into_iter().map(PortRange::from));
     }
     // One rule set per family to program.
-    let mut families = vec![Family::V4];
-    if config.proxy.ipv6 {
-        families.push(Family::V6);
-    }
+    let families = if config.proxy.ipv6 {
+        &[Family::V4, Family::V6][..]
+    } else {
+        &[Family::V4]
+    };
     Ok(Plan {
         pod: pod_id.to_string(),
-        rule_sets: families
-            .into_iter()
-            .map(|f| RuleSet::build(&spec, f))
-            .collect(),
+        rule_sets: families.iter().map(|f| RuleSet::build(&spec, *f)).collect(),
         spec,
     })
 }
@@ -358,14 +357,14 @@ fn get_pod(
     let mut retry = credentials::Retry::new(config, deadline);
     loop {
         let client = api_client(config, pod_id, deadline)?;
-        retry.attempt();
+        retry.attempts += 1;
         match client.pod(namespace, name) {
             Ok(pod) => {
-                if retry.attempts() > 1 {
+                if retry.attempts > 1 {
                     log::info!(
                         "pod {pod_id}: the Kubernetes API accepted linkerd-cni's credentials \
                          on attempt {}",
-                        retry.attempts()
+                        retry.attempts
                     );
                 }
                 return Ok((client, pod));
@@ -375,18 +374,18 @@ fn get_pod(
             }) => {
                 let installer = credentials::installer(config);
                 match retry.after_rejection(status, &installer) {
-                    credentials::Next::Wait(d) => {
+                    Some(d) => {
                         log::info!(
                             "pod {pod_id}: the Kubernetes API rejected linkerd-cni's \
                              credentials (HTTP {status}, attempt {}); reading {} again in \
                              {} ms",
-                            retry.attempts(),
+                            retry.attempts,
                             kubeconfig.display(),
                             d.as_millis()
                         );
                         std::thread::sleep(d);
                     }
-                    credentials::Next::Stop => {
+                    None => {
                         return Err(retry.give_up(pod_id, status, &kubeconfig, &installer));
                     }
                 }
@@ -412,7 +411,7 @@ fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str,
         ));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
-        if !valid_name(value) {
+        if !k8s::names::is_dns_subdomain(value) {
             return Err(Stop::Failed(CniError::new(
                 code::INVALID_ENV,
                 format!("invalid {key} {value:?} in CNI_ARGS"),
@@ -481,7 +480,13 @@ fn usable_kubeconfig(
     path: &std::path::Path,
     config: &PluginConfig,
 ) -> Result<k8s::ApiConfig, CniError> {
-    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    let api = k8s::kubeconfig::load(path).map_err(|e| {
+        CniError::new(
+            code::KUBERNETES,
+            e.to_string(),
+            "the linkerd-cni installer DaemonSet writes this file: check that its pod runs on this node",
+        )
+    })?;
     if api.is_plain_http() && !config.allow_plain_http {
         return Err(CniError::new(
             code::KUBERNETES,
@@ -503,38 +508,41 @@ fn usable_kubeconfig(
 
 /// The settings from the config keys alone.
 pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
-    let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
-        rules::check_list_size(list.len(), 0).map_err(|e| invalid_config(key, e))?;
-        list.iter()
+    // Blank items are skipped, as upstream does.
+    fn list<T>(
+        key: &str,
+        items: &[String],
+        parse: impl Fn(&str) -> Result<T, rules::ParseError>,
+    ) -> Result<Vec<T>, CniError> {
+        rules::check_list_size(items.len(), 0).map_err(|e| invalid_config(key, e))?;
+        items
+            .iter()
             .filter(|s| !s.trim().is_empty())
-            .map(|s| PortRange::parse(s))
+            .map(|s| parse(s))
             .collect::<Result<_, _>>()
             .map_err(|e| invalid_config(key, e))
-    };
+    }
     Ok(RedirectSpec {
         incoming_proxy_port: p.incoming_proxy_port,
         outgoing_proxy_port: p.outgoing_proxy_port,
         proxy_uid: p.proxy_uid,
         proxy_gid: p.proxy_gid,
         ports_to_redirect: p.ports_to_redirect.clone(),
-        inbound_ports_to_ignore: ports(
+        inbound_ports_to_ignore: list(
             "linkerd.inbound-ports-to-ignore",
             &p.inbound_ports_to_ignore,
+            PortRange::parse,
         )?,
-        outbound_ports_to_ignore: ports(
+        outbound_ports_to_ignore: list(
             "linkerd.outbound-ports-to-ignore",
             &p.outbound_ports_to_ignore,
+            PortRange::parse,
         )?,
-        subnets_to_ignore: rules::check_list_size(p.subnets_to_ignore.len(), 0)
-            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
-            .and_then(|()| {
-                p.subnets_to_ignore
-                    .iter()
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| Subnet::parse(s))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
-            })?,
+        subnets_to_ignore: list(
+            "linkerd.subnets-to-ignore",
+            &p.subnets_to_ignore,
+            Subnet::parse,
+        )?,
     })
 }
 
@@ -642,28 +650,11 @@ fn netns_of(inv: &Invocation) -> Result<&std::path::Path, CniError> {
         .ok_or_else(|| crate::cni::env::missing("CNI_NETNS"))
 }
 
-/// Kubernetes names: DNS labels and subdomains.
-fn valid_name(s: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = s.as_bytes();
-    matches!((bytes.first(), bytes.last()), (Some(&f), Some(&l)) if alnum(f) && alnum(l))
-        && s.len() <= 253
-        && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
-}
-
 fn invalid_config(key: &str, e: rules::ParseError) -> CniError {
     CniError::new(
         code::INVALID_CONFIG,
         format!("invalid linkerd-cni config key {key:?}"),
         e.to_string(),
-    )
-}
-
-fn kubeconfig_error(e: KubeconfigError) -> CniError {
-    CniError::new(
-        code::KUBERNETES,
-        e.to_string(),
-        "the linkerd-cni installer DaemonSet writes this file: check that its pod runs on this node",
     )
 }
 
@@ -902,6 +893,7 @@ mod tests {
 
     #[test]
     fn names() {
+        let valid_name = k8s::names::is_dns_subdomain;
         assert!(valid_name("emojivoto"));
         assert!(valid_name("web-7d9f8b6c5-x2x4z"));
         assert!(!valid_name("a/b"));

@@ -5,11 +5,12 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::error::{CniError, code};
 
-/// The operation a runtime asks for.
+/// The operation a runtime asks for: each variant is the spec's name of
+/// it, written in upper case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Add,
@@ -21,33 +22,23 @@ pub enum Command {
 }
 
 impl Command {
-    pub fn parse(s: &str) -> Option<Command> {
-        Some(match s {
-            "ADD" => Command::Add,
-            "DEL" => Command::Del,
-            "CHECK" => Command::Check,
-            "VERSION" => Command::Version,
-            "GC" => Command::Gc,
-            "STATUS" => Command::Status,
-            _ => return None,
-        })
-    }
+    const ALL: [Command; 6] = [
+        Command::Add,
+        Command::Del,
+        Command::Check,
+        Command::Version,
+        Command::Gc,
+        Command::Status,
+    ];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Command::Add => "ADD",
-            Command::Del => "DEL",
-            Command::Check => "CHECK",
-            Command::Version => "VERSION",
-            Command::Gc => "GC",
-            Command::Status => "STATUS",
-        }
+    pub fn parse(s: &str) -> Option<Command> {
+        Command::ALL.into_iter().find(|c| c.to_string() == s)
     }
 }
 
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&format!("{self:?}").to_ascii_uppercase())
     }
 }
 
@@ -166,12 +157,25 @@ impl Env {
             },
         };
 
+        // What ADD and CHECK need and DEL, GC and STATUS may lack.
         if strict {
-            required_for_add_and_check(
-                container_id.as_deref(),
-                netns.as_deref(),
-                ifname.as_deref(),
-            )?;
+            match container_id.as_deref() {
+                None => return Err(missing("CNI_CONTAINERID")),
+                Some(id) if !valid_container_id(id) => {
+                    return Err(CniError::new(
+                        code::INVALID_ENV,
+                        format!("invalid CNI_CONTAINERID {id:?}"),
+                        "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
+                    ));
+                }
+                Some(_) => {}
+            }
+            if netns.is_none() {
+                return Err(missing("CNI_NETNS"));
+            }
+            if ifname.is_none() {
+                return Err(missing("CNI_IFNAME"));
+            }
         }
 
         Ok(Env {
@@ -201,33 +205,6 @@ fn command(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Command, CniErro
             "expected one of ADD, DEL, CHECK, VERSION, GC, STATUS",
         )
     })
-}
-
-/// What ADD and CHECK need and DEL, GC and STATUS may lack: a valid
-/// container ID, the netns and the interface name.
-fn required_for_add_and_check(
-    container_id: Option<&str>,
-    netns: Option<&Path>,
-    ifname: Option<&str>,
-) -> Result<(), CniError> {
-    match container_id {
-        None => return Err(missing("CNI_CONTAINERID")),
-        Some(id) if !valid_container_id(id) => {
-            return Err(CniError::new(
-                code::INVALID_ENV,
-                format!("invalid CNI_CONTAINERID {id:?}"),
-                "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
-            ));
-        }
-        Some(_) => {}
-    }
-    if netns.is_none() {
-        return Err(missing("CNI_NETNS"));
-    }
-    if ifname.is_none() {
-        return Err(missing("CNI_IFNAME"));
-    }
-    Ok(())
 }
 
 /// The error for a `CNI_*` variable this command needs.

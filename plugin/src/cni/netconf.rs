@@ -57,7 +57,12 @@ impl NetConf {
         };
         // Nothing reads them, but they are strings in every valid config.
         for key in ["name", "type"] {
-            string_or_null(&raw, key)?;
+            if let Some(other) = raw.get(key).filter(|v| !v.is_null() && !v.is_string()) {
+                return Err(invalid(
+                    format!("{key} must be a string"),
+                    format!("got {}", short(other)),
+                ));
+            }
         }
         let prev_result = match raw.get("prevResult") {
             None | Some(Value::Null) => None,
@@ -113,16 +118,6 @@ impl NetConf {
                 prev
             }
         }
-    }
-}
-
-fn string_or_null(raw: &Map<String, Value>, key: &str) -> Result<(), CniError> {
-    match raw.get(key) {
-        None | Some(Value::Null | Value::String(_)) => Ok(()),
-        Some(other) => Err(invalid(
-            format!("{key} must be a string"),
-            format!("got {}", short(other)),
-        )),
     }
 }
 
