@@ -3,7 +3,7 @@
 //! Parsing is separated from the process environment (`Env::from_lookup`) so
 //! that tests and the fuzz property can feed any bytes at all.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -111,7 +111,6 @@ pub struct Env {
     pub container_id: Option<String>,
     /// `CNI_NETNS`; required for ADD and CHECK, may be empty or stale on DEL.
     pub netns: Option<PathBuf>,
-    pub path: Vec<PathBuf>,
     pub args: CniArgs,
 }
 
@@ -145,9 +144,6 @@ impl Env {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         let ifname = text("CNI_IFNAME")?.filter(|s| !s.is_empty());
-        let path = lookup("CNI_PATH")
-            .map(|p| split_path(&p))
-            .unwrap_or_default();
         let args = match text("CNI_ARGS")? {
             None => CniArgs::default(),
             Some(s) => match CniArgs::parse(&s) {
@@ -182,7 +178,6 @@ impl Env {
             command,
             container_id,
             netns,
-            path,
             args,
         })
     }
@@ -214,14 +209,6 @@ pub(crate) fn missing(name: &str) -> CniError {
         format!("{name} is not set"),
         "the container runtime must set it for this command",
     )
-}
-
-fn split_path(p: &OsStr) -> Vec<PathBuf> {
-    p.to_string_lossy()
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .collect()
 }
 
 /// The spec's rule, upper case included (runtimes other than containerd use
@@ -262,10 +249,6 @@ mod tests {
         let e = env(ADD).unwrap();
         assert_eq!(e.command, Command::Add);
         assert_eq!(e.container_id.as_deref(), Some("Abc-1_2.3"));
-        assert_eq!(
-            e.path,
-            [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
-        );
         assert_eq!(e.args.pod_namespace(), Some("emojivoto"));
         assert_eq!(e.args.pod_name(), Some("web-1"));
         assert_eq!(e.args.get("IgnoreUnknown"), Some("1"));

@@ -36,9 +36,6 @@ pub trait Plugin {
     /// Called as soon as the environment is parsed, before anything about
     /// the invocation is logged (e.g. to name the container in every line).
     fn start(&self, _env: &Env) {}
-    /// Called once the config is parsed, before the command (e.g. to set the
-    /// log level from it).
-    fn configure(&self, _conf: &NetConf) {}
     fn add(&self, inv: &Invocation) -> Result<Value, CniError>;
     fn del(&self, _inv: &Invocation) -> Result<(), CniError> {
         Ok(())
@@ -142,7 +139,6 @@ pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn
         }
         Err(e) => return Reply::error(&e, &requested_version(stdin)),
     };
-    plugin.configure(&conf);
 
     let inv = Invocation { env, conf };
     let res = match inv.env.command {
