@@ -131,12 +131,13 @@ pub fn add_until(
     config: &PluginConfig,
     deadline: Instant,
 ) -> Result<Added, CniError> {
-    let plan = match decide_until(inv, config, deadline)? {
-        Decision::PassThrough(s) => {
+    let plan = match plan(inv, config, deadline) {
+        Ok(plan) => plan,
+        Err(Stop::PassThrough(s)) => {
             log::info!("ADD: nothing to do: {}", s.why);
             return Ok(Added::Skipped(s.cause));
         }
-        Decision::Mesh(plan) => plan,
+        Err(Stop::Failed(e)) => return Err(e),
     };
     if config.proxy.simulate {
         for set in &plan.rule_sets {
@@ -220,16 +221,7 @@ pub fn status(config: &PluginConfig) {
 /// (none for a pass-through by CNI_ARGS or exempt namespace), within
 /// `add_deadline_seconds` from now.
 pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    decide_until(inv, config, Instant::now() + config.add_deadline)
-}
-
-/// [`decide`], every API call ending by `deadline`.
-pub fn decide_until(
-    inv: &Invocation,
-    config: &PluginConfig,
-    deadline: Instant,
-) -> Result<Decision, CniError> {
-    match plan(inv, config, deadline) {
+    match plan(inv, config, Instant::now() + config.add_deadline) {
         Ok(plan) => Ok(Decision::Mesh(plan)),
         Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
         Err(Stop::Failed(e)) => Err(e),
