@@ -17,7 +17,7 @@ use log::LevelFilter;
 use serde_json::{Map, Value};
 
 use crate::cni::netconf::short;
-use crate::cni::{CniError, NetConf, code};
+use crate::cni::{CniError, code};
 use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
@@ -161,14 +161,10 @@ impl Default for PluginConfig {
 }
 
 impl PluginConfig {
-    /// Reads our keys; a present key with a bad value is an invalid config
-    /// (code 7) naming the key. An old `policy` block is ignored, like upstream.
-    pub fn from_netconf(conf: &NetConf) -> Result<PluginConfig, CniError> {
-        Self::from_map(&conf.raw)
-    }
-
-    /// [`Self::from_netconf`] on the network config's JSON object (e.g. an
-    /// entry of a conflist).
+    /// Reads our keys from a network config's JSON object (the stdin
+    /// config's, or an entry of a conflist); a present key with a bad value
+    /// is an invalid config (code 7) naming the key. An old `policy` block
+    /// is ignored, like upstream.
     pub fn from_map(raw: &Map<String, Value>) -> Result<PluginConfig, CniError> {
         let mut c = PluginConfig::default();
         let top = Obj { map: raw, path: "" };

@@ -69,7 +69,7 @@ impl cni::Plugin for LinkerdCni {
 /// Our keys of the invocation's config; its `log_level` applies from here
 /// on (nothing before logs below warn).
 fn config(inv: &Invocation) -> Result<PluginConfig, CniError> {
-    let config = PluginConfig::from_netconf(&inv.conf)?;
+    let config = PluginConfig::from_map(&inv.conf.raw)?;
     log::set_max_level(config.log_level);
     Ok(config)
 }

@@ -144,13 +144,10 @@ impl Env {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         let ifname = text("CNI_IFNAME")?.filter(|s| !s.is_empty());
-        let args = match text("CNI_ARGS")? {
-            None => CniArgs::default(),
-            Some(s) => match CniArgs::parse(&s) {
-                Ok(a) => a,
-                Err(e) if strict => return Err(e),
-                Err(_) => CniArgs::default(),
-            },
+        let args = match CniArgs::parse(&text("CNI_ARGS")?.unwrap_or_default()) {
+            Ok(a) => a,
+            Err(e) if strict => return Err(e),
+            Err(_) => CniArgs::default(),
         };
 
         // What ADD and CHECK need and DEL, GC and STATUS may lack.

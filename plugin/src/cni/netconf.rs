@@ -45,9 +45,8 @@ impl NetConf {
             return Err(invalid("the network config must be a JSON object", ""));
         };
         let cni_version = match raw.get("cniVersion") {
-            None | Some(Value::Null) => version::IMPLICIT.to_string(),
-            Some(Value::String(s)) if s.is_empty() => version::IMPLICIT.to_string(),
-            Some(Value::String(s)) => s.clone(),
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            None | Some(Value::Null | Value::String(_)) => version::IMPLICIT.to_string(),
             Some(other) => {
                 return Err(invalid(
                     "cniVersion must be a string",
