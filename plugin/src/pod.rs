@@ -46,8 +46,6 @@ pub const PROXY_CONTAINER: &str = "linkerd-proxy";
 /// The init container of pods injected without CNI: they set up their own
 /// rules.
 pub const INIT_CONTAINER: &str = "linkerd-init";
-/// Set (non-empty) on linkerd's control-plane pods.
-pub const CONTROL_PLANE_LABEL: &str = linkerd_cni_lookup::CONTROL_PLANE_LABEL;
 /// Outbound ports a control-plane pod skips when Service `default/kubernetes`
 /// cannot be read (upstream's fallback).
 pub const FALLBACK_API_PORTS: [u16; 2] = [443, 6443];
@@ -310,7 +308,7 @@ fn plan_for(
     if pod
         .metadata
         .labels
-        .get(CONTROL_PLANE_LABEL)
+        .get(linkerd_cni_lookup::CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
         let ports = api_server_ports().unwrap_or_else(|e| {
