@@ -330,13 +330,8 @@ impl<'a> Obj<'a> {
         self.scalar(k, "true or false", Value::as_bool)
     }
 
-    /// A uid or gid iptables' owner match takes, or -1/0 for none: a value
-    /// iptables refuses would otherwise fail every meshed pod's ADD.
     fn owner_id(&self, k: &str) -> Result<Option<i64>, CniError> {
-        let want = format!("an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)");
-        self.scalar(k, &want, |v| {
-            int_of(v).filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
-        })
+        self.scalar(k, &owner_id_want(), owner_id)
     }
 
     fn port(&self, k: &str) -> Result<Option<u16>, CniError> {
@@ -395,6 +390,18 @@ fn int_of(v: &Value) -> Option<i64> {
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
+}
+
+/// A uid or gid iptables' owner match takes, or -1/0 for none (a config
+/// key or a pod's annotation): a value iptables refuses would otherwise
+/// fail every meshed pod's ADD.
+pub fn owner_id(v: &Value) -> Option<i64> {
+    int_of(v).filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
+}
+
+/// What [`owner_id`] takes, for the error about a value it refuses.
+pub fn owner_id_want() -> String {
+    format!("an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)")
 }
 
 fn port_of(v: &Value) -> Option<u16> {

@@ -32,12 +32,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::cni::{CniArgs, CniError, Invocation, code};
-use crate::config::{PluginConfig, ProxyInit};
+use crate::config::{self, PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client};
 use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+use serde_json::Value;
 
 pub use credentials::CONFIRM_ATTEMPTS;
 
@@ -591,23 +592,8 @@ pub fn apply_annotations(
         (annotation::PROXY_GID, &mut spec.proxy_gid),
     ] {
         if let Some((v, on)) = lookup(key) {
-            *field = v
-                .trim()
-                .parse::<i64>()
-                .ok()
-                .filter(|id| (rules::MIN_OWNER_ID..=rules::MAX_OWNER_ID).contains(id))
-                .ok_or_else(|| {
-                    bad(
-                        key,
-                        v,
-                        on,
-                        format!(
-                            "expected an integer id from {} to {} (-1 or 0: none)",
-                            rules::MIN_OWNER_ID,
-                            rules::MAX_OWNER_ID
-                        ),
-                    )
-                })?;
+            let want = || format!("expected {}", config::owner_id_want());
+            *field = config::owner_id(&Value::from(v)).ok_or_else(|| bad(key, v, on, want()))?;
         }
     }
     Ok(())
