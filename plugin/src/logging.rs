@@ -191,6 +191,8 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
+        // A clock past what the format holds still gives a line.
+        assert_eq!(rfc3339(u64::MAX, 0), "1970-01-01T00:00:00.000Z");
     }
 
     #[test]

@@ -877,5 +877,10 @@ mod tests {
         assert!(!valid_name(".."));
         assert!(!valid_name(""));
         assert!(!valid_name("Web"));
+        // As the API server has them: each dot-separated label a DNS
+        // label of its own.
+        assert!(!valid_name("a..b"));
+        assert!(!valid_name("a.-b"));
+        assert!(!valid_name(&format!("{}.b", "a".repeat(64))));
     }
 }
