@@ -97,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     stdin.insert("name".into(), "k8s-pod-network".into());
     stdin.insert("cniVersion".into(), "0.3.1".into());
     let conf = NetConf::parse(Value::Object(stdin.clone()).to_string().as_bytes())?;
-    let config = PluginConfig::from_netconf(&conf)?;
+    let config = PluginConfig::from_map(&conf.raw)?;
     // The first ADD chains the node; every one after finds it healthy.
     chain_part(&conf, &config);
     for (k, v) in active_entry(&dir)? {

@@ -17,7 +17,7 @@ use log::LevelFilter;
 use serde_json::{Map, Value};
 
 use crate::cni::netconf::short;
-use crate::cni::{CniError, NetConf, code};
+use crate::cni::{CniError, code};
 use crate::iptables::rules::{MAX_OWNER_ID, MIN_OWNER_ID};
 use crate::logging;
 
@@ -161,14 +161,10 @@ impl Default for PluginConfig {
 }
 
 impl PluginConfig {
-    /// Reads our keys; a present key with a bad value is an invalid config
-    /// (code 7) naming the key. An old `policy` block is ignored, like upstream.
-    pub fn from_netconf(conf: &NetConf) -> Result<PluginConfig, CniError> {
-        Self::from_map(&conf.raw)
-    }
-
-    /// [`Self::from_netconf`] on the network config's JSON object (e.g. an
-    /// entry of a conflist).
+    /// Reads our keys from a network config's JSON object (the stdin
+    /// config's, or an entry of a conflist); a present key with a bad value
+    /// is an invalid config (code 7) naming the key. An old `policy` block
+    /// is ignored, like upstream.
     pub fn from_map(raw: &Map<String, Value>) -> Result<PluginConfig, CniError> {
         let mut c = PluginConfig::default();
         let top = Obj { map: raw, path: "" };
@@ -334,13 +330,8 @@ impl<'a> Obj<'a> {
         self.scalar(k, "true or false", Value::as_bool)
     }
 
-    /// A uid or gid iptables' owner match takes, or -1/0 for none: a value
-    /// iptables refuses would otherwise fail every meshed pod's ADD.
     fn owner_id(&self, k: &str) -> Result<Option<i64>, CniError> {
-        let want = format!("an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)");
-        self.scalar(k, &want, |v| {
-            int_of(v).filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
-        })
+        self.scalar(k, &owner_id_want(), owner_id)
     }
 
     fn port(&self, k: &str) -> Result<Option<u16>, CniError> {
@@ -399,6 +390,18 @@ fn int_of(v: &Value) -> Option<i64> {
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
+}
+
+/// A uid or gid iptables' owner match takes, or -1/0 for none (a config
+/// key or a pod's annotation): a value iptables refuses would otherwise
+/// fail every meshed pod's ADD.
+pub fn owner_id(v: &Value) -> Option<i64> {
+    int_of(v).filter(|id| (MIN_OWNER_ID..=MAX_OWNER_ID).contains(id))
+}
+
+/// What [`owner_id`] takes, for the error about a value it refuses.
+pub fn owner_id_want() -> String {
+    format!("an integer id from {MIN_OWNER_ID} to {MAX_OWNER_ID} (-1 or 0: none)")
 }
 
 fn port_of(v: &Value) -> Option<u16> {

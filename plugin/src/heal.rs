@@ -267,7 +267,7 @@ mod tests {
     }
 
     fn heal(conf: &NetConf) {
-        let config = PluginConfig::from_netconf(conf).unwrap();
+        let config = PluginConfig::from_map(&conf.raw).unwrap();
         assert!(
             chain_on_add(conf, &config, None).is_ok(),
             "no stale copy ran"
@@ -287,7 +287,7 @@ mod tests {
         let n = node();
         let history = n.state.path().join(STALE_RETRIES_FILE);
         testkit::mkfifo(&history);
-        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let config = PluginConfig::from_map(&stdin(&n, &[]).raw).unwrap();
         let again = testkit::bounded(
             "a FIFO retry history",
             std::time::Duration::from_secs(20),
@@ -308,7 +308,7 @@ mod tests {
     fn a_retry_history_that_cannot_be_locked_lets_the_add_through() {
         let n = node();
         let history = n.state.path().join(STALE_RETRIES_FILE);
-        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let config = PluginConfig::from_map(&stdin(&n, &[]).raw).unwrap();
         {
             let _held =
                 linkerd_cni_chain::lock_dir(n.state.path(), Duration::from_secs(5), None).unwrap();
@@ -330,7 +330,7 @@ mod tests {
         let history = n.state.path().join(STALE_RETRIES_FILE);
         // A directory in its place: nothing renames a file over it.
         fs::create_dir_all(history.join("d")).unwrap();
-        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let config = PluginConfig::from_map(&stdin(&n, &[]).raw).unwrap();
         for _ in 0..3 {
             assert!(!send_back_again(&config, Some("uid-1")));
         }
@@ -345,7 +345,7 @@ mod tests {
     fn a_retry_history_from_the_future_or_not_roots_own_is_no_history() {
         use std::os::unix::fs::PermissionsExt;
         let n = node();
-        let config = PluginConfig::from_netconf(&stdin(&n, &[])).unwrap();
+        let config = PluginConfig::from_map(&stdin(&n, &[]).raw).unwrap();
         let history = n.state.path().join(STALE_RETRIES_FILE);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -146,30 +146,14 @@ fn line(
     )
 }
 
-/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, without a date crate.
+/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`; a time jiff cannot hold (past
+/// the year 9999) is shown as the epoch rather than failing the line.
 fn rfc3339(secs: u64, millis: u32) -> String {
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-// Howard Hinnant's days-to-civil algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let t = i64::try_from(secs)
+        .ok()
+        .and_then(|s| jiff::Timestamp::new(s, i32::try_from(millis).ok()? * 1_000_000).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    format!("{t:.3}")
 }
 
 fn severity(l: Level) -> u8 {
@@ -207,6 +191,8 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_795_920_646, 123), "2026-11-29T02:50:46.123Z");
+        // A clock past what the format holds still gives a line.
+        assert_eq!(rfc3339(u64::MAX, 0), "1970-01-01T00:00:00.000Z");
     }
 
     #[test]

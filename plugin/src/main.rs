@@ -67,7 +67,14 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        ["chain", rest @ ..] => chain_cli(rest),
+        // Exit 0 healthy, 1 not, 2 error (said on stderr).
+        ["chain", rest @ ..] => {
+            logging::init("linkerd-cni", log::LevelFilter::Warn);
+            chain_command(rest).unwrap_or_else(|msg| {
+                eprintln!("linkerd-cni chain: {msg}");
+                ExitCode::from(2)
+            })
+        }
         _ => {
             eprintln!("linkerd-cni: unknown arguments {args:?}\n\n{USAGE}");
             ExitCode::from(2)
@@ -75,31 +82,28 @@ fn main() -> ExitCode {
     }
 }
 
-/// `linkerd-cni chain status|repair`: exit 0 healthy, 1 not, 2 error
-/// (said on stderr).
-fn chain_cli(args: &[&str]) -> ExitCode {
-    logging::init("linkerd-cni", log::LevelFilter::Warn);
-    chain_command(args).unwrap_or_else(|msg| {
-        eprintln!("linkerd-cni chain: {msg}");
-        ExitCode::from(2)
-    })
-}
-
-/// [`chain_cli`], its errors as values.
+/// `linkerd-cni chain status|repair`, its errors as values.
 fn chain_command(args: &[&str]) -> Result<ExitCode, String> {
-    let Some((&cmd, mut rest)) = args.split_first() else {
+    let Some((&cmd, rest)) = args.split_first() else {
         return Err(format!("expected status or repair\n\n{USAGE}"));
     };
     let mut conf_dir = PathBuf::from(DEFAULT_CONF_DIR);
     let mut entry_file: Option<PathBuf> = None;
-    while let Some((&flag, tail)) = rest.split_first() {
-        let (name, value, tail) = split_flag(flag, tail)?;
+    let mut rest = rest.iter();
+    while let Some(&flag) = rest.next() {
+        // `--name=value`, or `--name` followed by the value.
+        let (name, value) = match flag.split_once('=') {
+            Some(name_value) => name_value,
+            None => (
+                flag,
+                *rest.next().ok_or_else(|| format!("{flag} needs a value"))?,
+            ),
+        };
         match name {
             "--conf-dir" => conf_dir = PathBuf::from(value),
             "--entry" => entry_file = Some(PathBuf::from(value)),
             _ => return Err(format!("unknown argument {flag:?}\n\n{USAGE}")),
         }
-        rest = tail;
     }
     // Before the entry: a missing conf dir would otherwise be reported as
     // a missing entry file in it.
@@ -143,23 +147,6 @@ fn repair(ctx: &Context) -> Result<ExitCode, String> {
 
 /// How long `chain repair` waits for the conf-dir lock and works, at most.
 const CLI_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The name and value of `flag`, given as `--name=value` or as `--name`
-/// followed by the value, and the arguments after it.
-fn split_flag<'a, 'b>(
-    flag: &'b str,
-    tail: &'a [&'b str],
-) -> Result<(&'b str, &'b str, &'a [&'b str]), String> {
-    let (name, inline) = match flag.split_once('=') {
-        Some((n, v)) => (n, Some(v)),
-        None => (flag, None),
-    };
-    match (inline, tail.split_first()) {
-        (Some(v), _) => Ok((name, v, tail)),
-        (None, Some((&v, t))) => Ok((name, v, t)),
-        (None, None) => Err(format!("{name} needs a value")),
-    }
-}
 
 /// Prints the chain's health in the context's mode: exit 0 healthy, 1 not.
 fn status(ctx: &Context) -> Result<ExitCode, String> {

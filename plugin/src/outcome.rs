@@ -2,13 +2,11 @@
 //! `linkerd_cni_state::outcomes`, which owns the file): the mapping from
 //! an ADD's result to its counter.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use linkerd_cni_state::outcomes::{self, Outcome, RetryCause};
-use serde_json::{Map, Value};
 
 use crate::cni::{CniError, code};
-use crate::config::DEFAULT_CONF_DIR;
 use crate::pod::{Added, Skip};
 
 /// The counter `result` adds to.
@@ -34,12 +32,6 @@ pub fn count(state_dir: &Path, result: &Result<Added, CniError>) {
             state_dir.join(outcomes::OUTCOMES_FILE).display()
         );
     }
-}
-
-/// The state dir of a config that did not parse: its `state_dir` string
-/// when it has one, else the default.
-pub fn state_dir_of(raw: &Map<String, Value>) -> PathBuf {
-    linkerd_cni_state::heartbeat::state_dir_of(raw, Path::new(DEFAULT_CONF_DIR)).0
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
 //! linkerd-cni's behaviour for each CNI command: the glue between the
 //! protocol layer ([`crate::cni`]) and the work (per-pod rules, chain healing).
 
+use std::path::Path;
 use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::cni::{self, CniError, Env, Invocation, NetConf};
-use crate::config::PluginConfig;
+use crate::cni::{self, CniError, Env, Invocation};
+use crate::config::{DEFAULT_CONF_DIR, PluginConfig};
 use crate::logging;
 use crate::outcome;
 use crate::pod;
+use linkerd_cni_state::heartbeat;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
@@ -25,16 +27,14 @@ impl cni::Plugin for LinkerdCni {
         ));
     }
 
-    fn configure(&self, conf: &NetConf) {
-        let level = logging::level_from_config(conf.raw.get("log_level").and_then(Value::as_str));
-        log::set_max_level(level);
-    }
-
     /// Every ADD's outcome is counted in the state dir (see
     /// [`crate::outcome`]).
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
-        let config = PluginConfig::from_netconf(&inv.conf).inspect_err(|e| {
-            outcome::count(&outcome::state_dir_of(&inv.conf.raw), &Err(e.clone()))
+        let config = config(inv).inspect_err(|e| {
+            // The state dir of a config that did not parse: its
+            // `state_dir` string when it has one, else the default.
+            let (dir, _) = heartbeat::state_dir_of(&inv.conf.raw, Path::new(DEFAULT_CONF_DIR));
+            outcome::count(&dir, &Err(e.clone()))
         })?;
         let added = add_pod(inv, &config);
         outcome::count(&config.state_dir, &added);
@@ -53,18 +53,25 @@ impl cni::Plugin for LinkerdCni {
                  network's ADD as prevResult on CHECK",
             ));
         }
-        let config = PluginConfig::from_netconf(&inv.conf)?;
-        pod::check(inv, &config)
+        pod::check(inv, &config(inv)?)
     }
 
     /// Always succeeds: see [`pod::status`].
     fn status(&self, inv: &Invocation) -> Result<(), CniError> {
-        match PluginConfig::from_netconf(&inv.conf) {
+        match config(inv) {
             Ok(config) => pod::status(&config),
             Err(e) => log::warn!("STATUS: {e}"),
         }
         Ok(())
     }
+}
+
+/// Our keys of the invocation's config; its `log_level` applies from here
+/// on (nothing before logs below warn).
+fn config(inv: &Invocation) -> Result<PluginConfig, CniError> {
+    let config = PluginConfig::from_map(&inv.conf.raw)?;
+    log::set_max_level(config.log_level);
+    Ok(config)
 }
 
 /// One deadline (`add_deadline_seconds`) covers the whole ADD. The chain

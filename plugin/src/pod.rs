@@ -32,12 +32,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::cni::{CniArgs, CniError, Invocation, code};
-use crate::config::{PluginConfig, ProxyInit};
+use crate::config::{self, PluginConfig, ProxyInit};
 use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
-use linkerd_cni_kube::{self as k8s, ApiError, Client, KubeconfigError};
+use linkerd_cni_kube::{self as k8s, ApiError, Client};
 use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+use serde_json::Value;
 
 pub use credentials::CONFIRM_ATTEMPTS;
 
@@ -46,8 +47,6 @@ pub const PROXY_CONTAINER: &str = "linkerd-proxy";
 /// The init container of pods injected without CNI: they set up their own
 /// rules.
 pub const INIT_CONTAINER: &str = "linkerd-init";
-/// Set (non-empty) on linkerd's control-plane pods.
-pub const CONTROL_PLANE_LABEL: &str = linkerd_cni_lookup::CONTROL_PLANE_LABEL;
 /// Outbound ports a control-plane pod skips when Service `default/kubernetes`
 /// cannot be read (upstream's fallback).
 pub const FALLBACK_API_PORTS: [u16; 2] = [443, 6443];
@@ -131,12 +130,13 @@ pub fn add_until(
     config: &PluginConfig,
     deadline: Instant,
 ) -> Result<Added, CniError> {
-    let plan = match decide_until(inv, config, deadline)? {
-        Decision::PassThrough(s) => {
+    let plan = match plan(inv, config, deadline) {
+        Ok(plan) => plan,
+        Err(Stop::PassThrough(s)) => {
             log::info!("ADD: nothing to do: {}", s.why);
             return Ok(Added::Skipped(s.cause));
         }
-        Decision::Mesh(plan) => plan,
+        Err(Stop::Failed(e)) => return Err(e),
     };
     if config.proxy.simulate {
         for set in &plan.rule_sets {
@@ -208,10 +208,11 @@ pub fn status(config: &PluginConfig) {
         None => {
             log::warn!("STATUS: no kubernetes.kubeconfig configured: meshed pods cannot be set up")
         }
-        Some(path) => match usable_kubeconfig(path, config) {
-            Ok(_) => {}
-            Err(e) => log::warn!("STATUS: {e}: meshed pods cannot be set up"),
-        },
+        Some(path) => {
+            if let Err(e) = usable_kubeconfig(path, config) {
+                log::warn!("STATUS: {e}: meshed pods cannot be set up")
+            }
+        }
     }
 }
 
@@ -219,16 +220,7 @@ pub fn status(config: &PluginConfig) {
 /// (none for a pass-through by CNI_ARGS or exempt namespace), within
 /// `add_deadline_seconds` from now.
 pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    decide_until(inv, config, Instant::now() + config.add_deadline)
-}
-
-/// [`decide`], every API call ending by `deadline`.
-pub fn decide_until(
-    inv: &Invocation,
-    config: &PluginConfig,
-    deadline: Instant,
-) -> Result<Decision, CniError> {
-    match plan(inv, config, deadline) {
+    match plan(inv, config, Instant::now() + config.add_deadline) {
         Ok(plan) => Ok(Decision::Mesh(plan)),
         Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
         Err(Stop::Failed(e)) => Err(e),
@@ -317,7 +309,7 @@ fn plan_for(
     if pod
         .metadata
         .labels
-        .get(CONTROL_PLANE_LABEL)
+        .get(linkerd_cni_lookup::CONTROL_PLANE_LABEL)
         .is_some_and(|v| !v.is_empty())
     {
         let ports = api_server_ports().unwrap_or_else(|e| {
@@ -330,16 +322,14 @@ fn plan_for(
             .extend(ports.into_iter().map(PortRange::from));
     }
     // One rule set per family to program.
-    let mut families = vec![Family::V4];
-    if config.proxy.ipv6 {
-        families.push(Family::V6);
-    }
+    let families = if config.proxy.ipv6 {
+        &[Family::V4, Family::V6][..]
+    } else {
+        &[Family::V4]
+    };
     Ok(Plan {
         pod: pod_id.to_string(),
-        rule_sets: families
-            .into_iter()
-            .map(|f| RuleSet::build(&spec, f))
-            .collect(),
+        rule_sets: families.iter().map(|f| RuleSet::build(&spec, *f)).collect(),
         spec,
     })
 }
@@ -358,14 +348,14 @@ fn get_pod(
     let mut retry = credentials::Retry::new(config, deadline);
     loop {
         let client = api_client(config, pod_id, deadline)?;
-        retry.attempt();
+        retry.attempts += 1;
         match client.pod(namespace, name) {
             Ok(pod) => {
-                if retry.attempts() > 1 {
+                if retry.attempts > 1 {
                     log::info!(
                         "pod {pod_id}: the Kubernetes API accepted linkerd-cni's credentials \
                          on attempt {}",
-                        retry.attempts()
+                        retry.attempts
                     );
                 }
                 return Ok((client, pod));
@@ -375,18 +365,18 @@ fn get_pod(
             }) => {
                 let installer = credentials::installer(config);
                 match retry.after_rejection(status, &installer) {
-                    credentials::Next::Wait(d) => {
+                    Some(d) => {
                         log::info!(
                             "pod {pod_id}: the Kubernetes API rejected linkerd-cni's \
                              credentials (HTTP {status}, attempt {}); reading {} again in \
                              {} ms",
-                            retry.attempts(),
+                            retry.attempts,
                             kubeconfig.display(),
                             d.as_millis()
                         );
                         std::thread::sleep(d);
                     }
-                    credentials::Next::Stop => {
+                    None => {
                         return Err(retry.give_up(pod_id, status, &kubeconfig, &installer));
                     }
                 }
@@ -412,7 +402,7 @@ fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str,
         ));
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
-        if !valid_name(value) {
+        if !k8s::names::is_dns_subdomain(value) {
             return Err(Stop::Failed(CniError::new(
                 code::INVALID_ENV,
                 format!("invalid {key} {value:?} in CNI_ARGS"),
@@ -481,7 +471,13 @@ fn usable_kubeconfig(
     path: &std::path::Path,
     config: &PluginConfig,
 ) -> Result<k8s::ApiConfig, CniError> {
-    let api = k8s::kubeconfig::load(path).map_err(kubeconfig_error)?;
+    let api = k8s::kubeconfig::load(path).map_err(|e| {
+        CniError::new(
+            code::KUBERNETES,
+            e.to_string(),
+            "the linkerd-cni installer DaemonSet writes this file: check that its pod runs on this node",
+        )
+    })?;
     if api.is_plain_http() && !config.allow_plain_http {
         return Err(CniError::new(
             code::KUBERNETES,
@@ -503,38 +499,41 @@ fn usable_kubeconfig(
 
 /// The settings from the config keys alone.
 pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
-    let ports = |key: &str, list: &[String]| -> Result<Vec<PortRange>, CniError> {
-        rules::check_list_size(list.len(), 0).map_err(|e| invalid_config(key, e))?;
-        list.iter()
+    // Blank items are skipped, as upstream does.
+    fn list<T>(
+        key: &str,
+        items: &[String],
+        parse: impl Fn(&str) -> Result<T, rules::ParseError>,
+    ) -> Result<Vec<T>, CniError> {
+        rules::check_list_size(items.len(), 0).map_err(|e| invalid_config(key, e))?;
+        items
+            .iter()
             .filter(|s| !s.trim().is_empty())
-            .map(|s| PortRange::parse(s))
+            .map(|s| parse(s))
             .collect::<Result<_, _>>()
             .map_err(|e| invalid_config(key, e))
-    };
+    }
     Ok(RedirectSpec {
         incoming_proxy_port: p.incoming_proxy_port,
         outgoing_proxy_port: p.outgoing_proxy_port,
         proxy_uid: p.proxy_uid,
         proxy_gid: p.proxy_gid,
         ports_to_redirect: p.ports_to_redirect.clone(),
-        inbound_ports_to_ignore: ports(
+        inbound_ports_to_ignore: list(
             "linkerd.inbound-ports-to-ignore",
             &p.inbound_ports_to_ignore,
+            PortRange::parse,
         )?,
-        outbound_ports_to_ignore: ports(
+        outbound_ports_to_ignore: list(
             "linkerd.outbound-ports-to-ignore",
             &p.outbound_ports_to_ignore,
+            PortRange::parse,
         )?,
-        subnets_to_ignore: rules::check_list_size(p.subnets_to_ignore.len(), 0)
-            .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
-            .and_then(|()| {
-                p.subnets_to_ignore
-                    .iter()
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| Subnet::parse(s))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| invalid_config("linkerd.subnets-to-ignore", e))
-            })?,
+        subnets_to_ignore: list(
+            "linkerd.subnets-to-ignore",
+            &p.subnets_to_ignore,
+            Subnet::parse,
+        )?,
     })
 }
 
@@ -593,23 +592,8 @@ pub fn apply_annotations(
         (annotation::PROXY_GID, &mut spec.proxy_gid),
     ] {
         if let Some((v, on)) = lookup(key) {
-            *field = v
-                .trim()
-                .parse::<i64>()
-                .ok()
-                .filter(|id| (rules::MIN_OWNER_ID..=rules::MAX_OWNER_ID).contains(id))
-                .ok_or_else(|| {
-                    bad(
-                        key,
-                        v,
-                        on,
-                        format!(
-                            "expected an integer id from {} to {} (-1 or 0: none)",
-                            rules::MIN_OWNER_ID,
-                            rules::MAX_OWNER_ID
-                        ),
-                    )
-                })?;
+            let want = || format!("expected {}", config::owner_id_want());
+            *field = config::owner_id(&Value::from(v)).ok_or_else(|| bad(key, v, on, want()))?;
         }
     }
     Ok(())
@@ -642,28 +626,11 @@ fn netns_of(inv: &Invocation) -> Result<&std::path::Path, CniError> {
         .ok_or_else(|| crate::cni::env::missing("CNI_NETNS"))
 }
 
-/// Kubernetes names: DNS labels and subdomains.
-fn valid_name(s: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = s.as_bytes();
-    matches!((bytes.first(), bytes.last()), (Some(&f), Some(&l)) if alnum(f) && alnum(l))
-        && s.len() <= 253
-        && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
-}
-
 fn invalid_config(key: &str, e: rules::ParseError) -> CniError {
     CniError::new(
         code::INVALID_CONFIG,
         format!("invalid linkerd-cni config key {key:?}"),
         e.to_string(),
-    )
-}
-
-fn kubeconfig_error(e: KubeconfigError) -> CniError {
-    CniError::new(
-        code::KUBERNETES,
-        e.to_string(),
-        "the linkerd-cni installer DaemonSet writes this file: check that its pod runs on this node",
     )
 }
 
@@ -902,6 +869,7 @@ mod tests {
 
     #[test]
     fn names() {
+        let valid_name = k8s::names::is_dns_subdomain;
         assert!(valid_name("emojivoto"));
         assert!(valid_name("web-7d9f8b6c5-x2x4z"));
         assert!(!valid_name("a/b"));
@@ -909,5 +877,10 @@ mod tests {
         assert!(!valid_name(".."));
         assert!(!valid_name(""));
         assert!(!valid_name("Web"));
+        // As the API server has them: each dot-separated label a DNS
+        // label of its own.
+        assert!(!valid_name("a..b"));
+        assert!(!valid_name("a.-b"));
+        assert!(!valid_name(&format!("{}.b", "a".repeat(64))));
     }
 }

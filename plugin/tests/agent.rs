@@ -73,7 +73,7 @@ fn state_dir(c: &Cluster) -> PathBuf {
 fn decide(c: &Cluster, ns: &str, name: &str) -> Result<Decision, CniError> {
     let env = cni_env("ADD", Path::new("/run/netns/unused"), Some((ns, name)));
     let inv = invocation(&env, &netconf(&c.kubeconfig, json!({})));
-    let config = PluginConfig::from_netconf(&inv.conf)?;
+    let config = PluginConfig::from_map(&inv.conf.raw)?;
     pod::decide(&inv, &config)
 }
 
@@ -240,7 +240,7 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
         let mut conf = netconf(&c.kubeconfig, json!({}));
         conf["kubernetes"]["agent-only"] = true.into();
         let inv = invocation(&env, &conf);
-        let config = PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_map(&inv.conf.raw)?;
         assert!(config.agent_only);
         pod::decide(&inv, &config)
     };

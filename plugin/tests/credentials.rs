@@ -61,7 +61,7 @@ fn decide(c: &Cluster, extra: Value) -> Result<Decision, CniError> {
         Some(("emojivoto", "web-0")),
     );
     let inv = invocation(&env, &conf);
-    let config = PluginConfig::from_netconf(&inv.conf)?;
+    let config = PluginConfig::from_map(&inv.conf.raw)?;
     pod::decide(&inv, &config)
 }
 

@@ -129,7 +129,7 @@ fn decide(
     let mut conf = netconf(kubeconfig, json!({}));
     conf["kubernetes"]["api-budget-seconds"] = json!(budget);
     let inv = common::invocation(&env, &conf);
-    let config = linkerd_cni::config::PluginConfig::from_netconf(&inv.conf)?;
+    let config = linkerd_cni::config::PluginConfig::from_map(&inv.conf.raw)?;
     linkerd_cni::pod::decide(&inv, &config)
 }
 

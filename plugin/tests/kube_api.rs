@@ -25,7 +25,7 @@ impl Cluster {
     fn decide_with(&self, pod: Option<(&str, &str)>, conf: &Value) -> Result<Decision, CniError> {
         let env = cni_env("ADD", Path::new("/run/netns/unused"), pod);
         let inv = invocation(&env, conf);
-        let config = PluginConfig::from_netconf(&inv.conf)?;
+        let config = PluginConfig::from_map(&inv.conf.raw)?;
         pod::decide(&inv, &config)
     }
 
@@ -441,7 +441,7 @@ fn api_server_inside_a_node_netns_is_reachable_only_from_there() {
     );
     let decide = || {
         let inv = invocation(&env, &conf);
-        pod::decide(&inv, &PluginConfig::from_netconf(&inv.conf).unwrap())
+        pod::decide(&inv, &PluginConfig::from_map(&inv.conf.raw).unwrap())
     };
 
     let d = linkerd_cni::netns::run_in(node.path(), decide).unwrap();

@@ -3,13 +3,14 @@
 //! Parsing is separated from the process environment (`Env::from_lookup`) so
 //! that tests and the fuzz property can feed any bytes at all.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::error::{CniError, code};
 
-/// The operation a runtime asks for.
+/// The operation a runtime asks for: each variant is the spec's name of
+/// it, written in upper case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Add,
@@ -21,33 +22,23 @@ pub enum Command {
 }
 
 impl Command {
-    pub fn parse(s: &str) -> Option<Command> {
-        Some(match s {
-            "ADD" => Command::Add,
-            "DEL" => Command::Del,
-            "CHECK" => Command::Check,
-            "VERSION" => Command::Version,
-            "GC" => Command::Gc,
-            "STATUS" => Command::Status,
-            _ => return None,
-        })
-    }
+    const ALL: [Command; 6] = [
+        Command::Add,
+        Command::Del,
+        Command::Check,
+        Command::Version,
+        Command::Gc,
+        Command::Status,
+    ];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Command::Add => "ADD",
-            Command::Del => "DEL",
-            Command::Check => "CHECK",
-            Command::Version => "VERSION",
-            Command::Gc => "GC",
-            Command::Status => "STATUS",
-        }
+    pub fn parse(s: &str) -> Option<Command> {
+        Command::ALL.into_iter().find(|c| c.to_string() == s)
     }
 }
 
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&format!("{self:?}").to_ascii_uppercase())
     }
 }
 
@@ -120,7 +111,6 @@ pub struct Env {
     pub container_id: Option<String>,
     /// `CNI_NETNS`; required for ADD and CHECK, may be empty or stale on DEL.
     pub netns: Option<PathBuf>,
-    pub path: Vec<PathBuf>,
     pub args: CniArgs,
 }
 
@@ -154,31 +144,37 @@ impl Env {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         let ifname = text("CNI_IFNAME")?.filter(|s| !s.is_empty());
-        let path = lookup("CNI_PATH")
-            .map(|p| split_path(&p))
-            .unwrap_or_default();
-        let args = match text("CNI_ARGS")? {
-            None => CniArgs::default(),
-            Some(s) => match CniArgs::parse(&s) {
-                Ok(a) => a,
-                Err(e) if strict => return Err(e),
-                Err(_) => CniArgs::default(),
-            },
+        let args = match CniArgs::parse(&text("CNI_ARGS")?.unwrap_or_default()) {
+            Ok(a) => a,
+            Err(e) if strict => return Err(e),
+            Err(_) => CniArgs::default(),
         };
 
+        // What ADD and CHECK need and DEL, GC and STATUS may lack.
         if strict {
-            required_for_add_and_check(
-                container_id.as_deref(),
-                netns.as_deref(),
-                ifname.as_deref(),
-            )?;
+            match container_id.as_deref() {
+                None => return Err(missing("CNI_CONTAINERID")),
+                Some(id) if !valid_container_id(id) => {
+                    return Err(CniError::new(
+                        code::INVALID_ENV,
+                        format!("invalid CNI_CONTAINERID {id:?}"),
+                        "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
+                    ));
+                }
+                Some(_) => {}
+            }
+            if netns.is_none() {
+                return Err(missing("CNI_NETNS"));
+            }
+            if ifname.is_none() {
+                return Err(missing("CNI_IFNAME"));
+            }
         }
 
         Ok(Env {
             command,
             container_id,
             netns,
-            path,
             args,
         })
     }
@@ -203,33 +199,6 @@ fn command(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Command, CniErro
     })
 }
 
-/// What ADD and CHECK need and DEL, GC and STATUS may lack: a valid
-/// container ID, the netns and the interface name.
-fn required_for_add_and_check(
-    container_id: Option<&str>,
-    netns: Option<&Path>,
-    ifname: Option<&str>,
-) -> Result<(), CniError> {
-    match container_id {
-        None => return Err(missing("CNI_CONTAINERID")),
-        Some(id) if !valid_container_id(id) => {
-            return Err(CniError::new(
-                code::INVALID_ENV,
-                format!("invalid CNI_CONTAINERID {id:?}"),
-                "a container ID starts with a letter or digit and holds only letters, digits, '_', '.' and '-'",
-            ));
-        }
-        Some(_) => {}
-    }
-    if netns.is_none() {
-        return Err(missing("CNI_NETNS"));
-    }
-    if ifname.is_none() {
-        return Err(missing("CNI_IFNAME"));
-    }
-    Ok(())
-}
-
 /// The error for a `CNI_*` variable this command needs.
 pub(crate) fn missing(name: &str) -> CniError {
     CniError::new(
@@ -237,14 +206,6 @@ pub(crate) fn missing(name: &str) -> CniError {
         format!("{name} is not set"),
         "the container runtime must set it for this command",
     )
-}
-
-fn split_path(p: &OsStr) -> Vec<PathBuf> {
-    p.to_string_lossy()
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .collect()
 }
 
 /// The spec's rule, upper case included (runtimes other than containerd use
@@ -285,10 +246,6 @@ mod tests {
         let e = env(ADD).unwrap();
         assert_eq!(e.command, Command::Add);
         assert_eq!(e.container_id.as_deref(), Some("Abc-1_2.3"));
-        assert_eq!(
-            e.path,
-            [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
-        );
         assert_eq!(e.args.pod_namespace(), Some("emojivoto"));
         assert_eq!(e.args.pod_name(), Some("web-1"));
         assert_eq!(e.args.get("IgnoreUnknown"), Some("1"));

@@ -80,15 +80,12 @@ impl CniError {
 
 impl fmt::Display for CniError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.details.is_empty() {
-            write!(f, "{} (CNI error {})", self.msg, self.code)
-        } else {
-            write!(
-                f,
-                "{}: {} (CNI error {})",
-                self.msg, self.details, self.code
-            )
-        }
+        let sep = if self.details.is_empty() { "" } else { ": " };
+        write!(
+            f,
+            "{}{sep}{} (CNI error {})",
+            self.msg, self.details, self.code
+        )
     }
 }
 

@@ -31,22 +31,15 @@ pub struct Invocation {
 }
 
 /// What a plugin does for each command. Only ADD produces a result; the
-/// others report success or an error.
+/// others report success or an error. DEL and GC succeed without asking
+/// it: linkerd-cni's rules live in the pod's network namespace and go with
+/// it, so there is nothing to release.
 pub trait Plugin {
     /// Called as soon as the environment is parsed, before anything about
     /// the invocation is logged (e.g. to name the container in every line).
     fn start(&self, _env: &Env) {}
-    /// Called once the config is parsed, before the command (e.g. to set the
-    /// log level from it).
-    fn configure(&self, _conf: &NetConf) {}
     fn add(&self, inv: &Invocation) -> Result<Value, CniError>;
-    fn del(&self, _inv: &Invocation) -> Result<(), CniError> {
-        Ok(())
-    }
     fn check(&self, _inv: &Invocation) -> Result<(), CniError> {
-        Ok(())
-    }
-    fn gc(&self, _inv: &Invocation) -> Result<(), CniError> {
         Ok(())
     }
     fn status(&self, _inv: &Invocation) -> Result<(), CniError> {
@@ -142,14 +135,12 @@ pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn
         }
         Err(e) => return Reply::error(&e, &requested_version(stdin)),
     };
-    plugin.configure(&conf);
 
     let inv = Invocation { env, conf };
     let res = match inv.env.command {
         Command::Add => plugin.add(&inv).map(Some),
-        Command::Del => plugin.del(&inv).map(|()| None),
+        Command::Del | Command::Gc => Ok(None),
         Command::Check => plugin.check(&inv).map(|()| None),
-        Command::Gc => plugin.gc(&inv).map(|()| None),
         Command::Status => plugin.status(&inv).map(|()| None),
         Command::Version => Ok(Some(version::version_info(&inv.conf.cni_version))),
     };

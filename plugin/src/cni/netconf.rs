@@ -45,9 +45,8 @@ impl NetConf {
             return Err(invalid("the network config must be a JSON object", ""));
         };
         let cni_version = match raw.get("cniVersion") {
-            None | Some(Value::Null) => version::IMPLICIT.to_string(),
-            Some(Value::String(s)) if s.is_empty() => version::IMPLICIT.to_string(),
-            Some(Value::String(s)) => s.clone(),
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            None | Some(Value::Null | Value::String(_)) => version::IMPLICIT.to_string(),
             Some(other) => {
                 return Err(invalid(
                     "cniVersion must be a string",
@@ -57,7 +56,12 @@ impl NetConf {
         };
         // Nothing reads them, but they are strings in every valid config.
         for key in ["name", "type"] {
-            string_or_null(&raw, key)?;
+            if let Some(other) = raw.get(key).filter(|v| !v.is_null() && !v.is_string()) {
+                return Err(invalid(
+                    format!("{key} must be a string"),
+                    format!("got {}", short(other)),
+                ));
+            }
         }
         let prev_result = match raw.get("prevResult") {
             None | Some(Value::Null) => None,
@@ -113,16 +117,6 @@ impl NetConf {
                 prev
             }
         }
-    }
-}
-
-fn string_or_null(raw: &Map<String, Value>, key: &str) -> Result<(), CniError> {
-    match raw.get(key) {
-        None | Some(Value::Null | Value::String(_)) => Ok(()),
-        Some(other) => Err(invalid(
-            format!("{key} must be a string"),
-            format!("got {}", short(other)),
-        )),
     }
 }
 

@@ -54,14 +54,9 @@ pub(super) struct Retry {
     /// No attempt starts after this: what is left of the deadline then is
     /// the rest of the ADD's (the namespace GET, the iptables commands).
     until: Instant,
-    attempts: u32,
+    /// Attempts made so far, counted by the caller as it makes them.
+    pub(super) attempts: u32,
     backoff: Duration,
-}
-
-/// After a rejection: wait this long and try again, or stop.
-pub(super) enum Next {
-    Wait(Duration),
-    Stop,
 }
 
 impl Retry {
@@ -80,27 +75,23 @@ impl Retry {
         }
     }
 
-    /// Counts an attempt about to be made.
-    pub(super) fn attempt(&mut self) {
-        self.attempts += 1;
-    }
-
-    pub(super) fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
     /// After a rejection (HTTP `status`), with the installer as its
-    /// heartbeat says.
-    pub(super) fn after_rejection(&mut self, status: u16, installer: &Liveness) -> Next {
+    /// heartbeat says: how long to wait before trying again, or `None` to
+    /// stop.
+    pub(super) fn after_rejection(
+        &mut self,
+        status: u16,
+        installer: &Liveness,
+    ) -> Option<Duration> {
         if !will_be_renewed(status, installer) && self.attempts >= CONFIRM_ATTEMPTS {
-            return Next::Stop;
+            return None;
         }
         let wait = self.backoff;
         if Instant::now() + wait > self.until {
-            return Next::Stop;
+            return None;
         }
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        Next::Wait(wait)
+        Some(wait)
     }
 
     /// The pod's answer once the retries stop: a pass-through when no
