@@ -36,14 +36,11 @@ use crate::api::{self, Api};
 use crate::config::Config;
 use crate::installer::Installer;
 use crate::kubeconfig;
+use crate::repair::backoff::Policy;
 
 /// The most one removal's API calls may take together.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Backoff after the first failure, doubling per failure in a row...
-const FIRST_BACKOFF: Duration = Duration::from_secs(5);
-/// ...up to this: the node stays unschedulable meanwhile, so not long.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// After a 403: RBAC does not change by itself.
 const FORBIDDEN_BACKOFF: Duration = Duration::from_secs(600);
 
@@ -184,9 +181,7 @@ impl StartupTaint {
         *failures += 1;
         let backoff = match failure {
             Failure::Forbidden => FORBIDDEN_BACKOFF,
-            _ => FIRST_BACKOFF
-                .saturating_mul(1 << (*failures - 1).min(16))
-                .min(MAX_BACKOFF),
+            _ => Policy::INSTALLER.nominal(*failures),
         };
         *next_try = Instant::now() + backoff;
         if *said != Some(failure) {
@@ -459,7 +454,7 @@ mod tests {
         let mut g = gate();
         g.record(failed(Failure::Transient));
         let first = next_try(&g);
-        assert!(first > Instant::now() + FIRST_BACKOFF / 2);
+        assert!(first > Instant::now() + Policy::INSTALLER.initial / 2);
         g.record(failed(Failure::Transient));
         assert!(next_try(&g) > first, "the backoff grows");
         g.record(failed(Failure::Forbidden));
