@@ -29,6 +29,8 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::notes::Throttle;
+
 /// At most one Event of a kind per this long.
 pub const INTERVAL: Duration = Duration::from_secs(600);
 /// The most one Event's API call may take.
@@ -172,39 +174,11 @@ impl Sink for ApiSink {
     }
 }
 
-/// Per kind: when the last Event was sent, and how many occurrences since
-/// were not.
-#[derive(Debug, Default)]
-struct Limiter {
-    last: HashMap<Kind, (Instant, u32)>,
-}
-
-impl Limiter {
-    /// `Some(n)`: send, with `n` occurrences unreported since the last
-    /// one; `None`: within the interval, counted.
-    fn admit(&mut self, kind: Kind, now: Instant) -> Option<u32> {
-        match self.last.get_mut(&kind) {
-            Some((at, skipped)) if now.duration_since(*at) < INTERVAL => {
-                *skipped += 1;
-                None
-            }
-            Some((at, skipped)) => {
-                let n = std::mem::take(skipped);
-                *at = now;
-                Some(n)
-            }
-            None => {
-                self.last.insert(kind, (now, 0));
-                Some(0)
-            }
-        }
-    }
-}
-
 /// The installer's Events.
 pub struct Events {
     sink: Arc<dyn Sink>,
-    limiter: Mutex<Limiter>,
+    /// Per kind.
+    limiter: Mutex<HashMap<Kind, Throttle>>,
     queue: Mutex<Option<SyncSender<Notice>>>,
 }
 
@@ -219,7 +193,10 @@ impl Events {
 
     /// The Event for `kind`, unless one was sent within [`INTERVAL`].
     fn admitted(&self, kind: Kind, note: String) -> Option<Notice> {
-        let skipped = crate::metrics::lock(&self.limiter).admit(kind, Instant::now())?;
+        let skipped = crate::metrics::lock(&self.limiter)
+            .entry(kind)
+            .or_insert_with(|| Throttle::new(INTERVAL))
+            .allow(Instant::now())?;
         let note = match skipped {
             0 => note,
             n => format!(
@@ -285,6 +262,16 @@ mod tests {
         fn create(&self, event: &Notice) -> Result<(), String> {
             self.0.lock().unwrap().push(event.clone());
             Ok(())
+        }
+    }
+
+    /// What [`Events`] admits: one throttle per kind.
+    #[derive(Default)]
+    struct Limiter(HashMap<Kind, Throttle>);
+    impl Limiter {
+        fn admit(&mut self, kind: Kind, now: Instant) -> Option<u64> {
+            let t = self.0.entry(kind);
+            t.or_insert_with(|| Throttle::new(INTERVAL)).allow(now)
         }
     }
 

@@ -30,10 +30,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::events::{Events, Kind};
-use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
+use crate::repair::admin::{self, AdminState, Format, Listener};
 use crate::repair::cli::Beside;
 use crate::repair::lookup::{self, SocketGuard};
-use crate::repair::process;
 
 /// Upper bounds of the heal-latency histogram's buckets, in seconds: a
 /// watch-driven repair takes milliseconds, one found by the resync seconds.
@@ -267,13 +266,10 @@ impl Telemetry {
         }
     }
 
-    /// The chain at the end of the pass.
+    /// The chain at the end of the pass: the caller judges it only when
+    /// metrics are on, the collector being its only reader.
     pub fn chain(&self, v: &Verdict) {
-        self.with(|i| {
-            if i.metrics.is_some() {
-                i.chain = Some(v.clone());
-            }
-        });
+        self.with(|i| i.chain = Some(v.clone()));
     }
 
     /// The startup taint is gone from the node (`how`).
@@ -670,7 +666,7 @@ pub fn setup(
     let mut listeners = vec![];
     for (addr, var) in ports {
         let Some(addr) = addr else { continue };
-        match rt.block_on(admin::bind(addr)) {
+        match rt.block_on(tokio::net::TcpListener::bind(addr)) {
             Ok(l) => {
                 if let Ok(local) = l.local_addr() {
                     tracing::info!("serving /metrics on http://{local}/metrics");
@@ -712,12 +708,7 @@ pub fn setup(
         format: Format::Prometheus,
         notes: Some(Arc::new(move || unreadable_adds(&dir))),
     };
-    // A quarter of the process' file descriptors, shared by the listeners.
-    let n = listeners.len().max(1) as u64;
-    let limits = Limits::default().for_fd_limit(process::max_fds().map(|m| m / n));
-    for l in listeners {
-        rt.spawn(admin::serve(l, state.clone(), limits));
-    }
+    admin::start(&rt, listeners, state);
     guard
 }
 

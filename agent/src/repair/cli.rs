@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::logging;
-use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
+use crate::repair::admin::{self, AdminState, Format, Listener};
 use crate::repair::args::Args;
 use crate::repair::controller::Controller;
 use crate::repair::lookup::{self, Facts, LookupMetrics};
@@ -45,7 +45,7 @@ pub fn main() -> ExitCode {
             let mut registry = Registry::default();
             let parts = register(&mut registry);
             let addr = args.admin_listen();
-            let listener = admin::bind(addr)
+            let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("cannot listen on {addr} (--admin-addr, --admin-ip): {e}"))?;
             let local = listener
@@ -59,8 +59,8 @@ pub fn main() -> ExitCode {
                 format: Format::OpenMetrics,
                 notes: None,
             };
-            let limits = Limits::default().for_fd_limit(process::max_fds());
-            tokio::spawn(admin::serve(Listener::Tcp(listener), state, limits));
+            let rt = tokio::runtime::Handle::current();
+            admin::start(&rt, vec![Listener::Tcp(listener)], state);
             run(args, parts, shutdown).await
         })
     });
