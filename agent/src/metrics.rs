@@ -498,7 +498,8 @@ pub fn token_times(token: &str) -> Option<(u64, u64)> {
     Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
 }
 
-fn secs(t: SystemTime) -> f64 {
+/// `t` as Unix seconds, as every time on the admin page is.
+pub(crate) fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64()
