@@ -127,7 +127,7 @@ pub fn from_env() -> Result<Option<Args>, String> {
 
 /// The repair controller beside the installer's loop, as a task on the
 /// agent's one runtime (see [`crate::api`]), reporting on the installer's
-/// admin server. Stopped by [`Beside::stop`] or on drop.
+/// admin server. Stopped on drop, waiting a bounded time.
 pub struct Beside {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: mpsc::Receiver<()>,
@@ -178,22 +178,15 @@ impl Beside {
             live,
         })
     }
-
-    /// Stops it, waiting a bounded time.
-    pub fn stop(&mut self) {
-        let Some(stop) = self.stop.take() else {
-            return;
-        };
-        let _ = stop.send(());
-        if let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(STOP_WITHIN) {
-            tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
-        }
-    }
 }
 
 impl Drop for Beside {
     fn drop(&mut self) {
-        self.stop();
+        // The controller's shutdown future ends once the sender is gone.
+        drop(self.stop.take());
+        if let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(STOP_WITHIN) {
+            tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
+        }
     }
 }
 
