@@ -72,6 +72,8 @@ impl Kind {
 const NODE_EVENTS_NAMESPACE: &str = "default";
 /// `reportingController` of every Event the installer creates.
 const REPORTER: &str = "linkerd.io/linkerd-cni-installer";
+/// `reportingInstance` when the installer's pod name is not known.
+const REPORTER_POD: &str = "linkerd-cni-installer";
 /// The API limits an Event's note to 1 kB.
 const MAX_NOTE: usize = 1024;
 
@@ -149,20 +151,17 @@ pub trait Sink: Send + Sync {
 }
 
 /// The API server, with the installer's own credential (its
-/// service-account token, read at each Event: the kubelet rotates it).
-pub struct ApiSink {
-    pub cfg: crate::config::Config,
-    pub node: String,
-    /// `reportingInstance`: the installer's pod.
-    pub instance: String,
-}
+/// service-account token, read at each Event: the kubelet rotates it),
+/// about the configuration's node, reported by its pod.
+pub struct ApiSink(pub crate::config::Config);
 
 impl Sink for ApiSink {
     fn create(&self, event: &Notice) -> Result<(), String> {
-        let config = crate::kubeconfig::own_api(&self.cfg)?;
-        let body =
-            serde_json::to_value(event.to_event(&self.node, &self.instance, Timestamp::now()))
-                .map_err(|e| e.to_string())?;
+        let config = crate::kubeconfig::own_api(&self.0)?;
+        let node = self.0.node_name.as_deref().unwrap_or_default();
+        let instance = self.0.pod_name.as_deref().unwrap_or(REPORTER_POD);
+        let body = serde_json::to_value(event.to_event(node, instance, Timestamp::now()))
+            .map_err(|e| e.to_string())?;
         let path = format!("/apis/events.k8s.io/v1/namespaces/{NODE_EVENTS_NAMESPACE}/events");
         // An Event whose answer was lost may be created twice: harmless.
         crate::api::blocking(config, API_TIMEOUT, async |api| {

@@ -635,17 +635,8 @@ pub fn setup(
 ) -> Option<SocketGuard> {
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
-    let events = match (&cfg.node_name, cfg.events) {
-        (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
-            cfg: cfg.clone(),
-            node: node.clone(),
-            instance: cfg
-                .pod_name
-                .clone()
-                .unwrap_or_else(|| "linkerd-cni-installer".into()),
-        }))),
-        _ => None,
-    };
+    let events = (cfg.node_name.is_some() && cfg.events)
+        .then(|| Events::new(Arc::new(crate::events::ApiSink(cfg.clone()))));
     let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
         Some(Ok(rt)) => rt,
         other => {
