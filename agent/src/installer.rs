@@ -103,7 +103,7 @@ impl Installer {
             chained_last_pass: false,
             kubeconfig_current: false,
             retry_at: None,
-            telemetry: Telemetry::off(),
+            telemetry: Telemetry::default(),
             credential: Credential::default(),
             plugin_denied: None,
             rejections_seen: None,

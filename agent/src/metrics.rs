@@ -182,7 +182,8 @@ impl Counters {
 }
 
 /// Where the pass records what it did, for `/metrics` and for Events;
-/// nothing at all (no lock, no allocation) when both are off.
+/// nothing at all (no lock, no allocation) when both are off, as by
+/// default.
 #[derive(Clone, Default)]
 pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
 
@@ -230,16 +231,11 @@ fn news(seen: &mut Option<String>, now: &str) -> bool {
 }
 
 impl Telemetry {
-    /// Records nothing.
-    pub fn off() -> Telemetry {
-        Telemetry(None)
-    }
-
     /// Keeps the metrics in the registry when given (with those read when
     /// scraped from the sources) and sends `events`; off with neither.
     pub fn new(metrics: Option<(&mut Registry, Sources)>, events: Option<Events>) -> Telemetry {
         if metrics.is_none() && events.is_none() {
-            return Telemetry::off();
+            return Telemetry::default();
         }
         let inner = Arc::new(Mutex::new(Inner {
             events,
@@ -822,7 +818,7 @@ mod tests {
 
     #[test]
     fn off_records_nothing() {
-        let t = Telemetry::off();
+        let t = Telemetry::default();
         t.with(|i| {
             i.repaired("missing", Some(SystemTime::now()));
             i.fight("w");

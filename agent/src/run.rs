@@ -177,9 +177,6 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
             inst.reconcile();
             inst.beat();
             taint.after_pass(&inst);
-            if let Some(how) = taint.removed() {
-                inst.telemetry().taint_removed(&how);
-            }
         } else {
             inst.reconcile_chain_now();
         }

@@ -68,8 +68,6 @@ pub struct StartupTaint {
     key: String,
     cfg: Config,
     state: State,
-    /// What the removal did, until the caller reports it ([`Self::removed`]).
-    removed: Option<String>,
 }
 
 impl StartupTaint {
@@ -96,12 +94,12 @@ impl StartupTaint {
             key: cfg.startup_taint.clone(),
             cfg: cfg.clone(),
             state,
-            removed: None,
         }
     }
 
     /// After a reconcile pass: when the node is ready and the taint may be
-    /// there, asks (at most once) for its removal.
+    /// there, asks (at most once) for its removal, which `inst`'s Events
+    /// report.
     pub fn after_pass(&mut self, inst: &Installer) {
         let State::Pending {
             next_try,
@@ -129,12 +127,11 @@ impl StartupTaint {
             return;
         }
         let answer = self.remove();
+        if let Ok(outcome @ TaintOutcome::Removed { .. }) = &answer {
+            inst.telemetry()
+                .taint_removed(&format!("startup taint: {outcome}"));
+        }
         self.record(answer);
-    }
-
-    /// The taint's removal, once, after the pass that removed it.
-    pub fn removed(&mut self) -> Option<String> {
-        self.removed.take()
     }
 
     /// One removal: Err is the failure's kind and what to say about it.
@@ -161,9 +158,6 @@ impl StartupTaint {
                     TaintOutcome::Absent { .. } => "absent",
                 };
                 tracing::info!("startup taint: {word}: {outcome}");
-                if let TaintOutcome::Removed { .. } = outcome {
-                    self.removed = Some(format!("startup taint: {outcome}"));
-                }
                 self.state = State::Done;
                 return;
             }
