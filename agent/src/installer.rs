@@ -698,7 +698,7 @@ impl Installer {
         let failed: Vec<String> = self
             .bins
             .iter()
-            .filter_map(|b| removed(&b.dest, binaries::remove(b)).err())
+            .filter_map(|b| removed(&b.dest, fsutil::remove(&b.dest)).err())
             .map(|e| e.to_string())
             .collect();
         match failed.is_empty() {
