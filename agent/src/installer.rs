@@ -488,10 +488,8 @@ impl Installer {
     /// what Events report.
     pub fn after_pass(&mut self) {
         if self.telemetry.metrics_on() {
-            let v = match self.steady_verdict.take() {
-                Some(v) => v,
-                None => self.chain_verdict(&self.last_entry),
-            };
+            let steady = self.steady_verdict.take();
+            let v = steady.unwrap_or_else(|| self.chain_verdict(&self.last_entry));
             self.telemetry.chain(&v);
         }
         self.telemetry.pass_done(self.pass_rejections.take());

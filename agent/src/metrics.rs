@@ -296,9 +296,7 @@ impl Telemetry {
                 m.passes.inc();
                 i.last_pass = Some(SystemTime::now());
             }
-            if i.events.is_some()
-                && let Some(now) = rejections
-            {
+            if let Some(now) = rejections {
                 i.plugin_rejections(now);
             }
         });
