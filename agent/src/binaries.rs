@@ -160,11 +160,6 @@ pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
     }
 }
 
-/// Removes the host copy (uninstall); Ok(false) when it was absent.
-pub fn remove(b: &Binary) -> Result<bool, FsError> {
-    fsutil::remove(&b.dest)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

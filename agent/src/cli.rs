@@ -190,16 +190,7 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Command::Uninstall => match installer.uninstall() {
-            Ok(()) => {
-                tracing::info!("uninstalled");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                tracing::error!("uninstall incomplete: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Uninstall => run::uninstall(&installer, "uninstalled"),
         Command::Version => ExitCode::SUCCESS,
     }
 }

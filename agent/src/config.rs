@@ -510,37 +510,40 @@ fn metrics_addr(v: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-fn node_name(v: &str) -> Result<String, String> {
-    let n = v.trim();
-    if !is_dns_subdomain(n) {
-        return Err(format!(
-            "{n:?} is not a node name (set it from the downward API's spec.nodeName)"
-        ));
+/// `v` trimmed, when `valid` holds for it; else `"<v>" is not <what>`.
+/// Object names go into API paths: checked as the API server checks them.
+fn named(v: &str, valid: fn(&str) -> bool, what: &str) -> Result<String, String> {
+    let v = v.trim();
+    match valid(v) {
+        true => Ok(v.to_string()),
+        false => Err(format!("{v:?} is not {what}")),
     }
-    Ok(n.to_string())
 }
 
-/// Object names go into API paths: checked as the API server checks them.
+fn node_name(v: &str) -> Result<String, String> {
+    named(
+        v,
+        is_dns_subdomain,
+        "a node name (set it from the downward API's spec.nodeName)",
+    )
+}
+
 fn pod_name(v: &str) -> Result<String, String> {
-    let n = v.trim();
-    if !is_dns_subdomain(n) {
-        return Err(format!(
-            "{n:?} is not a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, \
-             digits, '-' and '.'); set it from the downward API's metadata.name"
-        ));
-    }
-    Ok(n.to_string())
+    named(
+        v,
+        is_dns_subdomain,
+        "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and \
+         '.'); set it from the downward API's metadata.name",
+    )
 }
 
 fn pod_namespace(v: &str) -> Result<String, String> {
-    let n = v.trim();
-    if !is_dns_label(n) {
-        return Err(format!(
-            "{n:?} is not a namespace (a DNS-1123 label: at most 63 lowercase letters, digits \
-             and '-'); set it from the downward API's metadata.namespace"
-        ));
-    }
-    Ok(n.to_string())
+    named(
+        v,
+        is_dns_label,
+        "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); set \
+         it from the downward API's metadata.namespace",
+    )
 }
 
 fn plugin_token(v: &str) -> Result<PluginToken, String> {
@@ -552,22 +555,16 @@ fn plugin_token(v: &str) -> Result<PluginToken, String> {
 }
 
 fn service_account(v: &str) -> Result<String, String> {
-    let name = v.trim();
-    if !is_dns_subdomain(name) {
-        return Err(format!("{name:?} is not a ServiceAccount name"));
-    }
-    Ok(name.to_string())
+    named(v, is_dns_subdomain, "a ServiceAccount name")
 }
 
 fn startup_taint(v: &str) -> Result<String, String> {
-    let key = v.trim();
-    if !is_qualified_name(key) {
-        return Err(format!(
-            "{key:?} is not a taint key (an optional DNS-subdomain prefix and '/', then 1-63 \
-             letters, digits, '-', '_' or '.')"
-        ));
-    }
-    Ok(key.to_string())
+    named(
+        v,
+        is_qualified_name,
+        "a taint key (an optional DNS-subdomain prefix and '/', then 1-63 letters, digits, \
+         '-', '_' or '.')",
+    )
 }
 
 fn resync(v: &str) -> Result<Duration, String> {

@@ -61,6 +61,7 @@ use serde_json::json;
 use crate::api::{self, Api};
 use crate::config::Config;
 use crate::kubeconfig::{self, KubeconfigError};
+use crate::repair::backoff::Policy;
 
 /// The lifetime asked for. The API server may grant less
 /// (`--service-account-max-token-expiration`); the token's own claims say.
@@ -72,10 +73,6 @@ pub const REFUSED_RETRY: Duration = Duration::from_secs(600);
 /// Pauses before asking again within one attempt after a 403 (RBAC
 /// applied a moment ago takes about that long to be in effect).
 const FORBIDDEN_RETRIES: [Duration; 2] = [Duration::from_millis(250), Duration::from_millis(750)];
-/// Backoff after other failures, doubling per failure in a row...
-const FIRST_BACKOFF: Duration = Duration::from_secs(5);
-/// ...up to this.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// What the check GETs with a token found in the file: the plugin's role
 /// allows it, and it exists in every cluster.
 const PROBE_PATH: &str = "/api/v1/namespaces/default/services/kubernetes";
@@ -371,9 +368,7 @@ impl Credential {
     /// One more failure in a row: when to ask again.
     fn back_off(&mut self) -> Duration {
         self.failures += 1;
-        let backoff = FIRST_BACKOFF
-            .saturating_mul(1 << (self.failures - 1).min(16))
-            .min(MAX_BACKOFF);
+        let backoff = Policy::INSTALLER.nominal(self.failures);
         self.next_try = Instant::now() + backoff;
         backoff
     }

@@ -29,6 +29,8 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::notes::Throttle;
+
 /// At most one Event of a kind per this long.
 pub const INTERVAL: Duration = Duration::from_secs(600);
 /// The most one Event's API call may take.
@@ -70,6 +72,8 @@ impl Kind {
 const NODE_EVENTS_NAMESPACE: &str = "default";
 /// `reportingController` of every Event the installer creates.
 const REPORTER: &str = "linkerd.io/linkerd-cni-installer";
+/// `reportingInstance` when the installer's pod name is not known.
+const REPORTER_POD: &str = "linkerd-cni-installer";
 /// The API limits an Event's note to 1 kB.
 const MAX_NOTE: usize = 1024;
 
@@ -147,20 +151,17 @@ pub trait Sink: Send + Sync {
 }
 
 /// The API server, with the installer's own credential (its
-/// service-account token, read at each Event: the kubelet rotates it).
-pub struct ApiSink {
-    pub cfg: crate::config::Config,
-    pub node: String,
-    /// `reportingInstance`: the installer's pod.
-    pub instance: String,
-}
+/// service-account token, read at each Event: the kubelet rotates it),
+/// about the configuration's node, reported by its pod.
+pub struct ApiSink(pub crate::config::Config);
 
 impl Sink for ApiSink {
     fn create(&self, event: &Notice) -> Result<(), String> {
-        let config = crate::kubeconfig::own_api(&self.cfg)?;
-        let body =
-            serde_json::to_value(event.to_event(&self.node, &self.instance, Timestamp::now()))
-                .map_err(|e| e.to_string())?;
+        let config = crate::kubeconfig::own_api(&self.0)?;
+        let node = self.0.node_name.as_deref().unwrap_or_default();
+        let instance = self.0.pod_name.as_deref().unwrap_or(REPORTER_POD);
+        let body = serde_json::to_value(event.to_event(node, instance, Timestamp::now()))
+            .map_err(|e| e.to_string())?;
         let path = format!("/apis/events.k8s.io/v1/namespaces/{NODE_EVENTS_NAMESPACE}/events");
         // An Event whose answer was lost may be created twice: harmless.
         crate::api::blocking(config, API_TIMEOUT, async |api| {
@@ -172,39 +173,11 @@ impl Sink for ApiSink {
     }
 }
 
-/// Per kind: when the last Event was sent, and how many occurrences since
-/// were not.
-#[derive(Debug, Default)]
-struct Limiter {
-    last: HashMap<Kind, (Instant, u32)>,
-}
-
-impl Limiter {
-    /// `Some(n)`: send, with `n` occurrences unreported since the last
-    /// one; `None`: within the interval, counted.
-    fn admit(&mut self, kind: Kind, now: Instant) -> Option<u32> {
-        match self.last.get_mut(&kind) {
-            Some((at, skipped)) if now.duration_since(*at) < INTERVAL => {
-                *skipped += 1;
-                None
-            }
-            Some((at, skipped)) => {
-                let n = std::mem::take(skipped);
-                *at = now;
-                Some(n)
-            }
-            None => {
-                self.last.insert(kind, (now, 0));
-                Some(0)
-            }
-        }
-    }
-}
-
 /// The installer's Events.
 pub struct Events {
     sink: Arc<dyn Sink>,
-    limiter: Mutex<Limiter>,
+    /// Per kind.
+    limiter: Mutex<HashMap<Kind, Throttle>>,
     queue: Mutex<Option<SyncSender<Notice>>>,
 }
 
@@ -219,7 +192,10 @@ impl Events {
 
     /// The Event for `kind`, unless one was sent within [`INTERVAL`].
     fn admitted(&self, kind: Kind, note: String) -> Option<Notice> {
-        let skipped = crate::metrics::lock(&self.limiter).admit(kind, Instant::now())?;
+        let skipped = crate::metrics::lock(&self.limiter)
+            .entry(kind)
+            .or_insert_with(|| Throttle::new(INTERVAL))
+            .allow(Instant::now())?;
         let note = match skipped {
             0 => note,
             n => format!(
@@ -285,6 +261,16 @@ mod tests {
         fn create(&self, event: &Notice) -> Result<(), String> {
             self.0.lock().unwrap().push(event.clone());
             Ok(())
+        }
+    }
+
+    /// What [`Events`] admits: one throttle per kind.
+    #[derive(Default)]
+    struct Limiter(HashMap<Kind, Throttle>);
+    impl Limiter {
+        fn admit(&mut self, kind: Kind, now: Instant) -> Option<u64> {
+            let t = self.0.entry(kind);
+            t.or_insert_with(|| Throttle::new(INTERVAL)).allow(now)
         }
     }
 

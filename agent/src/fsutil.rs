@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use linkerd_cni_chain::{ChainError, open_regular, write};
+use linkerd_cni_chain::{ChainError, open_regular, read_file, write};
 
 /// What [`same_content`] reads of each file at a time.
 const CHUNK: u64 = 64 * 1024;
@@ -93,24 +93,19 @@ pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
     }
 }
 
-/// Reads a token, a CA bundle, the entry template or a kubeconfig: a
-/// regular file, opened without blocking (a FIFO must not hang the
-/// installer), of at most [`linkerd_cni_chain::MAX_CONFIG_SIZE`] bytes (far
-/// above any real one, far below the container's memory limit). Another
-/// kind of file or a longer one is an error that says so. The chain
-/// library's reader: one policy for every input file.
-pub fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
-    linkerd_cni_chain::read_file(path)
-}
-
-/// [`read_capped`], as UTF-8 text.
+/// Reads a token, a CA bundle, the entry template or a kubeconfig with the
+/// chain library's reader (one policy for every input file): a regular
+/// file, opened without blocking (a FIFO must not hang the installer), of
+/// at most [`linkerd_cni_chain::MAX_CONFIG_SIZE`] bytes (far above any real
+/// one, far below the container's memory limit), as UTF-8 text. Another
+/// kind of file or a longer one is an error that says so.
 pub fn read_capped_text(path: &Path) -> io::Result<String> {
-    String::from_utf8(read_capped(path)?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    String::from_utf8(read_file(path)?).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// [`read_capped`]; Ok(None) when absent.
+/// [`read_capped_text`]'s reader, bytes; Ok(None) when absent.
 pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
-    match read_capped(path) {
+    match read_file(path) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FsError::new("cannot read", path, e)),
@@ -166,7 +161,7 @@ mod tests {
         fs::write(&plain, "x").unwrap();
         for p in [fifo.clone(), PathBuf::from("/dev/zero"), t.clone()] {
             let q = p.clone();
-            let e = bounded("read_capped", WITHIN, move || read_capped(&q)).unwrap_err();
+            let e = bounded("read_file", WITHIN, move || read_file(&q)).unwrap_err();
             assert!(e.to_string().contains("not a regular file"), "{p:?}: {e}");
             let q = p.clone();
             assert!(bounded("read_optional", WITHIN, move || read_optional(&q)).is_err());
@@ -185,8 +180,8 @@ mod tests {
         let (ok, big) = (t.join("ok"), t.join("big"));
         fs::write(&ok, vec![b'a'; READ_LIMIT as usize]).unwrap();
         fs::write(&big, vec![b'a'; READ_LIMIT as usize + 1]).unwrap();
-        assert_eq!(read_capped(&ok).unwrap().len() as u64, READ_LIMIT);
-        let e = read_capped(&big).unwrap_err();
+        assert_eq!(read_file(&ok).unwrap().len() as u64, READ_LIMIT);
+        let e = read_file(&big).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains("larger than"), "{e}");
         assert!(read_optional(&big).is_err());

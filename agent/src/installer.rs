@@ -103,7 +103,7 @@ impl Installer {
             chained_last_pass: false,
             kubeconfig_current: false,
             retry_at: None,
-            telemetry: Telemetry::off(),
+            telemetry: Telemetry::default(),
             credential: Credential::default(),
             plugin_denied: None,
             rejections_seen: None,
@@ -488,10 +488,8 @@ impl Installer {
     /// what Events report.
     pub fn after_pass(&mut self) {
         if self.telemetry.metrics_on() {
-            let v = match self.steady_verdict.take() {
-                Some(v) => v,
-                None => self.chain_verdict(&self.last_entry),
-            };
+            let steady = self.steady_verdict.take();
+            let v = steady.unwrap_or_else(|| self.chain_verdict(&self.last_entry));
             self.telemetry.chain(&v);
         }
         self.telemetry.pass_done(self.pass_rejections.take());
@@ -698,7 +696,7 @@ impl Installer {
         let failed: Vec<String> = self
             .bins
             .iter()
-            .filter_map(|b| removed(&b.dest, binaries::remove(b)).err())
+            .filter_map(|b| removed(&b.dest, fsutil::remove(&b.dest)).err())
             .map(|e| e.to_string())
             .collect();
         match failed.is_empty() {

@@ -270,7 +270,7 @@ pub fn render(cfg: &Config, token: Option<&str>) -> Result<Rendered, KubeconfigE
 
 /// Trust in the CA file as it is now.
 fn ca_trust(cfg: &Config) -> Result<Trust, KubeconfigError> {
-    match fsutil::read_capped(&cfg.kube_ca_file) {
+    match linkerd_cni_chain::read_file(&cfg.kube_ca_file) {
         Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => Err(KubeconfigError::EmptyCa {
             path: cfg.kube_ca_file.clone(),
         }),

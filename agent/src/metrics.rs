@@ -30,10 +30,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::events::{Events, Kind};
-use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
+use crate::repair::admin::{self, AdminState, Format, Listener};
 use crate::repair::cli::Beside;
 use crate::repair::lookup::{self, SocketGuard};
-use crate::repair::process;
 
 /// Upper bounds of the heal-latency histogram's buckets, in seconds: a
 /// watch-driven repair takes milliseconds, one found by the resync seconds.
@@ -183,7 +182,8 @@ impl Counters {
 }
 
 /// Where the pass records what it did, for `/metrics` and for Events;
-/// nothing at all (no lock, no allocation) when both are off.
+/// nothing at all (no lock, no allocation) when both are off, as by
+/// default.
 #[derive(Clone, Default)]
 pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
 
@@ -231,16 +231,11 @@ fn news(seen: &mut Option<String>, now: &str) -> bool {
 }
 
 impl Telemetry {
-    /// Records nothing.
-    pub fn off() -> Telemetry {
-        Telemetry(None)
-    }
-
     /// Keeps the metrics in the registry when given (with those read when
     /// scraped from the sources) and sends `events`; off with neither.
     pub fn new(metrics: Option<(&mut Registry, Sources)>, events: Option<Events>) -> Telemetry {
         if metrics.is_none() && events.is_none() {
-            return Telemetry::off();
+            return Telemetry::default();
         }
         let inner = Arc::new(Mutex::new(Inner {
             events,
@@ -267,13 +262,10 @@ impl Telemetry {
         }
     }
 
-    /// The chain at the end of the pass.
+    /// The chain at the end of the pass: the caller judges it only when
+    /// metrics are on, the collector being its only reader.
     pub fn chain(&self, v: &Verdict) {
-        self.with(|i| {
-            if i.metrics.is_some() {
-                i.chain = Some(v.clone());
-            }
-        });
+        self.with(|i| i.chain = Some(v.clone()));
     }
 
     /// The startup taint is gone from the node (`how`).
@@ -304,9 +296,7 @@ impl Telemetry {
                 m.passes.inc();
                 i.last_pass = Some(SystemTime::now());
             }
-            if i.events.is_some()
-                && let Some(now) = rejections
-            {
+            if let Some(now) = rejections {
                 i.plugin_rejections(now);
             }
         });
@@ -502,7 +492,8 @@ pub fn token_times(token: &str) -> Option<(u64, u64)> {
     Some((v.get("iat")?.as_u64()?, v.get("exp")?.as_u64()?))
 }
 
-fn secs(t: SystemTime) -> f64 {
+/// `t` as Unix seconds, as every time on the admin page is.
+pub(crate) fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64()
@@ -638,17 +629,8 @@ pub fn setup(
 ) -> Option<SocketGuard> {
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
-    let events = match (&cfg.node_name, cfg.events) {
-        (Some(node), true) => Some(Events::new(Arc::new(crate::events::ApiSink {
-            cfg: cfg.clone(),
-            node: node.clone(),
-            instance: cfg
-                .pod_name
-                .clone()
-                .unwrap_or_else(|| "linkerd-cni-installer".into()),
-        }))),
-        _ => None,
-    };
+    let events = (cfg.node_name.is_some() && cfg.events)
+        .then(|| Events::new(Arc::new(crate::events::ApiSink(cfg.clone()))));
     let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
         Some(Ok(rt)) => rt,
         other => {
@@ -670,7 +652,7 @@ pub fn setup(
     let mut listeners = vec![];
     for (addr, var) in ports {
         let Some(addr) = addr else { continue };
-        match rt.block_on(admin::bind(addr)) {
+        match rt.block_on(tokio::net::TcpListener::bind(addr)) {
             Ok(l) => {
                 if let Ok(local) = l.local_addr() {
                     tracing::info!("serving /metrics on http://{local}/metrics");
@@ -712,12 +694,7 @@ pub fn setup(
         format: Format::Prometheus,
         notes: Some(Arc::new(move || unreadable_adds(&dir))),
     };
-    // A quarter of the process' file descriptors, shared by the listeners.
-    let n = listeners.len().max(1) as u64;
-    let limits = Limits::default().for_fd_limit(process::max_fds().map(|m| m / n));
-    for l in listeners {
-        rt.spawn(admin::serve(l, state.clone(), limits));
-    }
+    admin::start(&rt, listeners, state);
     guard
 }
 
@@ -839,7 +816,7 @@ mod tests {
 
     #[test]
     fn off_records_nothing() {
-        let t = Telemetry::off();
+        let t = Telemetry::default();
         t.with(|i| {
             i.repaired("missing", Some(SystemTime::now()));
             i.fight("w");

@@ -108,7 +108,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     };
     // After the signals are blocked: its thread inherits that.
     let mut registry = prometheus_client::registry::Registry::default();
-    let mut repair = match repair.map(|a| Beside::start(a, &mut registry)).transpose() {
+    let repair = match repair.map(|a| Beside::start(a, &mut registry)).transpose() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("{e}");
@@ -177,9 +177,6 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
             inst.reconcile();
             inst.beat();
             taint.after_pass(&inst);
-            if let Some(how) = taint.removed() {
-                inst.telemetry().taint_removed(&how);
-            }
         } else {
             inst.reconcile_chain_now();
         }
@@ -192,9 +189,8 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
             Wake::Timer | Wake::Full => true,
             Wake::Chain => false,
             Wake::Signal(sig) => {
-                if let Some(r) = repair.as_mut() {
-                    r.stop();
-                }
+                // Stopped (within its bound) before the uninstall starts.
+                drop(repair);
                 return shutdown(&inst, sig);
             }
         };
@@ -211,9 +207,15 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
     };
     tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
+    uninstall(inst, "uninstalled; exiting")
+}
+
+/// [`Installer::uninstall`], its outcome the exit code: `done` logged when
+/// it is complete.
+pub fn uninstall(inst: &Installer, done: &str) -> ExitCode {
     match inst.uninstall() {
         Ok(()) => {
-            tracing::info!("uninstalled; exiting");
+            tracing::info!("{done}");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -36,14 +36,11 @@ use crate::api::{self, Api};
 use crate::config::Config;
 use crate::installer::Installer;
 use crate::kubeconfig;
+use crate::repair::backoff::Policy;
 
 /// The most one removal's API calls may take together.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Backoff after the first failure, doubling per failure in a row...
-const FIRST_BACKOFF: Duration = Duration::from_secs(5);
-/// ...up to this: the node stays unschedulable meanwhile, so not long.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// After a 403: RBAC does not change by itself.
 const FORBIDDEN_BACKOFF: Duration = Duration::from_secs(600);
 
@@ -71,8 +68,6 @@ pub struct StartupTaint {
     key: String,
     cfg: Config,
     state: State,
-    /// What the removal did, until the caller reports it ([`Self::removed`]).
-    removed: Option<String>,
 }
 
 impl StartupTaint {
@@ -99,12 +94,12 @@ impl StartupTaint {
             key: cfg.startup_taint.clone(),
             cfg: cfg.clone(),
             state,
-            removed: None,
         }
     }
 
     /// After a reconcile pass: when the node is ready and the taint may be
-    /// there, asks (at most once) for its removal.
+    /// there, asks (at most once) for its removal, which `inst`'s Events
+    /// report.
     pub fn after_pass(&mut self, inst: &Installer) {
         let State::Pending {
             next_try,
@@ -132,12 +127,11 @@ impl StartupTaint {
             return;
         }
         let answer = self.remove();
+        if let Ok(outcome @ TaintOutcome::Removed { .. }) = &answer {
+            inst.telemetry()
+                .taint_removed(&format!("startup taint: {outcome}"));
+        }
         self.record(answer);
-    }
-
-    /// The taint's removal, once, after the pass that removed it.
-    pub fn removed(&mut self) -> Option<String> {
-        self.removed.take()
     }
 
     /// One removal: Err is the failure's kind and what to say about it.
@@ -164,9 +158,6 @@ impl StartupTaint {
                     TaintOutcome::Absent { .. } => "absent",
                 };
                 tracing::info!("startup taint: {word}: {outcome}");
-                if let TaintOutcome::Removed { .. } = outcome {
-                    self.removed = Some(format!("startup taint: {outcome}"));
-                }
                 self.state = State::Done;
                 return;
             }
@@ -184,9 +175,7 @@ impl StartupTaint {
         *failures += 1;
         let backoff = match failure {
             Failure::Forbidden => FORBIDDEN_BACKOFF,
-            _ => FIRST_BACKOFF
-                .saturating_mul(1 << (*failures - 1).min(16))
-                .min(MAX_BACKOFF),
+            _ => Policy::INSTALLER.nominal(*failures),
         };
         *next_try = Instant::now() + backoff;
         if *said != Some(failure) {
@@ -459,7 +448,7 @@ mod tests {
         let mut g = gate();
         g.record(failed(Failure::Transient));
         let first = next_try(&g);
-        assert!(first > Instant::now() + FIRST_BACKOFF / 2);
+        assert!(first > Instant::now() + Policy::INSTALLER.initial / 2);
         g.record(failed(Failure::Transient));
         assert!(next_try(&g) > first, "the backoff grows");
         g.record(failed(Failure::Forbidden));

@@ -16,10 +16,10 @@
 //! liveness probe asks there (`linkerd-cni-installer check --live`).
 
 use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -29,7 +29,8 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
+
+use crate::notes::Throttle;
 
 /// The installer's admin socket, in its state dir.
 pub const SOCKET: &str = "admin.sock";
@@ -125,39 +126,6 @@ impl Limits {
     }
 }
 
-/// A log line at most every `every`, counting what it left out.
-#[derive(Debug)]
-pub struct Throttle {
-    every: Duration,
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl Throttle {
-    pub fn new(every: Duration) -> Throttle {
-        Throttle {
-            every,
-            last: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(suppressed since the last line)` when a line may be logged
-    /// now, `None` when this one is to be left out.
-    pub fn allow(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(t) if now.saturating_duration_since(t) < self.every => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
-}
-
 /// The connections held, oldest first.
 type Held = Vec<Held1>;
 
@@ -194,7 +162,7 @@ fn take_slot(
     peer: IpAddr,
     limits: &Limits,
 ) -> Result<(Slot, Option<AtLimit>), AtLimit> {
-    let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = crate::metrics::lock(held);
     let full = if h.iter().filter(|c| c.peer == peer).count() >= limits.max_per_peer {
         Some(AtLimit::Peer)
     } else if h.len() >= limits.max_connections {
@@ -226,14 +194,9 @@ fn take_slot(
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = crate::metrics::lock(&self.held);
         h.retain(|c| !Arc::ptr_eq(&c.head, &self.head));
     }
-}
-
-/// Binds `addr`; the returned listener is served by [`serve`].
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 /// Where the server accepts connections.
@@ -244,9 +207,20 @@ pub enum Listener {
     Unix(UnixListener),
 }
 
+/// Serves `state` on each of `listeners`, as tasks on `rt`: a quarter of
+/// the process' file descriptors (see [`Limits::for_fd_limit`]), shared by
+/// the listeners.
+pub fn start(rt: &tokio::runtime::Handle, listeners: Vec<Listener>, state: AdminState) {
+    let n = listeners.len().max(1) as u64;
+    let limits = Limits::default().for_fd_limit(crate::repair::process::max_fds().map(|m| m / n));
+    for l in listeners {
+        rt.spawn(serve(l, state.clone(), limits));
+    }
+}
+
 /// Serves the admin endpoints on `listener` within `limits` until the task
 /// is dropped.
-pub async fn serve(listener: Listener, state: AdminState, limits: Limits) {
+async fn serve(listener: Listener, state: AdminState, limits: Limits) {
     let held = Arc::new(Mutex::new(Held::default()));
     let mut accept_errors = Throttle::new(Duration::from_secs(60));
     let mut refusals = Throttle::new(Duration::from_secs(60));
@@ -361,6 +335,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
     /// A place taken, its request head in already.
     fn answered(held: &Arc<Mutex<Held>>, peer: IpAddr, limits: &Limits) -> Result<Slot, AtLimit> {
@@ -450,7 +425,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let listener = rt.block_on(bind("127.0.0.1:0".parse().unwrap())).unwrap();
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || rt.block_on(serve(Listener::Tcp(listener), state, limits)));
         addr
@@ -549,17 +524,5 @@ mod tests {
         assert_eq!(d.for_fd_limit(Some(1 << 20)).max_connections, 64);
         assert_eq!(d.for_fd_limit(Some(64)).max_connections, 16);
         assert_eq!(d.for_fd_limit(Some(2)).max_connections, 1);
-    }
-
-    #[test]
-    fn throttle_logs_once_per_interval_with_the_count() {
-        let t0 = Instant::now();
-        let mut t = Throttle::new(Duration::from_secs(60));
-        assert_eq!(t.allow(t0), Some(0));
-        for s in 1..=5 {
-            assert_eq!(t.allow(t0 + Duration::from_secs(s)), None);
-        }
-        assert_eq!(t.allow(t0 + Duration::from_secs(61)), Some(5));
-        assert_eq!(t.allow(t0 + Duration::from_secs(62)), None);
     }
 }

@@ -1,5 +1,6 @@
 //! Backoff: per pod between deletions ([`Backoff`]), and for the watch
-//! while the API server fails ([`Retry`]).
+//! while the API server fails ([`Retry`]); and the installer's retries of
+//! an API call ([`Policy::INSTALLER`]).
 //!
 //! Keyed by namespace and name, not by UID: a StatefulSet recreates a pod
 //! under the same name, and if that pod fails again (the validator can fail
@@ -80,8 +81,16 @@ impl<K: std::hash::Hash + Eq + Clone> Backoff<K> {
 }
 
 impl Policy {
+    /// The installer's retries of a failed API call (a TokenRequest, the
+    /// startup taint's removal): the node waits on them (for the plugin's
+    /// token, to be schedulable), so never long.
+    pub const INSTALLER: Policy = Policy {
+        initial: Duration::from_secs(5),
+        max: Duration::from_secs(60),
+    };
+
     /// `initial` doubled for each attempt after the first, at most `max`.
-    fn nominal(&self, attempts: u32) -> Duration {
+    pub fn nominal(&self, attempts: u32) -> Duration {
         let doublings = attempts.saturating_sub(1).min(31);
         self.initial.saturating_mul(1u32 << doublings).min(self.max)
     }

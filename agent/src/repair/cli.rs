@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::logging;
-use crate::repair::admin::{self, AdminState, Format, Limits, Listener};
+use crate::repair::admin::{self, AdminState, Format, Listener};
 use crate::repair::args::Args;
 use crate::repair::controller::Controller;
 use crate::repair::lookup::{self, Facts, LookupMetrics};
@@ -45,7 +45,7 @@ pub fn main() -> ExitCode {
             let mut registry = Registry::default();
             let parts = register(&mut registry);
             let addr = args.admin_listen();
-            let listener = admin::bind(addr)
+            let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("cannot listen on {addr} (--admin-addr, --admin-ip): {e}"))?;
             let local = listener
@@ -59,8 +59,8 @@ pub fn main() -> ExitCode {
                 format: Format::OpenMetrics,
                 notes: None,
             };
-            let limits = Limits::default().for_fd_limit(process::max_fds());
-            tokio::spawn(admin::serve(Listener::Tcp(listener), state, limits));
+            let rt = tokio::runtime::Handle::current();
+            admin::start(&rt, vec![Listener::Tcp(listener)], state);
             run(args, parts, shutdown).await
         })
     });
@@ -127,7 +127,7 @@ pub fn from_env() -> Result<Option<Args>, String> {
 
 /// The repair controller beside the installer's loop, as a task on the
 /// agent's one runtime (see [`crate::api`]), reporting on the installer's
-/// admin server. Stopped by [`Beside::stop`] or on drop.
+/// admin server. Stopped on drop, waiting a bounded time.
 pub struct Beside {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: mpsc::Receiver<()>,
@@ -178,22 +178,15 @@ impl Beside {
             live,
         })
     }
-
-    /// Stops it, waiting a bounded time.
-    pub fn stop(&mut self) {
-        let Some(stop) = self.stop.take() else {
-            return;
-        };
-        let _ = stop.send(());
-        if let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(STOP_WITHIN) {
-            tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
-        }
-    }
 }
 
 impl Drop for Beside {
     fn drop(&mut self) {
-        self.stop();
+        // The controller's shutdown future ends once the sender is gone.
+        drop(self.stop.take());
+        if let Err(mpsc::RecvTimeoutError::Timeout) = self.done.recv_timeout(STOP_WITHIN) {
+            tracing::warn!("the repair controller did not stop within {STOP_WITHIN:?}");
+        }
     }
 }
 

@@ -308,7 +308,8 @@ impl Controller {
                     if let Some(uid) = &c.uid {
                         self.deleted.insert(uid.clone(), Instant::now());
                     }
-                    let event = event_for(&c.reference, &self.args.controller_pod_name);
+                    let instance = &self.args.controller_pod_name;
+                    let event = event_for(&c.reference, instance, Remedy::Delete);
                     self.publish(&key, event).await;
                 }
                 Deletion::Moot => {
@@ -404,22 +405,21 @@ impl Controller {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        let instance = &self.args.controller_pod_name;
-        let event = if c.remedy == Remedy::MirrorPod {
+        if c.remedy == Remedy::MirrorPod {
             tracing::warn!(
                 namespace = %ns,
                 pod = %name,
                 "static pod started without linkerd-cni's rules (linkerd-network-validator exited 95); its mirror pod is not deleted, as the kubelet would only create the mirror again: restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back) now that this node's chain is healthy"
             );
-            mirror_event_for(&c.reference, instance)
         } else {
             tracing::warn!(
                 namespace = %ns,
                 pod = %name,
                 "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
             );
-            unowned_event_for(&c.reference, instance)
-        };
+        }
+        let instance = &self.args.controller_pod_name;
+        let event = event_for(&c.reference, instance, c.remedy);
         self.publish(key, event).await;
     }
 
@@ -458,54 +458,31 @@ pub(crate) fn gone_at_watch_start(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
 }
 
-/// The `events.k8s.io/v1` Event recording the deletion of `regarding`.
-/// Always a new Event (never a patch of an earlier series), so that the
-/// chart's RBAC (`create` only) suffices.
-pub fn event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
-    event(
-        regarding,
-        instance,
-        false,
-        EVENT_ACTION,
-        "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again",
-    )
-}
-
-/// The Warning Event about `regarding`, a pod that needs a repair but has
-/// no controller to create it again.
-pub fn unowned_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
-    event(
-        regarding,
-        instance,
-        true,
-        EVENT_ACTION_UNOWNED,
-        "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it has no controller owner to create it again. Now that the node's chain is healthy, delete it and create it again",
-    )
-}
-
-/// The Warning Event about `regarding`, a static pod's mirror pod that
-/// needs a repair: deleting the mirror would not restart the static pod.
-pub fn mirror_event_for(regarding: &ObjectReference, instance: &str) -> K8sEvent {
-    event(
-        regarding,
-        instance,
-        true,
-        EVENT_ACTION_UNOWNED,
-        "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it is a static pod's mirror pod, which the kubelet would only create again. Now that the node's chain is healthy, restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back)",
-    )
-}
-
-fn event(
-    regarding: &ObjectReference,
-    instance: &str,
-    warning: bool,
-    action: &'static str,
-    note: &str,
-) -> K8sEvent {
+/// The `events.k8s.io/v1` Event about `regarding`, a pod that needs a
+/// repair, as its `remedy` has it: its deletion; or, a Warning, why it is
+/// left in place (no controller would create it again; a static pod's
+/// mirror pod, whose deletion would not restart the static pod). Always a
+/// new Event (never a patch of an earlier series), so that the chart's
+/// RBAC (`create` only) suffices.
+pub fn event_for(regarding: &ObjectReference, instance: &str, remedy: Remedy) -> K8sEvent {
+    let (action, note) = match remedy {
+        Remedy::Delete => (
+            EVENT_ACTION,
+            "Deleting the pod: its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules; its owner creates it again",
+        ),
+        Remedy::NoController => (
+            EVENT_ACTION_UNOWNED,
+            "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it has no controller owner to create it again. Now that the node's chain is healthy, delete it and create it again",
+        ),
+        Remedy::MirrorPod => (
+            EVENT_ACTION_UNOWNED,
+            "Not deleting the pod although its linkerd-network-validator found no proxy redirect (exit code 95), so it started without linkerd-cni's rules: it is a static pod's mirror pod, which the kubelet would only create again. Now that the node's chain is healthy, restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back)",
+        ),
+    };
     let notice = Notice {
         reason: EVENT_REASON,
         action,
-        warning,
+        warning: remedy != Remedy::Delete,
         note: note.into(),
     };
     let namespace = regarding.namespace.clone();
@@ -532,7 +509,7 @@ mod tests {
             uid: Some("u1".into()),
             ..ObjectReference::default()
         };
-        let e = event_for(&pod, "linkerd-cni-x1");
+        let e = event_for(&pod, "linkerd-cni-x1", Remedy::Delete);
         assert_eq!(e.reason.as_deref(), Some(EVENT_REASON));
         assert_eq!(e.action.as_deref(), Some(EVENT_ACTION));
         assert_eq!(e.reporting_controller.as_deref(), Some(REPORTER));
@@ -546,8 +523,8 @@ mod tests {
         assert_eq!(e.regarding, Some(pod.clone()));
 
         for w in [
-            unowned_event_for(&pod, "linkerd-cni-x1"),
-            mirror_event_for(&pod, "linkerd-cni-x1"),
+            event_for(&pod, "linkerd-cni-x1", Remedy::NoController),
+            event_for(&pod, "linkerd-cni-x1", Remedy::MirrorPod),
         ] {
             assert_eq!(w.type_.as_deref(), Some("Warning"));
             assert_eq!(w.action.as_deref(), Some(EVENT_ACTION_UNOWNED));

@@ -33,7 +33,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
@@ -157,10 +156,10 @@ impl Facts {
             Err(message) => return Body::Unavailable { message },
         };
         let service = self.service(&pod, deadline).await;
-        match json(&*pod) {
+        match serde_json::to_value(&*pod).ok() {
             Some(pod) => Body::Pod {
                 pod,
-                namespace: json(&*namespace),
+                namespace: serde_json::to_value(&*namespace).ok(),
                 service,
                 source,
             },
@@ -228,7 +227,7 @@ impl Facts {
             .service
             .get(&ObjectRef::new("kubernetes").within("default"))
         {
-            return json(&*s);
+            return serde_json::to_value(&*s).ok();
         }
         let control_plane = pod
             .labels()
@@ -242,7 +241,7 @@ impl Facts {
         match timeout(left.min(self.api_timeout), api.get("kubernetes")).await {
             Ok(Ok(mut svc)) => {
                 strip_service(&mut svc);
-                json(&svc)
+                serde_json::to_value(&svc).ok()
             }
             Ok(Err(e)) => {
                 tracing::info!(error = %e, "cannot get Service default/kubernetes for a control-plane pod's lookup");
@@ -271,10 +270,6 @@ impl Facts {
             )),
         }
     }
-}
-
-fn json(v: &impl Serialize) -> Option<serde_json::Value> {
-    serde_json::to_value(v).ok()
 }
 
 /// A store kept by a watch of `api`, each change waking the questions that

@@ -12,7 +12,7 @@
 //! kB or bytes. A value that cannot be read is left out of that scrape
 //! (and logged at debug level) rather than reported as 0.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -74,13 +74,8 @@ impl Sample {
             // drifts from the wall clock as NTP slews it, which put the start
             // more than a second off.
             let uptime = read("/proc/uptime").as_deref().and_then(uptime_seconds);
-            s.start_time_seconds = uptime.map(|up| {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or(Duration::ZERO)
-                    .as_secs_f64();
-                now - (up - stat.starttime as f64 / USER_HZ)
-            });
+            let now = crate::metrics::secs(SystemTime::now());
+            s.start_time_seconds = uptime.map(|up| now - (up - stat.starttime as f64 / USER_HZ));
         }
         if let Some(status) = read("/proc/self/status") {
             s.resident_memory_bytes = status_kb(&status, "VmRSS").map(|kb| kb * 1024);
@@ -104,10 +99,7 @@ impl Sample {
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = Sample::read();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO)
-            .as_secs_f64();
+        let now = crate::metrics::secs(SystemTime::now());
         if let Some(v) = s.cpu_seconds {
             let m = ConstCounter::new(v);
             m.encode(encoder.encode_descriptor(
@@ -288,6 +280,7 @@ fn heap_size(maps: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn parses_proc_files() {
