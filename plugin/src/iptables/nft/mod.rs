@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use thiserror::Error;
 
-use self::expr::CommentTooLong;
-use self::expr::NftRule;
+use self::expr::{CommentTooLong, NftRule};
 use self::netlink::{
     Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETTABLE,
     NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
@@ -417,9 +416,7 @@ fn new_rule(w: &mut Writer, fam: u8, chain: &str, r: &NftRule) -> u32 {
     );
     w.put_str(NFTA_RULE_TABLE, TABLE);
     w.put_str(NFTA_RULE_CHAIN, chain);
-    let e = w.nest(NFTA_RULE_EXPRESSIONS);
-    expr::encode(w, &r.exprs);
-    w.nest_end(e);
+    w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
     let c = w.nest(NFTA_RULE_COMPAT);
     w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
     w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);

@@ -120,6 +120,15 @@ impl Writer {
         self.put(ty, &v.to_be_bytes());
     }
 
+    pub fn put_u64(&mut self, ty: u16, v: u64) {
+        self.put(ty, &v.to_be_bytes());
+    }
+
+    /// A nested attribute whose content is already encoded.
+    pub fn put_nested(&mut self, ty: u16, encoded: &[u8]) {
+        self.put(ty | NLA_F_NESTED, encoded);
+    }
+
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
         let len = 4 + s.len() + 1;
@@ -154,15 +163,21 @@ impl Writer {
         &self.buf
     }
 
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+
     pub fn last_seq(&self) -> u32 {
         self.seq
     }
 }
 
-/// One attribute as read: its type (flags masked off) and payload.
+/// One attribute as read: its type (flags masked off), whether it is
+/// flagged as nested, and its payload.
 #[derive(Debug, Clone, Copy)]
 pub struct Attr<'a> {
     pub ty: u16,
+    pub nest: bool,
     pub data: &'a [u8],
 }
 
@@ -203,7 +218,7 @@ impl<'a> Iterator for Attrs<'a> {
             return None;
         }
         let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
+        let ty = u16::from_ne_bytes([b[2], b[3]]);
         if len < 4 || len > b.len() {
             self.0 = &[];
             return None;
@@ -211,7 +226,11 @@ impl<'a> Iterator for Attrs<'a> {
         let data = &b[4..len];
         let next = len.next_multiple_of(4).min(b.len());
         self.0 = &b[next..];
-        Some(Attr { ty, data })
+        Some(Attr {
+            ty: ty & NLA_TYPE_MASK,
+            nest: ty & NLA_F_NESTED != 0,
+            data,
+        })
     }
 }
 
