@@ -314,8 +314,7 @@ pub fn jump(j: &Jump) -> Result<NftRule, CommentTooLong> {
 /// as nested; the kernel's dump does not). What the kernel dumps beyond
 /// ours (e.g. bitwise's operation, whose default is our mask-and-xor) is
 /// never set in a rule that has all of ours.
-pub fn matches(ours: &[u8], dumped: Attrs<'_>) -> bool {
-    let mut dumped = dumped;
+pub fn matches(ours: &[u8], mut dumped: Attrs<'_>) -> bool {
     let mut ours = Attrs(ours);
     loop {
         match (ours.next(), dumped.next()) {
