@@ -149,6 +149,16 @@ fn every_variant_is_byte_for_byte_what_iptables_nft_restore_installs() {
         in_process(&ours, &sets);
         restored(&theirs, &sets);
         assert_same(label, &ours, &theirs);
+        // The netlink path reads every rule back as one of ours, whoever
+        // wrote it.
+        for ns in [&ours, &theirs] {
+            for s in &sets {
+                let d = netns::run_in(ns.path(), || nft::verify(s, T, None))
+                    .unwrap()
+                    .unwrap();
+                assert!(d.is_empty(), "{label}: {d:?}");
+            }
+        }
         // And iptables-nft reads it back as our rule text.
         let v4 = saves(&ours)[0].clone();
         for (chain, specs) in sets[0].chains() {

@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use thiserror::Error;
 
-use self::expr::{CommentTooLong, Expr, NftRule};
+use self::expr::{CommentTooLong, NftRule};
 use self::netlink::{
     Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETTABLE,
     NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
     NLM_F_EXCL, NLM_F_REQUEST, Socket, Writer,
 };
-use super::rules::{Family, Jump, RuleSet};
+use super::rules::{Family, Jump, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, RuleSet};
 use super::table::{self, NatTable};
 
 /// The table iptables-nft keeps `-t nat` in.
@@ -107,7 +107,6 @@ pub struct ChainInfo {
 pub struct RuleInfo {
     pub chain: String,
     pub handle: u64,
-    pub exprs: Vec<Expr>,
     /// `NFTA_RULE_EXPRESSIONS` byte for byte, counter values zeroed.
     pub raw: Vec<u8>,
 }
@@ -162,7 +161,7 @@ fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
         return Ok(l);
     }
     for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
-        if m.msg != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
+        if m.nft_type() != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
@@ -195,7 +194,7 @@ fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
         "rule dump",
     )?;
     for m in dumped {
-        if m.msg != NFT_MSG_NEWRULE || table_of(&m, NFTA_RULE_TABLE) != Some(TABLE) {
+        if m.nft_type() != NFT_MSG_NEWRULE || table_of(&m, NFTA_RULE_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
@@ -205,16 +204,10 @@ fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
             .unwrap_or_default()
             .to_string();
         let handle = a.find(NFTA_RULE_HANDLE).and_then(|a| a.u64()).unwrap_or(0);
-        let (exprs, raw) = match a.find(NFTA_RULE_EXPRESSIONS) {
-            Some(list) => (expr::decode(list.nested()), zero_counters(list.data)),
-            None => (vec![], vec![]),
-        };
-        l.rules.push(RuleInfo {
-            chain,
-            handle,
-            exprs,
-            raw,
-        });
+        let raw = a
+            .find(NFTA_RULE_EXPRESSIONS)
+            .map_or_else(Vec::new, |list| zero_counters(list.data));
+        l.rules.push(RuleInfo { chain, handle, raw });
     }
     Ok(l)
 }
@@ -245,44 +238,38 @@ pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
 /// Our rules and jumps in nf_tables form, with their `*-save` text.
 struct Expected {
     chains: Vec<(&'static str, Vec<(String, NftRule)>)>,
-    jumps: Vec<(Jump, NftRule)>,
+    jumps: Vec<(Jump, String, NftRule)>,
 }
 
 impl Expected {
     fn of(set: &RuleSet) -> Result<Expected, NftError> {
-        let chain = |rules: &[super::rules::Rule]| -> Result<Vec<(String, NftRule)>, NftError> {
-            rules
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.spec(),
-                        expr::rule(r, set.family).map_err(NftError::Comment)?,
-                    ))
-                })
-                .collect()
+        let ours = |r: &Rule| Ok((r.spec(), expr::rule(r, set.family)?));
+        let chain = |rules: &[Rule]| rules.iter().map(ours).collect::<Result<Vec<_>, _>>();
+        let jump = |j: &Jump| Ok((*j, j.spec(), expr::jump(j)?));
+        let want = || -> Result<Expected, CommentTooLong> {
+            Ok(Expected {
+                chains: vec![
+                    (REDIRECT_CHAIN, chain(&set.redirect)?),
+                    (OUTPUT_CHAIN, chain(&set.output)?),
+                ],
+                jumps: set.jumps().iter().map(jump).collect::<Result<_, _>>()?,
+            })
         };
-        let [(rc, _), (oc, _)] = set.chains();
-        Ok(Expected {
-            chains: vec![(rc, chain(&set.redirect)?), (oc, chain(&set.output)?)],
-            jumps: set.jumps().iter().map(|j| (*j, expr::jump(j))).collect(),
-        })
+        want().map_err(NftError::Comment)
     }
 
     /// The `*-save` text of a dumped rule: ours when its expressions are
     /// exactly one of ours, else a placeholder naming it (never equal to
     /// any of our specs).
     fn spec_of(&self, r: &RuleInfo) -> String {
-        let ours = self
-            .chains
-            .iter()
-            .flat_map(|(_, rules)| rules.iter().map(|(s, n)| (s.clone(), n)))
-            .chain(self.jumps.iter().map(|(j, n)| (j.spec(), n)));
-        for (spec, n) in ours {
-            if n.exprs == r.exprs {
-                return spec;
-            }
+        let list = Attrs(&r.raw);
+        let mut ours = (self.chains.iter())
+            .flat_map(|(_, rules)| rules.iter().map(|(s, n)| (s, n)))
+            .chain(self.jumps.iter().map(|(_, s, n)| (s, n)));
+        if let Some((spec, _)) = ours.find(|(_, n)| expr::matches(&n.exprs, list)) {
+            return spec.clone();
         }
-        match expr::comment_of(&r.exprs) {
+        match expr::comment_of(list) {
             Some(c) => format!(
                 "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
                 r.handle
@@ -395,9 +382,8 @@ fn batch(
             commands.push((s, format!("-A {chain} {spec}")));
         }
     }
-    for (jump, r) in &want.jumps {
-        let spec = jump.spec();
-        if current.rules(jump.from).contains(&spec) {
+    for (jump, spec, r) in &want.jumps {
+        if current.rules(jump.from).contains(spec) {
             continue;
         }
         if !current.has_chain(jump.from)
@@ -430,9 +416,7 @@ fn new_rule(w: &mut Writer, fam: u8, chain: &str, r: &NftRule) -> u32 {
     );
     w.put_str(NFTA_RULE_TABLE, TABLE);
     w.put_str(NFTA_RULE_CHAIN, chain);
-    let e = w.nest(NFTA_RULE_EXPRESSIONS);
-    expr::encode(w, &r.exprs);
-    w.nest_end(e);
+    w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
     let c = w.nest(NFTA_RULE_COMPAT);
     w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
     w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);

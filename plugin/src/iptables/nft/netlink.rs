@@ -124,6 +124,11 @@ impl Writer {
         self.put(ty, &v.to_be_bytes());
     }
 
+    /// A nested attribute whose content is already encoded.
+    pub fn put_nested(&mut self, ty: u16, encoded: &[u8]) {
+        self.put(ty | NLA_F_NESTED, encoded);
+    }
+
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
         let len = 4 + s.len() + 1;
@@ -158,15 +163,21 @@ impl Writer {
         &self.buf
     }
 
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+
     pub fn last_seq(&self) -> u32 {
         self.seq
     }
 }
 
-/// One attribute as read: its type (flags masked off) and payload.
+/// One attribute as read: its type (flags masked off), whether it is
+/// flagged as nested, and its payload.
 #[derive(Debug, Clone, Copy)]
 pub struct Attr<'a> {
     pub ty: u16,
+    pub nest: bool,
     pub data: &'a [u8],
 }
 
@@ -207,7 +218,7 @@ impl<'a> Iterator for Attrs<'a> {
             return None;
         }
         let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
+        let ty = u16::from_ne_bytes([b[2], b[3]]);
         if len < 4 || len > b.len() {
             self.0 = &[];
             return None;
@@ -215,7 +226,11 @@ impl<'a> Iterator for Attrs<'a> {
         let data = &b[4..len];
         let next = len.next_multiple_of(4).min(b.len());
         self.0 = &b[next..];
-        Some(Attr { ty, data })
+        Some(Attr {
+            ty: ty & NLA_TYPE_MASK,
+            nest: ty & NLA_F_NESTED != 0,
+            data,
+        })
     }
 }
 
@@ -225,28 +240,26 @@ impl<'a> Attrs<'a> {
     }
 }
 
-/// One received message: its nf_tables type, flags and attributes.
+/// One received message: netlink header fields and what follows the
+/// header.
 #[derive(Debug, Clone)]
 pub struct Message {
-    /// The nf_tables message type (`NFT_MSG_*`).
-    pub msg: u16,
-    pub flags: u16,
-    /// The attributes after the nfgenmsg header.
-    pub payload: Vec<u8>,
-}
-
-impl Message {
-    pub fn attrs(&self) -> Attrs<'_> {
-        Attrs(&self.payload)
-    }
-}
-
-/// One message as received: netlink header fields and what follows it.
-struct Raw {
     ty: u16,
     flags: u16,
     seq: u32,
     body: Vec<u8>,
+}
+
+impl Message {
+    /// The nf_tables message type (`NFT_MSG_*`).
+    pub fn nft_type(&self) -> u16 {
+        self.ty & 0xff
+    }
+
+    /// The attributes after the nfgenmsg header.
+    pub fn attrs(&self) -> Attrs<'_> {
+        Attrs(self.body.get(4..).unwrap_or_default())
+    }
 }
 
 /// A NETLINK_NETFILTER socket in the calling thread's network namespace.
@@ -257,7 +270,7 @@ pub struct Socket {
     deadline: Option<Instant>,
     buf: Vec<u8>,
     /// Messages received but not yet asked for.
-    queued: Vec<Raw>,
+    queued: Vec<Message>,
 }
 
 impl Socket {
@@ -325,7 +338,7 @@ impl Socket {
     }
 
     /// Reads one datagram and splits it into (type, flags, seq, body).
-    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Raw>, NftError> {
+    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Message>, NftError> {
         self.arm(what)?;
         let n = loop {
             match socket::recv(
@@ -352,7 +365,7 @@ impl Socket {
             let ty = u16::from_ne_bytes([b[4], b[5]]);
             let flags = u16::from_ne_bytes([b[6], b[7]]);
             let seq = u32::from_ne_bytes(b[8..12].try_into().unwrap_or_default());
-            out.push(Raw {
+            out.push(Message {
                 ty,
                 flags,
                 seq,
@@ -382,7 +395,7 @@ impl Socket {
 
     /// The next answer to request `seq` (others are dropped: a fresh
     /// socket has no other request outstanding).
-    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Raw, NftError> {
+    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Message, NftError> {
         loop {
             if let Some(at) = self.queued.iter().position(|r| r.seq == seq) {
                 let r = self.queued.remove(at);
@@ -411,13 +424,11 @@ impl Socket {
         what: &'static str,
     ) -> Result<Option<Message>, NftError> {
         let seq = self.request(msg, NLM_F_REQUEST, family, attrs, what)?;
-        let Raw {
-            ty, flags, body, ..
-        } = self.answer(seq, what)?;
-        if ty != NLMSG_ERROR {
-            return Ok(Some(message(ty, flags, body)));
+        let m = self.answer(seq, what)?;
+        if m.ty != NLMSG_ERROR {
+            return Ok(Some(m));
         }
-        match error_of(&body, what)? {
+        match error_of(&m.body, what)? {
             Some(NftError::Refused {
                 errno: Errno::ENOENT,
                 ..
@@ -441,20 +452,18 @@ impl Socket {
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            let Raw {
-                ty, flags, body, ..
-            } = self.answer(seq, what)?;
-            interrupted |= flags & NLM_F_DUMP_INTR != 0;
-            match ty {
+            let m = self.answer(seq, what)?;
+            interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
+            match m.ty {
                 NLMSG_DONE if interrupted => return Err(NftError::Changed),
                 NLMSG_DONE => return Ok(out),
                 NLMSG_ERROR => {
-                    return match error_of(&body, what)? {
+                    return match error_of(&m.body, what)? {
                         Some(e) => Err(e),
                         None => Ok(out),
                     };
                 }
-                _ => out.push(message(ty, flags, body)),
+                _ => out.push(m),
             }
         }
     }
@@ -487,7 +496,7 @@ impl Socket {
                 Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
                 Err(e) => return Err(e),
             };
-            for Raw {
+            for Message {
                 ty, seq: s, body, ..
             } in got
             {
@@ -519,14 +528,6 @@ impl Socket {
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-}
-
-fn message(ty: u16, flags: u16, body: Vec<u8>) -> Message {
-    Message {
-        msg: ty & 0xff,
-        flags,
-        payload: body.get(4..).unwrap_or_default().to_vec(),
     }
 }
 
