@@ -13,8 +13,10 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
+use linkerd_cni_chain::ChainError;
+
 use crate::config::{Config, ConfigError};
-use crate::fsutil::{self, FsError};
+use crate::fsutil;
 
 /// The plugin binary; the runtime runs it by this name (the entry's `type`).
 pub const PLUGIN_BINARY: &str = "linkerd-cni";
@@ -126,11 +128,11 @@ pub fn list(cfg: &Config) -> Result<Vec<Binary>, ConfigError> {
     Ok(out)
 }
 
-pub fn state(b: &Binary) -> Result<BinaryState, FsError> {
+pub fn state(b: &Binary) -> Result<BinaryState, ChainError> {
     let meta = match fs::metadata(&b.dest) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BinaryState::Missing),
-        Err(e) => return Err(FsError::new("cannot stat", &b.dest, e)),
+        Err(e) => return Err(ChainError::io("stat", &b.dest, e)),
     };
     let stamps = fs::metadata(&b.source)
         .ok()
@@ -150,7 +152,7 @@ pub fn state(b: &Binary) -> Result<BinaryState, FsError> {
 
 /// Makes the host copy current; returns the state it was in when it had to
 /// write, None when it was already current.
-pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
+pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, ChainError> {
     match state(b)? {
         BinaryState::Current => Ok(None),
         before => {

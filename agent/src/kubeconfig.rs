@@ -18,12 +18,13 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use linkerd_cni_chain::ChainError;
 use linkerd_cni_chain::write::write_atomic;
 use linkerd_cni_kube::ApiConfig;
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::fsutil::{self, FsError};
+use crate::fsutil;
 
 /// The most to wait for the conf-dir lock before writing; past it the pass
 /// reports the error and the next one tries again.
@@ -71,7 +72,7 @@ pub enum KubeconfigError {
     )]
     OwnCallsCa { path: PathBuf, problem: String },
     #[error(transparent)]
-    Fs(#[from] FsError),
+    Fs(#[from] ChainError),
 }
 
 /// How the file on disk compares with what it should be.
@@ -283,7 +284,7 @@ fn ca_trust(cfg: &Config) -> Result<Trust, KubeconfigError> {
 }
 
 /// Compares the file with `want`.
-pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> {
+pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, ChainError> {
     let path = cfg.kubeconfig_path();
     let Some(old) = fsutil::read_optional(&path)? else {
         return Ok(KubeconfigState::Missing);
@@ -293,7 +294,7 @@ pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> 
         return Ok(KubeconfigState::Stale(want.diff(&old)));
     }
     let mode = fs::metadata(&path)
-        .map_err(|e| FsError::new("cannot stat", &path, e))?
+        .map_err(|e| ChainError::io("stat", &path, e))?
         .permissions()
         .mode()
         & 0o7777;
@@ -316,10 +317,9 @@ pub fn ensure(
             // It lives in the conf dir, where temp files exist only under
             // the conf-dir lock (a lock holder removes any other as a
             // leftover).
-            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
-                .map_err(FsError::from)?;
+            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)?;
             let path = cfg.kubeconfig_path();
-            write_atomic(&path, want.text().as_bytes(), MODE).map_err(FsError::from)?;
+            write_atomic(&path, want.text().as_bytes(), MODE)?;
             Ok(Some(before))
         }
     }
