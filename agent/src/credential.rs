@@ -110,12 +110,13 @@ fn mint_hint(e: &ApiError) -> &'static str {
     }
 }
 
+#[derive(Default)]
 pub struct Credential {
     /// The plugin's token last minted, or found in the file and not
     /// refused: kept without asking again.
     trusted: Option<String>,
-    /// Not before this: a TokenRequest failed.
-    next_try: Instant,
+    /// Not before this: a TokenRequest failed (None: at once).
+    next_try: Option<Instant>,
     failures: u32,
     /// While set, the installer's own token is used, until the instant.
     fallback: Option<(Instant, String)>,
@@ -125,20 +126,6 @@ pub struct Credential {
     said_interim: bool,
     /// A refused TokenRequest not taken for the chart's RBAC was said.
     said_unsure: bool,
-}
-
-impl Default for Credential {
-    fn default() -> Self {
-        Credential {
-            trusted: None,
-            next_try: Instant::now(),
-            failures: 0,
-            fallback: None,
-            unbound: false,
-            said_interim: false,
-            said_unsure: false,
-        }
-    }
 }
 
 /// What the plugin's token must be: its ServiceAccount's subject.
@@ -311,7 +298,7 @@ impl Credential {
             return Ok(Some(t.clone()));
         }
         let file = file.filter(|t| unexpired(&subject, t, now));
-        if Instant::now() < self.next_try {
+        if self.next_try.is_some_and(|t| Instant::now() < t) {
             return Ok(self.keep_or_none(file, "backing off after a failed TokenRequest"));
         }
         match self.mint(cfg, &account, &own) {
@@ -338,8 +325,8 @@ impl Credential {
                     );
                 }
                 // In the fallback already: this pod's token stays there.
-                if let Some((until, _)) = &mut self.fallback {
-                    *until = self.next_try;
+                if let (Some((until, _)), Some(next)) = (&mut self.fallback, self.next_try) {
+                    *until = next;
                     return Ok(Some(self.projected(cfg, own)));
                 }
                 Ok(self.keep_or_none(file, "a refused TokenRequest"))
@@ -369,7 +356,7 @@ impl Credential {
     fn back_off(&mut self) -> Duration {
         self.failures += 1;
         let backoff = Policy::INSTALLER.nominal(self.failures);
-        self.next_try = Instant::now() + backoff;
+        self.next_try = Some(Instant::now() + backoff);
         backoff
     }
 
@@ -455,11 +442,10 @@ impl Credential {
         } else {
             cfg.node_name.as_deref()
         };
-        let account_id = format!("{namespace}/{account}");
         let answer = api::blocking(config, API_TIMEOUT, async |api| {
             let mut r = request(api, &namespace, account, node).await;
             for pause in FORBIDDEN_RETRIES {
-                if !matches!(r, Err(TokenError::Forbidden { .. })) {
+                if !matches!(r, Err(ApiError::Unauthorized { status: 403, .. })) {
                     break;
                 }
                 tokio::time::sleep(pause).await;
@@ -471,41 +457,42 @@ impl Credential {
                 "subresource": "token", "name": account,
             });
             let review = match r {
-                Err(TokenError::Forbidden { .. }) => allowed(api, may_mint).await,
+                Err(ApiError::Unauthorized { status: 403, .. }) => allowed(api, may_mint).await,
                 _ => Ok(true),
             };
             (r, review)
         });
-        let (minted, review) = match answer {
-            Ok(pair) => pair,
-            Err(source) => (
-                Err(TokenError::Api {
-                    account: account_id,
-                    source,
-                }),
-                Ok(true),
-            ),
-        };
+        // No client (which does not happen in practice): as a failed call.
+        let (minted, review) = answer.unwrap_or_else(|e| (Err(e), Ok(true)));
+        let account_id = format!("{namespace}/{account}");
         let minted = minted.map_err(|e| match e {
-            TokenError::Forbidden { .. } => match review {
-                Ok(false) => Failed::Refused(e.to_string()),
-                Ok(true) => Failed::Unsure(format!(
-                    "{e}, though a SelfSubjectAccessReview says this pod may (RBAC not yet in \
-                     effect, or an authorization webhook)"
-                )),
-                Err(why) => Failed::Unsure(format!(
-                    "{e}, and a SelfSubjectAccessReview of that right failed ({why})"
-                )),
-            },
+            ApiError::Unauthorized { status: 403, .. } => {
+                let e = format!(
+                    "may not request a token for ServiceAccount {account_id} (HTTP 403 on \
+                     create serviceaccounts/token)"
+                );
+                match review {
+                    Ok(false) => Failed::Refused(e),
+                    Ok(true) => Failed::Unsure(format!(
+                        "{e}, though a SelfSubjectAccessReview says this pod may (RBAC not yet \
+                         in effect, or an authorization webhook)"
+                    )),
+                    Err(why) => Failed::Unsure(format!(
+                        "{e}, and a SelfSubjectAccessReview of that right failed ({why})"
+                    )),
+                }
+            }
             // Allowed to ask, so not the linkerd2-cni chart's RBAC: this
             // pod's token may be strong. No fallback; retried.
-            TokenError::NoAccount { .. } => Failed::Other(format!(
-                "{e} (LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT names the plugin's ServiceAccount, \
-                 which deploy/linkerd-cni.yaml creates)"
+            ApiError::NotFound { .. } => Failed::Other(format!(
+                "ServiceAccount {account_id} does not exist (HTTP 404 on its TokenRequest) \
+                 (LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT names the plugin's ServiceAccount, which \
+                 deploy/linkerd-cni.yaml creates)"
             )),
-            TokenError::Api { ref source, .. } => {
-                Failed::Other(format!("{e}; {}", mint_hint(source)))
-            }
+            e => Failed::Other(format!(
+                "cannot request a token for ServiceAccount {account_id}: {e}; {}",
+                mint_hint(&e)
+            )),
         })?;
         if node.is_some() && !minted.node_bound {
             self.unbound = true;
@@ -529,7 +516,7 @@ impl Credential {
         self.failures = 0;
         self.said_interim = false;
         self.said_unsure = false;
-        self.next_try = Instant::now();
+        self.next_try = None;
         self.trusted = Some(minted.token.clone());
         Ok(minted.token)
     }
@@ -555,27 +542,6 @@ struct Minted {
     node_bound: bool,
 }
 
-/// Why the API server issued no token.
-#[derive(Debug, thiserror::Error)]
-enum TokenError {
-    /// HTTP 403: the asker may not create tokens for that ServiceAccount
-    /// (the linkerd2-cni chart's RBAC grants no `serviceaccounts/token`).
-    #[error(
-        "may not request a token for ServiceAccount {account} (HTTP 403 on create \
-         serviceaccounts/token)"
-    )]
-    Forbidden { account: String },
-    /// HTTP 404: no such ServiceAccount.
-    #[error("ServiceAccount {account} does not exist (HTTP 404 on its TokenRequest)")]
-    NoAccount { account: String },
-    #[error("cannot request a token for ServiceAccount {account}: {source}")]
-    Api {
-        account: String,
-        #[source]
-        source: ApiError,
-    },
-}
-
 /// Requests a token of ServiceAccount `namespace/name` valid for
 /// [`LIFETIME`] (the server may shorten it: read the token's claims),
 /// bound to Node `node` when given and the server supports it (one that
@@ -585,13 +551,12 @@ async fn request(
     namespace: &str,
     name: &str,
     node: Option<&str>,
-) -> Result<Minted, TokenError> {
+) -> Result<Minted, ApiError> {
     let path = format!(
         "/api/v1/namespaces/{}/serviceaccounts/{}/token",
         segment(namespace),
         segment(name)
     );
-    let account = format!("{namespace}/{name}");
     let body = |node: Option<&str>| {
         let mut spec = json!({ "expirationSeconds": LIFETIME.as_secs() });
         if let Some(n) = node {
@@ -599,28 +564,14 @@ async fn request(
         }
         json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
     };
-    let fail = |source: ApiError| match source {
-        ApiError::Unauthorized { status: 403, .. } => TokenError::Forbidden {
-            account: account.clone(),
-        },
-        ApiError::NotFound { .. } => TokenError::NoAccount {
-            account: account.clone(),
-        },
-        source => TokenError::Api {
-            account: account.clone(),
-            source,
-        },
-    };
     let token = |r: serde_json::Value| {
         r["status"]["token"]
             .as_str()
             .map(str::to_string)
-            .ok_or_else(|| {
-                fail(ApiError::Decode {
-                    method: linkerd_cni_kube::error::Method::Post,
-                    path: path.clone(),
-                    cause: "the TokenRequest's answer holds no status.token".into(),
-                })
+            .ok_or_else(|| ApiError::Decode {
+                method: linkerd_cni_kube::error::Method::Post,
+                path: path.clone(),
+                cause: "the TokenRequest's answer holds no status.token".into(),
             })
     };
     if let Some(n) = node {
@@ -632,10 +583,10 @@ async fn request(
                 });
             }
             Err(ApiError::Status { status: 400, .. }) => {}
-            Err(e) => return Err(fail(e)),
+            Err(e) => return Err(e),
         }
     }
-    let r = api.create(&path, &body(None)).await.map_err(fail)?;
+    let r = api.create(&path, &body(None)).await?;
     Ok(Minted {
         token: token(r)?,
         node_bound: false,
