@@ -128,52 +128,33 @@ impl fmt::Display for Selection {
     }
 }
 
-/// What one runtime's settings say.
-enum Verdict {
-    /// Not installed here (no settings at its paths).
-    Absent,
-    /// Loads the first file alone: the reason.
-    FirstOnly(String),
-    /// Does not, or cannot be shown to: the reason.
-    NotProven(String),
-}
+/// What one runtime's settings say: None when it is not installed here
+/// (no settings at its paths); Ok when it loads the first file alone, Err
+/// when it does not or cannot be shown to, each with the reason.
+type Verdict = Option<Result<String, String>>;
 
 /// The mode the runtime settings allow: owned only when every runtime
 /// whose settings are present proves it loads the first file alone.
 pub fn select(files: &dyn HostFiles) -> Selection {
-    let verdicts: Vec<Verdict> = CONTAINERD_CONFIGS
+    let verdicts = CONTAINERD_CONFIGS
         .iter()
         .map(|p| containerd(files, Path::new(p)))
-        .chain([crio(files)])
-        .collect();
-    let inline = |reason: String| Selection {
-        mode: ChainMode::Inline,
-        reason,
+        .chain(std::iter::once_with(|| crio(files)));
+    // The first runtime not proven decides.
+    let (mode, reason) = match verdicts.flatten().collect::<Result<Vec<_>, _>>() {
+        Err(why) => (ChainMode::Inline, why),
+        Ok(proofs) if proofs.is_empty() => (
+            ChainMode::Inline,
+            format!(
+                "no containerd or CRI-O settings found ({}, {CRIO_CONFIG}, \
+                 {CRIO_DROP_INS}/*.conf): cannot tell whether the runtime loads the first \
+                 config file alone",
+                CONTAINERD_CONFIGS.join(", ")
+            ),
+        ),
+        Ok(proofs) => (ChainMode::Owned, proofs.join("; ")),
     };
-    if let Some(why) = verdicts.iter().find_map(|v| match v {
-        Verdict::NotProven(why) => Some(why),
-        _ => None,
-    }) {
-        return inline(why.clone());
-    }
-    let proofs: Vec<&str> = verdicts
-        .iter()
-        .filter_map(|v| match v {
-            Verdict::FirstOnly(why) => Some(why.as_str()),
-            _ => None,
-        })
-        .collect();
-    if proofs.is_empty() {
-        return inline(format!(
-            "no containerd or CRI-O settings found ({}, {CRIO_CONFIG}, {CRIO_DROP_INS}/*.conf): \
-             cannot tell whether the runtime loads the first config file alone",
-            CONTAINERD_CONFIGS.join(", ")
-        ));
-    }
-    Selection {
-        mode: ChainMode::Owned,
-        reason: proofs.join("; "),
-    }
+    Selection { mode, reason }
 }
 
 fn parse(path: &Path, text: &str) -> Result<Document<String>, String> {
@@ -197,7 +178,7 @@ fn lookup<'a>(item: &'a Item, keys: &[&str]) -> Option<&'a Item> {
 }
 
 fn containerd(files: &dyn HostFiles, main: &Path) -> Verdict {
-    let not_proven = Verdict::NotProven;
+    let not_proven = |why| Some(Err(why));
     // Breadth first from the main file, each file once, as containerd
     // loads them; a later file overrides an earlier one.
     let mut pending = VecDeque::from([main.to_path_buf()]);
@@ -216,7 +197,7 @@ fn containerd(files: &dyn HostFiles, main: &Path) -> Verdict {
         }
         let text = match files.read(&path) {
             Ok(Some(t)) => t,
-            Ok(None) if path == main => return Verdict::Absent,
+            Ok(None) if path == main => return None,
             Ok(None) => {
                 return not_proven(format!(
                     "containerd's {} imports {}, which does not exist here (is it mounted?)",
@@ -263,7 +244,7 @@ fn containerd(files: &dyn HostFiles, main: &Path) -> Verdict {
             },
         ));
     }
-    Verdict::FirstOnly(match set.values().next() {
+    Some(Ok(match set.values().next() {
         Some((_, file)) => format!(
             "containerd's max_conf_num is 1 (in {}; read {read}): it loads the first config file \
              alone",
@@ -273,7 +254,7 @@ fn containerd(files: &dyn HostFiles, main: &Path) -> Verdict {
             "containerd's max_conf_num is unset (default 1; read {read}): it loads the first \
              config file alone"
         ),
-    })
+    }))
 }
 
 /// What a containerd config's `imports` name, in order: relative paths
@@ -467,12 +448,12 @@ fn crio(files: &dyn HostFiles) -> Verdict {
     match files.read(&main) {
         Ok(Some(t)) => paths.push((main.clone(), t)),
         Ok(None) => {}
-        Err(e) => return Verdict::NotProven(format!("cannot read {}: {e}", main.display())),
+        Err(e) => return Some(Err(format!("cannot read {}: {e}", main.display()))),
     }
     let names = match files.list(drop_ins) {
         Ok(n) => n.unwrap_or_default(),
         Err(e) => {
-            return Verdict::NotProven(format!("cannot list {}: {e}", drop_ins.display()));
+            return Some(Err(format!("cannot list {}: {e}", drop_ins.display())));
         }
     };
     let mut names: Vec<String> = names.into_iter().filter(|n| n.ends_with(".conf")).collect();
@@ -483,24 +464,24 @@ fn crio(files: &dyn HostFiles) -> Verdict {
             Ok(Some(t)) => paths.push((p, t)),
             // Gone since the listing.
             Ok(None) => {}
-            Err(e) => return Verdict::NotProven(format!("cannot read {}: {e}", p.display())),
+            Err(e) => return Some(Err(format!("cannot read {}: {e}", p.display()))),
         }
     }
     if paths.is_empty() {
-        return Verdict::Absent;
+        return None;
     }
     let mut pinned: Option<(String, PathBuf)> = None;
     for (p, text) in &paths {
         let doc = match parse(p, text) {
             Ok(d) => d,
-            Err(e) => return Verdict::NotProven(e),
+            Err(e) => return Some(Err(e)),
         };
         if let Some(v) = lookup(doc.as_item(), &["crio", "network", "cni_default_network"]) {
             let Some(s) = v.as_str() else {
-                return Verdict::NotProven(format!(
+                return Some(Err(format!(
                     "CRI-O's cni_default_network in {} is not a string",
                     p.display()
-                ));
+                )));
             };
             pinned = (!s.is_empty()).then(|| (s.to_string(), p.clone()));
         }
@@ -512,17 +493,17 @@ fn crio(files: &dyn HostFiles) -> Verdict {
         ),
         n => format!("{n} files in /etc/crio"),
     };
-    match pinned {
-        Some((name, file)) => Verdict::NotProven(format!(
+    Some(match pinned {
+        Some((name, file)) => Err(format!(
             "CRI-O's cni_default_network is {name:?} (in {}): it picks the network by name, and \
              an own file would hold the same name as the primary's",
             file.display()
         )),
-        None => Verdict::FirstOnly(format!(
+        None => Ok(format!(
             "CRI-O's cni_default_network is unset (read {read}): it uses the first valid config \
              file alone"
         )),
-    }
+    })
 }
 
 /// [`settings_dirs`] as the installer's container sees them.
