@@ -21,7 +21,7 @@ use base64::engine::general_purpose::STANDARD;
 use linkerd_cni_chain::ChainError;
 use linkerd_cni_chain::write::write_atomic;
 use linkerd_cni_kube::ApiConfig;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::config::Config;
 use crate::fsutil;
@@ -97,16 +97,6 @@ impl fmt::Display for KubeconfigState {
     }
 }
 
-/// The kubeconfig's content, part by part.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rendered {
-    server: String,
-    tls: Trust,
-    /// `None`: no credentials yet (the plugin's token not minted); the
-    /// plugin's requests are then anonymous, which the API server refuses.
-    token: Option<String>,
-}
-
 /// How the plugin is to trust the API server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Trust {
@@ -116,35 +106,42 @@ enum Trust {
     CaData(String),
 }
 
+/// The kubeconfig's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered(Value);
+
 impl Rendered {
-    /// The file's text: JSON, which is YAML too (kubectl and any
-    /// kubeconfig reader take it) and which the plugin parses in a tenth of
-    /// the YAML parser's time. Same layout as upstream's installer writes.
-    pub fn text(&self) -> String {
-        let mut cluster = serde_json::Map::new();
-        cluster.insert("server".into(), self.server.clone().into());
-        match &self.tls {
-            Trust::Insecure => cluster.insert("insecure-skip-tls-verify".into(), true.into()),
-            Trust::CaData(ca) => {
-                cluster.insert("certificate-authority-data".into(), ca.clone().into())
-            }
+    /// The document for `server`, trusted as `tls` says, with `token`
+    /// (`None`: no credentials yet, while the plugin's token is not minted;
+    /// the plugin's requests are then anonymous, which the API server
+    /// refuses). Same layout as upstream's installer writes.
+    fn new(server: String, tls: Trust, token: Option<String>) -> Rendered {
+        let (trust, value) = match tls {
+            Trust::Insecure => ("insecure-skip-tls-verify", Value::Bool(true)),
+            Trust::CaData(ca) => ("certificate-authority-data", Value::String(ca)),
         };
-        let doc = serde_json::json!({
+        Rendered(json!({
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "local", "cluster": cluster}],
-            "users": [{"name": "linkerd-cni", "user": match &self.token {
-                Some(t) => serde_json::json!({"token": t}),
-                None => serde_json::json!({}),
+            "clusters": [{"name": "local", "cluster": {"server": server, trust: value}}],
+            "users": [{"name": "linkerd-cni", "user": match token {
+                Some(t) => json!({"token": t}),
+                None => json!({}),
             }}],
             "contexts": [{
                 "name": CONTEXT,
                 "context": {"cluster": "local", "user": "linkerd-cni"},
             }],
             "current-context": CONTEXT,
-        });
+        }))
+    }
+
+    /// The file's text: JSON, which is YAML too (kubectl and any
+    /// kubeconfig reader take it) and which the plugin parses in a tenth of
+    /// the YAML parser's time.
+    pub fn text(&self) -> String {
         // A map of strings always prints.
-        let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        let mut text = serde_json::to_string_pretty(&self.0).unwrap_or_default();
         text.push('\n');
         text
     }
@@ -155,23 +152,19 @@ impl Rendered {
             // Not ours: an older installer wrote YAML.
             return vec!["content"];
         };
-        let cluster = &old["clusters"][0]["cluster"];
+        let (cluster, was) = (
+            &self.0["clusters"][0]["cluster"],
+            &old["clusters"][0]["cluster"],
+        );
         let mut parts = vec![];
-        if cluster["server"].as_str() != Some(self.server.as_str()) {
+        if was["server"] != cluster["server"] {
             parts.push("server");
         }
-        if old["users"][0]["user"]["token"].as_str() != self.token.as_deref() {
+        if old["users"][0]["user"]["token"] != self.0["users"][0]["user"]["token"] {
             parts.push("token");
         }
-        let old_tls = match (
-            cluster["insecure-skip-tls-verify"].as_bool(),
-            cluster["certificate-authority-data"].as_str(),
-        ) {
-            (Some(true), None) => Some(Trust::Insecure),
-            (None, Some(ca)) => Some(Trust::CaData(ca.to_string())),
-            _ => None,
-        };
-        if old_tls.as_ref() != Some(&self.tls) {
+        let trust = ["insecure-skip-tls-verify", "certificate-authority-data"];
+        if trust.iter().any(|k| was[*k] != cluster[*k]) {
             parts.push("CA");
         }
         if parts.is_empty() {
@@ -223,11 +216,7 @@ pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
         }
         .to_string()
     })?;
-    let rendered = Rendered {
-        server: cfg.server_url(),
-        tls,
-        token: Some(token.to_string()),
-    };
+    let rendered = Rendered::new(cfg.server_url(), tls, Some(token.to_string()));
     linkerd_cni_kube::kubeconfig::from_text(
         &rendered.text(),
         &cfg.service_account_dir.join("token"),
@@ -262,11 +251,11 @@ pub fn render(cfg: &Config, token: Option<&str>) -> Result<Rendered, KubeconfigE
         true => Trust::Insecure,
         false => ca_trust(cfg)?,
     };
-    Ok(Rendered {
-        server: cfg.server_url(),
+    Ok(Rendered::new(
+        cfg.server_url(),
         tls,
-        token: token.map(str::to_string),
-    })
+        token.map(str::to_string),
+    ))
 }
 
 /// Trust in the CA file as it is now.
@@ -397,11 +386,9 @@ mod tests {
 
     #[test]
     fn shape_and_diff() {
-        let r = Rendered {
-            server: "https://[fd00::1]:443".into(),
-            tls: Trust::CaData("Q0E=".into()),
-            token: Some("tok\"en".into()),
-        };
+        let server = || "https://[fd00::1]:443".to_string();
+        let ca = || Trust::CaData("Q0E=".into());
+        let r = Rendered::new(server(), ca(), Some("tok\"en".into()));
         let text = r.text();
         let doc: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(
@@ -418,25 +405,15 @@ mod tests {
         assert_eq!(doc["contexts"][0]["context"]["cluster"], "local");
         assert!(text.ends_with("}\n"));
 
-        let rotated = Rendered {
-            token: Some("new".into()),
-            ..r.clone()
-        };
+        let rotated = Rendered::new(server(), ca(), Some("new".into()));
         assert_eq!(rotated.diff(&text), ["token"]);
-        let insecure = Rendered {
-            tls: Trust::Insecure,
-            ..r.clone()
-        };
+        let insecure = Rendered::new(server(), Trust::Insecure, Some("tok\"en".into()));
         assert_eq!(insecure.diff(&text), ["CA"]);
         assert_eq!(r.diff(&insecure.text()), ["CA"]);
         let insecure_text = insecure.text();
         // No token yet: a user without credentials, which the plugin's
         // client reads as anonymous.
-        let none = Rendered {
-            token: None,
-            tls: Trust::Insecure,
-            ..r.clone()
-        };
+        let none = Rendered::new(server(), Trust::Insecure, None);
         let none_text = none.text();
         let doc: Value = serde_json::from_str(&none_text).unwrap();
         assert_eq!(
@@ -452,10 +429,7 @@ mod tests {
         )
         .expect("a kubeconfig without credentials is valid");
         assert!(api.token.is_empty());
-        let moved = Rendered {
-            server: "https://[fd00::2]:443".into(),
-            ..r.clone()
-        };
+        let moved = Rendered::new("https://[fd00::2]:443".into(), ca(), Some("tok\"en".into()));
         assert_eq!(moved.diff(&text), ["server"]);
         assert_eq!(
             r.diff(&text.replace("\"kind\": \"Config\"", "\"kind\": \"X\"")),
