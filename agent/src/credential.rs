@@ -564,32 +564,23 @@ async fn request(
         }
         json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
     };
-    let token = |r: serde_json::Value| {
-        r["status"]["token"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| ApiError::Decode {
-                method: linkerd_cni_kube::error::Method::Post,
-                path: path.clone(),
-                cause: "the TokenRequest's answer holds no status.token".into(),
-            })
-    };
-    if let Some(n) = node {
-        match api.create(&path, &body(Some(n))).await {
-            Ok(r) => {
-                return Ok(Minted {
-                    token: token(r)?,
-                    node_bound: true,
-                });
-            }
-            Err(ApiError::Status { status: 400, .. }) => {}
-            Err(e) => return Err(e),
+    let (r, node_bound): (serde_json::Value, _) = match api.create(&path, &body(node)).await {
+        Ok(r) => (r, node.is_some()),
+        Err(ApiError::Status { status: 400, .. }) if node.is_some() => {
+            (api.create(&path, &body(None)).await?, false)
         }
-    }
-    let r = api.create(&path, &body(None)).await?;
+        Err(e) => return Err(e),
+    };
+    let token = r["status"]["token"]
+        .as_str()
+        .ok_or_else(|| ApiError::Decode {
+            method: linkerd_cni_kube::error::Method::Post,
+            path,
+            cause: "the TokenRequest's answer holds no status.token".into(),
+        })?;
     Ok(Minted {
-        token: token(r)?,
-        node_bound: false,
+        token: token.to_string(),
+        node_bound,
     })
 }
 
