@@ -516,13 +516,17 @@ pub fn settings_watch(cfg: &Config) -> Vec<(PathBuf, Vec<String>)> {
     .collect()
 }
 
-/// Sandboxes that libcni's result cache shows attached to one network more
-/// than once: `(file name, content)` of each cache entry. One line per
-/// sandbox and network, sorted.
-pub fn double_attachments(entries: &[(String, String)]) -> Vec<String> {
+/// Sandboxes that libcni's result cache on the host shows attached to one
+/// network more than once: one line per sandbox and network, sorted; None
+/// when the cache cannot be read (not mounted, another runtime's layout).
+pub fn cached_double_attachments(files: &dyn HostFiles) -> Option<Vec<String>> {
+    let dir = Path::new(RESULTS_DIR);
     let mut seen: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for (_, text) in entries {
-        let Ok(v) = serde_json::from_str::<Value>(text) else {
+    for name in files.list(dir).ok()??.into_iter().take(MAX_CACHE_ENTRIES) {
+        let Ok(Some(text)) = files.read(&dir.join(name)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&text) else {
             // Not an entry of ours to judge (being written, another format).
             continue;
         };
@@ -533,7 +537,8 @@ pub fn double_attachments(entries: &[(String, String)]) -> Vec<String> {
             seen.entry((id, net)).or_default().insert(ifname);
         }
     }
-    seen.into_iter()
+    let found = seen
+        .into_iter()
         .filter(|(_, ifs)| ifs.len() > 1)
         .map(|((id, net), ifs)| {
             format!(
@@ -542,24 +547,8 @@ pub fn double_attachments(entries: &[(String, String)]) -> Vec<String> {
                 ifs.len(),
                 ifs.into_iter().collect::<Vec<_>>().join(", ")
             )
-        })
-        .collect()
-}
-
-/// [`double_attachments`] of the host's result cache; None when it cannot
-/// be read (not mounted, another runtime's layout).
-pub fn cached_double_attachments(files: &dyn HostFiles) -> Option<Vec<String>> {
-    let dir = Path::new(RESULTS_DIR);
-    let names = files.list(dir).ok()??;
-    let entries: Vec<(String, String)> = names
-        .into_iter()
-        .take(MAX_CACHE_ENTRIES)
-        .filter_map(|n| {
-            let text = files.read(&dir.join(&n)).ok()??;
-            Some((n, text))
-        })
-        .collect();
-    Some(double_attachments(&entries))
+        });
+    Some(found.collect())
 }
 
 /// Owned mode forced against the runtime's settings: the warning.

@@ -1,4 +1,4 @@
-//! [`select`] and [`double_attachments`] on in-memory hosts, one case per
+//! [`select`] and [`cached_double_attachments`] on in-memory hosts, one case per
 //! table row.
 
 use super::*;
@@ -370,7 +370,15 @@ fn two_attachments_of_one_network_in_one_sandbox() {
         cached("ghi", "other", "net1"),
         ("garbage".to_string(), "{not json".to_string()),
     ];
-    let found = double_attachments(&entries);
+    let paths: Vec<(String, &str)> = entries
+        .iter()
+        .map(|(name, text)| (format!("{RESULTS_DIR}/{name}"), text.as_str()))
+        .collect();
+    let files: Vec<(&str, Result<&str, &str>)> = paths
+        .iter()
+        .map(|(p, text)| (p.as_str(), Ok(*text)))
+        .collect();
+    let found = cached_double_attachments(&host(&files)).unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].contains(
