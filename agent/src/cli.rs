@@ -8,7 +8,6 @@ use clap::parser::ValueSource;
 use clap::{Args, FromArgMatches, Subcommand};
 
 use crate::config::{self, Config, ConfigError};
-use crate::entry::Template;
 use crate::installer::Installer;
 use crate::logging::LogFormat;
 use crate::{binaries, logging, repair, run, runtime, status};
@@ -247,8 +246,7 @@ fn load(
             return Err(ConfigError::new(*var, config::NOT_SET));
         }
         if !stood_in.is_empty() {
-            // Neither template variable: the template's own error says so.
-            Template::from_env(None, None)?;
+            return Err(ConfigError::new("CNI_NETWORK_CONFIG", config::NO_TEMPLATE));
         }
     }
     let cfg = Config::from_matches(cmd, matches)?;

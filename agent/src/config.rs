@@ -24,7 +24,8 @@ use clap::{ArgMatches, FromArgMatches};
 use linkerd_cni_chain::owned::{self, ChainMode};
 use linkerd_cni_kube::names::{is_dns_label, is_dns_subdomain};
 
-use crate::entry::{self, Entry, Template};
+use crate::entry::{self, Entry};
+use crate::fsutil::read_capped_text;
 use crate::runtime::{self, Host};
 
 pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
@@ -33,6 +34,9 @@ pub const DEFAULT_KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 const MAX_RESYNC_SECONDS: f64 = 3600.0;
 /// Why a required variable is missing, in a pod and outside one.
 pub const NOT_SET: &str = "not set; the kubelet sets it in every pod, set it by hand outside one";
+/// Why `CNI_NETWORK_CONFIG` is missing.
+pub const NO_TEMPLATE: &str = "not set, and neither is CNI_NETWORK_CONFIG_FILE: one of them must \
+     hold the linkerd-cni plugin config (the chart's linkerd-cni-config ConfigMap)";
 
 /// What SIGTERM does to the node (`LINKERD_CNI_UNINSTALL_ON_EXIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,9 +130,7 @@ pub struct Config {
         env = "CNI_NETWORK_CONFIG_FILE",
         value_name = "PATH"
     )]
-    template_file: Option<PathBuf>,
-    #[arg(skip = Template::Env(String::new()))]
-    pub template: Template,
+    pub template_file: Option<PathBuf>,
     /// This pod's node (spec.nodeName): whose startup taint to remove, where
     /// to post Events; unset, neither.
     #[arg(long, env = "LINKERD_CNI_NODE_NAME", value_parser = node_name)]
@@ -251,7 +253,6 @@ impl Config {
             .ca_file
             .clone()
             .unwrap_or_else(|| c.service_account_dir.join("ca.crt"));
-        c.template = Template::from_env(c.template_file.clone(), c.template_text.clone())?;
         c.plugin_service_account = match c.plugin_token {
             PluginToken::Mint => Some(c.plugin_account.clone()),
             PluginToken::Own => None,
@@ -317,6 +318,32 @@ impl Config {
         format!("{}://{host}:{}", self.k8s_protocol, self.k8s_port)
     }
 
+    /// The variable the template comes from: the file wins when both are
+    /// set, as upstream's installer has it.
+    pub fn template_var(&self) -> &'static str {
+        match self.template_file {
+            Some(_) => "CNI_NETWORK_CONFIG_FILE",
+            None => "CNI_NETWORK_CONFIG",
+        }
+    }
+
+    /// The template's text, read again when it is a file (a mounted
+    /// ConfigMap may change). A file that is named but missing is an error
+    /// rather than upstream's silent fall-back: a typo would otherwise go
+    /// unnoticed.
+    fn template(&self) -> Result<String, ConfigError> {
+        match (&self.template_file, &self.template_text) {
+            (Some(p), _) => read_capped_text(p).map_err(|e| {
+                ConfigError::new(
+                    "CNI_NETWORK_CONFIG_FILE",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            }),
+            (None, Some(t)) => Ok(t.clone()),
+            (None, None) => Err(ConfigError::new("CNI_NETWORK_CONFIG", NO_TEMPLATE)),
+        }
+    }
+
     /// Reads the template (again, when it is a file: a mounted ConfigMap may
     /// change) and renders the entry the active conflist must end with.
     pub fn desired_entry(&self) -> Result<Entry, ConfigError> {
@@ -327,23 +354,23 @@ impl Config {
     /// `auto` reads the runtime's settings each time: they change when the
     /// runtime is reconfigured, and the mode follows.
     pub fn desired(&self) -> Result<(Entry, ModeNote), ConfigError> {
-        let text = self.template.read()?;
+        let var = self.template_var();
         let mut e = entry::render(
-            &text,
-            self.template.var(),
+            &self.template()?,
+            var,
             &self.kubeconfig_host_path(),
             &self.dest_cni_net_dir,
         )?;
         if self.agent_only {
-            e = entry::agent_only(e, self.template.var())?;
+            e = entry::agent_only(e, var)?;
         }
         let template_auto = e
             .get(owned::MODE_KEY)
             .is_some_and(|v| v.as_str() == Some(AUTO));
         let (choice, source) = match self.chain_mode {
             Some(c) => (Some(c), "LINKERD_CNI_CHAIN_MODE"),
-            None if template_auto => (Some(ModeSetting::Auto), self.template.var()),
-            None => (None, self.template.var()),
+            None if template_auto => (Some(ModeSetting::Auto), var),
+            None => (None, var),
         };
         let with = |e: Entry, key: &str, value: &str| {
             e.with(key, value)

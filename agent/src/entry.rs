@@ -3,7 +3,7 @@
 //! upstream's install-cni.sh does, plus the `cni_conf_dir` key our plugin
 //! uses to find the conflist it keeps itself chained in.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -15,52 +15,6 @@ use linkerd_cni_chain::{ChainError, PLUGIN_TYPE};
 
 /// The placeholder upstream's installer replaces with the kubeconfig's path.
 pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
-
-/// Where the template text comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Template {
-    /// `CNI_NETWORK_CONFIG`: fixed for the life of the process.
-    Env(String),
-    /// `CNI_NETWORK_CONFIG_FILE`: read at every reconcile.
-    File(PathBuf),
-}
-
-impl Template {
-    /// The file wins when both are set, as upstream's installer has it. A
-    /// file that is named but missing is an error rather than upstream's
-    /// silent fall-back: a typo would otherwise go unnoticed.
-    pub fn from_env(file: Option<PathBuf>, text: Option<String>) -> Result<Template, ConfigError> {
-        match (file, text) {
-            (Some(f), _) => Ok(Template::File(f)),
-            (None, Some(t)) => Ok(Template::Env(t)),
-            (None, None) => Err(ConfigError::new(
-                "CNI_NETWORK_CONFIG",
-                "not set, and neither is CNI_NETWORK_CONFIG_FILE: one of them must hold \
-                 the linkerd-cni plugin config (the chart's linkerd-cni-config ConfigMap)",
-            )),
-        }
-    }
-
-    /// The variable to name in errors about the template.
-    pub fn var(&self) -> &'static str {
-        match self {
-            Template::Env(_) => "CNI_NETWORK_CONFIG",
-            Template::File(_) => "CNI_NETWORK_CONFIG_FILE",
-        }
-    }
-
-    pub fn read(&self) -> Result<String, ConfigError> {
-        match self {
-            Template::Env(t) => Ok(t.clone()),
-            Template::File(p) => crate::fsutil::read_capped_text(p).map_err(|e| {
-                ConfigError::new(
-                    "CNI_NETWORK_CONFIG_FILE",
-                    format!("cannot read {}: {e}", p.display()),
-                )
-            }),
-        }
-    }
-}
 
 /// Renders the entry: the placeholder becomes the kubeconfig's host path,
 /// `cni_conf_dir` is set to the host conf dir, and `type` must be ours.

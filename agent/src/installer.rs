@@ -20,7 +20,7 @@ use tracing::Level;
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
 use crate::config::{self, Config};
 use crate::credential::{self, Credential};
-use crate::entry::{Entry, Template};
+use crate::entry::Entry;
 use crate::fsutil;
 use crate::kubeconfig::{self, KubeconfigError, KubeconfigState};
 use crate::metrics::{self, Telemetry};
@@ -330,7 +330,7 @@ impl Installer {
         match self.cfg.desired() {
             Ok((e, mode)) => {
                 self.notes.clear("template", || {
-                    format!("{} renders again", self.cfg.template.var())
+                    format!("{} renders again", self.cfg.template_var())
                 });
                 crate::runtime::log_mode(&mut self.notes, &mode, &self.cfg.mount_prefix);
                 self.last_entry = e;
@@ -748,7 +748,7 @@ pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
         }
     };
     extra(&cfg.kube_ca_file);
-    if let Template::File(f) = &cfg.template {
+    if let Some(f) = &cfg.template_file {
         extra(f);
     }
     targets
