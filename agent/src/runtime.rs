@@ -286,11 +286,7 @@ fn is_pattern(p: &Path) -> bool {
 fn imports(files: &dyn HostFiles, from: &Path, doc: &Item) -> Result<Vec<PathBuf>, String> {
     let mut out = vec![];
     for p in import_patterns(from, doc)? {
-        if is_pattern(&p) {
-            out.extend(glob(files, &p)?);
-        } else {
-            out.push(p);
-        }
+        out.extend(glob(files, &p)?);
     }
     Ok(out)
 }
@@ -337,11 +333,7 @@ pub fn settings_dirs(files: &dyn HostFiles) -> Vec<(PathBuf, Vec<String>)> {
         };
         for p in import_patterns(&path, doc.as_item()).unwrap_or_default() {
             add(&p);
-            if is_pattern(&p) {
-                pending.extend(glob(files, &p).unwrap_or_default());
-            } else {
-                pending.push_back(p);
-            }
+            pending.extend(glob(files, &p).unwrap_or_default());
         }
     }
     let drop_ins = Path::new(CRIO_DROP_INS);
@@ -353,8 +345,12 @@ pub fn settings_dirs(files: &dyn HostFiles) -> Vec<(PathBuf, Vec<String>)> {
 }
 
 /// The existing paths matching `pattern` (`*`, `?` and `[...]` within a
-/// name, as Go's filepath.Glob), sorted per directory.
+/// name, as Go's filepath.Glob), sorted per directory; a path without a
+/// pattern is itself, whether it exists or not.
 fn glob(files: &dyn HostFiles, pattern: &Path) -> Result<Vec<PathBuf>, String> {
+    if !is_pattern(pattern) {
+        return Ok(vec![pattern.to_path_buf()]);
+    }
     let mut found = vec![PathBuf::from("/")];
     for c in pattern.components() {
         let part = match c {
