@@ -133,10 +133,10 @@ pub struct Config {
     pub template_file: Option<PathBuf>,
     /// This pod's node (spec.nodeName): whose startup taint to remove, where
     /// to post Events; unset, neither.
-    #[arg(long, env = "LINKERD_CNI_NODE_NAME", value_parser = node_name)]
+    #[arg(long, env = "LINKERD_CNI_NODE_NAME", value_parser = named(is_dns_subdomain, NODE_NAME))]
     pub node_name: Option<String>,
     /// The key of the startup taint removed once the node is ready.
-    #[arg(long, env = "LINKERD_CNI_STARTUP_TAINT", default_value = "linkerd.io/cni-not-ready", value_parser = startup_taint)]
+    #[arg(long, env = "LINKERD_CNI_STARTUP_TAINT", default_value = "linkerd.io/cni-not-ready", value_parser = named(is_qualified_name, TAINT_KEY))]
     pub startup_taint: String,
     /// The period of the full reconcile and of the heartbeat, in seconds.
     #[arg(long = "resync-seconds", value_name = "SECONDS", env = "LINKERD_CNI_RESYNC_SECONDS", default_value = "10", value_parser = resync)]
@@ -157,10 +157,10 @@ pub struct Config {
     pub on_exit: OnExit,
     /// This pod (metadata.name), to find its DaemonSet at SIGTERM
     /// [default: the host name].
-    #[arg(long, env = "LINKERD_CNI_POD_NAME", value_parser = pod_name)]
+    #[arg(long, env = "LINKERD_CNI_POD_NAME", value_parser = named(is_dns_subdomain, POD_NAME))]
     pub pod_name: Option<String>,
     /// This pod's namespace [default: the service account's namespace file].
-    #[arg(long, env = "LINKERD_CNI_POD_NAMESPACE", value_parser = pod_namespace)]
+    #[arg(long, env = "LINKERD_CNI_POD_NAMESPACE", value_parser = named(is_dns_label, POD_NAMESPACE))]
     pub pod_namespace: Option<String>,
     /// Repair through a symlinked config whose target lies outside the conf dir.
     #[arg(long, env = "LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR", default_value = "false", value_parser = boolean, action = clap::ArgAction::Set)]
@@ -181,7 +181,7 @@ pub struct Config {
     plugin_token: PluginToken,
     /// The ServiceAccount, in this pod's namespace, whose token is minted
     /// for the node's kubeconfig.
-    #[arg(long = "plugin-service-account", value_name = "NAME", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = service_account)]
+    #[arg(long = "plugin-service-account", value_name = "NAME", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = named(is_dns_subdomain, "a ServiceAccount name"))]
     plugin_account: String,
     /// The account to mint for; none with `LINKERD_CNI_PLUGIN_TOKEN=own`.
     #[arg(skip)]
@@ -537,41 +537,29 @@ fn metrics_addr(v: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-/// `v` trimmed, when `valid` holds for it; else `"<v>" is not <what>`.
-/// Object names go into API paths: checked as the API server checks them.
-fn named(v: &str, valid: fn(&str) -> bool, what: &str) -> Result<String, String> {
-    let v = v.trim();
-    match valid(v) {
-        true => Ok(v.to_string()),
-        false => Err(format!("{v:?} is not {what}")),
+/// A parser of object names: `v` trimmed, when `valid` holds for it; else
+/// `"<v>" is not <what>`. Object names go into API paths: checked as the
+/// API server checks them.
+fn named(
+    valid: fn(&str) -> bool,
+    what: &'static str,
+) -> impl Fn(&str) -> Result<String, String> + Clone + Send + Sync + 'static {
+    move |v| {
+        let v = v.trim();
+        match valid(v) {
+            true => Ok(v.to_string()),
+            false => Err(format!("{v:?} is not {what}")),
+        }
     }
 }
 
-fn node_name(v: &str) -> Result<String, String> {
-    named(
-        v,
-        is_dns_subdomain,
-        "a node name (set it from the downward API's spec.nodeName)",
-    )
-}
-
-fn pod_name(v: &str) -> Result<String, String> {
-    named(
-        v,
-        is_dns_subdomain,
-        "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' and \
-         '.'); set it from the downward API's metadata.name",
-    )
-}
-
-fn pod_namespace(v: &str) -> Result<String, String> {
-    named(
-        v,
-        is_dns_label,
-        "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits and '-'); set \
-         it from the downward API's metadata.namespace",
-    )
-}
+const NODE_NAME: &str = "a node name (set it from the downward API's spec.nodeName)";
+const POD_NAME: &str = "a pod name (a DNS-1123 subdomain: at most 253 lowercase letters, digits, \
+     '-' and '.'); set it from the downward API's metadata.name";
+const POD_NAMESPACE: &str = "a namespace (a DNS-1123 label: at most 63 lowercase letters, digits \
+     and '-'); set it from the downward API's metadata.namespace";
+const TAINT_KEY: &str = "a taint key (an optional DNS-subdomain prefix and '/', then 1-63 \
+     letters, digits, '-', '_' or '.')";
 
 fn plugin_token(v: &str) -> Result<PluginToken, String> {
     match v.trim() {
@@ -579,19 +567,6 @@ fn plugin_token(v: &str) -> Result<PluginToken, String> {
         "own" => Ok(PluginToken::Own),
         other => Err(format!("{other:?} is neither \"mint\" nor \"own\"")),
     }
-}
-
-fn service_account(v: &str) -> Result<String, String> {
-    named(v, is_dns_subdomain, "a ServiceAccount name")
-}
-
-fn startup_taint(v: &str) -> Result<String, String> {
-    named(
-        v,
-        is_qualified_name,
-        "a taint key (an optional DNS-subdomain prefix and '/', then 1-63 letters, digits, \
-         '-', '_' or '.')",
-    )
 }
 
 fn resync(v: &str) -> Result<Duration, String> {
