@@ -33,7 +33,6 @@
 //! keys are looked up, so a document tree is all that is needed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -120,12 +119,6 @@ impl HostFiles for Host<'_> {
 pub struct Selection {
     pub mode: ChainMode,
     pub reason: String,
-}
-
-impl fmt::Display for Selection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.mode, self.reason)
-    }
 }
 
 /// What one runtime's settings say: None when it is not installed here

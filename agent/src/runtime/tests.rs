@@ -60,15 +60,15 @@ fn mode(files: &[(&str, Result<&str, &str>)]) -> Selection {
 #[track_caller]
 fn owned(files: &[(&str, Result<&str, &str>)], why: &str) {
     let s = mode(files);
-    assert_eq!(s.mode, ChainMode::Owned, "{s}");
-    assert!(s.reason.contains(why), "{s}");
+    assert_eq!(s.mode, ChainMode::Owned, "{s:?}");
+    assert!(s.reason.contains(why), "{s:?}");
 }
 
 #[track_caller]
 fn inline(files: &[(&str, Result<&str, &str>)], why: &str) {
     let s = mode(files);
-    assert_eq!(s.mode, ChainMode::Inline, "{s}");
-    assert!(s.reason.contains(why), "{s}");
+    assert_eq!(s.mode, ChainMode::Inline, "{s:?}");
+    assert!(s.reason.contains(why), "{s:?}");
 }
 
 #[test]
