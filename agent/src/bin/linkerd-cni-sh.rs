@@ -3,8 +3,8 @@
 //! The `linkerd2-cni` Helm chart gives its install-cni container the preStop
 //! hook `/bin/sh -c "kill -15 1; sleep 15s"`, and the image has no shell.
 //! This runs exactly that kind of script: `-c` with commands separated by
-//! `;` or newlines, each `kill [-SIG | -N | -s SIG] PID...` or
-//! `sleep N[s|m|h]`. Anything else (another command, quoting, variables,
+//! `;` or newlines, each `kill [-SIG | -N | -s SIG] PID` or
+//! `sleep N[s|m]`. Anything else (another command, quoting, variables,
 //! pipes, redirections) is refused as a whole, before anything runs, with
 //! exit 127 and a message saying what this is: so the image gains no general
 //! command interpreter.
@@ -22,8 +22,8 @@ refused as a whole, before anything runs, with exit 127.
 
 USAGE:
     linkerd-cni-sh -c SCRIPT   commands separated by `;` or newlines, each
-                               `kill [-SIG | -N | -s SIG] PID...` or
-                               `sleep N[s|m|h]`
+                               `kill [-SIG | -N | -s SIG] PID` or
+                               `sleep N[s|m]`
     linkerd-cni-sh --help      print this help
 
 SETTINGS:
@@ -36,7 +36,7 @@ const NOT_SUPPORTED: u8 = 127;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Step {
-    Kill { signal: Signal, pids: Vec<i32> },
+    Kill { signal: Signal, pid: i32 },
     Sleep(Duration),
 }
 
@@ -65,16 +65,13 @@ fn main() -> ExitCode {
                 std::thread::sleep(d);
                 0
             }
-            Step::Kill { signal, pids } => {
-                let mut st = 0;
-                for pid in pids {
-                    if let Err(e) = kill(Pid::from_raw(pid), signal) {
-                        eprintln!("linkerd-cni-sh: kill {pid}: {e}");
-                        st = 1;
-                    }
+            Step::Kill { signal, pid } => match kill(Pid::from_raw(pid), signal) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("linkerd-cni-sh: kill {pid}: {e}");
+                    1
                 }
-                st
-            }
+            },
         };
     }
     ExitCode::from(status)
@@ -112,24 +109,18 @@ fn parse(script: &str) -> Result<Vec<Step>, String> {
 }
 
 fn parse_kill(words: &[&str]) -> Result<Step, String> {
-    let (signal, pids) = match words {
-        ["-s", name, pids @ ..] => (parse_signal(name)?, pids),
-        [flag, pids @ ..] if flag.starts_with('-') => (parse_signal(&flag[1..])?, pids),
-        pids => (Signal::SIGTERM, pids),
+    let (signal, pid) = match words {
+        ["-s", name, pid] => (parse_signal(name)?, pid),
+        [flag, pid] if flag.starts_with('-') => (parse_signal(&flag[1..])?, pid),
+        [pid] => (Signal::SIGTERM, pid),
+        _ => return Err("kill: takes one process id".into()),
     };
-    if pids.is_empty() {
-        return Err("kill: no process id".into());
-    }
-    let pids = pids
-        .iter()
-        .map(|p| {
-            p.parse::<i32>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("kill: {p:?} is not a process id"))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(Step::Kill { signal, pids })
+    let pid = pid
+        .parse::<i32>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("kill: {pid:?} is not a process id"))?;
+    Ok(Step::Kill { signal, pid })
 }
 
 fn parse_signal(s: &str) -> Result<Signal, String> {
@@ -143,12 +134,11 @@ fn parse_signal(s: &str) -> Result<Signal, String> {
         .map_err(|_| format!("kill: unknown signal {s:?}"))
 }
 
-/// `N`, `Ns`, `Nm` or `Nh`; N a non-negative decimal, at most a day.
+/// `N`, `Ns` or `Nm`; N a non-negative decimal, at most a day.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = match s.char_indices().last() {
         Some((i, 's')) => (&s[..i], 1.0),
         Some((i, 'm')) => (&s[..i], 60.0),
-        Some((i, 'h')) => (&s[..i], 3600.0),
         _ => (s, 1.0),
     };
     num.parse::<f64>()
@@ -170,7 +160,7 @@ mod tests {
             [
                 Step::Kill {
                     signal: Signal::SIGTERM,
-                    pids: vec![1]
+                    pid: 1
                 },
                 Step::Sleep(Duration::from_secs(15)),
             ]
@@ -188,10 +178,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse(script).unwrap(),
-                [Step::Kill {
-                    signal,
-                    pids: vec![7]
-                }],
+                [Step::Kill { signal, pid: 7 }],
                 "{script}"
             );
         }
@@ -224,6 +211,9 @@ mod tests {
             "sleep -1",
             "sleep 2d",
             "sleep 100000",
+            // Beyond the chart's hook: one process per kill, no hours.
+            "kill -15 1 2",
+            "sleep 1h",
         ] {
             assert!(parse(script).is_err(), "{script}");
         }
