@@ -97,28 +97,20 @@ impl fmt::Display for KubeconfigState {
     }
 }
 
-/// How the plugin is to trust the API server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Trust {
-    /// `insecure-skip-tls-verify: true`.
-    Insecure,
-    /// `certificate-authority-data`: the CA's PEM, base64-encoded.
-    CaData(String),
-}
-
 /// The kubeconfig's content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered(Value);
 
 impl Rendered {
-    /// The document for `server`, trusted as `tls` says, with `token`
+    /// The document for `server`, trusted through `ca_data` (the CA's PEM,
+    /// base64-encoded; `None`: `insecure-skip-tls-verify`), with `token`
     /// (`None`: no credentials yet, while the plugin's token is not minted;
     /// the plugin's requests are then anonymous, which the API server
     /// refuses). Same layout as upstream's installer writes.
-    fn new(server: String, tls: Trust, token: Option<String>) -> Rendered {
-        let (trust, value) = match tls {
-            Trust::Insecure => ("insecure-skip-tls-verify", Value::Bool(true)),
-            Trust::CaData(ca) => ("certificate-authority-data", Value::String(ca)),
+    fn new(server: String, ca_data: Option<String>, token: Option<String>) -> Rendered {
+        let (trust, value) = match ca_data {
+            Some(ca) => ("certificate-authority-data", Value::String(ca)),
+            None => ("insecure-skip-tls-verify", Value::Bool(true)),
         };
         Rendered(json!({
             "apiVersion": "v1",
@@ -205,7 +197,7 @@ pub fn own_api(cfg: &Config) -> Result<ApiConfig, String> {
 /// a server the CA does not vouch for gets neither. Without a CA they
 /// fail, naming what to mount or set.
 pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
-    let tls = ca_trust(cfg).map_err(|e| {
+    let ca = ca_data(cfg).map_err(|e| {
         let problem = match e {
             KubeconfigError::Ca { source, .. } => format!("cannot be read ({source})"),
             _ => "is empty".into(),
@@ -216,7 +208,7 @@ pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
         }
         .to_string()
     })?;
-    let rendered = Rendered::new(cfg.server_url(), tls, Some(token.to_string()));
+    let rendered = Rendered::new(cfg.server_url(), Some(ca), Some(token.to_string()));
     linkerd_cni_kube::kubeconfig::from_text(
         &rendered.text(),
         &cfg.service_account_dir.join("token"),
@@ -247,24 +239,21 @@ pub fn render(cfg: &Config, token: Option<&str>) -> Result<Rendered, KubeconfigE
     // system roots, which in-cluster API servers are almost never signed by:
     // the plugin could not use it, and no entry goes in without a
     // kubeconfig the plugin can use.
-    let tls = match cfg.skip_tls_verify {
-        true => Trust::Insecure,
-        false => ca_trust(cfg)?,
-    };
+    let ca = (!cfg.skip_tls_verify).then(|| ca_data(cfg)).transpose()?;
     Ok(Rendered::new(
         cfg.server_url(),
-        tls,
+        ca,
         token.map(str::to_string),
     ))
 }
 
-/// Trust in the CA file as it is now.
-fn ca_trust(cfg: &Config) -> Result<Trust, KubeconfigError> {
+/// The CA file as it is now, base64-encoded.
+fn ca_data(cfg: &Config) -> Result<String, KubeconfigError> {
     match linkerd_cni_chain::read_file(&cfg.kube_ca_file) {
         Ok(ca) if ca.iter().all(u8::is_ascii_whitespace) => Err(KubeconfigError::EmptyCa {
             path: cfg.kube_ca_file.clone(),
         }),
-        Ok(ca) => Ok(Trust::CaData(STANDARD.encode(ca))),
+        Ok(ca) => Ok(STANDARD.encode(ca)),
         Err(source) => Err(KubeconfigError::Ca {
             path: cfg.kube_ca_file.clone(),
             source,
@@ -387,7 +376,7 @@ mod tests {
     #[test]
     fn shape_and_diff() {
         let server = || "https://[fd00::1]:443".to_string();
-        let ca = || Trust::CaData("Q0E=".into());
+        let ca = || Some("Q0E=".to_string());
         let r = Rendered::new(server(), ca(), Some("tok\"en".into()));
         let text = r.text();
         let doc: Value = serde_json::from_str(&text).unwrap();
@@ -407,13 +396,13 @@ mod tests {
 
         let rotated = Rendered::new(server(), ca(), Some("new".into()));
         assert_eq!(rotated.diff(&text), ["token"]);
-        let insecure = Rendered::new(server(), Trust::Insecure, Some("tok\"en".into()));
+        let insecure = Rendered::new(server(), None, Some("tok\"en".into()));
         assert_eq!(insecure.diff(&text), ["CA"]);
         assert_eq!(r.diff(&insecure.text()), ["CA"]);
         let insecure_text = insecure.text();
         // No token yet: a user without credentials, which the plugin's
         // client reads as anonymous.
-        let none = Rendered::new(server(), Trust::Insecure, None);
+        let none = Rendered::new(server(), None, None);
         let none_text = none.text();
         let doc: Value = serde_json::from_str(&none_text).unwrap();
         assert_eq!(
