@@ -51,15 +51,6 @@ pub enum OnExit {
     Leave,
 }
 
-/// `LINKERD_CNI_PLUGIN_TOKEN`: whose token goes into the node's kubeconfig.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PluginToken {
-    /// One minted (TokenRequest) for `LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT`.
-    Mint,
-    /// This pod's projected token, as upstream's installer writes.
-    Own,
-}
-
 /// A variable that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: {var}: {reason}")]
@@ -177,8 +168,8 @@ pub struct Config {
     pub events: bool,
     /// mint: a token minted (TokenRequest) for the plugin's ServiceAccount;
     /// own: this pod's projected token, as upstream writes.
-    #[arg(long, env = "LINKERD_CNI_PLUGIN_TOKEN", default_value = "mint", value_parser = plugin_token)]
-    plugin_token: PluginToken,
+    #[arg(long = "plugin-token", value_name = "PLUGIN_TOKEN", env = "LINKERD_CNI_PLUGIN_TOKEN", default_value = "mint", value_parser = plugin_token, action = clap::ArgAction::Set)]
+    mint_plugin_token: bool,
     /// The ServiceAccount, in this pod's namespace, whose token is minted
     /// for the node's kubeconfig.
     #[arg(long = "plugin-service-account", value_name = "NAME", env = "LINKERD_CNI_PLUGIN_SERVICE_ACCOUNT", default_value = "linkerd-cni-plugin", value_parser = named(is_dns_subdomain, "a ServiceAccount name"))]
@@ -253,10 +244,7 @@ impl Config {
             .ca_file
             .clone()
             .unwrap_or_else(|| c.service_account_dir.join("ca.crt"));
-        c.plugin_service_account = match c.plugin_token {
-            PluginToken::Mint => Some(c.plugin_account.clone()),
-            PluginToken::Own => None,
-        };
+        c.plugin_service_account = c.mint_plugin_token.then(|| c.plugin_account.clone());
         // Fail at start on a template that can never render.
         c.desired_entry()?;
         Ok(c)
@@ -561,10 +549,11 @@ const POD_NAMESPACE: &str = "a namespace (a DNS-1123 label: at most 63 lowercase
 const TAINT_KEY: &str = "a taint key (an optional DNS-subdomain prefix and '/', then 1-63 \
      letters, digits, '-', '_' or '.')";
 
-fn plugin_token(v: &str) -> Result<PluginToken, String> {
+/// Whether the node's kubeconfig gets a token minted for the plugin.
+fn plugin_token(v: &str) -> Result<bool, String> {
     match v.trim() {
-        "mint" => Ok(PluginToken::Mint),
-        "own" => Ok(PluginToken::Own),
+        "mint" => Ok(true),
+        "own" => Ok(false),
         other => Err(format!("{other:?} is neither \"mint\" nor \"own\"")),
     }
 }
