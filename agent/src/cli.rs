@@ -241,13 +241,13 @@ fn load(
         .filter(|(id, _, _)| !set(id) && (*id != "template_text" || !templated))
         .map(|(_, var, _)| *var)
         .collect();
-    if !lenient {
-        if let Some(var) = stood_in.iter().find(|v| **v != "CNI_NETWORK_CONFIG") {
-            return Err(ConfigError::new(*var, config::NOT_SET));
-        }
-        if !stood_in.is_empty() {
-            return Err(ConfigError::new("CNI_NETWORK_CONFIG", config::NO_TEMPLATE));
-        }
+    // The API server's address first, as STAND_INS lists it.
+    if !lenient && let Some(var) = stood_in.first() {
+        let why = match *var {
+            "CNI_NETWORK_CONFIG" => config::NO_TEMPLATE,
+            _ => config::NOT_SET,
+        };
+        return Err(ConfigError::new(*var, why));
     }
     let cfg = Config::from_matches(cmd, matches)?;
     let bins = match binaries::list(&cfg) {
