@@ -312,7 +312,13 @@ impl Credential {
                     account,
                     REFUSED_RETRY.as_secs() / 60
                 );
-                Ok(Some(self.fall_back(cfg, own, why, REFUSED_RETRY)))
+                // Into the fallback, saying why once.
+                if self.fallback.as_ref().is_none_or(|(_, w)| *w != why) {
+                    tracing::warn!("{why}");
+                }
+                self.fallback = Some((Instant::now() + REFUSED_RETRY, why));
+                self.trusted = None;
+                Ok(Some(self.projected(cfg, own)))
             }
             Err(Failed::Unsure(e)) => {
                 let backoff = self.back_off();
@@ -358,17 +364,6 @@ impl Credential {
         let backoff = Policy::INSTALLER.nominal(self.failures);
         self.next_try = Some(Instant::now() + backoff);
         backoff
-    }
-
-    /// Into the fallback for `retry`, saying `why` once; the token it
-    /// gives, from `own` (this pod's).
-    fn fall_back(&mut self, cfg: &Config, own: String, why: String, retry: Duration) -> String {
-        if self.fallback.as_ref().is_none_or(|(_, w)| *w != why) {
-            tracing::warn!("{why}");
-        }
-        self.fallback = Some((Instant::now() + retry, why));
-        self.trusted = None;
-        self.projected(cfg, own)
     }
 
     /// In the fallback: this pod's own token, unless the file holds another
