@@ -59,18 +59,6 @@ pub enum KubeconfigError {
     },
     #[error("the API server CA {} (KUBE_CA_FILE) is empty", path.display())]
     EmptyCa { path: PathBuf },
-    /// No CA for the installer's own calls: those always verify the
-    /// server, whatever `SKIP_TLS_VERIFY` says.
-    #[error(
-        "the installer's own API calls need the API server's CA, and {} (KUBE_CA_FILE, by \
-         default the service account's ca.crt) {problem}: they always verify the server they \
-         send a token to, whatever SKIP_TLS_VERIFY says (it only concerns the kubeconfig \
-         written for the plugin); mount the service account's ca.crt \
-         (automountServiceAccountToken, or a projected volume with the kube-root-ca.crt \
-         ConfigMap) or set KUBE_CA_FILE to the cluster's CA",
-        path.display()
-    )]
-    OwnCallsCa { path: PathBuf, problem: String },
     #[error(transparent)]
     Fs(#[from] ChainError),
 }
@@ -202,11 +190,15 @@ pub fn api_with(cfg: &Config, token: &str) -> Result<ApiConfig, String> {
             KubeconfigError::Ca { source, .. } => format!("cannot be read ({source})"),
             _ => "is empty".into(),
         };
-        KubeconfigError::OwnCallsCa {
-            path: cfg.kube_ca_file.clone(),
-            problem,
-        }
-        .to_string()
+        format!(
+            "the installer's own API calls need the API server's CA, and {} (KUBE_CA_FILE, by \
+             default the service account's ca.crt) {problem}: they always verify the server \
+             they send a token to, whatever SKIP_TLS_VERIFY says (it only concerns the \
+             kubeconfig written for the plugin); mount the service account's ca.crt \
+             (automountServiceAccountToken, or a projected volume with the kube-root-ca.crt \
+             ConfigMap) or set KUBE_CA_FILE to the cluster's CA",
+            cfg.kube_ca_file.display()
+        )
     })?;
     let rendered = Rendered::new(cfg.server_url(), Some(ca), Some(token.to_string()));
     linkerd_cni_kube::kubeconfig::from_text(
