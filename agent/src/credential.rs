@@ -167,20 +167,14 @@ fn refused(cfg: &Config, t: &str) -> bool {
 /// `state_dir` say; `None` when they cannot be read.
 pub fn plugin_rejections(state_dir: &Path) -> Option<u64> {
     let counts = outcomes::read(state_dir).ok()?;
-    let rejected = |o: &Outcome| {
+    let rejected = counts.iter().filter(|(o, _)| {
         matches!(
             o,
             Outcome::PassedThrough(PassCause::Unauthorized | PassCause::Forbidden)
                 | Outcome::TryAgain(RetryCause::CredentialsRejected)
         )
-    };
-    Some(
-        counts
-            .iter()
-            .filter(|(o, _)| rejected(o))
-            .map(|(_, n)| n)
-            .sum(),
-    )
+    });
+    Some(rejected.map(|(_, n)| n).sum())
 }
 
 /// Whether the token in the node's kubeconfig may get pods, asked of the
