@@ -361,7 +361,7 @@ fn cached(id: &str, net: &str, ifname: &str) -> (String, String) {
 
 #[test]
 fn two_attachments_of_one_network_in_one_sandbox() {
-    let entries = vec![
+    let entries = [
         cached("abc", "k8s-pod-network", "eth0"),
         cached("abc", "k8s-pod-network", "eth1"),
         cached("def", "k8s-pod-network", "eth0"),
