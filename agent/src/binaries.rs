@@ -13,10 +13,8 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
-use linkerd_cni_chain::ChainError;
-
 use crate::config::{Config, ConfigError};
-use crate::fsutil;
+use crate::fsutil::{self, FsError};
 
 /// The plugin binary; the runtime runs it by this name (the entry's `type`).
 pub const PLUGIN_BINARY: &str = "linkerd-cni";
@@ -128,11 +126,11 @@ pub fn list(cfg: &Config) -> Result<Vec<Binary>, ConfigError> {
     Ok(out)
 }
 
-pub fn state(b: &Binary) -> Result<BinaryState, ChainError> {
+pub fn state(b: &Binary) -> Result<BinaryState, FsError> {
     let meta = match fs::metadata(&b.dest) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BinaryState::Missing),
-        Err(e) => return Err(ChainError::io("stat", &b.dest, e)),
+        Err(e) => return Err(FsError::new("cannot stat", &b.dest, e)),
     };
     let stamps = fs::metadata(&b.source)
         .ok()
@@ -152,7 +150,7 @@ pub fn state(b: &Binary) -> Result<BinaryState, ChainError> {
 
 /// Makes the host copy current; returns the state it was in when it had to
 /// write, None when it was already current.
-pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, ChainError> {
+pub fn ensure(b: &Binary) -> Result<Option<BinaryState>, FsError> {
     match state(b)? {
         BinaryState::Current => Ok(None),
         before => {

@@ -7,15 +7,41 @@
 
 use std::fs;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use linkerd_cni_chain::{ChainError, open_regular, read_file, write};
 
 /// What [`same_content`] reads of each file at a time.
 const CHUNK: u64 = 64 * 1024;
 
+/// A file-system operation of the installer that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// An I/O error with the path it concerns.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// An atomic replacement failed; the target was left as it was.
+    #[error(transparent)]
+    Write(#[from] ChainError),
+}
+
+impl FsError {
+    pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
+        FsError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// Removes `path`; Ok(false) when it was already absent.
-pub fn remove(path: &Path) -> Result<bool, ChainError> {
+pub fn remove(path: &Path) -> Result<bool, FsError> {
     match fs::remove_file(path) {
         Ok(()) => {
             let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
@@ -23,21 +49,25 @@ pub fn remove(path: &Path) -> Result<bool, ChainError> {
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(ChainError::io("remove", path, e)),
+        Err(e) => Err(FsError::new("cannot remove", path, e)),
     }
 }
 
 /// Whether two files have the same bytes, without reading both whole into
 /// memory. A missing `b` is "different"; a missing `a` is an error.
-pub fn same_content(a: &Path, b: &Path) -> Result<bool, ChainError> {
-    let mut fa = open_regular(a).map_err(|e| ChainError::io("open", a, e))?;
+pub fn same_content(a: &Path, b: &Path) -> Result<bool, FsError> {
+    let mut fa = open_regular(a).map_err(|e| FsError::new("cannot open", a, e))?;
     let mut fb = match open_regular(b) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(ChainError::io("open", b, e)),
+        Err(e) => return Err(FsError::new("cannot open", b, e)),
     };
-    let la = fa.metadata().map_err(|e| ChainError::io("stat", a, e))?;
-    let lb = fb.metadata().map_err(|e| ChainError::io("stat", b, e))?;
+    let la = fa
+        .metadata()
+        .map_err(|e| FsError::new("cannot stat", a, e))?;
+    let lb = fb
+        .metadata()
+        .map_err(|e| FsError::new("cannot stat", b, e))?;
     if la.len() != lb.len() {
         return Ok(false);
     }
@@ -49,11 +79,11 @@ pub fn same_content(a: &Path, b: &Path) -> Result<bool, ChainError> {
         let n = (&mut fa)
             .take(CHUNK)
             .read_to_end(&mut ba)
-            .map_err(|e| ChainError::io("read", a, e))?;
+            .map_err(|e| FsError::new("cannot read", a, e))?;
         (&mut fb)
             .take(CHUNK)
             .read_to_end(&mut bb)
-            .map_err(|e| ChainError::io("read", b, e))?;
+            .map_err(|e| FsError::new("cannot read", b, e))?;
         if ba != bb {
             return Ok(false);
         }
@@ -74,22 +104,21 @@ pub fn read_capped_text(path: &Path) -> io::Result<String> {
 }
 
 /// [`read_capped_text`]'s reader, bytes; Ok(None) when absent.
-pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, ChainError> {
+pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
     match read_file(path) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ChainError::io("read", path, e)),
+        Err(e) => Err(FsError::new("cannot read", path, e)),
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), ChainError> {
-    write::fsync_dir(dir).map_err(|e| ChainError::io("sync directory", dir, e))
+fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    write::fsync_dir(dir).map_err(|e| FsError::new("cannot sync directory", dir, e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     #[test]
     fn compare_read_and_remove() {

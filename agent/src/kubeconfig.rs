@@ -18,13 +18,12 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use linkerd_cni_chain::ChainError;
 use linkerd_cni_chain::write::write_atomic;
 use linkerd_cni_kube::ApiConfig;
 use serde_json::{Value, json};
 
 use crate::config::Config;
-use crate::fsutil;
+use crate::fsutil::{self, FsError};
 
 /// The most to wait for the conf-dir lock before writing; past it the pass
 /// reports the error and the next one tries again.
@@ -60,7 +59,7 @@ pub enum KubeconfigError {
     #[error("the API server CA {} (KUBE_CA_FILE) is empty", path.display())]
     EmptyCa { path: PathBuf },
     #[error(transparent)]
-    Fs(#[from] ChainError),
+    Fs(#[from] FsError),
 }
 
 /// How the file on disk compares with what it should be.
@@ -254,7 +253,7 @@ fn ca_data(cfg: &Config) -> Result<String, KubeconfigError> {
 }
 
 /// Compares the file with `want`.
-pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, ChainError> {
+pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, FsError> {
     let path = cfg.kubeconfig_path();
     let Some(old) = fsutil::read_optional(&path)? else {
         return Ok(KubeconfigState::Missing);
@@ -264,7 +263,7 @@ pub fn state(cfg: &Config, want: &Rendered) -> Result<KubeconfigState, ChainErro
         return Ok(KubeconfigState::Stale(want.diff(&old)));
     }
     let mode = fs::metadata(&path)
-        .map_err(|e| ChainError::io("stat", &path, e))?
+        .map_err(|e| FsError::new("cannot stat", &path, e))?
         .permissions()
         .mode()
         & 0o7777;
@@ -287,9 +286,10 @@ pub fn ensure(
             // It lives in the conf dir, where temp files exist only under
             // the conf-dir lock (a lock holder removes any other as a
             // leftover).
-            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)?;
+            let _lock = linkerd_cni_chain::lock_dir(&cfg.conf_dir(), LOCK_TIMEOUT, None)
+                .map_err(FsError::from)?;
             let path = cfg.kubeconfig_path();
-            write_atomic(&path, want.text().as_bytes(), MODE)?;
+            write_atomic(&path, want.text().as_bytes(), MODE).map_err(FsError::from)?;
             Ok(Some(before))
         }
     }
