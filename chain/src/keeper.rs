@@ -546,7 +546,7 @@ impl Run<'_> {
                     });
                     return false;
                 }
-                let Some(file) = r.file.filter(|_| r.changed) else {
+                let Some(file) = r.file else {
                     // Another writer fixed it meanwhile, or only leftovers.
                     return r.before == ChainState::Healthy;
                 };

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use crate::names::{Kind, file_name};
 use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, owned, plan, scan};
 
-pub(crate) use repair::{remove_entries, repair_locked};
 #[cfg(test)]
-pub(crate) use repair::{repair, testing};
+pub(crate) use repair::{RepairReport, repair, testing};
+pub(crate) use repair::{remove_entries, repair_locked};
 
 /// A read-only diagnosis of a conf dir.
 #[derive(Debug, Clone, PartialEq, Eq)]

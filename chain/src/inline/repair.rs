@@ -37,12 +37,8 @@ use crate::{Action, ChainError, ChainState, Entry, RepairOptions, lock, owned, p
 pub(crate) struct RepairReport {
     /// The config file written (`None`: no config was written).
     pub file: Option<PathBuf>,
-    /// Whether a config file's content changed.
-    pub changed: bool,
     /// The state found (on the first look under the lock).
     pub before: ChainState,
-    /// One line for logs: what changed and why.
-    pub summary: String,
     /// The file whose absence withheld the repair ([`RepairOptions::requires`]).
     pub withheld: Option<PathBuf>,
     /// What recovery did: leftover temp files of a killed write removed,
@@ -98,47 +94,44 @@ fn repair_under(
         && !req.exists()
     {
         let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts.link_rule())?, desired);
-        let summary = format!(
-            "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-            req.display()
-        );
-        let mut r = Recovered::default().report(None, diag.state, summary);
-        r.withheld = Some(req.clone());
-        return Ok(r);
+        return Ok(RepairReport {
+            file: None,
+            before: diag.state,
+            withheld: Some(req.clone()),
+            recovery: vec![],
+        });
     }
-    let mut done = Recovered::default();
+    let mut recovery = Vec::new();
     let mut before = None;
     for _ in 0..MAX_ATTEMPTS {
-        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-        done.notes.extend(recovery.iter().map(Action::to_string));
-        done.recovery.extend(recovery);
+        let (listing, recovered) = recover::recovered_listing(conf_dir, opts)?;
+        recovery.extend(recovered);
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
         let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
         else {
-            let at = diag.active.as_deref().unwrap_or(conf_dir);
-            let summary = format!("{}: {}; nothing written", at.display(), diag.state);
-            return Ok(done.report(None, before, summary));
+            return Ok(RepairReport {
+                file: None,
+                before,
+                withheld: None,
+                recovery,
+            });
         };
         if past(opts.deadline) {
             return Err(ChainError::Deadline {
                 path: active.clone(),
             });
         }
-        let (outcome, file, how) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
-        if let Replacement::Superseded = outcome {
-            done.notes.push(format!(
-                "{} changed while being repaired; looked again",
-                file_name(active)
-            ));
-            continue;
+        let (outcome, file) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
+        // Superseded: someone wrote meanwhile, so look again.
+        if let Replacement::Written = outcome {
+            return Ok(RepairReport {
+                file: Some(file),
+                before,
+                withheld: None,
+                recovery,
+            });
         }
-        let summary = format!(
-            "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
-            file.display(),
-            diag.state
-        );
-        return Ok(done.report(Some(file), before, summary));
     }
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
@@ -146,38 +139,9 @@ fn repair_under(
     })
 }
 
-/// What one repair's recovery did, and its notes for the summary.
-#[derive(Default)]
-struct Recovered {
-    recovery: Vec<Action>,
-    notes: Vec<String>,
-}
-
-impl Recovered {
-    fn report(
-        self,
-        file: Option<PathBuf>,
-        before: ChainState,
-        mut summary: String,
-    ) -> RepairReport {
-        for n in &self.notes {
-            summary.push_str("; ");
-            summary.push_str(n);
-        }
-        RepairReport {
-            changed: file.is_some(),
-            file,
-            before,
-            summary,
-            withheld: None,
-            recovery: self.recovery,
-        }
-    }
-}
-
 /// Writes the repair of `active` from `base`: a list in place, a single
-/// config converted to a list. Returns how it ended, the file that holds
-/// the chain, and a note for the summary.
+/// config converted to a list. Returns how it ended and the file that holds
+/// the chain.
 fn write_repair(
     conf_dir: &Path,
     listing: &Listing,
@@ -185,21 +149,17 @@ fn write_repair(
     base: &[u8],
     desired: &Entry,
     opts: &RepairOptions,
-) -> Result<(Replacement, PathBuf, String), ChainError> {
-    Ok(match Kind::of(active) {
+) -> Result<(Replacement, PathBuf), ChainError> {
+    match Kind::of(active) {
         Kind::List => {
             let real = writable(listing, active)?;
-            let (o, via) = replace(active, &real, base, opts.deadline, |b| {
+            let o = replace(&real, base, opts.deadline, |b| {
                 plan::repaired(Kind::List, b, desired)
             })?;
-            (o, active.to_path_buf(), via)
+            Ok((o, active.to_path_buf()))
         }
-        Kind::Single => {
-            let (o, dst) = convert(conf_dir, listing, active, base, desired, opts)?;
-            let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
-            (o, dst, how)
-        }
-    })
+        Kind::Single => convert(conf_dir, listing, active, base, desired, opts),
+    }
 }
 
 /// Removes every linkerd-cni entry from every config file in `conf_dir`
@@ -250,8 +210,8 @@ pub(crate) fn remove_entries(
             }
         };
         // Superseded: someone's newer content, which holds no entry of ours.
-        let (outcome, _) = replace(path, &real, &bytes, opts.deadline, plan::without_entries)?;
-        if let Replacement::Written = outcome {
+        if let Replacement::Written = replace(&real, &bytes, opts.deadline, plan::without_entries)?
+        {
             rewritten.push(path.clone());
         }
     }
@@ -267,27 +227,21 @@ enum Candidate {
     Restore(PathBuf, Option<Vec<u8>>),
 }
 
-/// Replaces the list `path` (through a symlink, its target) by
-/// `transform(content)`, computed from `base`, safe against other writers.
-/// Returns how it ended and a note for the summary.
+/// Replaces the list `real` (a symlinked config's target, or the config
+/// itself) by `transform(content)`, computed from `base`, safe against
+/// other writers.
 fn replace(
-    path: &Path,
     real: &Path,
     base: &[u8],
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<(Replacement, String), ChainError> {
-    let via = if real != path {
-        format!(" (through the symlink, in {})", real.display())
-    } else {
-        String::new()
-    };
+) -> Result<Replacement, ChainError> {
     let dir = parent(real).to_path_buf();
     let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
     let Some(first) = transform(base) else {
-        return Ok((Replacement::Superseded, via));
+        return Ok(Replacement::Superseded);
     };
-    swap_loop(real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
+    swap_loop(real, &dir, &meta, base, first, deadline, &transform)
 }
 
 fn swap_loop(
@@ -805,9 +759,7 @@ pub(crate) mod testing {
         base: &[u8],
         desired: &Entry,
     ) -> Result<bool, ChainError> {
-        let (o, _) = replace(path, path, base, None, |b| {
-            plan::repaired(Kind::List, b, desired)
-        })?;
+        let o = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
         Ok(matches!(o, Replacement::Written))
     }
 }
