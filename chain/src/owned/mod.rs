@@ -152,19 +152,6 @@ fn meta_plugin(kind: Kind, top: &Map<String, Value>) -> Option<String> {
     None
 }
 
-/// Why the primary's chain is not taken over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotTaken {
-    /// A meta-plugin's config: shadowing it would take the pods' other
-    /// networks away.
-    Meta(String),
-    /// It holds no plugin but linkerd-cni.
-    NoPrimaryPlugin,
-    /// It cannot be loaded (not JSON, not a config, being rewritten in
-    /// place...). Left for its owner; our file is left as it is.
-    Invalid(String),
-}
-
 /// The primary's chain as copied: its bytes minus any linkerd-cni entry.
 /// Our own entry being added to or removed from the primary's file (a mode
 /// switch) does not change it.
@@ -200,12 +187,13 @@ fn meaning_of(chain: &[u8]) -> Option<String> {
 }
 
 /// The content of our file for the primary `primary` holding `bytes`, and
-/// the marker it records; or why the primary is not taken over.
+/// the marker it records; or, when the primary is not taken over, owned
+/// mode's state (a fallback, or a primary that cannot be loaded).
 pub(crate) fn copy_of(
     primary: &Path,
     bytes: &[u8],
     desired: &Entry,
-) -> Result<(Vec<u8>, Marker), NotTaken> {
+) -> Result<(Vec<u8>, Marker), OwnedState> {
     /// The last copy made: a keeper's pass looks at the primary without
     /// the lock, then again under it, most often at the very same bytes,
     /// and making the copy (parsed, checked, digested, written out) is
@@ -214,7 +202,7 @@ pub(crate) fn copy_of(
         PathBuf,
         Vec<u8>,
         Map<String, Value>,
-        Result<(Vec<u8>, Marker), NotTaken>,
+        Result<(Vec<u8>, Marker), OwnedState>,
     );
     static LAST: std::sync::Mutex<Option<Memo>> = std::sync::Mutex::new(None);
     let mut last = LAST
@@ -235,11 +223,21 @@ pub(crate) fn copy_of(
     copy
 }
 
-fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, Marker), NotTaken> {
+fn make_copy(
+    primary: &Path,
+    bytes: &[u8],
+    desired: &Entry,
+) -> Result<(Vec<u8>, Marker), OwnedState> {
+    let invalid = |reason| OwnedState::PrimaryInvalid { reason };
+    let fallback = |why: &str| OwnedState::Fallback {
+        reason: format!("{} {why}", primary.display()),
+    };
     let kind = Kind::of(primary);
-    let top = plan::parse(kind, bytes).map_err(NotTaken::Invalid)?;
+    let top = plan::parse(kind, bytes).map_err(invalid)?;
     if let Some(why) = meta_plugin(kind, &top) {
-        return Err(NotTaken::Meta(why));
+        return Err(fallback(&format!(
+            "is a meta-plugin's config ({why}); it is never shadowed"
+        )));
     }
     let chain = primary_chain(kind, bytes);
     let marker = Marker {
@@ -250,13 +248,15 @@ fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, 
     let mut entry = desired.as_map().clone();
     entry.insert(MARKER_KEY.into(), marker.to_value());
     match plan::analyze(kind, &chain, &entry).state {
-        ChainState::NoPrimaryPlugin => return Err(NotTaken::NoPrimaryPlugin),
-        ChainState::Invalid { reason } => return Err(NotTaken::Invalid(reason)),
+        ChainState::NoPrimaryPlugin => {
+            return Err(fallback("holds no plugin but linkerd-cni"));
+        }
+        ChainState::Invalid { reason } => return Err(invalid(reason)),
         _ => {}
     }
     match plan::repaired(kind, &chain, &entry) {
         Some(content) => Ok((content, marker)),
-        None => Err(NotTaken::Invalid("cannot be copied".into())),
+        None => Err(invalid("cannot be copied".into())),
     }
 }
 
@@ -450,8 +450,19 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         };
         return d;
     }
-    let ours_present = have.is_some() || ours.exists();
-    copy_state(&mut d, &primary, &bytes, desired, ours_present);
+    // Not the current copy: why the primary is not taken over, or what our
+    // file must hold.
+    match copy_of(&primary, &bytes, desired) {
+        Err(state) => d.state = state,
+        Ok((content, marker)) => {
+            d.marker = Some(marker);
+            d.state = match have.is_some() || ours.exists() {
+                true => OwnedState::Outdated,
+                false => OwnedState::Missing,
+            };
+            d.expected = Some(content);
+        }
+    }
     d
 }
 
@@ -509,41 +520,6 @@ fn marker_of(have: Option<&scan::OwnedFile>, primary: &Path, chain: &[u8]) -> Ma
             // healthy check does not pay for it.
             meaning: None,
         })
-}
-
-/// The state of our copy when it is not the current one: why the primary
-/// is not taken over, or what our file must hold.
-fn copy_state(
-    d: &mut OwnedDiagnosis,
-    primary: &Path,
-    bytes: &[u8],
-    desired: &Entry,
-    ours_present: bool,
-) {
-    match copy_of(primary, bytes, desired) {
-        Err(NotTaken::Invalid(reason)) => d.state = OwnedState::PrimaryInvalid { reason },
-        Err(NotTaken::Meta(why)) => {
-            d.state = OwnedState::Fallback {
-                reason: format!(
-                    "{} is a meta-plugin's config ({why}); it is never shadowed",
-                    primary.display()
-                ),
-            }
-        }
-        Err(NotTaken::NoPrimaryPlugin) => {
-            d.state = OwnedState::Fallback {
-                reason: format!("{} holds no plugin but linkerd-cni", primary.display()),
-            }
-        }
-        Ok((content, marker)) => {
-            d.marker = Some(marker);
-            d.state = match ours_present {
-                true => OwnedState::Outdated,
-                false => OwnedState::Missing,
-            };
-            d.expected = Some(content);
-        }
-    }
 }
 
 /// Whether our entry as read (its marker aside) is the desired one; its

@@ -327,7 +327,7 @@ fn a_meta_plugin_is_never_shadowed() {
         r#"{"name":"g","cniVersion":"0.3.1","plugins":[{"type":"whatever","delegates":[]}]}"#;
     assert!(matches!(
         copy_of(Path::new("/x/00-g.conflist"), genie.as_bytes(), &want),
-        Err(NotTaken::Meta(_))
+        Err(OwnedState::Fallback { reason }) if reason.contains("is a meta-plugin's config")
     ));
 }
 
