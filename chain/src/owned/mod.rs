@@ -52,7 +52,7 @@ use crate::{
     write,
 };
 
-pub use crate::names::{OWNED_SUFFIX, owned_name as name_for};
+pub use crate::names::OWNED_SUFFIX;
 pub use marker::Marker;
 pub(crate) use marker::list;
 
@@ -607,17 +607,34 @@ pub(crate) fn sync(
         let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
         actions.extend(recovery);
         let d = diagnose_listing(&listing, desired);
-        match sync_step(conf_dir, &d, opts, &mut actions)? {
-            // Written: current, unless the primary changed while we copied
-            // it. Only the primary is read again: the rest of the conf dir
-            // was looked at under this lock, and a write our watch sees
-            // brings another pass.
-            Step::Again if still_copied(&listing, &d) => {
-                return Ok(SyncReport::new(actions, OwnedState::Current, None));
+        match (&d.state, &d.ours) {
+            (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
+                // A current copy (never `expected`) only has stale files of
+                // ours to remove: no requirement for that.
+                let due = d.state != OwnedState::Current;
+                if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
+                    return Ok(SyncReport::new(actions, d.state, Some(r.clone())));
+                }
+                if let Some(content) = &d.expected {
+                    write_copy(conf_dir, &d, ours, content, opts, &mut actions)?;
+                }
+                let others = d.owned.iter().filter(|o| *o != ours);
+                remove_stale(conf_dir, others, Retired::Replaced, &mut actions)?;
+                // Written: current, unless the primary changed while we
+                // copied it. Only the primary is read again: the rest of the
+                // conf dir was looked at under this lock, and a write our
+                // watch sees brings another pass.
+                if d.expected.is_some() {
+                    if still_copied(&listing, &d) {
+                        return Ok(SyncReport::new(actions, OwnedState::Current, None));
+                    }
+                    continue;
+                }
             }
-            Step::Again => continue,
-            Step::Withheld(req) => return Ok(SyncReport::new(actions, d.state, Some(req))),
-            Step::Done => {}
+            (OwnedState::NoPrimary, _) => {
+                remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, &mut actions)?;
+            }
+            _ => {}
         }
         let after = if changed(&actions) {
             diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
@@ -645,52 +662,6 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
     listing
         .read(primary)
         .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
-}
-
-/// How one round of [`sync`] ended.
-enum Step {
-    /// Our file was written: the primary may have changed meanwhile.
-    Again,
-    /// Nothing to write, or done.
-    Done,
-    /// The copy is due but may not be written now: this required file is
-    /// gone.
-    Withheld(PathBuf),
-}
-
-fn sync_step(
-    conf_dir: &Path,
-    d: &OwnedDiagnosis,
-    opts: &RepairOptions,
-    actions: &mut Vec<Action>,
-) -> Result<Step, ChainError> {
-    match (&d.state, &d.ours) {
-        (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
-            // A current copy (never `expected`) only has stale files of ours
-            // to remove: no requirement for that.
-            let due = d.state != OwnedState::Current;
-            if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
-                return Ok(Step::Withheld(r.clone()));
-            }
-            if let Some(content) = &d.expected {
-                write_copy(conf_dir, d, ours, content, opts, actions)?;
-            }
-            let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
-            // Written: the primary may have changed while we copied it, so
-            // look again. Only stale files removed: done.
-            Ok(if d.expected.is_some() {
-                Step::Again
-            } else {
-                Step::Done
-            })
-        }
-        (OwnedState::NoPrimary, _) => {
-            remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, actions)?;
-            Ok(Step::Done)
-        }
-        _ => Ok(Step::Done),
-    }
 }
 
 fn write_copy(
