@@ -236,30 +236,18 @@ fn replace(
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
 ) -> Result<Replacement, ChainError> {
-    let dir = parent(real).to_path_buf();
+    let dir = parent(real);
     let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
     let Some(first) = transform(base) else {
         return Ok(Replacement::Superseded);
     };
-    swap_loop(real, &dir, &meta, base, first, deadline, &transform)
-}
-
-fn swap_loop(
-    real: &Path,
-    dir: &Path,
-    meta: &Metadata,
-    base: &[u8],
-    first: Vec<u8>,
-    deadline: Option<Instant>,
-    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Replacement, ChainError> {
     let swap = Swap {
         real,
         dir,
-        meta,
+        meta: &meta,
         target: write::name_digest(real),
         deadline,
-        transform,
+        transform: &transform,
     };
     // What the target holds, as far as we know.
     let mut expected = base.to_vec();
@@ -286,7 +274,7 @@ fn swap_loop(
     })
 }
 
-/// What one round of [`swap_loop`] leaves it to do.
+/// What one round of [`replace`]'s swaps leaves it to do.
 enum Step {
     /// The replacement ended so.
     Done(Replacement),
@@ -312,7 +300,7 @@ struct Held {
     ours: Option<File>,
 }
 
-/// What every round of [`swap_loop`] works on.
+/// What every round of [`replace`]'s swaps works on.
 struct Swap<'a, F> {
     real: &'a Path,
     dir: &'a Path,
