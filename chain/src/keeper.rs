@@ -405,20 +405,22 @@ pub fn keep(ctx: &Context, limit: &mut dyn RepairLimit) -> Result<Report, ChainE
         limit,
         report: Report::new(ctx.mode.clone()),
     };
-    if let Some(ran) = &ctx.ran {
-        let d = owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+    let owned_mode = ctx.mode.mode == ChainMode::Owned;
+    // The owned view also tells whether the chain the ADD ran is stale.
+    let d = match owned_mode || ctx.ran.is_some() {
+        true => Some(owned::diagnose_with(
+            &ctx.conf_dir,
+            &ctx.desired,
+            &ctx.opts,
+        )?),
+        false => None,
+    };
+    if let (Some(ran), Some(d)) = (&ctx.ran, &d) {
         run.report.stale = d.stale(ran);
-        if ctx.mode.mode == ChainMode::Owned {
-            run.owned(d)?;
-            return Ok(run.report);
-        }
     }
-    match ctx.mode.mode {
-        ChainMode::Inline => run.inline()?,
-        ChainMode::Owned => {
-            let d = owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
-            run.owned(d)?;
-        }
+    match d.filter(|_| owned_mode) {
+        Some(d) => run.owned(d)?,
+        None => run.inline()?,
     }
     Ok(run.report)
 }

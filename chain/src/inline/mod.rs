@@ -62,11 +62,6 @@ impl Diagnosis {
         }
     }
 
-    /// The file a `.conf` becomes.
-    fn conflist_for(active: &Path) -> PathBuf {
-        active.with_extension("conflist")
-    }
-
     /// What [`repair`] would do, for people.
     pub fn remedy(&self) -> String {
         let active = self.active.as_deref().unwrap_or(Path::new("?"));
@@ -84,7 +79,7 @@ impl Diagnosis {
             }
             ChainState::SingleConf => format!(
                 "write {} holding this plugin (same \"name\" and \"cniVersion\") followed by the linkerd-cni entry, then remove {}",
-                file_name(&Self::conflist_for(active)),
+                file_name(&active.with_extension("conflist")),
                 file_name(active)
             ),
             ChainState::Missing => {
