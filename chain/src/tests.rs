@@ -590,6 +590,29 @@ mod lost_update {
     }
 
     #[test]
+    fn without_rename_exchange_newer_content_is_repaired_by_rename() {
+        // A file system without RENAME_EXCHANGE: an ordinary rename, made
+        // only while the target still holds what the repair started from.
+        crate::write::order::NO_EXCHANGE.set(true);
+        let d = TempDir::new("no-exchange");
+        let f = d.write("10-calico.conflist", CALICO);
+        let target = f.clone();
+        before_next_swap(move || fs::write(&target, calico_with(7777)).unwrap());
+        assert!(replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
+        let text = fs::read_to_string(&f).unwrap();
+        assert!(text.contains("7777") && healthy(&text), "{text}");
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+        // And a repair with nobody in the way.
+        let d = TempDir::new("no-exchange-plain");
+        let f = d.write("10-calico.conflist", CALICO);
+        let r = repair(d.path(), &desired(), &opts()).unwrap();
+        crate::write::order::NO_EXCHANGE.set(false);
+        assert_eq!(r.file.as_deref(), Some(f.as_path()));
+        assert!(healthy(&fs::read_to_string(&f).unwrap()));
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
     fn a_write_in_progress_is_put_back_as_the_same_file() {
         let d = TempDir::new("lost4");
         let f = d.write("10-calico.conflist", CALICO);

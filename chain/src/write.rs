@@ -360,6 +360,10 @@ pub(crate) fn unsupported(e: &io::Error) -> bool {
 pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
     #[cfg(test)]
     order::note("exchange");
+    #[cfg(test)]
+    if order::NO_EXCHANGE.get() {
+        return Err(Errno::EINVAL.into());
+    }
     renameat2(a, b, RenameFlags::RENAME_EXCHANGE)
 }
 
@@ -413,6 +417,9 @@ pub(crate) mod order {
 
     thread_local! {
         static STEPS: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+        /// Whether [`super::exchange`] fails as on a file system without
+        /// `RENAME_EXCHANGE`, on this thread.
+        pub(crate) static NO_EXCHANGE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     pub(crate) fn note(step: &'static str) {

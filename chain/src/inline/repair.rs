@@ -364,14 +364,18 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             }));
         }
         let _ = fs::remove_file(&t);
-        Ok(Staged::Moved(
-            match now.as_deref().and_then(self.transform) {
-                Some(next) => Step::Again(now.unwrap_or_default(), Candidate::New(next)),
-                // Healthy, unreadable or half-written now: look again
-                // from the top.
-                None => Step::Done(Replacement::Superseded),
-            },
-        ))
+        Ok(Staged::Moved(self.again(now)))
+    }
+
+    /// The target changed since we looked and holds `now`: its repair goes
+    /// in next.
+    fn again(&self, now: Option<Vec<u8>>) -> Step {
+        match now.as_deref().and_then(self.transform) {
+            Some(next) => Step::Again(now.unwrap_or_default(), Candidate::New(next)),
+            // Healthy, unreadable or half-written now: look again from the
+            // top.
+            None => Step::Done(Replacement::Superseded),
+        }
     }
 
     /// Swaps `held` in for what the target holds, `expected` unless someone
@@ -384,14 +388,25 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         match write::exchange(&held.path, self.real) {
             Ok(()) => {}
             Err(e) if write::unsupported(&e) && held.ours.is_some() => {
-                // An ordinary rename keeps nothing of what it replaces:
-                // the new content must be on disk first.
+                // An ordinary rename keeps nothing of what it replaces: the
+                // new content must be on disk first, and the target is
+                // compared with the base once more right before (a window
+                // of microseconds instead of none).
                 if let Some(Err(e)) = held.ours.as_ref().map(write::persist) {
                     let _ = fs::remove_file(&held.path);
                     return Err(ChainError::io("fsync", &held.path, e));
                 }
-                let done = rename_checked(self.real, held.path, expected, self.transform)?;
-                return Ok(Step::Done(done));
+                let now = scan::read_file(self.real).ok();
+                if now.as_deref() != Some(&expected[..]) {
+                    let _ = fs::remove_file(&held.path);
+                    return Ok(self.again(now));
+                }
+                if let Err(e) = fs::rename(&held.path, self.real) {
+                    let _ = fs::remove_file(&held.path);
+                    return Err(ChainError::io("rename a temp file to", self.real, e));
+                }
+                write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
+                return Ok(Step::Done(Replacement::Written));
             }
             Err(e) => {
                 if held.ours.is_some() {
@@ -416,10 +431,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
                 return Ok(Step::Done(Replacement::Written));
             }
             // Someone's newer content is back in place: repair it in turn.
-            return Ok(match (self.transform)(&held.bytes) {
-                Some(next) => Step::Again(held.bytes, Candidate::New(next)),
-                None => Step::Done(Replacement::Superseded),
-            });
+            return Ok(self.again(Some(held.bytes)));
         }
         // Someone wrote in the microseconds since our last look. Put their
         // content back at once, the very inode (a writer may still hold it
@@ -474,41 +486,6 @@ fn mark_restore(
     let to = intent.path_in(parent(held));
     fs::rename(held, &to)?;
     Ok(to)
-}
-
-/// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
-/// before an ordinary rename (a window of microseconds instead of none).
-fn rename_checked(
-    real: &Path,
-    mut tmp: PathBuf,
-    mut expected: Vec<u8>,
-    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Replacement, ChainError> {
-    let dir = parent(real).to_path_buf();
-    for _ in 0..MAX_SWAPS {
-        let current = scan::read_file(real).ok();
-        if current.as_deref() == Some(&expected[..]) {
-            if let Err(e) = fs::rename(&tmp, real) {
-                let _ = fs::remove_file(&tmp);
-                return Err(ChainError::io("rename a temp file to", real, e));
-            }
-            write::fsync_dir(&dir).map_err(|e| ChainError::io("fsync", &dir, e))?;
-            return Ok(Replacement::Written);
-        }
-        let _ = fs::remove_file(&tmp);
-        let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
-            return Ok(Replacement::Superseded);
-        };
-        let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
-        tmp = write::write_temp(&dir, &next, Some(&meta))
-            .map_err(|e| ChainError::io("write a temp file in", &dir, e))?;
-        expected = current;
-    }
-    let _ = fs::remove_file(&tmp);
-    Err(ChainError::Contended {
-        path: real.to_path_buf(),
-        attempts: MAX_SWAPS,
-    })
 }
 
 /// The file to write for the config `path` (its symlink's target), or why
