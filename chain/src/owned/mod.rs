@@ -405,7 +405,17 @@ impl fmt::Display for OwnedDiagnosis {
 /// the marker's digest, and our entry with the desired one. The copy is
 /// rebuilt only when it must be written.
 pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagnosis {
-    let mut d = OwnedDiagnosis::no_primary(listing);
+    // Where the conf dir holds no primary, this is the whole diagnosis.
+    let mut d = OwnedDiagnosis {
+        primary: listing.configs.first().cloned(),
+        ours: None,
+        state: OwnedState::NoPrimary,
+        owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
+        renamed: listing.renamed.clone(),
+        inline_entry: false,
+        marker: None,
+        expected: None,
+    };
     let Some(primary) = d.primary.clone() else {
         return d;
     };
@@ -464,23 +474,6 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         }
     }
     d
-}
-
-impl OwnedDiagnosis {
-    /// What a listing says before its primary is looked at: where a conf
-    /// dir holds no primary, that is the whole diagnosis.
-    fn no_primary(listing: &Listing) -> OwnedDiagnosis {
-        OwnedDiagnosis {
-            primary: listing.configs.first().cloned(),
-            ours: None,
-            state: OwnedState::NoPrimary,
-            owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
-            renamed: listing.renamed.clone(),
-            inline_entry: false,
-            marker: None,
-            expected: None,
-        }
-    }
 }
 
 /// The primary's bytes, or why nothing may be decided about it: a file we
