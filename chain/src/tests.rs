@@ -541,7 +541,9 @@ mod lost_update {
 
     use super::*;
     use crate::inline::testing::{before_next_swap, replace_from};
+    use std::cell::Cell;
     use std::io::Write;
+    use std::rc::Rc;
 
     fn calico_with(mtu: u32) -> String {
         CALICO.replace("1440", &mtu.to_string())
@@ -639,6 +641,37 @@ mod lost_update {
         file.write_all(&calico_with(5555).as_bytes()[60..]).unwrap();
         drop(file);
         assert_eq!(fs::read_to_string(&f).unwrap(), calico_with(5555));
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    /// A primary that writes again right before every swap of ours; `last`
+    /// is the MTU it wrote last.
+    fn writes_before_every_swap(target: std::path::PathBuf, last: Rc<Cell<u32>>) {
+        before_next_swap(move || {
+            last.set(last.get() + 1);
+            fs::write(&target, calico_with(last.get())).unwrap();
+            writes_before_every_swap(target.clone(), last.clone());
+        });
+    }
+
+    #[test]
+    fn a_writer_faster_than_the_repair_keeps_its_newest_content() {
+        let d = TempDir::new("contended");
+        let f = d.write("10-calico.conflist", CALICO);
+        let last = Rc::new(Cell::new(2000));
+        writes_before_every_swap(f.clone(), last.clone());
+        // Once right after an exchange too: the put-backs then fall out of
+        // step with our swaps, so the repair runs out of swaps holding
+        // someone's content, which goes back in place once more.
+        let target = f.clone();
+        inline::testing::after_next_exchange(move || {
+            fs::write(&target, calico_with(1000)).unwrap();
+        });
+        let r = replace_from(&f, CALICO.as_bytes(), &desired());
+        before_next_swap(|| {});
+        assert!(matches!(r, Err(ChainError::Contended { .. })), "{r:?}");
+        // Their newest content, whole, and nothing of ours left.
+        assert_eq!(fs::read_to_string(&f).unwrap(), calico_with(last.get()));
         assert_eq!(d.names(), ["10-calico.conflist"]);
     }
 
