@@ -265,8 +265,12 @@ fn replace(
             }
         }
     }
-    if let Candidate::Restore(newest, bytes) = candidate {
-        put_back_newest(real, dir, swap.target, &newest, &expected, bytes.as_deref())?;
+    // Out of swaps while holding someone's displaced content: it goes back
+    // in place once more (or stays marked for recovery to put back).
+    if let Candidate::Restore(..) = candidate
+        && let Staged::Held(held) = swap.stage(MAX_SWAPS, &expected, candidate)?
+    {
+        let _ = swap.exchange(held, expected);
     }
     Err(ChainError::Contended {
         path: real.to_path_buf(),
@@ -445,26 +449,6 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             Candidate::Restore(held.path, displaced),
         ))
     }
-}
-
-/// Out of swaps while holding someone's displaced content at `newest`: put
-/// it back in place, once more, in place of `expected`.
-fn put_back_newest(
-    real: &Path,
-    dir: &Path,
-    target: u64,
-    newest: &Path,
-    expected: &[u8],
-    bytes: Option<&[u8]>,
-) -> Result<(), ChainError> {
-    let newest = mark_restore(newest, target, expected, bytes)
-        .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
-    if write::exchange(&newest, real).is_ok()
-        && scan::read_file(&newest).ok().as_deref() == Some(expected)
-    {
-        let _ = fs::remove_file(&newest);
-    }
-    Ok(())
 }
 
 /// Renames `held`, which holds someone else's content displaced by our
