@@ -784,7 +784,7 @@ impl fmt::Display for Health {
 /// Judges the conf dir in the context's mode (read-only: no lock, no
 /// write).
 pub fn health(ctx: &Context) -> Result<Health, ChainError> {
-    let mut listing = owned::list(&ctx.conf_dir, ctx.opts.link_rule())?;
+    let mut listing = owned::list(&ctx.conf_dir, &ctx.opts)?;
     if !listing.leftovers.is_empty() {
         // A repair's temp files exist until its content is on disk, after
         // the runtime already loads it: while a writer holds the lock they

@@ -267,7 +267,7 @@ fn edit_list(
 
 /// The edited text if it parses to exactly `want` (same keys in the same
 /// order, same numbers); otherwise `want` serialized in the original's
-/// style. The edit is the rule; the fallback guards against a scanner bug
+/// style. The edit is the rule; the fallback guards against a text-edit bug
 /// ever reaching a node.
 fn checked(edited: Option<String>, want: &Map<String, Value>, orig: Option<&str>) -> Vec<u8> {
     if let Some(e) = edited

@@ -19,12 +19,12 @@ pub(crate) fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
 ) -> Result<(Listing, Vec<Action>), ChainError> {
-    let listing = owned::list(conf_dir, opts.link_rule())?;
+    let listing = owned::list(conf_dir, opts)?;
     let actions = recover(conf_dir, &listing, &opts.host_root)?;
     if !actions.iter().any(|a| matches!(a, Action::Restored(_))) {
         return Ok((listing, actions));
     }
-    Ok((owned::list(conf_dir, opts.link_rule())?, actions))
+    Ok((owned::list(conf_dir, opts)?, actions))
 }
 
 /// Deals with the temp files a killed repair left, before anything else is

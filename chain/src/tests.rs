@@ -1384,7 +1384,7 @@ fn absolute_symlink_targets_resolve_under_the_host_root() {
     assert!(diag.is_healthy(), "{diag}");
     // The other two: one outside the conf dir (as the host resolves it),
     // one inside, and already repaired through the first.
-    let listing = crate::owned::list(&conf, o.link_rule()).unwrap();
+    let listing = crate::owned::list(&conf, &o).unwrap();
     let refused: Vec<_> = listing
         .links
         .iter()

@@ -169,7 +169,7 @@ pub(crate) fn diagnose_with(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<Diagnosis, ChainError> {
-    let listing = owned::list(conf_dir, opts.link_rule())?;
+    let listing = owned::list(conf_dir, opts)?;
     Ok(diagnose_listing(&listing, desired).0)
 }
 

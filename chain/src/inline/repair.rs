@@ -93,7 +93,7 @@ fn repair_under(
     if let Some(req) = &opts.requires
         && !req.exists()
     {
-        let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts.link_rule())?, desired);
+        let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts)?, desired);
         return Ok(RepairReport {
             file: None,
             before: diag.state,

@@ -544,10 +544,7 @@ pub(crate) fn diagnose_with(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<OwnedDiagnosis, ChainError> {
-    Ok(diagnose_listing(
-        &list(conf_dir, opts.link_rule())?,
-        desired,
-    ))
+    Ok(diagnose_listing(&list(conf_dir, opts)?, desired))
 }
 
 /// What [`sync`] did.
@@ -630,7 +627,7 @@ pub(crate) fn sync(
             _ => {}
         }
         let after = if changed(&actions) {
-            diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
+            diagnose_listing(&list(conf_dir, opts)?, desired).state
         } else {
             d.state
         };
