@@ -407,14 +407,9 @@ pub fn keep(ctx: &Context, limit: &mut dyn RepairLimit) -> Result<Report, ChainE
     };
     let owned_mode = ctx.mode.mode == ChainMode::Owned;
     // The owned view also tells whether the chain the ADD ran is stale.
-    let d = match owned_mode || ctx.ran.is_some() {
-        true => Some(owned::diagnose_with(
-            &ctx.conf_dir,
-            &ctx.desired,
-            &ctx.opts,
-        )?),
-        false => None,
-    };
+    let d = (owned_mode || ctx.ran.is_some())
+        .then(|| owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts))
+        .transpose()?;
     if let (Some(ran), Some(d)) = (&ctx.ran, &d) {
         run.report.stale = d.stale(ran);
     }
