@@ -6,9 +6,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::cni::{self, CniError, Env, Invocation};
+use crate::cni::{self, CniError, Invocation};
 use crate::config::{DEFAULT_CONF_DIR, PluginConfig};
-use crate::logging;
 use crate::outcome;
 use crate::pod;
 use linkerd_cni_state::heartbeat;
@@ -18,15 +17,6 @@ use linkerd_cni_state::heartbeat;
 pub struct LinkerdCni;
 
 impl cni::Plugin for LinkerdCni {
-    /// Every log line of the invocation names its container and pod.
-    fn start(&self, env: &Env) {
-        let pod = env.args.pod_namespace().zip(env.args.pod_name());
-        logging::set_context(logging::invocation_context(
-            env.container_id.as_deref(),
-            pod,
-        ));
-    }
-
     /// Every ADD's outcome is counted in the state dir (see
     /// [`crate::outcome`]).
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
