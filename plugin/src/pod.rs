@@ -505,7 +505,7 @@ pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
         items: &[String],
         parse: impl Fn(&str) -> Result<T, rules::ParseError>,
     ) -> Result<Vec<T>, CniError> {
-        rules::check_list_size(items.len(), 0).map_err(|e| invalid_config(key, e))?;
+        rules::check_list_size(items.len()).map_err(|e| invalid_config(key, e))?;
         items
             .iter()
             .filter(|s| !s.trim().is_empty())

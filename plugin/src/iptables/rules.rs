@@ -73,11 +73,8 @@ pub enum ParseError {
     TooLong { got: usize },
 }
 
-/// Errs when a list of `count` entries, or its text, is over the caps.
-pub fn check_list_size(count: usize, text_len: usize) -> Result<(), ParseError> {
-    if text_len > MAX_LIST_TEXT {
-        return Err(ParseError::TooLong { got: text_len });
-    }
+/// Errs when a list of `count` entries is over the cap.
+pub fn check_list_size(count: usize) -> Result<(), ParseError> {
     if count > MAX_LIST_ITEMS {
         return Err(ParseError::TooMany { got: count });
     }
@@ -90,7 +87,7 @@ fn list_items(s: &str) -> Result<Vec<&str>, ParseError> {
         return Err(ParseError::TooLong { got: s.len() });
     }
     let items: Vec<&str> = s.split(',').filter(|p| !p.trim().is_empty()).collect();
-    check_list_size(items.len(), s.len())?;
+    check_list_size(items.len())?;
     Ok(items)
 }
 
