@@ -73,15 +73,6 @@ pub mod annotation {
     ];
 }
 
-/// What to do for one pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Nothing: pass the result through.
-    PassThrough(Skipped),
-    /// Install (or verify) these rules.
-    Mesh(Plan),
-}
-
 /// A pod left without rules: why, for the log and for the ADD's outcome
 /// counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,12 +159,13 @@ pub fn add_until(
 /// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
 /// installs.
 pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
-    let plan = match decide(inv, config)? {
-        Decision::PassThrough(s) => {
+    let plan = match decide(inv, config) {
+        Ok(plan) => plan,
+        Err(Stop::PassThrough(s)) => {
             log::debug!("CHECK: nothing to verify: {}", s.why);
             return Ok(());
         }
-        Decision::Mesh(plan) => plan,
+        Err(Stop::Failed(e)) => return Err(e),
     };
     if config.proxy.simulate {
         return Ok(());
@@ -219,17 +211,15 @@ pub fn status(config: &PluginConfig) {
 /// Decides what to do for the pod of `inv`, making the API calls needed
 /// (none for a pass-through by CNI_ARGS or exempt namespace), within
 /// `add_deadline_seconds` from now.
-pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    match plan(inv, config, Instant::now() + config.add_deadline) {
-        Ok(plan) => Ok(Decision::Mesh(plan)),
-        Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
-        Err(Stop::Failed(e)) => Err(e),
-    }
+pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Plan, Stop> {
+    plan(inv, config, Instant::now() + config.add_deadline)
 }
 
-/// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
-/// cannot be told to be), or something failed.
-enum Stop {
+/// Why a pod gets no plan: it is not ours to mesh (or cannot be told to
+/// be), or something failed.
+#[derive(Debug)]
+pub enum Stop {
+    /// Nothing to do: pass the result through.
     PassThrough(Skipped),
     Failed(CniError),
 }
