@@ -11,6 +11,7 @@ use crate::config::{DEFAULT_CONF_DIR, PluginConfig};
 use crate::outcome;
 use crate::pod;
 use linkerd_cni_state::heartbeat;
+use linkerd_cni_state::outcomes::Outcome;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
@@ -69,7 +70,7 @@ fn config(inv: &Invocation) -> Result<PluginConfig, CniError> {
 /// healing the node matters whatever happens to this pod, and a slow API
 /// server or a held xtables lock must not starve it. An ADD that ran a
 /// stale owned copy is sent back (code 11) without the pod's work.
-fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<pod::Added, CniError> {
+fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<Outcome, CniError> {
     let deadline = Instant::now() + config.add_deadline;
     let mut heal = config.clone();
     heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);

@@ -37,7 +37,7 @@ use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client};
-use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+use linkerd_cni_state::outcomes::{Outcome, RetryCause};
 use serde_json::Value;
 
 pub use credentials::CONFIRM_ATTEMPTS;
@@ -73,33 +73,16 @@ pub mod annotation {
     ];
 }
 
-/// A pod left without rules: why, for the log and for the ADD's outcome
-/// counter.
+/// A pod left without rules: why, for the log, and the ADD's outcome
+/// counter (exempt, unmeshed, or passed through when it cannot be told
+/// whether the pod is meshed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
-    pub cause: Skip,
+    pub cause: Outcome,
     pub why: String,
 }
 
-/// The kinds of [`Skipped`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skip {
-    /// No pod in CNI_ARGS, or an exempt namespace.
-    Exempt,
-    /// No linkerd proxy, or an init container of its own.
-    Unmeshed,
-    /// Cannot tell whether it is meshed: passed through.
-    CannotTell(PassCause),
-}
-
-/// What ADD did for the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Added {
-    Meshed,
-    Skipped(Skip),
-}
-
-fn skip(cause: Skip, why: String) -> Stop {
+fn skip(cause: Outcome, why: String) -> Stop {
     Stop::PassThrough(Skipped { cause, why })
 }
 
@@ -120,12 +103,12 @@ pub fn add_until(
     inv: &Invocation,
     config: &PluginConfig,
     deadline: Instant,
-) -> Result<Added, CniError> {
+) -> Result<Outcome, CniError> {
     let plan = match plan(inv, config, deadline) {
         Ok(plan) => plan,
         Err(Stop::PassThrough(s)) => {
             log::info!("ADD: nothing to do: {}", s.why);
-            return Ok(Added::Skipped(s.cause));
+            return Ok(s.cause);
         }
         Err(Stop::Failed(e)) => return Err(e),
     };
@@ -138,7 +121,7 @@ pub fn add_until(
                 table::restore_batch(set, &Default::default())
             );
         }
-        return Ok(Added::Meshed);
+        return Ok(Outcome::Meshed);
     }
     let netns = netns_of(inv)?;
     driver(config)
@@ -153,7 +136,7 @@ pub fn add_until(
         plan.pod,
         netns.display()
     );
-    Ok(Added::Meshed)
+    Ok(Outcome::Meshed)
 }
 
 /// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
@@ -381,13 +364,13 @@ fn get_pod(
 fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
         return Err(skip(
-            Skip::Exempt,
+            Outcome::Exempt,
             "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
         ));
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
         return Err(skip(
-            Skip::Exempt,
+            Outcome::Exempt,
             format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
         ));
     }
@@ -435,7 +418,7 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
         return Err(skip(
-            Skip::Unmeshed,
+            Outcome::Unmeshed,
             format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
         ));
     }
@@ -445,7 +428,7 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .any(|c| c.name == INIT_CONTAINER)
     {
         return Err(skip(
-            Skip::Unmeshed,
+            Outcome::Unmeshed,
             format!(
                 "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
             ),

@@ -277,7 +277,7 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
             Err(Stop::PassThrough(s)) => {
                 assert_eq!(
                     s.cause,
-                    linkerd_cni::pod::Skip::CannotTell(PassCause::NoAgent)
+                    linkerd_cni_state::outcomes::Outcome::PassedThrough(PassCause::NoAgent)
                 );
                 assert!(s.why.contains("no linkerd-cni DaemonSet"), "{}", s.why);
             }
