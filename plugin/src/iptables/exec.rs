@@ -228,18 +228,16 @@ fn run_child(
     });
     let (status, pipes) = match outcome {
         Ok((Some(status), pipes)) => (status, pipes),
-        Ok((None, _)) => {
+        unfinished => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(ExecError::TimedOut {
-                bin: name,
-                after: timeout,
+            return Err(match unfinished {
+                Err(source) => ExecError::Spawn { bin: name, source },
+                _ => ExecError::TimedOut {
+                    bin: name,
+                    after: timeout,
+                },
             });
-        }
-        Err(source) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(ExecError::Spawn { bin: name, source });
         }
     };
     match status {
