@@ -73,19 +73,6 @@ pub mod annotation {
     ];
 }
 
-/// A pod left without rules: why, for the log, and the ADD's outcome
-/// counter (exempt, unmeshed, or passed through when it cannot be told
-/// whether the pod is meshed).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
-    pub cause: Outcome,
-    pub why: String,
-}
-
-fn skip(cause: Outcome, why: String) -> Stop {
-    Stop::PassThrough(Skipped { cause, why })
-}
-
 /// The rules for a meshed pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -106,9 +93,9 @@ pub fn add_until(
 ) -> Result<Outcome, CniError> {
     let plan = match plan(inv, config, deadline) {
         Ok(plan) => plan,
-        Err(Stop::PassThrough(s)) => {
-            log::info!("ADD: nothing to do: {}", s.why);
-            return Ok(s.cause);
+        Err(Stop::PassThrough { cause, why }) => {
+            log::info!("ADD: nothing to do: {why}");
+            return Ok(cause);
         }
         Err(Stop::Failed(e)) => return Err(e),
     };
@@ -144,8 +131,8 @@ pub fn add_until(
 pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
     let plan = match decide(inv, config) {
         Ok(plan) => plan,
-        Err(Stop::PassThrough(s)) => {
-            log::debug!("CHECK: nothing to verify: {}", s.why);
+        Err(Stop::PassThrough { why, .. }) => {
+            log::debug!("CHECK: nothing to verify: {why}");
             return Ok(());
         }
         Err(Stop::Failed(e)) => return Err(e),
@@ -202,8 +189,13 @@ pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Plan, Stop> {
 /// be), or something failed.
 #[derive(Debug)]
 pub enum Stop {
-    /// Nothing to do: pass the result through.
-    PassThrough(Skipped),
+    /// Nothing to do: pass the result through. `why` is for the log,
+    /// `cause` the ADD's outcome counter (exempt, unmeshed, or passed
+    /// through when it cannot be told whether the pod is meshed).
+    PassThrough {
+        cause: Outcome,
+        why: String,
+    },
     Failed(CniError),
 }
 
@@ -363,16 +355,16 @@ fn get_pod(
 /// invocation is not for a Kubernetes pod or its namespace is exempt.
 fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Err(skip(
-            Outcome::Exempt,
-            "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Exempt,
+            why: "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
+        });
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Err(skip(
-            Outcome::Exempt,
-            format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Exempt,
+            why: format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
+        });
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !k8s::names::is_dns_subdomain(value) {
@@ -417,22 +409,22 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Err(skip(
-            Outcome::Unmeshed,
-            format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Unmeshed,
+            why: format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
+        });
     }
     if spec
         .init_containers
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Err(skip(
-            Outcome::Unmeshed,
-            format!(
+        return Err(Stop::PassThrough {
+            cause: Outcome::Unmeshed,
+            why: format!(
                 "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
             ),
-        ));
+        });
     }
     Ok(())
 }

@@ -108,7 +108,7 @@ fn the_agents_answer_decides_without_an_api_call() {
         "the namespace's annotation"
     );
     match decide(&c, "shop", "plain-1") {
-        Err(Stop::PassThrough(s)) => assert!(s.why.contains("no linkerd-proxy"), "{}", s.why),
+        Err(Stop::PassThrough { why, .. }) => assert!(why.contains("no linkerd-proxy"), "{why}"),
         other => panic!("expected pass-through, got {other:?}"),
     }
     let plan = mesh(decide(&c, "linkerd", "destination-0"));
@@ -274,12 +274,12 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
     assert!(heartbeat::remove(&state_dir(&c)).unwrap());
     for name in ["web-1", "plain-1"] {
         match decide(name) {
-            Err(Stop::PassThrough(s)) => {
+            Err(Stop::PassThrough { cause, why }) => {
                 assert_eq!(
-                    s.cause,
+                    cause,
                     linkerd_cni_state::outcomes::Outcome::PassedThrough(PassCause::NoAgent)
                 );
-                assert!(s.why.contains("no linkerd-cni DaemonSet"), "{}", s.why);
+                assert!(why.contains("no linkerd-cni DaemonSet"), "{why}");
             }
             other => panic!("expected pass-through, got {other:?}"),
         }

@@ -71,7 +71,7 @@ fn meshed(d: Result<Plan, Stop>) {
 
 fn passed(d: Result<Plan, Stop>) -> String {
     match d {
-        Err(Stop::PassThrough(s)) => s.why,
+        Err(Stop::PassThrough { why, .. }) => why,
         other => panic!("expected pass-through, got {other:?}"),
     }
 }

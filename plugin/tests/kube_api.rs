@@ -36,7 +36,7 @@ impl Cluster {
 
 fn pass(d: Result<Plan, Stop>) -> String {
     match d {
-        Err(Stop::PassThrough(s)) => s.why,
+        Err(Stop::PassThrough { why, .. }) => why,
         other => panic!("expected pass-through, got {other:?}"),
     }
 }

@@ -180,7 +180,10 @@ impl Retry {
 /// network-validator.
 fn pass_through(cause: PassCause, why: String) -> Stop {
     log::error!("{why}");
-    super::skip(Outcome::PassedThrough(cause), why)
+    Stop::PassThrough {
+        cause: Outcome::PassedThrough(cause),
+        why,
+    }
 }
 
 /// "Try again later" (code 11), said at warn level: the runtime retries.

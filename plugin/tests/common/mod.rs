@@ -222,7 +222,9 @@ pub fn text(o: &Output) -> String {
 pub fn mesh(d: Result<Plan, Stop>) -> Plan {
     match d {
         Ok(p) => p,
-        Err(Stop::PassThrough(s)) => panic!("expected a meshed pod, got pass-through: {}", s.why),
+        Err(Stop::PassThrough { why, .. }) => {
+            panic!("expected a meshed pod, got pass-through: {why}")
+        }
         Err(Stop::Failed(e)) => panic!("expected a meshed pod, got {e}"),
     }
 }
