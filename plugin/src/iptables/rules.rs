@@ -111,13 +111,7 @@ impl PortRange {
     pub fn parse(s: &str) -> Result<PortRange, ParseError> {
         let t = s.trim();
         let bad = || ParseError::Port(s.to_string());
-        let num = |p: &str| -> Result<u16, ParseError> {
-            // `u16::from_str` accepts a leading '+', Go's ParseUint does not.
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad());
-            }
-            p.parse().map_err(|_| bad())
-        };
+        let num = |p: &str| crate::decimal::<u16>(p).ok_or_else(bad);
         let (low, high) = match t.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
             None => return num(t).map(PortRange::from),
@@ -174,10 +168,9 @@ impl Subnet {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match len {
             None => max,
-            Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => {
-                l.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?
-            }
-            Some(_) => return Err(bad()),
+            Some(l) => crate::decimal::<u8>(l)
+                .filter(|p| *p <= max)
+                .ok_or_else(bad)?,
         };
         let network = match addr {
             IpAddr::V4(a) => {
