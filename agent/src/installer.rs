@@ -83,13 +83,6 @@ pub struct Installer {
     /// The plugin's count of ADDs with rejected credentials, at the last
     /// look: a change is what makes the installer look again.
     rejections_seen: Option<u64>,
-    /// The chain's verdict as this pass's keeper left it, when it was a
-    /// steady healthy one (nothing done or pending): `/metrics` then needs
-    /// no second look at the conf dir.
-    steady_verdict: Option<metrics::Verdict>,
-    /// The plugin's rejected-credential count read by this pass's beat
-    /// (`None` on a pass with no beat, or no counters).
-    pass_rejections: Option<u64>,
 }
 
 impl Installer {
@@ -107,8 +100,6 @@ impl Installer {
             credential: Credential::default(),
             plugin_denied: None,
             rejections_seen: None,
-            pass_rejections: None,
-            steady_verdict: None,
         }
     }
 
@@ -145,17 +136,6 @@ impl Installer {
 
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    /// The chain library's options for this installer: symlinks in the conf
-    /// dir resolve as on the host (absolute targets under the host mount,
-    /// not the container's root).
-    pub fn repair_options(&self) -> RepairOptions {
-        RepairOptions {
-            host_root: self.cfg.mount_prefix.clone(),
-            write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,
-            ..RepairOptions::default()
-        }
     }
 
     pub fn binaries(&self) -> &[Binary] {
@@ -381,9 +361,11 @@ impl Installer {
     pub fn beat(&mut self) {
         let dir = self.state_dir();
         // The plugin's counters, read once per full pass: for the look at
-        // its RBAC here and for the Event after the pass.
+        // its RBAC here and for the Event.
         let rejections = credential::plugin_rejections(&dir);
-        self.pass_rejections = rejections;
+        if let Some(n) = rejections {
+            self.telemetry.plugin_rejections(n);
+        }
         if !self.kubeconfig_current {
             return;
         }
@@ -450,58 +432,37 @@ impl Installer {
         );
     }
 
-    /// The keeper's context for `entry`: its mode, this pass's deadline.
-    fn context(&self, entry: &Entry) -> Context {
-        let mode = ModeChoice::of_entry(entry).unwrap_or_else(|e| {
-            ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
-        });
-        Context {
-            opts: self.repair_options(),
-            ..Context::new(&self.cfg.conf_dir(), entry.clone(), mode, REPAIR_BUDGET)
-        }
-    }
-
     /// The chain as a pass for `entry` would keep it, judged (read-only).
     pub fn chain_verdict(&self, entry: &Entry) -> metrics::Verdict {
-        metrics::verdict(&self.context(entry))
+        metrics::verdict(&context(&self.cfg, entry))
     }
 
     /// The chain, kept in the entry's mode; what the keeper did, logged
     /// once per change.
     fn reconcile_chain(&mut self, entry: &Entry) {
-        let ctx = self.context(entry);
+        let ctx = context(&self.cfg, entry);
         self.telemetry.before_keep(&ctx.conf_dir);
-        self.steady_verdict = None;
         match chain::keep(&ctx, &mut self.fights) {
-            Ok(report) => {
-                if report.is_steady() && self.telemetry.metrics_on() {
-                    self.steady_verdict = Some(metrics::Verdict::steady(&ctx, &report));
-                }
-                self.log_report(&ctx, &report)
-            }
+            Ok(report) => self.log_report(&report),
             Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
         }
     }
 
     /// After each pass, however it ended: what `/metrics` shows of it (the
-    /// chain as the pass left it, diagnosed only when metrics are on) and
-    /// what Events report.
+    /// chain as the pass left it, diagnosed only when metrics are on).
     pub fn after_pass(&mut self) {
-        if self.telemetry.metrics_on() {
-            let steady = self.steady_verdict.take();
-            let v = steady.unwrap_or_else(|| self.chain_verdict(&self.last_entry));
-            self.telemetry.chain(&v);
-        }
-        self.telemetry.pass_done(self.pass_rejections.take());
+        let (cfg, entry) = (&self.cfg, &self.last_entry);
+        self.telemetry
+            .pass_done(|| metrics::verdict(&context(cfg, entry)));
     }
 
-    fn log_report(&mut self, ctx: &Context, r: &Report) {
+    fn log_report(&mut self, r: &Report) {
         self.retry_at = r.retry_at();
         for a in &r.actions {
             tracing::info!("{a}");
         }
-        self.telemetry.report(r, ctx.mode.mode);
-        match (&r.layout, ctx.mode.mode) {
+        self.telemetry.report(r);
+        match (&r.layout, r.mode.mode) {
             (Layout::Fallback(why), _) => {
                 self.notes
                     .log_change("owned", Level::WARN, format!("{why}; using inline repair"))
@@ -608,7 +569,7 @@ impl Installer {
             )),
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
-        match chain::health(&self.context(&entry)) {
+        match chain::health(&context(&self.cfg, &entry)) {
             Ok(h) if h.is_healthy() => {}
             Ok(h) => problems.push(format!(
                 "the chain is not healthy:\n    {}",
@@ -625,7 +586,7 @@ impl Installer {
     /// entry; then, [`UNINSTALL_DRAIN`] later, the binaries.
     pub fn uninstall(&self) -> Result<(), String> {
         let dir = self.cfg.conf_dir();
-        let opts = self.repair_options();
+        let opts = repair_options(&self.cfg);
         let unchain = |pass: &str| -> Result<(), String> {
             if !dir.is_dir() {
                 // No conf dir: no config can name the plugin.
@@ -703,6 +664,28 @@ impl Installer {
             true => Ok(()),
             false => Err(failed.join("; ")),
         }
+    }
+}
+
+/// The chain library's options for this installer: symlinks in the conf
+/// dir resolve as on the host (absolute targets under the host mount, not
+/// the container's root).
+fn repair_options(cfg: &Config) -> RepairOptions {
+    RepairOptions {
+        host_root: cfg.mount_prefix.clone(),
+        write_outside_conf_dir: cfg.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    }
+}
+
+/// The keeper's context for `entry`: its mode, this pass's deadline.
+fn context(cfg: &Config, entry: &Entry) -> Context {
+    let mode = ModeChoice::of_entry(entry).unwrap_or_else(|e| {
+        ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
+    });
+    Context {
+        opts: repair_options(cfg),
+        ..Context::new(&cfg.conf_dir(), entry.clone(), mode, REPAIR_BUDGET)
     }
 }
 
