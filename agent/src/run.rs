@@ -23,19 +23,20 @@
 //! file to loading several has its mode re-decided within a second, before
 //! pods started meanwhile are attached twice.
 
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::config::OnExit;
 use crate::installer::{Installer, watch_targets};
 use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
-use crate::signals::Signals;
 use crate::taint::StartupTaint;
 use crate::watch::{Wanted, Watcher};
 
@@ -99,7 +100,7 @@ impl Debounce {
 /// The loop; with `repair`, the repair controller beside it (see
 /// [`crate::repair::cli::from_env`]), stopped before SIGTERM's uninstall.
 pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
-    let signals = match Signals::block() {
+    let signals = match block_signals() {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("cannot set up signal handling: {e}");
@@ -197,6 +198,20 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     }
 }
 
+/// SIGTERM and SIGINT blocked for this thread (before any other thread
+/// starts: they inherit that), and the readable file descriptor (signalfd)
+/// they are delivered to, so the loop waits for them in the same `poll` as
+/// the inotify fd and the resync timer: no handler runs at an arbitrary
+/// point, and no thread or async runtime is needed. This matters for PID 1
+/// in a container: the kernel drops signals whose disposition is the
+/// default, so without this the kubelet's SIGTERM would be ignored until
+/// its grace period ends in SIGKILL.
+fn block_signals() -> Result<SignalFd, Errno> {
+    let set = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
+    set.thread_block()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+}
+
 /// SIGTERM: uninstall only when the API server says the DaemonSet is gone
 /// or being deleted (or always, or never, as configured); otherwise leave
 /// everything, so that a rolling update, a restart or a force-delete never
@@ -264,13 +279,15 @@ fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
 /// other events, at once for the first after a quiet spell, debounced
 /// within a burst.
 fn wait(
-    signals: &Signals,
+    signals: &SignalFd,
     mut watcher: Option<&mut Watcher>,
     deadline: Instant,
     debounce: &mut Debounce,
 ) -> Wake {
     loop {
-        if let Some(sig) = signals.pending() {
+        if let Ok(Some(info)) = signals.read_signal()
+            && let Ok(sig) = Signal::try_from(info.ssi_signo as i32)
+        {
             return Wake::Signal(sig);
         }
         let now = Instant::now();
@@ -282,7 +299,7 @@ fn wait(
         }
         let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let timeout = PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX);
-        let mut fds = vec![PollFd::new(signals.fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
         if let Some(w) = watcher.as_deref() {
             fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
         }
