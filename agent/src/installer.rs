@@ -707,7 +707,8 @@ fn healthy_note(file: &Path, layout: &Layout) -> String {
     }
 }
 
-/// The directories a watch covers, and what matters in each.
+/// The directories a watch covers, and what matters in each (the
+/// runtime's settings as they are now: the loop adds those it reads later).
 pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
     let mut targets = vec![
         (
@@ -723,6 +724,8 @@ pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
         ),
         (cfg.service_account_dir.clone(), Filter::Any),
     ];
+    let settings = crate::runtime::settings_watch(cfg).into_iter();
+    targets.extend(settings.map(|(dir, names)| (dir, Filter::Settings(names))));
     let mut extra = |p: &Path| {
         if let Some(dir) = p.parent()
             && !targets.iter().any(|(d, _)| d == dir)

@@ -50,11 +50,10 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 
 enum Wake {
-    /// The resync period is over, or a held-back repair is due.
-    Timer,
     /// A network config changed: the chain, now.
     Chain,
-    /// Something else changed: a whole pass.
+    /// A whole pass: the resync period is over, a held-back repair is due,
+    /// or something else changed.
     Full,
     Signal(Signal),
 }
@@ -117,23 +116,17 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         }
     };
     let cfg = inst.config().clone();
-    let mut watcher = if cfg.watch {
-        match Watcher::new(watch_targets(&cfg, inst.binaries())) {
-            Ok(mut w) => {
-                w.add_settings(crate::runtime::settings_watch(&cfg));
-                Some(w)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
-                    cfg.resync
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let mut watcher = cfg
+        .watch
+        .then(|| Watcher::new(watch_targets(&cfg, inst.binaries())))
+        .transpose()
+        .unwrap_or_else(|e| {
+            tracing::warn!(
+                "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
+                cfg.resync
+            );
+            None
+        });
     tracing::info!(
         "starting: conf dir {}, bin dir {}, resync every {:?}, watch {}",
         cfg.conf_dir().display(),
@@ -187,7 +180,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         let resync = last_full + cfg.resync;
         let next = inst.retry_at().map_or(resync, |t| t.min(resync));
         full = match wait(&signals, watcher.as_mut(), next, &mut debounce) {
-            Wake::Timer | Wake::Full => true,
+            Wake::Full => true,
             Wake::Chain => false,
             Wake::Signal(sig) => {
                 // Stopped (within its bound) before the uninstall starts.
@@ -290,14 +283,12 @@ fn wait(
         {
             return Wake::Signal(sig);
         }
+        // The resync deadline, or the end of a burst's debounce.
+        let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let now = Instant::now();
-        if debounce.due().is_some_and(|t| now >= t) {
+        if now >= until {
             return Wake::Full;
         }
-        if now >= deadline {
-            return Wake::Timer;
-        }
-        let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let timeout = PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX);
         let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
         if let Some(w) = watcher.as_deref() {
