@@ -173,8 +173,7 @@ impl Installer {
         // order (binaries and kubeconfig before any config names them)
         // holds whenever it did not.
         if std::mem::take(&mut self.chained_last_pass) {
-            let last = self.last_entry.clone();
-            self.reconcile_chain(&last);
+            self.reconcile_chain();
         }
         let bins_ok = self.reconcile_binaries();
         self.kubeconfig_current = self.reconcile_kubeconfig();
@@ -192,7 +191,7 @@ impl Installer {
             );
             return;
         }
-        let entry = self.reconcile_entry();
+        self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
             self.notes.log_change(
@@ -202,7 +201,7 @@ impl Installer {
             );
             return;
         }
-        self.reconcile_chain(&entry);
+        self.reconcile_chain();
         self.chained_last_pass = true;
     }
 
@@ -214,8 +213,7 @@ impl Installer {
             return self.reconcile();
         }
         self.retry_at = None;
-        let last = self.last_entry.clone();
-        self.reconcile_chain(&last);
+        self.reconcile_chain();
     }
 
     fn reconcile_binaries(&mut self) -> bool {
@@ -306,7 +304,9 @@ impl Installer {
         true
     }
 
-    fn reconcile_entry(&mut self) -> Entry {
+    /// The entry the template renders (else the last that rendered),
+    /// persisted in the conf dir.
+    fn reconcile_entry(&mut self) {
         match self.cfg.desired() {
             Ok((e, mode)) => {
                 self.notes.clear("template", || {
@@ -321,9 +321,8 @@ impl Installer {
                 format!("{e}; keeping the last entry that rendered"),
             ),
         }
-        let entry = self.last_entry.clone();
         let dir = self.cfg.conf_dir();
-        match chain::persist_entry(&dir, &entry) {
+        match chain::persist_entry(&dir, &self.last_entry) {
             Ok(None) => self.notes.clear("entry", || {
                 format!("the desired entry is persisted in {}", dir.display())
             }),
@@ -340,7 +339,6 @@ impl Installer {
                 format!("cannot persist the desired entry in {}: {e}", dir.display()),
             ),
         }
-        entry
     }
 
     /// The plugin's state dir as the installer reaches it: where the
@@ -423,15 +421,6 @@ impl Installer {
         }
     }
 
-    /// The conf dir could not be listed or read: said once per change.
-    fn configs_unreadable(&mut self, dir: &Path, e: &dyn std::fmt::Display) {
-        self.notes.log_change(
-            "chain",
-            Level::ERROR,
-            format!("cannot read the CNI configs in {}: {e}", dir.display()),
-        );
-    }
-
     /// The chain as a pass for `entry` would keep it, judged (read-only).
     pub fn chain_verdict(&self, entry: &Entry) -> metrics::Verdict {
         metrics::verdict(&context(&self.cfg, entry))
@@ -439,12 +428,19 @@ impl Installer {
 
     /// The chain, kept in the entry's mode; what the keeper did, logged
     /// once per change.
-    fn reconcile_chain(&mut self, entry: &Entry) {
-        let ctx = context(&self.cfg, entry);
+    fn reconcile_chain(&mut self) {
+        let ctx = context(&self.cfg, &self.last_entry);
         self.telemetry.before_keep(&ctx.conf_dir);
         match chain::keep(&ctx, &mut self.fights) {
             Ok(report) => self.log_report(&report),
-            Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
+            Err(e) => self.notes.log_change(
+                "chain",
+                Level::ERROR,
+                format!(
+                    "cannot read the CNI configs in {}: {e}",
+                    ctx.conf_dir.display()
+                ),
+            ),
         }
     }
 
