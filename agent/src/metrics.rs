@@ -243,11 +243,6 @@ impl Telemetry {
         }
     }
 
-    /// Whether `/metrics` is served.
-    pub fn metrics_on(&self) -> bool {
-        self.metrics.is_some()
-    }
-
     fn event(&self, kind: Kind, note: String) {
         if let Some(e) = &self.events {
             e.emit(kind, note);
@@ -287,7 +282,7 @@ impl Telemetry {
     /// metrics are on (a listing and a stat each), for the heal latency.
     pub fn before_keep(&mut self, dir: &Path) {
         self.steady = None;
-        if !self.metrics_on() {
+        if self.metrics.is_none() {
             return;
         }
         self.written = std::fs::read_dir(dir)
@@ -305,7 +300,7 @@ impl Telemetry {
         if self.metrics.is_none() && self.events.is_none() {
             return;
         }
-        if r.is_steady() && self.metrics_on() {
+        if r.is_steady() && self.metrics.is_some() {
             self.steady = Some(Verdict::in_layout(&r.mode, &r.layout, None));
         }
         for a in &r.actions {
@@ -804,7 +799,7 @@ mod tests {
         t.before_keep(Path::new("/"));
         t.report(&r);
         t.pass_done(|| unreachable!("no verdict with metrics off"));
-        assert!(t.metrics.is_none() && t.events.is_none() && !t.metrics_on());
+        assert!(t.metrics.is_none() && t.events.is_none());
         assert!(t.seen.fighting.is_none() && t.seen.fallback.is_none() && t.written.is_empty());
         let off = Telemetry::new(None, None);
         assert!(off.metrics.is_none() && off.events.is_none());

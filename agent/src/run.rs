@@ -207,11 +207,38 @@ fn block_signals() -> Result<SignalFd, Errno> {
 
 /// SIGTERM: uninstall only when the API server says the DaemonSet is gone
 /// or being deleted (or always, or never, as configured); otherwise leave
-/// everything, so that a rolling update, a restart or a force-delete never
-/// unchains pods.
+/// everything (and say why), so that a rolling update, a restart or a
+/// force-delete never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
-    let Some(why) = uninstall_why(inst, sig) else {
-        return ExitCode::SUCCESS;
+    let why = match inst.config().on_exit {
+        OnExit::Leave => {
+            tracing::info!(
+                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
+            );
+            return ExitCode::SUCCESS;
+        }
+        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Auto => match owner::ask(inst.config()) {
+            Verdict::Uninstall(how) => how,
+            Verdict::Present(how) => {
+                tracing::info!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
+                );
+                return ExitCode::SUCCESS;
+            }
+            Verdict::CannotTell(why) => {
+                let why = why.trim_end_matches('.');
+                tracing::warn!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
+                     the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
+                     the plugin passes pods through once no installer beats on this node; remove \
+                     what is left by running `linkerd-cni-installer uninstall` on the node, or by \
+                     deleting the linkerd-cni entry from the node's CNI config and the \
+                     ZZZ-linkerd-cni-* files next to it."
+                );
+                return ExitCode::SUCCESS;
+            }
+        },
     };
     tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
@@ -230,40 +257,6 @@ pub fn uninstall(inst: &Installer, done: &str) -> ExitCode {
             tracing::error!("uninstall incomplete: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Why SIGTERM uninstalls, or `None` (said in the log) when it does not.
-fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
-    match inst.config().on_exit {
-        OnExit::Leave => {
-            tracing::info!(
-                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
-            );
-            None
-        }
-        OnExit::Uninstall => Some("LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string()),
-        OnExit::Auto => match owner::ask(inst.config()) {
-            Verdict::Uninstall(how) => Some(how),
-            Verdict::Present(how) => {
-                tracing::info!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
-                );
-                None
-            }
-            Verdict::CannotTell(why) => {
-                let why = why.trim_end_matches('.');
-                tracing::warn!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
-                     the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
-                     the plugin passes pods through once no installer beats on this node; remove \
-                     what is left by running `linkerd-cni-installer uninstall` on the node, or by \
-                     deleting the linkerd-cni entry from the node's CNI config and the \
-                     ZZZ-linkerd-cni-* files next to it."
-                );
-                None
-            }
-        },
     }
 }
 
