@@ -112,13 +112,6 @@ impl Installer {
         &self.telemetry
     }
 
-    /// The entry the template renders now, else the last that rendered.
-    pub fn current_entry(&self) -> Entry {
-        self.cfg
-            .desired_entry()
-            .unwrap_or_else(|_| self.last_entry.clone())
-    }
-
     /// What a scrape reads besides the passes' state: the plugin's state
     /// dir (the entry's `state_dir`, on the host) and the token.
     pub fn metrics_sources(&self) -> metrics::Sources {
@@ -421,9 +414,11 @@ impl Installer {
         }
     }
 
-    /// The chain as a pass for `entry` would keep it, judged (read-only).
-    pub fn chain_verdict(&self, entry: &Entry) -> metrics::Verdict {
-        metrics::verdict(&context(&self.cfg, entry))
+    /// The chain as a pass would keep it now, judged (read-only), for the
+    /// entry this installer was made with: the template's, or without a
+    /// template the entry the running installer wrote.
+    pub fn chain_verdict(&self) -> metrics::Verdict {
+        metrics::verdict(&context(&self.cfg, &self.last_entry))
     }
 
     /// The chain, kept in the entry's mode; what the keeper did, logged
