@@ -131,8 +131,39 @@ impl Installer {
         &self.cfg
     }
 
-    pub fn binaries(&self) -> &[Binary] {
-        &self.bins
+    /// The directories a watch covers, and what matters in each (the
+    /// runtime's settings as they are now: the loop adds those it reads
+    /// later).
+    pub fn watch_targets(&self) -> Vec<(PathBuf, Filter)> {
+        let cfg = &self.cfg;
+        let mut targets = vec![
+            (
+                cfg.conf_dir(),
+                Filter::ConfigsAnd(vec![
+                    cfg.kubeconfig_file_name.clone(),
+                    chain::ENTRY_FILE.to_string(),
+                ]),
+            ),
+            (
+                cfg.bin_dir(),
+                Filter::Names(self.bins.iter().map(|b| b.name.clone()).collect()),
+            ),
+            (cfg.service_account_dir.clone(), Filter::Any),
+        ];
+        let mut extra = |p: &Path| {
+            if let Some(dir) = p.parent()
+                && !targets.iter().any(|(d, _)| d == dir)
+            {
+                targets.push((dir.to_path_buf(), Filter::Any));
+            }
+        };
+        extra(&cfg.kube_ca_file);
+        if let Template::File(f) = &cfg.template {
+            extra(f);
+        }
+        let settings = crate::runtime::settings_watch(cfg).into_iter();
+        targets.extend(settings.map(|(dir, names)| (dir, Filter::Settings(names))));
+        targets
     }
 
     /// Removes temp files a crashed predecessor left behind. In the conf dir
@@ -696,37 +727,4 @@ fn healthy_note(file: &Path, layout: &Layout) -> String {
         ),
         _ => format!("linkerd-cni is chained in {}", file.display()),
     }
-}
-
-/// The directories a watch covers, and what matters in each (the
-/// runtime's settings as they are now: the loop adds those it reads later).
-pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
-    let mut targets = vec![
-        (
-            cfg.conf_dir(),
-            Filter::ConfigsAnd(vec![
-                cfg.kubeconfig_file_name.clone(),
-                chain::ENTRY_FILE.to_string(),
-            ]),
-        ),
-        (
-            cfg.bin_dir(),
-            Filter::Names(bins.iter().map(|b| b.name.clone()).collect()),
-        ),
-        (cfg.service_account_dir.clone(), Filter::Any),
-    ];
-    let settings = crate::runtime::settings_watch(cfg).into_iter();
-    targets.extend(settings.map(|(dir, names)| (dir, Filter::Settings(names))));
-    let mut extra = |p: &Path| {
-        if let Some(dir) = p.parent()
-            && !targets.iter().any(|(d, _)| d == dir)
-        {
-            targets.push((dir.to_path_buf(), Filter::Any));
-        }
-    };
-    extra(&cfg.kube_ca_file);
-    if let Template::File(f) = &cfg.template {
-        extra(f);
-    }
-    targets
 }

@@ -33,7 +33,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::config::OnExit;
-use crate::installer::{Installer, watch_targets};
+use crate::installer::Installer;
 use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
@@ -118,7 +118,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     let cfg = inst.config().clone();
     let mut watcher = cfg
         .watch
-        .then(|| Watcher::new(watch_targets(&cfg, inst.binaries())))
+        .then(|| Watcher::new(inst.watch_targets()))
         .transpose()
         .unwrap_or_else(|e| {
             tracing::warn!(
