@@ -189,7 +189,8 @@ impl Counters {
 }
 
 /// Where the passes record what they did, for `/metrics` and for Events;
-/// nothing at all when both are off, as by default.
+/// when both are off, as by default, it keeps nothing of a keeper's
+/// report (no allocation, no look at the conf dir).
 #[derive(Default)]
 pub struct Telemetry {
     /// What `/metrics` serves, when it is on.
