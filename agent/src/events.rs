@@ -227,11 +227,8 @@ impl Events {
             }
             tx
         });
-        match tx.try_send(event) {
-            Ok(()) => {}
-            Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) => {
-                tracing::warn!("Event {} not sent: the queue is full", e.reason)
-            }
+        if let Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) = tx.try_send(event) {
+            tracing::warn!("Event {} not sent: the queue is full", e.reason)
         }
     }
 

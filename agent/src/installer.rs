@@ -83,13 +83,6 @@ pub struct Installer {
     /// The plugin's count of ADDs with rejected credentials, at the last
     /// look: a change is what makes the installer look again.
     rejections_seen: Option<u64>,
-    /// The chain's verdict as this pass's keeper left it, when it was a
-    /// steady healthy one (nothing done or pending): `/metrics` then needs
-    /// no second look at the conf dir.
-    steady_verdict: Option<metrics::Verdict>,
-    /// The plugin's rejected-credential count read by this pass's beat
-    /// (`None` on a pass with no beat, or no counters).
-    pass_rejections: Option<u64>,
 }
 
 impl Installer {
@@ -107,8 +100,6 @@ impl Installer {
             credential: Credential::default(),
             plugin_denied: None,
             rejections_seen: None,
-            pass_rejections: None,
-            steady_verdict: None,
         }
     }
 
@@ -119,13 +110,6 @@ impl Installer {
 
     pub fn telemetry(&self) -> &Telemetry {
         &self.telemetry
-    }
-
-    /// The entry the template renders now, else the last that rendered.
-    pub fn current_entry(&self) -> Entry {
-        self.cfg
-            .desired_entry()
-            .unwrap_or_else(|_| self.last_entry.clone())
     }
 
     /// What a scrape reads besides the passes' state: the plugin's state
@@ -147,19 +131,39 @@ impl Installer {
         &self.cfg
     }
 
-    /// The chain library's options for this installer: symlinks in the conf
-    /// dir resolve as on the host (absolute targets under the host mount,
-    /// not the container's root).
-    pub fn repair_options(&self) -> RepairOptions {
-        RepairOptions {
-            host_root: self.cfg.mount_prefix.clone(),
-            write_outside_conf_dir: self.cfg.chain_write_outside_conf_dir,
-            ..RepairOptions::default()
+    /// The directories a watch covers, and what matters in each (the
+    /// runtime's settings as they are now: the loop adds those it reads
+    /// later).
+    pub fn watch_targets(&self) -> Vec<(PathBuf, Filter)> {
+        let cfg = &self.cfg;
+        let mut targets = vec![
+            (
+                cfg.conf_dir(),
+                Filter::ConfigsAnd(vec![
+                    cfg.kubeconfig_file_name.clone(),
+                    chain::ENTRY_FILE.to_string(),
+                ]),
+            ),
+            (
+                cfg.bin_dir(),
+                Filter::Names(self.bins.iter().map(|b| b.name.clone()).collect()),
+            ),
+            (cfg.service_account_dir.clone(), Filter::Any),
+        ];
+        let mut extra = |p: &Path| {
+            if let Some(dir) = p.parent()
+                && !targets.iter().any(|(d, _)| d == dir)
+            {
+                targets.push((dir.to_path_buf(), Filter::Any));
+            }
+        };
+        extra(&cfg.kube_ca_file);
+        if let Some(f) = &cfg.template_file {
+            extra(f);
         }
-    }
-
-    pub fn binaries(&self) -> &[Binary] {
-        &self.bins
+        let settings = crate::runtime::settings_watch(cfg).into_iter();
+        targets.extend(settings.map(|(dir, names)| (dir, Filter::Settings(names))));
+        targets
     }
 
     /// Removes temp files a crashed predecessor left behind. In the conf dir
@@ -193,8 +197,7 @@ impl Installer {
         // order (binaries and kubeconfig before any config names them)
         // holds whenever it did not.
         if std::mem::take(&mut self.chained_last_pass) {
-            let last = self.last_entry.clone();
-            self.reconcile_chain(&last);
+            self.reconcile_chain();
         }
         let bins_ok = self.reconcile_binaries();
         self.kubeconfig_current = self.reconcile_kubeconfig();
@@ -212,7 +215,7 @@ impl Installer {
             );
             return;
         }
-        let entry = self.reconcile_entry();
+        self.reconcile_entry();
         if !bins_ok {
             // A conflist must never name a plugin the node does not have.
             self.notes.log_change(
@@ -222,7 +225,7 @@ impl Installer {
             );
             return;
         }
-        self.reconcile_chain(&entry);
+        self.reconcile_chain();
         self.chained_last_pass = true;
     }
 
@@ -234,8 +237,7 @@ impl Installer {
             return self.reconcile();
         }
         self.retry_at = None;
-        let last = self.last_entry.clone();
-        self.reconcile_chain(&last);
+        self.reconcile_chain();
     }
 
     fn reconcile_binaries(&mut self) -> bool {
@@ -326,7 +328,9 @@ impl Installer {
         true
     }
 
-    fn reconcile_entry(&mut self) -> Entry {
+    /// The entry the template renders (else the last that rendered),
+    /// persisted in the conf dir.
+    fn reconcile_entry(&mut self) {
         match self.cfg.desired() {
             Ok((e, mode)) => {
                 self.notes.clear("template", || {
@@ -341,9 +345,8 @@ impl Installer {
                 format!("{e}; keeping the last entry that rendered"),
             ),
         }
-        let entry = self.last_entry.clone();
         let dir = self.cfg.conf_dir();
-        match chain::persist_entry(&dir, &entry) {
+        match chain::persist_entry(&dir, &self.last_entry) {
             Ok(None) => self.notes.clear("entry", || {
                 format!("the desired entry is persisted in {}", dir.display())
             }),
@@ -360,7 +363,6 @@ impl Installer {
                 format!("cannot persist the desired entry in {}: {e}", dir.display()),
             ),
         }
-        entry
     }
 
     /// The plugin's state dir as the installer reaches it: where the
@@ -381,9 +383,11 @@ impl Installer {
     pub fn beat(&mut self) {
         let dir = self.state_dir();
         // The plugin's counters, read once per full pass: for the look at
-        // its RBAC here and for the Event after the pass.
+        // its RBAC here and for the Event.
         let rejections = credential::plugin_rejections(&dir);
-        self.pass_rejections = rejections;
+        if let Some(n) = rejections {
+            self.telemetry.plugin_rejections(n);
+        }
         if !self.kubeconfig_current {
             return;
         }
@@ -441,67 +445,46 @@ impl Installer {
         }
     }
 
-    /// The conf dir could not be listed or read: said once per change.
-    fn configs_unreadable(&mut self, dir: &Path, e: &dyn std::fmt::Display) {
-        self.notes.log_change(
-            "chain",
-            Level::ERROR,
-            format!("cannot read the CNI configs in {}: {e}", dir.display()),
-        );
-    }
-
-    /// The keeper's context for `entry`: its mode, this pass's deadline.
-    fn context(&self, entry: &Entry) -> Context {
-        let mode = ModeChoice::of_entry(entry).unwrap_or_else(|e| {
-            ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
-        });
-        Context {
-            opts: self.repair_options(),
-            ..Context::new(&self.cfg.conf_dir(), entry.clone(), mode, REPAIR_BUDGET)
-        }
-    }
-
-    /// The chain as a pass for `entry` would keep it, judged (read-only).
-    pub fn chain_verdict(&self, entry: &Entry) -> metrics::Verdict {
-        metrics::verdict(&self.context(entry))
+    /// The chain as a pass would keep it now, judged (read-only), for the
+    /// entry this installer was made with: the template's, or without a
+    /// template the entry the running installer wrote.
+    pub fn chain_verdict(&self) -> metrics::Verdict {
+        metrics::verdict(&context(&self.cfg, &self.last_entry))
     }
 
     /// The chain, kept in the entry's mode; what the keeper did, logged
     /// once per change.
-    fn reconcile_chain(&mut self, entry: &Entry) {
-        let ctx = self.context(entry);
+    fn reconcile_chain(&mut self) {
+        let ctx = context(&self.cfg, &self.last_entry);
         self.telemetry.before_keep(&ctx.conf_dir);
-        self.steady_verdict = None;
         match chain::keep(&ctx, &mut self.fights) {
-            Ok(report) => {
-                if report.is_steady() && self.telemetry.metrics_on() {
-                    self.steady_verdict = Some(metrics::Verdict::steady(&ctx, &report));
-                }
-                self.log_report(&ctx, &report)
-            }
-            Err(e) => self.configs_unreadable(&ctx.conf_dir, &e),
+            Ok(report) => self.log_report(&report),
+            Err(e) => self.notes.log_change(
+                "chain",
+                Level::ERROR,
+                format!(
+                    "cannot read the CNI configs in {}: {e}",
+                    ctx.conf_dir.display()
+                ),
+            ),
         }
     }
 
     /// After each pass, however it ended: what `/metrics` shows of it (the
-    /// chain as the pass left it, diagnosed only when metrics are on) and
-    /// what Events report.
+    /// chain as the pass left it, diagnosed only when metrics are on).
     pub fn after_pass(&mut self) {
-        if self.telemetry.metrics_on() {
-            let steady = self.steady_verdict.take();
-            let v = steady.unwrap_or_else(|| self.chain_verdict(&self.last_entry));
-            self.telemetry.chain(&v);
-        }
-        self.telemetry.pass_done(self.pass_rejections.take());
+        let (cfg, entry) = (&self.cfg, &self.last_entry);
+        self.telemetry
+            .pass_done(|| metrics::verdict(&context(cfg, entry)));
     }
 
-    fn log_report(&mut self, ctx: &Context, r: &Report) {
+    fn log_report(&mut self, r: &Report) {
         self.retry_at = r.retry_at();
         for a in &r.actions {
             tracing::info!("{a}");
         }
-        self.telemetry.report(r, ctx.mode.mode);
-        match (&r.layout, ctx.mode.mode) {
+        self.telemetry.report(r);
+        match (&r.layout, r.mode.mode) {
             (Layout::Fallback(why), _) => {
                 self.notes
                     .log_change("owned", Level::WARN, format!("{why}; using inline repair"))
@@ -608,7 +591,7 @@ impl Installer {
             )),
             Err(e) => problems.push(format!("the persisted entry: {e}")),
         }
-        match chain::health(&self.context(&entry)) {
+        match chain::health(&context(&self.cfg, &entry)) {
             Ok(h) if h.is_healthy() => {}
             Ok(h) => problems.push(format!(
                 "the chain is not healthy:\n    {}",
@@ -625,7 +608,7 @@ impl Installer {
     /// entry; then, [`UNINSTALL_DRAIN`] later, the binaries.
     pub fn uninstall(&self) -> Result<(), String> {
         let dir = self.cfg.conf_dir();
-        let opts = self.repair_options();
+        let opts = repair_options(&self.cfg);
         let unchain = |pass: &str| -> Result<(), String> {
             if !dir.is_dir() {
                 // No conf dir: no config can name the plugin.
@@ -706,6 +689,28 @@ impl Installer {
     }
 }
 
+/// The chain library's options for this installer: symlinks in the conf
+/// dir resolve as on the host (absolute targets under the host mount, not
+/// the container's root).
+fn repair_options(cfg: &Config) -> RepairOptions {
+    RepairOptions {
+        host_root: cfg.mount_prefix.clone(),
+        write_outside_conf_dir: cfg.chain_write_outside_conf_dir,
+        ..RepairOptions::default()
+    }
+}
+
+/// The keeper's context for `entry`: its mode, this pass's deadline.
+fn context(cfg: &Config, entry: &Entry) -> Context {
+    let mode = ModeChoice::of_entry(entry).unwrap_or_else(|e| {
+        ModeChoice::new(ChainMode::Inline, format!("{e}; inline mode used instead"))
+    });
+    Context {
+        opts: repair_options(cfg),
+        ..Context::new(&cfg.conf_dir(), entry.clone(), mode, REPAIR_BUDGET)
+    }
+}
+
 /// An uninstall's removal of `path`: said when it removed the file.
 fn removed<E>(path: &Path, result: Result<bool, E>) -> Result<(), E> {
     if result? {
@@ -722,34 +727,4 @@ fn healthy_note(file: &Path, layout: &Layout) -> String {
         ),
         _ => format!("linkerd-cni is chained in {}", file.display()),
     }
-}
-
-/// The directories a watch covers, and what matters in each.
-pub fn watch_targets(cfg: &Config, bins: &[Binary]) -> Vec<(PathBuf, Filter)> {
-    let mut targets = vec![
-        (
-            cfg.conf_dir(),
-            Filter::ConfigsAnd(vec![
-                cfg.kubeconfig_file_name.clone(),
-                chain::ENTRY_FILE.to_string(),
-            ]),
-        ),
-        (
-            cfg.bin_dir(),
-            Filter::Names(bins.iter().map(|b| b.name.clone()).collect()),
-        ),
-        (cfg.service_account_dir.clone(), Filter::Any),
-    ];
-    let mut extra = |p: &Path| {
-        if let Some(dir) = p.parent()
-            && !targets.iter().any(|(d, _)| d == dir)
-        {
-            targets.push((dir.to_path_buf(), Filter::Any));
-        }
-    };
-    extra(&cfg.kube_ca_file);
-    if let Some(f) = &cfg.template_file {
-        extra(f);
-    }
-    targets
 }

@@ -43,7 +43,6 @@ mod owner;
 pub mod repair;
 mod run;
 mod runtime;
-mod signals;
 mod status;
 mod taint;
 mod watch;

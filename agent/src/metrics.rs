@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use linkerd_cni_chain::owned::ChainMode;
-use linkerd_cni_chain::{self as chain, ChainState, Context, Layout};
+use linkerd_cni_chain::{self as chain, ChainState, Context, Layout, ModeChoice};
 use linkerd_cni_kube::token::unix_time;
 use linkerd_cni_state::outcomes;
 use prometheus_client::collector::Collector;
@@ -87,22 +87,16 @@ impl Verdict {
         self.problem.is_none()
     }
 
-    /// The verdict of a keeper's run on `ctx` that was steady (see
-    /// `Report::is_steady`: healthy, nothing done or pending), which
-    /// [`verdict`] would give on the same files without looking again.
-    pub fn steady(ctx: &Context, report: &linkerd_cni_chain::Report) -> Verdict {
-        Verdict::in_layout(ctx, &report.layout, None)
-    }
-
-    /// The mode `layout` keeps the chain in, and why.
-    fn in_layout(ctx: &Context, layout: &Layout, problem: Option<String>) -> Verdict {
+    /// The mode `layout` keeps the chain in (`mode` asking for one), and
+    /// why.
+    fn in_layout(mode: &ModeChoice, layout: &Layout, problem: Option<String>) -> Verdict {
         let (selected, reason) = match layout {
-            Layout::Owned => (ChainMode::Owned, ctx.mode.reason.clone()),
-            Layout::Inline => (ChainMode::Inline, ctx.mode.reason.clone()),
+            Layout::Owned => (ChainMode::Owned, mode.reason.clone()),
+            Layout::Inline => (ChainMode::Inline, mode.reason.clone()),
             Layout::Fallback(why) => (ChainMode::Inline, why.clone()),
         };
         Verdict {
-            configured: ctx.mode.mode,
+            configured: mode.mode,
             selected,
             reason: Some(reason),
             problem,
@@ -114,7 +108,7 @@ impl Verdict {
 /// definition of healthy (the readiness check's too).
 pub fn verdict(ctx: &Context) -> Verdict {
     match chain::health(ctx) {
-        Ok(h) => Verdict::in_layout(ctx, &h.layout, (!h.is_healthy()).then(|| h.summary())),
+        Ok(h) => Verdict::in_layout(&h.mode, &h.layout, (!h.is_healthy()).then(|| h.summary())),
         Err(e) => Verdict {
             configured: ctx.mode.mode,
             selected: ctx.mode.mode,
@@ -127,24 +121,33 @@ pub fn verdict(ctx: &Context) -> Verdict {
 /// A repair's cause, as its one label.
 type Cause = [(&'static str, &'static str); 1];
 
+/// The chain at the end of the last pass, and when that pass ended:
+/// exported only once a pass has decided them, so a scrape before the
+/// first pass claims nothing.
+type LastPass = Arc<Mutex<Option<(Verdict, SystemTime)>>>;
+
 /// What the passes count, registered in the admin server's registry.
-#[derive(Clone, Debug)]
 struct Counters {
     repairs: Family<Cause, Counter>,
     fights: Counter,
     held_back: Counter,
     heal_latency: Histogram,
     passes: Counter,
+    /// What the collector reads of the last pass.
+    last: LastPass,
 }
 
 impl Counters {
-    fn register(registry: &mut Registry) -> Counters {
+    /// The counters in `registry`, with what a scrape reads then (from
+    /// the last pass and from `sources`).
+    fn register(registry: &mut Registry, sources: Sources) -> Counters {
         let c = Counters {
             repairs: Family::default(),
             fights: Counter::default(),
             held_back: Counter::default(),
             heal_latency: Histogram::new(HEAL_BUCKETS),
             passes: Counter::default(),
+            last: LastPass::default(),
         };
         // Each cause exported from the start, at 0.
         for cause in REPAIR_CAUSES {
@@ -177,25 +180,21 @@ impl Counters {
             "Reconcile passes since the installer started",
             c.passes.clone(),
         );
+        registry.register_collector(Box::new(NodeCollector {
+            last: c.last.clone(),
+            sources,
+        }));
         c
     }
 }
 
-/// Where the pass records what it did, for `/metrics` and for Events;
-/// nothing at all (no lock, no allocation) when both are off, as by
-/// default.
-#[derive(Clone, Default)]
-pub struct Telemetry(Option<Arc<Mutex<Inner>>>);
-
+/// Where the passes record what they did, for `/metrics` and for Events;
+/// when both are off, as by default, it keeps nothing of a keeper's
+/// report (no allocation, no look at the conf dir).
 #[derive(Default)]
-struct Inner {
+pub struct Telemetry {
     /// What `/metrics` serves, when it is on.
     metrics: Option<Counters>,
-    /// The chain at the end of the last pass, and when that pass ended:
-    /// exported only once a pass has decided them, so a scrape before the
-    /// first pass claims nothing.
-    chain: Option<Verdict>,
-    last_pass: Option<SystemTime>,
     events: Option<Events>,
     seen: Seen,
     /// Once the first pass is done: its repairs are no samples of heal
@@ -204,6 +203,10 @@ struct Inner {
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
+    /// The verdict of this pass's keeper when its run was steady (see
+    /// `Report::is_steady`: healthy, nothing done or pending), which
+    /// [`verdict`] would give on the same files without looking again.
+    steady: Option<Verdict>,
 }
 
 /// What was reported already, so that each occurrence counts (and makes an
@@ -234,133 +237,103 @@ impl Telemetry {
     /// Keeps the metrics in the registry when given (with those read when
     /// scraped from the sources) and sends `events`; off with neither.
     pub fn new(metrics: Option<(&mut Registry, Sources)>, events: Option<Events>) -> Telemetry {
-        if metrics.is_none() && events.is_none() {
-            return Telemetry::default();
-        }
-        let inner = Arc::new(Mutex::new(Inner {
+        Telemetry {
+            metrics: metrics.map(|(registry, sources)| Counters::register(registry, sources)),
             events,
-            ..Inner::default()
-        }));
-        if let Some((registry, sources)) = metrics {
-            lock(&inner).metrics = Some(Counters::register(registry));
-            registry.register_collector(Box::new(NodeCollector {
-                inner: inner.clone(),
-                sources,
-            }));
-        }
-        Telemetry(Some(inner))
-    }
-
-    /// Whether `/metrics` is served.
-    pub fn metrics_on(&self) -> bool {
-        self.0.as_ref().is_some_and(|i| lock(i).metrics.is_some())
-    }
-
-    fn with(&self, f: impl FnOnce(&mut Inner)) {
-        if let Some(i) = &self.0 {
-            f(&mut lock(i));
+            ..Telemetry::default()
         }
     }
 
-    /// The chain at the end of the pass: the caller judges it only when
-    /// metrics are on, the collector being its only reader.
-    pub fn chain(&self, v: &Verdict) {
-        self.with(|i| i.chain = Some(v.clone()));
+    fn event(&self, kind: Kind, note: String) {
+        if let Some(e) = &self.events {
+            e.emit(kind, note);
+        }
     }
 
     /// The startup taint is gone from the node (`how`).
     pub fn taint_removed(&self, how: &str) {
-        self.with(|i| i.event(Kind::TaintRemoved, how.to_string()));
+        self.event(Kind::TaintRemoved, how.to_string());
     }
 
     /// SIGTERM: the node is being uninstalled, `why`. Sent before the
     /// uninstall starts, within the Event's API timeout.
     pub fn uninstalling(&self, why: &str) {
-        self.with(|i| {
-            if let Some(e) = &i.events {
-                e.emit_now(
-                    Kind::Uninstall,
-                    format!("linkerd-cni is being removed from this node: {why}"),
-                );
-            }
-        });
+        if let Some(e) = &self.events {
+            e.emit_now(
+                Kind::Uninstall,
+                format!("linkerd-cni is being removed from this node: {why}"),
+            );
+        }
     }
 
-    /// After each pass: the pass count and time (metrics), and, for
-    /// Events, whether the plugin's credential was rejected since the last
-    /// pass (one read of its counters file).
-    pub fn pass_done(&self, rejections: Option<u64>) {
-        self.with(|i| {
-            i.past_first = true;
-            if let Some(m) = &i.metrics {
-                m.passes.inc();
-                i.last_pass = Some(SystemTime::now());
-            }
-            if let Some(now) = rejections {
-                i.plugin_rejections(now);
-            }
-        });
+    /// After each pass, for `/metrics`: the pass count and time, and the
+    /// chain as the pass left it (its keeper's steady verdict, else
+    /// `judge`'s, asked only when metrics are on: the collector is the
+    /// verdict's only reader).
+    pub fn pass_done(&mut self, judge: impl FnOnce() -> Verdict) {
+        self.past_first = true;
+        if let Some(m) = &self.metrics {
+            let v = self.steady.take().unwrap_or_else(judge);
+            m.passes.inc();
+            *lock(&m.last) = Some((v, SystemTime::now()));
+        }
     }
 
     /// Before the keeper runs on `dir`: the config files' mtimes, when
     /// metrics are on (a listing and a stat each), for the heal latency.
-    pub fn before_keep(&self, dir: &Path) {
-        if !self.metrics_on() {
+    pub fn before_keep(&mut self, dir: &Path) {
+        self.steady = None;
+        if self.metrics.is_none() {
             return;
         }
-        let written: BTreeMap<PathBuf, SystemTime> = std::fs::read_dir(dir)
+        self.written = std::fs::read_dir(dir)
             .into_iter()
             .flatten()
             .flatten()
             .filter(|e| linkerd_cni_chain::is_config_name(&e.file_name()))
             .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
             .collect();
-        self.with(|i| i.written = written);
     }
 
-    /// What the keeper did in this pass, from its report (in `mode`).
-    pub fn report(&self, r: &linkerd_cni_chain::Report, mode: ChainMode) {
-        use linkerd_cni_chain::{Action, HoldCause, Layout};
-        self.with(|i| {
-            for a in &r.actions {
-                match a {
-                    Action::Repaired { file, cause } => {
-                        let w = i.written.get(file).copied();
-                        i.repaired(repair_cause(cause), w);
-                    }
-                    Action::Copied { created: true, .. } => i.repaired("owned_missing", None),
-                    Action::Copied { from, .. } => {
-                        let w = i.written.get(from).copied();
-                        i.repaired("owned_outdated", w);
-                    }
-                    _ => {}
+    /// What the keeper did in this pass, from its report.
+    pub fn report(&mut self, r: &linkerd_cni_chain::Report) {
+        use linkerd_cni_chain::{Action, HoldCause};
+        if self.metrics.is_none() && self.events.is_none() {
+            return;
+        }
+        if r.is_steady() && self.metrics.is_some() {
+            self.steady = Some(Verdict::in_layout(&r.mode, &r.layout, None));
+        }
+        for a in &r.actions {
+            match a {
+                Action::Repaired { file, cause } => {
+                    let w = self.written.get(file).copied();
+                    self.repaired(repair_cause(cause), w);
                 }
-            }
-            match r.fights.first() {
-                Some(w) => i.fight(w),
-                // A repair that was not a fight.
-                None if r.changed() => i.seen.fighting = None,
-                None => {}
-            }
-            for h in &r.held_back {
-                if let HoldCause::Fight { .. } = h.cause {
-                    i.held_back(&h.file.display().to_string());
+                Action::Copied { created: true, .. } => self.repaired("owned_missing", None),
+                Action::Copied { from, .. } => {
+                    let w = self.written.get(from).copied();
+                    self.repaired("owned_outdated", w);
                 }
-            }
-            match (&r.layout, mode) {
-                (Layout::Fallback(why), _) => i.owned_fallback(why),
-                // Owned mode applies again.
-                (_, ChainMode::Owned) => i.seen.fallback = None,
                 _ => {}
             }
-        });
-    }
-}
-
-impl Inner {
-    fn event(&self, kind: Kind, note: String) {
-        if let Some(e) = &self.events {
-            e.emit(kind, note);
+        }
+        match r.fights.first() {
+            Some(w) => self.fight(w),
+            // A repair that was not a fight.
+            None if r.changed() => self.seen.fighting = None,
+            None => {}
+        }
+        for h in &r.held_back {
+            if let HoldCause::Fight { .. } = h.cause {
+                self.held_back(&h.file.display().to_string());
+            }
+        }
+        match (&r.layout, r.mode.mode) {
+            (Layout::Fallback(why), _) => self.owned_fallback(why),
+            // Owned mode applies again.
+            (_, ChainMode::Owned) => self.seen.fallback = None,
+            _ => {}
         }
     }
 
@@ -410,9 +383,10 @@ impl Inner {
         }
     }
 
-    /// ADDs whose pod GET the API server refused the plugin's credentials
-    /// for, `now` counted in all.
-    fn plugin_rejections(&mut self, now: u64) {
+    /// The plugin's count of ADDs whose pod GET the API server refused
+    /// its credentials for, `now`, as a pass's beat read it: an Event for
+    /// those since the last.
+    pub fn plugin_rejections(&mut self, now: u64) {
         let before = self.seen.rejections.replace(now);
         if let Some(before) = before
             && now > before
@@ -502,17 +476,10 @@ pub(crate) fn secs(t: SystemTime) -> f64 {
 /// What a scrape reads when it happens: the last pass's verdict and time,
 /// the credential (from the node's files) and the plugin's ADD counters
 /// (from its state dir).
+#[derive(Debug)]
 struct NodeCollector {
-    inner: Arc<Mutex<Inner>>,
+    last: LastPass,
     sources: Sources,
-}
-
-impl std::fmt::Debug for NodeCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeCollector")
-            .field("sources", &self.sources)
-            .finish()
-    }
 }
 
 /// One gauge without labels.
@@ -523,11 +490,8 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt:
 
 impl Collector for NodeCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        let (chain, last_pass) = {
-            let i = lock(&self.inner);
-            (i.chain.clone(), i.last_pass)
-        };
-        if let Some(v) = chain {
+        let last = lock(&self.last).clone();
+        if let Some((v, _)) = &last {
             let healthy = ConstGauge::new(i64::from(v.healthy()));
             let mut f = e.encode_descriptor(
                 "linkerd_cni_chain_healthy",
@@ -569,7 +533,7 @@ impl Collector for NodeCollector {
                 )?;
             }
         }
-        if let Some(t) = last_pass {
+        if let Some((_, t)) = last {
             gauge(
                 &mut e,
                 "linkerd_cni_last_pass_timestamp_seconds",
@@ -715,8 +679,8 @@ mod tests {
     /// reports is a heal-latency sample.
     fn registered(dir: &Path, past_first: bool) -> (Telemetry, Registry) {
         let mut r = Registry::default();
-        let t = Telemetry::new(Some((&mut r, sources(dir))), None);
-        t.with(|i| i.past_first = past_first);
+        let mut t = Telemetry::new(Some((&mut r, sources(dir))), None);
+        t.past_first = past_first;
         (t, r)
     }
 
@@ -754,12 +718,15 @@ mod tests {
         assert!(!v.healthy(), "{v:?}");
         assert_eq!(v.selected, ChainMode::Inline);
         // A steady run of the keeper gives the verdict a look would.
+        let (mut t, _registry) = registered(dir.path(), true);
         for e in [&entry, &owned_entry] {
             let c = ctx(dir.path(), e);
             keep(&c, &mut NoLimit).unwrap();
+            t.before_keep(dir.path());
             let r = keep(&c, &mut NoLimit).unwrap();
             assert!(r.is_steady(), "{r}");
-            assert_eq!(Verdict::steady(&c, &r), verdict(&c));
+            t.report(&r);
+            assert_eq!(t.steady.take(), Some(verdict(&c)));
         }
         // Owned mode on that dir: our copy is the active file and current.
         let owned = verdict(&ctx(dir.path(), &owned_entry));
@@ -785,15 +752,13 @@ mod tests {
     #[test]
     fn the_first_pass_is_no_heal_latency_sample() {
         let tmp = testkit::TempDir::new("metrics-first").unwrap();
-        let (t, r) = registered(tmp.path(), false);
-        t.with(|i| {
-            i.repaired(
-                "missing",
-                Some(SystemTime::now() - Duration::from_secs(3600)),
-            )
-        });
-        t.pass_done(None);
-        t.with(|i| i.repaired("missing", Some(SystemTime::now())));
+        let (mut t, r) = registered(tmp.path(), false);
+        t.repaired(
+            "missing",
+            Some(SystemTime::now() - Duration::from_secs(3600)),
+        );
+        t.pass_done(verdict_for_test);
+        t.repaired("missing", Some(SystemTime::now()));
         let text = page(&r);
         assert!(
             text.contains("\nlinkerd_cni_chain_repairs_total{cause=\"missing\"} 2\n"),
@@ -816,15 +781,29 @@ mod tests {
 
     #[test]
     fn off_records_nothing() {
-        let t = Telemetry::default();
-        t.with(|i| {
-            i.repaired("missing", Some(SystemTime::now()));
-            i.fight("w");
-        });
-        t.pass_done(None);
-        t.chain(&verdict_for_test());
-        assert!(t.0.is_none() && !t.metrics_on());
-        assert!(Telemetry::new(None, None).0.is_none());
+        use linkerd_cni_chain::{Action, Report};
+        let mut t = Telemetry::default();
+        let r = Report {
+            mode: ModeChoice::new(ChainMode::Owned, "a test"),
+            layout: Layout::Fallback("a test".into()),
+            actions: vec![Action::Repaired {
+                file: "10-calico.conflist".into(),
+                cause: ChainState::Missing,
+            }],
+            held_back: vec![],
+            fights: vec!["w".into()],
+            errors: vec![],
+            waiting: None,
+            chained_in: None,
+            stale: None,
+        };
+        t.before_keep(Path::new("/"));
+        t.report(&r);
+        t.pass_done(|| unreachable!("no verdict with metrics off"));
+        assert!(t.metrics.is_none() && t.events.is_none());
+        assert!(t.seen.fighting.is_none() && t.seen.fallback.is_none() && t.written.is_empty());
+        let off = Telemetry::new(None, None);
+        assert!(off.metrics.is_none() && off.events.is_none());
     }
 
     /// The installer's own token is read non-blocking: a FIFO in its place
@@ -907,25 +886,22 @@ mod tests {
     #[test]
     fn rendering_names_every_family_with_its_values() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let (t, r) = registered(tmp.path(), true);
-        t.chain(&Verdict {
+        let (mut t, r) = registered(tmp.path(), true);
+        let ago = SystemTime::now() - Duration::from_millis(30);
+        t.repaired("missing", Some(ago));
+        t.repaired("not_last", None);
+        // One fight and one held-back repair, however many passes see
+        // them.
+        for _ in 0..3 {
+            t.fight("w");
+            t.held_back("f@1");
+        }
+        t.pass_done(|| Verdict {
             configured: ChainMode::Owned,
             selected: ChainMode::Inline,
             reason: Some("a \"multus\" primary".into()),
             problem: None,
         });
-        let ago = SystemTime::now() - Duration::from_millis(30);
-        t.with(|i| {
-            i.repaired("missing", Some(ago));
-            i.repaired("not_last", None);
-            // One fight and one held-back repair, however many passes see
-            // them.
-            for _ in 0..3 {
-                i.fight("w");
-                i.held_back("f@1");
-            }
-        });
-        t.pass_done(None);
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.
         use base64::Engine;

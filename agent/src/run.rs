@@ -23,19 +23,20 @@
 //! file to loading several has its mode re-decided within a second, before
 //! pods started meanwhile are attached twice.
 
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::config::OnExit;
-use crate::installer::{Installer, watch_targets};
+use crate::installer::Installer;
 use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
-use crate::signals::Signals;
 use crate::taint::StartupTaint;
 use crate::watch::{Wanted, Watcher};
 
@@ -49,11 +50,10 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 
 enum Wake {
-    /// The resync period is over, or a held-back repair is due.
-    Timer,
     /// A network config changed: the chain, now.
     Chain,
-    /// Something else changed: a whole pass.
+    /// A whole pass: the resync period is over, a held-back repair is due,
+    /// or something else changed.
     Full,
     Signal(Signal),
 }
@@ -99,7 +99,7 @@ impl Debounce {
 /// The loop; with `repair`, the repair controller beside it (see
 /// [`crate::repair::cli::from_env`]), stopped before SIGTERM's uninstall.
 pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
-    let signals = match Signals::block() {
+    let signals = match block_signals() {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("cannot set up signal handling: {e}");
@@ -116,23 +116,17 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         }
     };
     let cfg = inst.config().clone();
-    let mut watcher = if cfg.watch {
-        match Watcher::new(watch_targets(&cfg, inst.binaries())) {
-            Ok(mut w) => {
-                w.add_settings(crate::runtime::settings_watch(&cfg));
-                Some(w)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
-                    cfg.resync
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let mut watcher = cfg
+        .watch
+        .then(|| Watcher::new(inst.watch_targets()))
+        .transpose()
+        .unwrap_or_else(|e| {
+            tracing::warn!(
+                "cannot use inotify ({e}); relying on the periodic reconcile every {:?}",
+                cfg.resync
+            );
+            None
+        });
     tracing::info!(
         "starting: conf dir {}, bin dir {}, resync every {:?}, watch {}",
         cfg.conf_dir().display(),
@@ -186,7 +180,7 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
         let resync = last_full + cfg.resync;
         let next = inst.retry_at().map_or(resync, |t| t.min(resync));
         full = match wait(&signals, watcher.as_mut(), next, &mut debounce) {
-            Wake::Timer | Wake::Full => true,
+            Wake::Full => true,
             Wake::Chain => false,
             Wake::Signal(sig) => {
                 // Stopped (within its bound) before the uninstall starts.
@@ -197,13 +191,54 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
     }
 }
 
+/// SIGTERM and SIGINT blocked for this thread (before any other thread
+/// starts: they inherit that), and the readable file descriptor (signalfd)
+/// they are delivered to, so the loop waits for them in the same `poll` as
+/// the inotify fd and the resync timer: no handler runs at an arbitrary
+/// point, and no thread or async runtime is needed. This matters for PID 1
+/// in a container: the kernel drops signals whose disposition is the
+/// default, so without this the kubelet's SIGTERM would be ignored until
+/// its grace period ends in SIGKILL.
+fn block_signals() -> Result<SignalFd, Errno> {
+    let set = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
+    set.thread_block()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+}
+
 /// SIGTERM: uninstall only when the API server says the DaemonSet is gone
 /// or being deleted (or always, or never, as configured); otherwise leave
-/// everything, so that a rolling update, a restart or a force-delete never
-/// unchains pods.
+/// everything (and say why), so that a rolling update, a restart or a
+/// force-delete never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
-    let Some(why) = uninstall_why(inst, sig) else {
-        return ExitCode::SUCCESS;
+    let why = match inst.config().on_exit {
+        OnExit::Leave => {
+            tracing::info!(
+                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
+            );
+            return ExitCode::SUCCESS;
+        }
+        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Auto => match owner::ask(inst.config()) {
+            Verdict::Uninstall(how) => how,
+            Verdict::Present(how) => {
+                tracing::info!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
+                );
+                return ExitCode::SUCCESS;
+            }
+            Verdict::CannotTell(why) => {
+                let why = why.trim_end_matches('.');
+                tracing::warn!(
+                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
+                     the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
+                     the plugin passes pods through once no installer beats on this node; remove \
+                     what is left by running `linkerd-cni-installer uninstall` on the node, or by \
+                     deleting the linkerd-cni entry from the node's CNI config and the \
+                     ZZZ-linkerd-cni-* files next to it."
+                );
+                return ExitCode::SUCCESS;
+            }
+        },
     };
     tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
@@ -225,64 +260,30 @@ pub fn uninstall(inst: &Installer, done: &str) -> ExitCode {
     }
 }
 
-/// Why SIGTERM uninstalls, or `None` (said in the log) when it does not.
-fn uninstall_why(inst: &Installer, sig: Signal) -> Option<String> {
-    match inst.config().on_exit {
-        OnExit::Leave => {
-            tracing::info!(
-                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
-            );
-            None
-        }
-        OnExit::Uninstall => Some("LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string()),
-        OnExit::Auto => match owner::ask(inst.config()) {
-            Verdict::Uninstall(how) => Some(how),
-            Verdict::Present(how) => {
-                tracing::info!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
-                );
-                None
-            }
-            Verdict::CannotTell(why) => {
-                let why = why.trim_end_matches('.');
-                tracing::warn!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained: cannot tell whether \
-                     the DaemonSet is being deleted: {why}. If it is being deleted (an uninstall), \
-                     the plugin passes pods through once no installer beats on this node; remove \
-                     what is left by running `linkerd-cni-installer uninstall` on the node, or by \
-                     deleting the linkerd-cni entry from the node's CNI config and the \
-                     ZZZ-linkerd-cni-* files next to it."
-                );
-                None
-            }
-        },
-    }
-}
-
 /// Sleeps until the resync deadline, a signal, or a relevant event,
 /// whichever comes first: at once for a network config's change; for the
 /// other events, at once for the first after a quiet spell, debounced
 /// within a burst.
 fn wait(
-    signals: &Signals,
+    signals: &SignalFd,
     mut watcher: Option<&mut Watcher>,
     deadline: Instant,
     debounce: &mut Debounce,
 ) -> Wake {
     loop {
-        if let Some(sig) = signals.pending() {
+        if let Ok(Some(info)) = signals.read_signal()
+            && let Ok(sig) = Signal::try_from(info.ssi_signo as i32)
+        {
             return Wake::Signal(sig);
         }
+        // The resync deadline, or the end of a burst's debounce.
+        let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let now = Instant::now();
-        if debounce.due().is_some_and(|t| now >= t) {
+        if now >= until {
             return Wake::Full;
         }
-        if now >= deadline {
-            return Wake::Timer;
-        }
-        let until = debounce.due().map_or(deadline, |t| t.min(deadline));
         let timeout = PollTimeout::try_from(until - now).unwrap_or(PollTimeout::MAX);
-        let mut fds = vec![PollFd::new(signals.fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
         if let Some(w) = watcher.as_deref() {
             fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
         }

@@ -30,16 +30,7 @@ const LIVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// which readiness cannot be judged: said, and left out of the verdict.
 pub fn report(inst: &Installer, stood_in: &[&str]) -> (String, bool) {
     let cfg = inst.config();
-    // Without a template, the entry the installer wrote is the one to judge
-    // the chain against.
-    let entry = match stood_in.contains(&"CNI_NETWORK_CONFIG") {
-        true => linkerd_cni_chain::load_entry(&cfg.conf_dir())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| inst.current_entry()),
-        false => inst.current_entry(),
-    };
-    let v = inst.chain_verdict(&entry);
+    let v = inst.chain_verdict();
     let problems = if stood_in.is_empty() {
         inst.check()
     } else {

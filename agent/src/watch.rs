@@ -168,22 +168,19 @@ impl Watcher {
     /// no longer read costs at most a pass when it changes.
     pub fn add_settings(&mut self, dirs: Vec<(PathBuf, Vec<String>)>) {
         for (dir, names) in dirs {
-            let existing = self
-                .targets
-                .iter_mut()
-                .find(|t| t.dir == dir && matches!(t.filter, Filter::Settings(_)));
+            let existing = self.targets.iter_mut().find_map(|t| match &mut t.filter {
+                Filter::Settings(have) if t.dir == dir => Some(have),
+                _ => None,
+            });
             match existing {
-                Some(Target {
-                    filter: Filter::Settings(have),
-                    ..
-                }) => {
+                Some(have) => {
                     for n in names {
                         if !have.contains(&n) {
                             have.push(n);
                         }
                     }
                 }
-                _ => self.targets.push(Target {
+                None => self.targets.push(Target {
                     dir,
                     filter: Filter::Settings(names),
                     wd: None,

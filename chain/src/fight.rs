@@ -38,28 +38,25 @@ impl History {
         self.0.len() >= threshold as usize
     }
 
-    /// Bounded rate while fighting: one repair per `window / threshold`.
-    fn allow(&self, now: f64, window: f64, threshold: u32) -> bool {
+    /// While the repairs within the window are a fight, the last one and
+    /// the rate they are bounded to: one repair per `window / threshold`.
+    fn limited(&self, now: f64, window: f64, threshold: u32) -> Option<(f64, f64)> {
         let mut h = self.clone();
         h.prune(now, window);
-        if !h.fighting(threshold) {
-            return true;
-        }
-        let interval = window / f64::from(threshold.max(1));
-        h.0.back().is_none_or(|&last| now - last >= interval)
+        let last = *h.0.back().filter(|_| h.fighting(threshold))?;
+        Some((last, window / f64::from(threshold.max(1))))
+    }
+
+    fn allow(&self, now: f64, window: f64, threshold: u32) -> bool {
+        self.limited(now, window, threshold)
+            .is_none_or(|(last, interval)| now - last >= interval)
     }
 
     /// When [`History::allow`] turns true again, in seconds from `now`
     /// (zero when it is true now).
     fn wait(&self, now: f64, window: f64, threshold: u32) -> f64 {
-        let mut h = self.clone();
-        h.prune(now, window);
-        if !h.fighting(threshold) {
-            return 0.0;
-        }
-        let interval = window / f64::from(threshold.max(1));
-        h.0.back()
-            .map_or(0.0, |&last| (last + interval - now).max(0.0))
+        self.limited(now, window, threshold)
+            .map_or(0.0, |(last, interval)| (last + interval - now).max(0.0))
     }
 
     fn record(&mut self, now: f64, window: f64, threshold: u32) -> bool {

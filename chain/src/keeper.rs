@@ -405,20 +405,17 @@ pub fn keep(ctx: &Context, limit: &mut dyn RepairLimit) -> Result<Report, ChainE
         limit,
         report: Report::new(ctx.mode.clone()),
     };
-    if let Some(ran) = &ctx.ran {
-        let d = owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+    let owned_mode = ctx.mode.mode == ChainMode::Owned;
+    // The owned view also tells whether the chain the ADD ran is stale.
+    let d = (owned_mode || ctx.ran.is_some())
+        .then(|| owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts))
+        .transpose()?;
+    if let (Some(ran), Some(d)) = (&ctx.ran, &d) {
         run.report.stale = d.stale(ran);
-        if ctx.mode.mode == ChainMode::Owned {
-            run.owned(d)?;
-            return Ok(run.report);
-        }
     }
-    match ctx.mode.mode {
-        ChainMode::Inline => run.inline()?,
-        ChainMode::Owned => {
-            let d = owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
-            run.owned(d)?;
-        }
+    match d.filter(|_| owned_mode) {
+        Some(d) => run.owned(d)?,
+        None => run.inline()?,
     }
     Ok(run.report)
 }
@@ -546,7 +543,7 @@ impl Run<'_> {
                     });
                     return false;
                 }
-                let Some(file) = r.file.filter(|_| r.changed) else {
+                let Some(file) = r.file else {
                     // Another writer fixed it meanwhile, or only leftovers.
                     return r.before == ChainState::Healthy;
                 };
@@ -782,7 +779,7 @@ impl fmt::Display for Health {
 /// Judges the conf dir in the context's mode (read-only: no lock, no
 /// write).
 pub fn health(ctx: &Context) -> Result<Health, ChainError> {
-    let mut listing = owned::list(&ctx.conf_dir, ctx.opts.link_rule())?;
+    let mut listing = owned::list(&ctx.conf_dir, &ctx.opts)?;
     if !listing.leftovers.is_empty() {
         // A repair's temp files exist until its content is on disk, after
         // the runtime already loads it: while a writer holds the lock they

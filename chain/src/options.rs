@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::scan::LinkRule;
-
 /// Bounds and conditions for one repair.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairOptions {
@@ -44,13 +42,4 @@ impl Default for RepairOptions {
 /// Whether `deadline` has come.
 pub(crate) fn past(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-impl RepairOptions {
-    pub(crate) fn link_rule(&self) -> LinkRule<'_> {
-        LinkRule {
-            host_root: &self.host_root,
-            outside: self.write_outside_conf_dir,
-        }
-    }
 }

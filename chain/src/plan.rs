@@ -188,39 +188,18 @@ pub(crate) fn repaired(kind: Kind, bytes: &[u8], desired: &Map<String, Value>) -
     match kind {
         Kind::List => {
             let plugins = top.get("plugins")?.as_array()?;
-            let keep: Vec<usize> = (0..plugins.len())
-                .filter(|&i| plugins.get(i).is_some_and(|p| !is_ours(p)))
-                .collect();
             // An entry that already is the desired one moves verbatim (the
             // last such, if several): no reformatting, no key dropped.
-            let reuse = (0..plugins.len()).rev().find(|&i| {
-                plugins
-                    .get(i)
-                    .filter(|p| is_ours(p))
-                    .and_then(Value::as_object)
-                    .is_some_and(|p| differing_keys(p, desired).is_empty())
+            let reuse = plugins.iter().rposition(|p| {
+                is_ours(p)
+                    && p.as_object()
+                        .is_some_and(|p| differing_keys(p, desired).is_empty())
             });
-            let last = match reuse.and_then(|i| plugins.get(i)) {
-                Some(p) => p.clone(),
-                None => entry.clone(),
+            let last = match reuse {
+                Some(i) => (Append::Element(i), plugins.get(i)?.clone()),
+                None => (Append::Value(&entry), entry.clone()),
             };
-            let mut want = top.clone();
-            let mut list: Vec<Value> = keep
-                .iter()
-                .filter_map(|&i| plugins.get(i).cloned())
-                .collect();
-            list.push(last);
-            want.insert("plugins".into(), Value::Array(list));
-            let append = match reuse {
-                Some(i) => Append::Element(i),
-                None => Append::Value(&entry),
-            };
-            let spliced = text.and_then(|t| {
-                let arr = text::find_plugins(t)?;
-                (arr.elems.len() == plugins.len()).then_some(())?;
-                text::splice_plugins(t, &arr, &keep, Some(append))
-            });
-            Some(checked(spliced, &want, text))
+            Some(edit_list(text, &top, plugins, Some(last)))
         }
         Kind::Single => {
             let mut head = Map::new();
@@ -246,33 +225,49 @@ pub(crate) fn repaired(kind: Kind, bytes: &[u8], desired: &Map<String, Value>) -
 pub(crate) fn without_entries(bytes: &[u8]) -> Option<Vec<u8>> {
     let top = parse(Kind::List, bytes).ok()?;
     let plugins = top.get("plugins")?.as_array()?;
+    let ours = plugins.iter().filter(|p| is_ours(p)).count();
+    if ours == 0 || ours == plugins.len() {
+        return None;
+    }
+    Some(edit_list(
+        std::str::from_utf8(bytes).ok(),
+        &top,
+        plugins,
+        None,
+    ))
+}
+
+/// The list `top` (as `text`) with its plugins other than ours, then
+/// `last` when given (how to write it in the text, and its value): the
+/// text edited in place wherever [`checked`] finds the edit right.
+fn edit_list(
+    text: Option<&str>,
+    top: &Map<String, Value>,
+    plugins: &[Value],
+    last: Option<(Append<'_>, Value)>,
+) -> Vec<u8> {
     let keep: Vec<usize> = (0..plugins.len())
         .filter(|&i| plugins.get(i).is_some_and(|p| !is_ours(p)))
         .collect();
-    if keep.len() == plugins.len() || keep.is_empty() {
-        return None;
-    }
+    let mut list: Vec<Value> = keep
+        .iter()
+        .filter_map(|&i| plugins.get(i).cloned())
+        .collect();
+    let (append, value) = last.unzip();
+    list.extend(value);
     let mut want = top.clone();
-    want.insert(
-        "plugins".into(),
-        Value::Array(
-            keep.iter()
-                .filter_map(|&i| plugins.get(i).cloned())
-                .collect(),
-        ),
-    );
-    let text = std::str::from_utf8(bytes).ok();
+    want.insert("plugins".into(), Value::Array(list));
     let spliced = text.and_then(|t| {
         let arr = text::find_plugins(t)?;
         (arr.elems.len() == plugins.len()).then_some(())?;
-        text::splice_plugins(t, &arr, &keep, None)
+        text::splice_plugins(t, &arr, &keep, append)
     });
-    Some(checked(spliced, &want, text))
+    checked(spliced, &want, text)
 }
 
 /// The edited text if it parses to exactly `want` (same keys in the same
 /// order, same numbers); otherwise `want` serialized in the original's
-/// style. The edit is the rule; the fallback guards against a scanner bug
+/// style. The edit is the rule; the fallback guards against a text-edit bug
 /// ever reaching a node.
 fn checked(edited: Option<String>, want: &Map<String, Value>, orig: Option<&str>) -> Vec<u8> {
     if let Some(e) = edited

@@ -11,16 +11,6 @@ use crate::scan::{self, Listing};
 use crate::write::{self, Intent, parent};
 use crate::{Action, ChainError, RepairOptions, owned};
 
-/// What [`recover`] did.
-#[derive(Debug, Default)]
-struct Recovery {
-    /// Temp files removed: our unfinished writes, and displaced content
-    /// already superseded.
-    pub removed: usize,
-    /// What was put back, one note each.
-    pub restored: Vec<String>,
-}
-
 /// The conf dir's listing after [`recover`] (run under the conf-dir lock,
 /// before any writer decides anything), and what recovery did, as the
 /// keeper reports it: listed again when content came back, since that is
@@ -29,18 +19,12 @@ pub(crate) fn recovered_listing(
     conf_dir: &Path,
     opts: &RepairOptions,
 ) -> Result<(Listing, Vec<Action>), ChainError> {
-    let listing = owned::list(conf_dir, opts.link_rule())?;
-    let Recovery { removed, restored } = recover(conf_dir, &listing, &opts.host_root)?;
-    let relist = !restored.is_empty();
-    let actions = (removed > 0)
-        .then_some(Action::Leftovers(removed))
-        .into_iter()
-        .chain(restored.into_iter().map(Action::Restored))
-        .collect();
-    if !relist {
+    let listing = owned::list(conf_dir, opts)?;
+    let actions = recover(conf_dir, &listing, &opts.host_root)?;
+    if !actions.iter().any(|a| matches!(a, Action::Restored(_))) {
         return Ok((listing, actions));
     }
-    Ok((owned::list(conf_dir, opts.link_rule())?, actions))
+    Ok((owned::list(conf_dir, opts)?, actions))
 }
 
 /// Deals with the temp files a killed repair left, before anything else is
@@ -49,13 +33,20 @@ pub(crate) fn recovered_listing(
 /// retired by a conversion) is put back when nothing newer has replaced it
 /// since, and only removed once something has. The lock guarantees that no
 /// live repair owns any of them. `listing.leftovers` is every place a temp
-/// file can be, and every copy of owned mode's a crash lost.
-fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recovery, ChainError> {
-    let mut done = Recovery::default();
+/// file can be, and every copy of owned mode's a crash lost. Returns what
+/// it did: how many temp files it removed (our unfinished writes, and
+/// displaced content already superseded), then what it put back.
+fn recover(
+    conf_dir: &Path,
+    listing: &Listing,
+    host_root: &Path,
+) -> Result<Vec<Action>, ChainError> {
+    let mut removed = 0;
+    let mut restored = Vec::new();
     let mut touched = vec![conf_dir.to_path_buf()];
     for p in &listing.leftovers {
         let name = p.file_name().unwrap_or_default();
-        let restored = match Intent::of(name) {
+        let note = match Intent::of(name) {
             // A copy of ours a crash lost (owned mode's `classify`): removed,
             // unless a swap's recovery just put the copy it displaced back.
             None if !write::is_temp_name(name)
@@ -77,13 +68,13 @@ fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recov
                 content,
             }) => recover_grave(p, host_root, json, list, base, content)?,
         };
-        match restored {
+        match note {
             Some(note) => {
                 log::warn!("{note}");
-                done.restored.push(note);
+                restored.push(Action::Restored(note));
             }
             None => match fs::remove_file(p) {
-                Ok(()) => done.removed += 1,
+                Ok(()) => removed += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(ChainError::io("remove leftover temp file", p, e)),
             },
@@ -93,12 +84,13 @@ fn recover(conf_dir: &Path, listing: &Listing, host_root: &Path) -> Result<Recov
             touched.push(dir);
         }
     }
-    if done.removed > 0 || !done.restored.is_empty() {
+    if removed > 0 || !restored.is_empty() {
         for dir in &touched {
             write::fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))?;
         }
     }
-    Ok(done)
+    let leftovers = (removed > 0).then_some(Action::Leftovers(removed));
+    Ok(leftovers.into_iter().chain(restored).collect())
 }
 
 /// The FNV digest of a file's content, as temp file names record it

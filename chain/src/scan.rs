@@ -25,9 +25,9 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::OFlag;
 
-use super::ChainError;
 use super::names::{is_config_name, is_owned_name, is_renamed_owned_name};
 use super::write::is_temp_name;
+use super::{ChainError, RepairOptions};
 
 /// Larger files are reported rather than read: no real network config comes
 /// near this, and the plugin must stay quick whatever lies in the conf dir.
@@ -80,15 +80,6 @@ pub(crate) struct Link {
     pub real: Result<PathBuf, String>,
     /// Why a repair must not write there (`None`: it may).
     pub refused: Option<String>,
-}
-
-/// Where symlinks lead and where a repair may follow them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LinkRule<'a> {
-    /// The host's `/` in this process's view.
-    pub host_root: &'a Path,
-    /// Whether a repair may write to a target outside the conf dir.
-    pub outside: bool,
 }
 
 impl Listing {
@@ -177,15 +168,15 @@ fn push_front(todo: &mut VecDeque<OsString>, path: &Path) {
 
 /// Resolves the symlinked config `path` and decides whether a repair may
 /// write where it leads.
-fn link(path: &Path, conf_real: Option<&Path>, rule: LinkRule<'_>) -> Link {
-    let real = resolve_in(rule.host_root, path).map_err(|e| {
+fn link(path: &Path, conf_real: Option<&Path>, opts: &RepairOptions) -> Link {
+    let real = resolve_in(&opts.host_root, path).map_err(|e| {
         format!(
             "cannot resolve the symlink (absolute targets are taken under {}): {e}",
-            rule.host_root.display()
+            opts.host_root.display()
         )
     });
     let refused = match (&real, conf_real) {
-        (Ok(_), _) if rule.outside => None,
+        (Ok(_), _) if opts.write_outside_conf_dir => None,
         (Ok(r), Some(conf)) if r.starts_with(conf) => None,
         (Ok(r), _) => Some(format!(
             "it is a symlink to {}, outside the conf dir; linkerd-cni writes only inside the conf dir unless told otherwise: point the link at a file inside the conf dir, or allow writing outside it (plugin config \"chain_write_outside_conf_dir\": true; installer LINKERD_CNI_CHAIN_WRITE_OUTSIDE_CONF_DIR=true)",
@@ -200,7 +191,9 @@ fn link(path: &Path, conf_real: Option<&Path>, rule: LinkRule<'_>) -> Link {
     }
 }
 
-pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError> {
+/// The conf dir's listing, with symlinks resolved and judged as `opts` says
+/// ([`RepairOptions::host_root`], [`RepairOptions::write_outside_conf_dir`]).
+pub(crate) fn list(dir: &Path, opts: &RepairOptions) -> Result<Listing, ChainError> {
     let rd = fs::read_dir(dir).map_err(|e| ChainError::io("read the conf dir", dir, e))?;
     let mut configs = Vec::new();
     let mut leftovers = Vec::new();
@@ -242,11 +235,11 @@ pub(crate) fn list(dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError
     sort_by_name(&mut candidates);
     let conf_real = match links.is_empty() {
         true => None,
-        false => resolve_in(rule.host_root, dir).ok(),
+        false => resolve_in(&opts.host_root, dir).ok(),
     };
     let links: Vec<Link> = links
         .iter()
-        .map(|p| link(p, conf_real.as_deref(), rule))
+        .map(|p| link(p, conf_real.as_deref(), opts))
         .collect();
     // Temp files where symlinks lead: a repair writes them next to the
     // target (and older versions did so wherever that was).

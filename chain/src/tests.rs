@@ -19,6 +19,12 @@ fn opts() -> RepairOptions {
     RepairOptions::default()
 }
 
+/// What a repair's recovery did, as the keeper reports it.
+fn recovered(r: &inline::RepairReport) -> String {
+    let lines: Vec<String> = r.recovery.iter().map(Action::to_string).collect();
+    lines.join("; ")
+}
+
 #[test]
 fn missing_entry_is_repaired_once_and_then_never_written() {
     let d = TempDir::new("once");
@@ -29,15 +35,14 @@ fn missing_entry_is_repaired_once_and_then_never_written() {
         ChainState::Missing
     );
     let r = repair(d.path(), &want, &opts()).unwrap();
-    assert!(r.changed);
+    assert!(r.file.is_some());
     assert_eq!(r.file.as_deref(), Some(f.as_path()));
     assert_eq!(r.before, ChainState::Missing);
-    assert!(r.summary.contains("10-calico.conflist"), "{}", r.summary);
     assert!(diagnose(d.path(), &want).unwrap().is_healthy());
     let m1 = fs::metadata(&f).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let again = repair(d.path(), &want, &opts()).unwrap();
-    assert!(!again.changed);
+    assert!(again.file.is_none());
     assert_eq!(again.file, None);
     let m2 = fs::metadata(&f).unwrap();
     assert_eq!((m1.ino(), m1.mtime_nsec()), (m2.ino(), m2.mtime_nsec()));
@@ -121,8 +126,8 @@ fn symlinked_conflist_is_written_through_to_its_target() {
     let link = d.path().join("10-calico.conflist");
     symlink("real/calico.conflist", &link).unwrap();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.changed, "{}", r.summary);
-    assert!(r.summary.contains("symlink"), "{}", r.summary);
+    // Reported as the config the runtime loads: the link, written through.
+    assert_eq!(r.file.as_deref(), Some(link.as_path()), "{r:?}");
     assert!(
         fs::symlink_metadata(&link)
             .unwrap()
@@ -168,8 +173,8 @@ fn leftovers_are_reported_and_cleaned() {
     assert_eq!(diag.leftovers, std::slice::from_ref(&tmp));
     assert!(diag.to_string().contains("interrupted"), "{diag}");
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(!r.changed);
-    assert!(r.summary.contains("leftover"), "{}", r.summary);
+    assert!(r.file.is_none());
+    assert!(recovered(&r).contains("leftover"), "{r:?}");
     assert!(!tmp.exists());
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
@@ -180,7 +185,7 @@ fn invalid_active_file_is_never_touched() {
     let f = d.write("10-calico.conflist", &CALICO[..100]);
     d.write("20-other.conflist", CALICO);
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(!r.changed);
+    assert!(r.file.is_none());
     assert!(matches!(r.before, ChainState::Invalid { .. }));
     assert_eq!(fs::read_to_string(&f).unwrap(), &CALICO[..100]);
     assert!(
@@ -217,7 +222,7 @@ fn conf_becomes_conflist_and_the_conf_goes_only_after() {
     let f = d.write("10-bridge.conf", conf);
     fs::set_permissions(&f, Permissions::from_mode(0o640)).unwrap();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.changed);
+    assert!(r.file.is_some());
     assert_eq!(r.before, ChainState::SingleConf);
     assert_eq!(d.names(), ["10-bridge.conflist"]);
     let list = d.path().join("10-bridge.conflist");
@@ -277,7 +282,12 @@ fn symlinked_conf_is_converted_and_its_target_kept() {
     )
     .unwrap();
     symlink("src/bridge.conf", d.path().join("10-bridge.conf")).unwrap();
-    assert!(repair(d.path(), &desired(), &opts()).unwrap().changed);
+    assert!(
+        repair(d.path(), &desired(), &opts())
+            .unwrap()
+            .file
+            .is_some()
+    );
     assert_eq!(d.names(), ["10-bridge.conflist", "src"]);
     assert!(d.path().join("src/bridge.conf").exists());
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
@@ -337,7 +347,12 @@ fn lock_wait_is_bounded_and_nothing_is_written_without_it() {
         ChainState::Missing
     );
     drop(holder);
-    assert!(repair(d.path(), &desired(), &opts()).unwrap().changed);
+    assert!(
+        repair(d.path(), &desired(), &opts())
+            .unwrap()
+            .file
+            .is_some()
+    );
 }
 
 /// Any uid can `flock` the conf dir (it needs only a descriptor), the lock
@@ -359,7 +374,7 @@ fn a_conf_dir_flocked_by_another_user_does_not_stop_a_repair() {
     let r = repair(d.path(), &desired(), &o);
     let took = start.elapsed();
     drop(holder);
-    assert!(r.unwrap().changed, "repaired");
+    assert!(r.unwrap().file.is_some(), "repaired");
     assert!(fs::read_to_string(&f).unwrap().contains(PLUGIN_TYPE));
     assert!(took < Duration::from_secs(2), "{took:?}");
     // The lock file: root's, 0600, and nobody cannot hold it.
@@ -508,7 +523,7 @@ fn no_primary_means_no_write() {
     let d = TempDir::new("noprimary");
     let r = repair(d.path(), &desired(), &opts()).unwrap();
     assert_eq!(r.before, ChainState::NoPrimaryConfig);
-    assert!(!r.changed);
+    assert!(r.file.is_none());
     assert!(d.names().is_empty());
     let diag = diagnose(d.path(), &desired()).unwrap();
     assert!(
@@ -526,7 +541,9 @@ mod lost_update {
 
     use super::*;
     use crate::inline::testing::{before_next_swap, replace_from};
+    use std::cell::Cell;
     use std::io::Write;
+    use std::rc::Rc;
 
     fn calico_with(mtu: u32) -> String {
         CALICO.replace("1440", &mtu.to_string())
@@ -575,6 +592,29 @@ mod lost_update {
     }
 
     #[test]
+    fn without_rename_exchange_newer_content_is_repaired_by_rename() {
+        // A file system without RENAME_EXCHANGE: an ordinary rename, made
+        // only while the target still holds what the repair started from.
+        crate::write::order::NO_EXCHANGE.set(true);
+        let d = TempDir::new("no-exchange");
+        let f = d.write("10-calico.conflist", CALICO);
+        let target = f.clone();
+        before_next_swap(move || fs::write(&target, calico_with(7777)).unwrap());
+        assert!(replace_from(&f, CALICO.as_bytes(), &desired()).unwrap());
+        let text = fs::read_to_string(&f).unwrap();
+        assert!(text.contains("7777") && healthy(&text), "{text}");
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+        // And a repair with nobody in the way.
+        let d = TempDir::new("no-exchange-plain");
+        let f = d.write("10-calico.conflist", CALICO);
+        let r = repair(d.path(), &desired(), &opts()).unwrap();
+        crate::write::order::NO_EXCHANGE.set(false);
+        assert_eq!(r.file.as_deref(), Some(f.as_path()));
+        assert!(healthy(&fs::read_to_string(&f).unwrap()));
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    #[test]
     fn a_write_in_progress_is_put_back_as_the_same_file() {
         let d = TempDir::new("lost4");
         let f = d.write("10-calico.conflist", CALICO);
@@ -601,6 +641,37 @@ mod lost_update {
         file.write_all(&calico_with(5555).as_bytes()[60..]).unwrap();
         drop(file);
         assert_eq!(fs::read_to_string(&f).unwrap(), calico_with(5555));
+        assert_eq!(d.names(), ["10-calico.conflist"]);
+    }
+
+    /// A primary that writes again right before every swap of ours; `last`
+    /// is the MTU it wrote last.
+    fn writes_before_every_swap(target: std::path::PathBuf, last: Rc<Cell<u32>>) {
+        before_next_swap(move || {
+            last.set(last.get() + 1);
+            fs::write(&target, calico_with(last.get())).unwrap();
+            writes_before_every_swap(target.clone(), last.clone());
+        });
+    }
+
+    #[test]
+    fn a_writer_faster_than_the_repair_keeps_its_newest_content() {
+        let d = TempDir::new("contended");
+        let f = d.write("10-calico.conflist", CALICO);
+        let last = Rc::new(Cell::new(2000));
+        writes_before_every_swap(f.clone(), last.clone());
+        // Once right after an exchange too: the put-backs then fall out of
+        // step with our swaps, so the repair runs out of swaps holding
+        // someone's content, which goes back in place once more.
+        let target = f.clone();
+        inline::testing::after_next_exchange(move || {
+            fs::write(&target, calico_with(1000)).unwrap();
+        });
+        let r = replace_from(&f, CALICO.as_bytes(), &desired());
+        before_next_swap(|| {});
+        assert!(matches!(r, Err(ChainError::Contended { .. })), "{r:?}");
+        // Their newest content, whole, and nothing of ours left.
+        assert_eq!(fs::read_to_string(&f).unwrap(), calico_with(last.get()));
         assert_eq!(d.names(), ["10-calico.conflist"]);
     }
 
@@ -869,18 +940,14 @@ fn repair_waits_for_its_required_file() {
         ..RepairOptions::default()
     };
     let r = repair(d.path(), &desired(), &o).unwrap();
-    assert!(!r.changed, "{}", r.summary);
+    assert_eq!(r.file, None, "{r:?}");
     assert_eq!(r.before, ChainState::Missing);
-    assert!(
-        r.summary.contains("ZZZ-linkerd-cni-kubeconfig"),
-        "{}",
-        r.summary
-    );
+    assert_eq!(r.withheld.as_deref(), Some(kubeconfig.as_path()), "{r:?}");
     assert_eq!(fs::read_to_string(&f).unwrap(), CALICO);
 
     fs::write(&kubeconfig, "apiVersion: v1\n").unwrap();
     let r = repair(d.path(), &desired(), &o).unwrap();
-    assert!(r.changed, "{}", r.summary);
+    assert!(r.file.is_some(), "{r:?}");
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());
 }
 
@@ -1002,8 +1069,8 @@ fn a_kill_right_after_the_exchange_loses_no_primary_write() {
     assert_eq!(parked.len(), 1, "{parked:?}");
     assert_eq!(d.read(&parked[0]), CALICO_NEWER);
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.changed, "{}", r.summary);
-    assert!(r.summary.contains("put back"), "{}", r.summary);
+    assert!(r.file.is_some(), "{r:?}");
+    assert!(recovered(&r).contains("put back"), "{r:?}");
     // The primary's write, with our entry: nothing lost.
     let text = only_config_is_healthy(&d);
     assert!(text.contains("9000") && !text.contains("portmap"), "{text}");
@@ -1047,7 +1114,7 @@ fn a_conversion_killed_after_retiring_a_rewritten_conf_puts_it_back() {
     .path_in(d.path());
     fs::write(&grave, newer).unwrap();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.summary.contains("put back"), "{}", r.summary);
+    assert!(recovered(&r).contains("put back"), "{r:?}");
     let text = only_config_is(&d, "10-bridge.conflist");
     assert!(text.contains("9000"), "{text}");
 
@@ -1094,7 +1161,7 @@ fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
     // And a plain temp file.
     fs::write(write::temp_path(d.path()), "half").unwrap();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.summary.contains("removed 3 leftover"), "{}", r.summary);
+    assert!(recovered(&r).contains("removed 3 leftover"), "{r:?}");
     let text = only_config_is(&d, "10-calico.conflist");
     assert!(text.contains("8000"), "{text}");
 }
@@ -1105,7 +1172,7 @@ fn the_repair_is_in_place_before_the_disk_is_waited_for() {
     d.write("10-calico.conflist", CALICO);
     write::order::take();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.changed, "{}", r.summary);
+    assert!(r.file.is_some(), "{r:?}");
     // The runtime sees the repair at the exchange; our content reaches the
     // disk before the primary's version it displaced is removed.
     assert_eq!(
@@ -1142,9 +1209,8 @@ fn a_crash_that_lost_the_repair_puts_the_primarys_version_back() {
         let d = crashed_with_the_repair_lost(tag, &lost);
         let r = repair(d.path(), &desired(), &opts()).unwrap();
         assert!(
-            r.summary.contains("a crash lost the repair"),
-            "{tag}: {}",
-            r.summary
+            recovered(&r).contains("a crash lost the repair"),
+            "{tag}: {r:?}"
         );
         let text = only_config_is_healthy(&d);
         // The primary's config, whole, with our entry.
@@ -1204,11 +1270,7 @@ fn symlinks_leading_inside_the_conf_dir_are_written_through() {
             "{tag}"
         );
         let r = repair(d.path(), &desired(), &opts()).unwrap();
-        assert!(
-            r.changed && r.summary.contains("symlink"),
-            "{tag}: {}",
-            r.summary
-        );
+        assert_eq!(r.file.as_deref(), Some(link.as_path()), "{tag}: {r:?}");
         assert!(
             fs::symlink_metadata(&link)
                 .unwrap()
@@ -1270,7 +1332,7 @@ fn a_symlink_leading_outside_the_conf_dir_is_refused_unless_allowed() {
         diagnose_with(d.path(), &desired(), &allow).unwrap().refused,
         None
     );
-    assert!(repair(d.path(), &desired(), &allow).unwrap().changed);
+    assert!(repair(d.path(), &desired(), &allow).unwrap().file.is_some());
     assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
     assert_eq!(elsewhere.names(), ["calico.conflist"]);
     // Uninstall leaves what it may not write.
@@ -1316,13 +1378,13 @@ fn absolute_symlink_targets_resolve_under_the_host_root() {
         (&ChainState::Missing, &None),
         "{diag}"
     );
-    assert!(repair(&conf, &desired(), &o).unwrap().changed);
+    assert!(repair(&conf, &desired(), &o).unwrap().file.is_some());
     assert!(fs::read_to_string(&target).unwrap().contains("linkerd-cni"));
     let diag = diagnose_with(&conf, &desired(), &o).unwrap();
     assert!(diag.is_healthy(), "{diag}");
     // The other two: one outside the conf dir (as the host resolves it),
     // one inside, and already repaired through the first.
-    let listing = crate::owned::list(&conf, o.link_rule()).unwrap();
+    let listing = crate::owned::list(&conf, &o).unwrap();
     let refused: Vec<_> = listing
         .links
         .iter()
@@ -1361,7 +1423,7 @@ fn leftovers_where_symlinks_lead_are_cleaned() {
     assert_eq!(diag.leftovers, want);
     assert!(diag.needs_repair());
     let r = repair(d.path(), &desired(), &opts()).unwrap();
-    assert!(r.summary.contains("removed 2 leftover"), "{}", r.summary);
+    assert!(recovered(&r).contains("removed 2 leftover"), "{r:?}");
     assert_eq!(names_in(&d.path().join("real")), ["calico.conflist"]);
     assert_eq!(elsewhere.names(), ["other.conflist"]);
     assert!(diagnose(d.path(), &desired()).unwrap().is_healthy());

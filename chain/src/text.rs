@@ -5,13 +5,17 @@
 //! Every function here works on text that serde_json has already accepted,
 //! and every result is re-parsed and compared with the intended value by the
 //! caller ([`super::plan`]), which falls back to plain serialization if the
-//! two ever disagree. The scanner still never indexes out of bounds: on
-//! anything unexpected it returns `None`.
+//! two ever disagree. Where each value lies in the text is serde_json's own
+//! answer (its raw text, borrowed from the input), so the positions are
+//! those of the parse that accepted the file; anything unexpected gives
+//! `None`.
 
-use std::io;
+use std::{fmt, io};
 
 use serde::Serialize;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::ser::{Formatter, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Byte spans of the top-level `plugins` array of a conflist.
@@ -25,135 +29,62 @@ pub(crate) struct PluginsArray {
     pub elems: Vec<(usize, usize)>,
 }
 
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
-}
+/// The members of a JSON object as written: each key (unescaped) with its
+/// value's text, which borrows from the input, in order and with repeats.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
 
-fn skip_ws(t: &[u8], mut i: usize) -> usize {
-    while t.get(i).copied().is_some_and(is_ws) {
-        i += 1;
-    }
-    i
-}
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Members<'de>;
 
-/// End (exclusive) of the string starting at `i` (which must be `"`).
-fn skip_string(t: &[u8], i: usize) -> Option<usize> {
-    if t.get(i) != Some(&b'"') {
-        return None;
-    }
-    let mut j = i + 1;
-    loop {
-        match t.get(j)? {
-            b'\\' => j += 2,
-            b'"' => return Some(j + 1),
-            _ => j += 1,
-        }
-    }
-}
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
 
-/// End (exclusive) of the value starting at `i`.
-fn skip_value(t: &[u8], i: usize) -> Option<usize> {
-    match t.get(i)? {
-        b'"' => skip_string(t, i),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            loop {
-                match t.get(j)? {
-                    b'"' => {
-                        j = skip_string(t, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth = depth.checked_sub(1)?;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
                 }
-                j += 1;
+                Ok(Members(members))
             }
         }
-        _ => {
-            let mut j = i;
-            while let Some(&b) = t.get(j) {
-                if is_ws(b) || matches!(b, b',' | b'}' | b']') {
-                    break;
-                }
-                j += 1;
-            }
-            (j > i).then_some(j)
-        }
+        d.deserialize_map(Visit)
     }
+}
+
+/// Where `part`, a slice of `text`, starts in it.
+fn offset(text: &str, part: &RawValue) -> usize {
+    (part.get().as_ptr() as usize).saturating_sub(text.as_ptr() as usize)
 }
 
 /// Finds the `plugins` array of the top-level object. `None` when the text
 /// is not shaped as expected, including a repeated `plugins` key (whose
 /// meaning differs between parsers).
 pub(crate) fn find_plugins(text: &str) -> Option<PluginsArray> {
-    let t = text.as_bytes();
-    let mut i = skip_ws(t, 0);
-    if t.get(i) != Some(&b'{') {
+    let Members(members) = serde_json::from_str(text).ok()?;
+    let mut plugins = members.iter().filter(|(k, _)| k == "plugins");
+    let (_, raw) = plugins.next()?;
+    if plugins.next().is_some() {
         return None;
     }
-    i = skip_ws(t, i + 1);
-    let mut found = None;
-    if t.get(i) == Some(&b'}') {
-        return None;
-    }
-    loop {
-        let kend = skip_string(t, i)?;
-        let key: String = serde_json::from_slice(t.get(i..kend)?).ok()?;
-        i = skip_ws(t, kend);
-        if t.get(i) != Some(&b':') {
-            return None;
-        }
-        i = skip_ws(t, i + 1);
-        let vend = skip_value(t, i)?;
-        if key == "plugins" {
-            if found.is_some() {
-                return None;
-            }
-            found = Some(i);
-        }
-        i = skip_ws(t, vend);
-        match t.get(i)? {
-            b',' => i = skip_ws(t, i + 1),
-            b'}' => break,
-            _ => return None,
-        }
-    }
-    let open = found?;
-    if t.get(open) != Some(&b'[') {
-        return None;
-    }
-    let mut elems = Vec::new();
-    let mut i = skip_ws(t, open + 1);
-    if t.get(i) == Some(&b']') {
-        return Some(PluginsArray {
-            open,
-            close: i,
-            elems,
-        });
-    }
-    loop {
-        let end = skip_value(t, i)?;
-        elems.push((i, end));
-        i = skip_ws(t, end);
-        match t.get(i)? {
-            b',' => i = skip_ws(t, i + 1),
-            b']' => {
-                return Some(PluginsArray {
-                    open,
-                    close: i,
-                    elems,
-                });
-            }
-            _ => return None,
-        }
-    }
+    let elems: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+    let open = offset(text, raw);
+    Some(PluginsArray {
+        open,
+        close: open + raw.get().len() - 1,
+        elems: elems
+            .iter()
+            .map(|e| (offset(text, e), offset(text, e) + e.get().len()))
+            .collect(),
+    })
+}
+
+/// JSON's whitespace.
+fn is_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r')
 }
 
 /// How a file is laid out, so that what we add looks like what is there.
@@ -176,26 +107,24 @@ pub(crate) struct Pretty {
 
 impl Style {
     pub(crate) fn detect(text: &str) -> Style {
-        let t = text.as_bytes();
         // The first member of the top-level object shows the spacing.
         let mut colon = ": ";
         let mut comma = ", ";
-        let i = skip_ws(t, 0);
-        if t.get(i) == Some(&b'{')
-            && let Some(kend) = skip_string(t, skip_ws(t, i + 1))
-        {
-            let c = skip_ws(t, kend);
-            if t.get(c) == Some(&b':') {
-                if !t.get(c + 1).copied().is_some_and(is_ws) {
-                    colon = ":";
-                }
-                let v = skip_ws(t, c + 1);
-                if let Some(vend) = skip_value(t, v) {
-                    let k = skip_ws(t, vend);
-                    if t.get(k) == Some(&b',') && !t.get(k + 1).copied().is_some_and(is_ws) {
-                        comma = ",";
-                    }
-                }
+        let members = serde_json::from_str::<Members<'_>>(text).map(|m| m.0);
+        if let Some((_, first)) = members.as_deref().unwrap_or_default().first() {
+            let start = offset(text, first);
+            if text.as_bytes().get(start.wrapping_sub(1)) == Some(&b':') {
+                colon = ":";
+            }
+            let after = text
+                .get(start + first.get().len()..)
+                .unwrap_or_default()
+                .trim_start_matches(is_ws);
+            if after
+                .strip_prefix(',')
+                .is_some_and(|r| !r.starts_with(is_ws))
+            {
+                comma = ",";
             }
         }
         let body = text.trim();

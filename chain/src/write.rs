@@ -189,25 +189,20 @@ pub(crate) fn lost(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| b == 0)
 }
 
-/// When a temp file's content is made durable.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fsync {
-    /// Before it is returned: it may be renamed over its target.
-    Now,
-    /// By the caller, before it discards what the temp file replaces.
-    Later,
-}
-
 /// Creates a new temp file in `dir` with `mode` (exactly, whatever the
-/// umask) and, when given, `owner` (uid, gid); `fill` writes its content;
-/// then it is fsynced when `sync` says so. Returns its path and the open
-/// file; on error nothing is left behind.
+/// umask) and, when given, `owner` (uid, gid); `fill` writes its content.
+/// Returns its path and the open file; on error nothing is left behind.
+///
+/// A temp file is fsynced before it is returned unless its name carries an
+/// `intent`: only those are exchanged with their target, and the exchange
+/// does not wait for the disk (see the module's docs); its caller fsyncs
+/// it once it is in place. Any other is renamed over its target, so its
+/// content is on disk first.
 fn create_temp(
     dir: &Path,
     intent: Option<&Intent>,
     mode: u32,
     owner: Option<(u32, u32)>,
-    sync: Fsync,
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
@@ -242,7 +237,7 @@ fn create_temp(
                 }
             }
         }
-        if sync == Fsync::Now {
+        if intent.is_none() {
             persist(&file)?;
         }
         Ok(())
@@ -262,7 +257,7 @@ pub(crate) fn write_temp(
     content: &[u8],
     like: Option<&Metadata>,
 ) -> io::Result<PathBuf> {
-    temp_with(dir, None, content, like, Fsync::Now).map(|(path, _)| path)
+    temp_with(dir, None, content, like).map(|(path, _)| path)
 }
 
 /// [`write_temp`] without the fsync, its name carrying `intent`, for an
@@ -274,7 +269,7 @@ pub(crate) fn stage_temp_for(
     content: &[u8],
     like: Option<&Metadata>,
 ) -> io::Result<(PathBuf, File)> {
-    temp_with(dir, Some(intent), content, like, Fsync::Later)
+    temp_with(dir, Some(intent), content, like)
 }
 
 fn temp_with(
@@ -282,11 +277,10 @@ fn temp_with(
     intent: Option<&Intent>,
     content: &[u8],
     like: Option<&Metadata>,
-    sync: Fsync,
 ) -> io::Result<(PathBuf, File)> {
     let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
     let owner = like.map(|m| (m.uid(), m.gid()));
-    create_temp(dir, intent, mode, owner, sync, |f| f.write_all(content))
+    create_temp(dir, intent, mode, owner, |f| f.write_all(content))
 }
 
 /// Replaces `target` with what `fill` writes, atomically, with exactly
@@ -298,7 +292,7 @@ pub fn replace_with(
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), ChainError> {
     let dir = parent(target);
-    let (temp, _) = create_temp(dir, None, mode, None, Fsync::Now, fill)
+    let (temp, _) = create_temp(dir, None, mode, None, fill)
         .map_err(|e| ChainError::io("write a temp file for", target, e))?;
     if let Err(e) = fs::rename(&temp, target) {
         let _ = fs::remove_file(&temp);
@@ -360,6 +354,10 @@ pub(crate) fn unsupported(e: &io::Error) -> bool {
 pub(crate) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
     #[cfg(test)]
     order::note("exchange");
+    #[cfg(test)]
+    if order::NO_EXCHANGE.get() {
+        return Err(Errno::EINVAL.into());
+    }
     renameat2(a, b, RenameFlags::RENAME_EXCHANGE)
 }
 
@@ -413,6 +411,9 @@ pub(crate) mod order {
 
     thread_local! {
         static STEPS: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+        /// Whether [`super::exchange`] fails as on a file system without
+        /// `RENAME_EXCHANGE`, on this thread.
+        pub(crate) static NO_EXCHANGE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     pub(crate) fn note(step: &'static str) {

@@ -28,3 +28,12 @@ pub mod netns;
 pub mod outcome;
 pub mod plugin;
 pub mod pod;
+
+/// `s` as an unsigned decimal, digits only, as Go's `strconv.ParseUint`
+/// reads it: Rust's `from_str` would also take a leading `+`.
+pub(crate) fn decimal<T: std::str::FromStr>(s: &str) -> Option<T> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}

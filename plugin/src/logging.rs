@@ -101,26 +101,13 @@ impl Log for Logger {
             return;
         }
         let ctx = self.context.lock().map(|c| c.clone()).unwrap_or_default();
-        let sep = if ctx.is_empty() { "" } else { " " };
-        let pid = std::process::id();
-        let line = line(
-            SystemTime::now(),
-            record.level(),
-            self.program,
-            pid,
-            &ctx,
-            record.args(),
-        );
+        let tagged = tagged(self.program, std::process::id(), &ctx, record.args());
+        let line = line(SystemTime::now(), record.level(), &tagged);
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
         if let Some(sock) = &self.syslog {
             // RFC 3164 without a timestamp: syslog daemons stamp it.
             let pri = 8 /* facility user */ + severity(record.level());
-            let msg = format!(
-                "<{pri}>{}[{pid}]: {ctx}{sep}{}",
-                self.program,
-                record.args()
-            );
-            let _ = sock.send(msg.as_bytes());
+            let _ = sock.send(format!("<{pri}>{tagged}").as_bytes());
         }
     }
 
@@ -129,21 +116,18 @@ impl Log for Logger {
     }
 }
 
-/// The stderr line for one record at `now`, newline included.
-fn line(
-    now: SystemTime,
-    level: Level,
-    program: &str,
-    pid: u32,
-    context: &str,
-    message: &std::fmt::Arguments<'_>,
-) -> String {
-    let t = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+/// `<program>[<pid>]: [<context> ]<message>`: a record as both stderr and
+/// syslog carry it.
+fn tagged(program: &str, pid: u32, context: &str, message: &std::fmt::Arguments<'_>) -> String {
     let sep = if context.is_empty() { "" } else { " " };
-    format!(
-        "{} {level:<5} {program}[{pid}]: {context}{sep}{message}\n",
-        rfc3339(t.as_secs(), t.subsec_millis()),
-    )
+    format!("{program}[{pid}]: {context}{sep}{message}")
+}
+
+/// The stderr line for a [`tagged`] record at `now`, newline included.
+fn line(now: SystemTime, level: Level, tagged: &str) -> String {
+    let t = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let time = rfc3339(t.as_secs(), t.subsec_millis());
+    format!("{time} {level:<5} {tagged}\n")
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`; a time jiff cannot hold (past
@@ -219,17 +203,14 @@ mod tests {
     fn one_line_with_or_without_context() {
         let at = UNIX_EPOCH + std::time::Duration::from_millis(1_795_920_646_123);
         assert_eq!(
-            line(at, Level::Info, "prog", 7, "", &format_args!("hi")),
+            line(at, Level::Info, &tagged("prog", 7, "", &format_args!("hi"))),
             "2026-11-29T02:50:46.123Z INFO  prog[7]: hi\n"
         );
         assert_eq!(
             line(
                 at,
                 Level::Warn,
-                "prog",
-                7,
-                "pod=a/b",
-                &format_args!("x {}", 1)
+                &tagged("prog", 7, "pod=a/b", &format_args!("x {}", 1))
             ),
             "2026-11-29T02:50:46.123Z WARN  prog[7]: pod=a/b x 1\n"
         );

@@ -7,15 +7,12 @@ use std::path::Path;
 use linkerd_cni_state::outcomes::{self, Outcome, RetryCause};
 
 use crate::cni::{CniError, code};
-use crate::pod::{Added, Skip};
 
-/// The counter `result` adds to.
-pub fn of(result: &Result<Added, CniError>) -> Outcome {
+/// The counter `result` adds to: its own when the ADD succeeded, else its
+/// error's.
+pub fn of(result: &Result<Outcome, CniError>) -> Outcome {
     match result {
-        Ok(Added::Meshed) => Outcome::Meshed,
-        Ok(Added::Skipped(Skip::Unmeshed)) => Outcome::Unmeshed,
-        Ok(Added::Skipped(Skip::Exempt)) => Outcome::Exempt,
-        Ok(Added::Skipped(Skip::CannotTell(c))) => Outcome::PassedThrough(*c),
+        Ok(o) => *o,
         Err(e) if e.code == code::TRY_AGAIN_LATER => {
             Outcome::TryAgain(e.retry_cause.unwrap_or(RetryCause::Other))
         }
@@ -25,7 +22,7 @@ pub fn of(result: &Result<Added, CniError>) -> Outcome {
 
 /// Adds `result` to the counters in `state_dir`. Never fails the ADD: a
 /// count that cannot be made is logged at debug level and lost.
-pub fn count(state_dir: &Path, result: &Result<Added, CniError>) {
+pub fn count(state_dir: &Path, result: &Result<Outcome, CniError>) {
     if let Err(e) = outcomes::count(state_dir, of(result)) {
         log::debug!(
             "cannot count this ADD's outcome in {}: {e}",
@@ -42,11 +39,11 @@ mod tests {
     #[test]
     fn results_map_to_their_counters() {
         let cases = [
-            (Ok(Added::Meshed), Outcome::Meshed),
-            (Ok(Added::Skipped(Skip::Unmeshed)), Outcome::Unmeshed),
-            (Ok(Added::Skipped(Skip::Exempt)), Outcome::Exempt),
+            (Ok(Outcome::Meshed), Outcome::Meshed),
+            (Ok(Outcome::Unmeshed), Outcome::Unmeshed),
+            (Ok(Outcome::Exempt), Outcome::Exempt),
             (
-                Ok(Added::Skipped(Skip::CannotTell(PassCause::Forbidden))),
+                Ok(Outcome::PassedThrough(PassCause::Forbidden)),
                 Outcome::PassedThrough(PassCause::Forbidden),
             ),
             (

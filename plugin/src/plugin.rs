@@ -6,27 +6,18 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::cni::{self, CniError, Env, Invocation};
+use crate::cni::{self, CniError, Invocation};
 use crate::config::{DEFAULT_CONF_DIR, PluginConfig};
-use crate::logging;
 use crate::outcome;
 use crate::pod;
 use linkerd_cni_state::heartbeat;
+use linkerd_cni_state::outcomes::Outcome;
 
 /// The linkerd-cni plugin.
 #[derive(Debug, Default)]
 pub struct LinkerdCni;
 
 impl cni::Plugin for LinkerdCni {
-    /// Every log line of the invocation names its container and pod.
-    fn start(&self, env: &Env) {
-        let pod = env.args.pod_namespace().zip(env.args.pod_name());
-        logging::set_context(logging::invocation_context(
-            env.container_id.as_deref(),
-            pod,
-        ));
-    }
-
     /// Every ADD's outcome is counted in the state dir (see
     /// [`crate::outcome`]).
     fn add(&self, inv: &Invocation) -> Result<Value, CniError> {
@@ -79,7 +70,7 @@ fn config(inv: &Invocation) -> Result<PluginConfig, CniError> {
 /// healing the node matters whatever happens to this pod, and a slow API
 /// server or a held xtables lock must not starve it. An ADD that ran a
 /// stale owned copy is sent back (code 11) without the pod's work.
-fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<pod::Added, CniError> {
+fn add_pod(inv: &Invocation, config: &PluginConfig) -> Result<Outcome, CniError> {
     let deadline = Instant::now() + config.add_deadline;
     let mut heal = config.clone();
     heal.chain_repair_budget = heal.chain_repair_budget.min(config.add_deadline);

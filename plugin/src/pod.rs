@@ -37,7 +37,7 @@ use crate::iptables::rules::{self, PortRange, RedirectSpec, RuleSet, Subnet};
 use crate::iptables::{Driver, Family, IptablesError, table};
 use linkerd_cni_kube::objects::{Pod, PodSpec, Service};
 use linkerd_cni_kube::{self as k8s, ApiError, Client};
-use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+use linkerd_cni_state::outcomes::{Outcome, RetryCause};
 use serde_json::Value;
 
 pub use credentials::CONFIRM_ATTEMPTS;
@@ -73,45 +73,6 @@ pub mod annotation {
     ];
 }
 
-/// What to do for one pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Nothing: pass the result through.
-    PassThrough(Skipped),
-    /// Install (or verify) these rules.
-    Mesh(Plan),
-}
-
-/// A pod left without rules: why, for the log and for the ADD's outcome
-/// counter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
-    pub cause: Skip,
-    pub why: String,
-}
-
-/// The kinds of [`Skipped`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skip {
-    /// No pod in CNI_ARGS, or an exempt namespace.
-    Exempt,
-    /// No linkerd proxy, or an init container of its own.
-    Unmeshed,
-    /// Cannot tell whether it is meshed: passed through.
-    CannotTell(PassCause),
-}
-
-/// What ADD did for the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Added {
-    Meshed,
-    Skipped(Skip),
-}
-
-fn skip(cause: Skip, why: String) -> Stop {
-    Stop::PassThrough(Skipped { cause, why })
-}
-
 /// The rules for a meshed pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -129,12 +90,12 @@ pub fn add_until(
     inv: &Invocation,
     config: &PluginConfig,
     deadline: Instant,
-) -> Result<Added, CniError> {
+) -> Result<Outcome, CniError> {
     let plan = match plan(inv, config, deadline) {
         Ok(plan) => plan,
-        Err(Stop::PassThrough(s)) => {
-            log::info!("ADD: nothing to do: {}", s.why);
-            return Ok(Added::Skipped(s.cause));
+        Err(Stop::PassThrough { cause, why }) => {
+            log::info!("ADD: nothing to do: {why}");
+            return Ok(cause);
         }
         Err(Stop::Failed(e)) => return Err(e),
     };
@@ -147,7 +108,7 @@ pub fn add_until(
                 table::restore_batch(set, &Default::default())
             );
         }
-        return Ok(Added::Meshed);
+        return Ok(Outcome::Meshed);
     }
     let netns = netns_of(inv)?;
     driver(config)
@@ -162,18 +123,19 @@ pub fn add_until(
         plan.pod,
         netns.display()
     );
-    Ok(Added::Meshed)
+    Ok(Outcome::Meshed)
 }
 
 /// CHECK: for a meshed pod, the rules in its netns must be exactly what ADD
 /// installs.
 pub fn check(inv: &Invocation, config: &PluginConfig) -> Result<(), CniError> {
-    let plan = match decide(inv, config)? {
-        Decision::PassThrough(s) => {
-            log::debug!("CHECK: nothing to verify: {}", s.why);
+    let plan = match decide(inv, config) {
+        Ok(plan) => plan,
+        Err(Stop::PassThrough { why, .. }) => {
+            log::debug!("CHECK: nothing to verify: {why}");
             return Ok(());
         }
-        Decision::Mesh(plan) => plan,
+        Err(Stop::Failed(e)) => return Err(e),
     };
     if config.proxy.simulate {
         return Ok(());
@@ -219,18 +181,21 @@ pub fn status(config: &PluginConfig) {
 /// Decides what to do for the pod of `inv`, making the API calls needed
 /// (none for a pass-through by CNI_ARGS or exempt namespace), within
 /// `add_deadline_seconds` from now.
-pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Decision, CniError> {
-    match plan(inv, config, Instant::now() + config.add_deadline) {
-        Ok(plan) => Ok(Decision::Mesh(plan)),
-        Err(Stop::PassThrough(s)) => Ok(Decision::PassThrough(s)),
-        Err(Stop::Failed(e)) => Err(e),
-    }
+pub fn decide(inv: &Invocation, config: &PluginConfig) -> Result<Plan, Stop> {
+    plan(inv, config, Instant::now() + config.add_deadline)
 }
 
-/// Why [`plan`] stopped before a plan: the pod is not ours to mesh (or
-/// cannot be told to be), or something failed.
-enum Stop {
-    PassThrough(Skipped),
+/// Why a pod gets no plan: it is not ours to mesh (or cannot be told to
+/// be), or something failed.
+#[derive(Debug)]
+pub enum Stop {
+    /// Nothing to do: pass the result through. `why` is for the log,
+    /// `cause` the ADD's outcome counter (exempt, unmeshed, or passed
+    /// through when it cannot be told whether the pod is meshed).
+    PassThrough {
+        cause: Outcome,
+        why: String,
+    },
     Failed(CniError),
 }
 
@@ -390,16 +355,16 @@ fn get_pod(
 /// invocation is not for a Kubernetes pod or its namespace is exempt.
 fn pod_in_args<'a>(args: &'a CniArgs, config: &PluginConfig) -> Result<(&'a str, &'a str), Stop> {
     let (Some(namespace), Some(name)) = (args.pod_namespace(), args.pod_name()) else {
-        return Err(skip(
-            Skip::Exempt,
-            "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Exempt,
+            why: "no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod".into(),
+        });
     };
     if config.exempt_namespaces.iter().any(|n| n == namespace) {
-        return Err(skip(
-            Skip::Exempt,
-            format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Exempt,
+            why: format!("namespace {namespace:?} is exempt (exempt-namespaces)"),
+        });
     }
     for (key, value) in [("K8S_POD_NAMESPACE", namespace), ("K8S_POD_NAME", name)] {
         if !k8s::names::is_dns_subdomain(value) {
@@ -444,22 +409,22 @@ fn check_meshed(spec: &PodSpec, pod_id: &str) -> Result<(), Stop> {
         .chain(&spec.init_containers)
         .any(|c| c.name == PROXY_CONTAINER);
     if !has_proxy {
-        return Err(skip(
-            Skip::Unmeshed,
-            format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
-        ));
+        return Err(Stop::PassThrough {
+            cause: Outcome::Unmeshed,
+            why: format!("pod {pod_id} has no {PROXY_CONTAINER} container"),
+        });
     }
     if spec
         .init_containers
         .iter()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        return Err(skip(
-            Skip::Unmeshed,
-            format!(
+        return Err(Stop::PassThrough {
+            cause: Outcome::Unmeshed,
+            why: format!(
                 "pod {pod_id} has a {INIT_CONTAINER} init container, which sets up its own rules"
             ),
-        ));
+        });
     }
     Ok(())
 }
@@ -505,7 +470,7 @@ pub fn base_spec(p: &ProxyInit) -> Result<RedirectSpec, CniError> {
         items: &[String],
         parse: impl Fn(&str) -> Result<T, rules::ParseError>,
     ) -> Result<Vec<T>, CniError> {
-        rules::check_list_size(items.len(), 0).map_err(|e| invalid_config(key, e))?;
+        rules::check_list_size(items.len()).map_err(|e| invalid_config(key, e))?;
         items
             .iter()
             .filter(|s| !s.trim().is_empty())

@@ -11,16 +11,18 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use linkerd_cni::cni::{CniError, code};
+use linkerd_cni::cni::code;
 use linkerd_cni::config::PluginConfig;
-use linkerd_cni::pod::{self, Decision};
+use linkerd_cni::pod::{self, Plan, Stop};
 use linkerd_cni_lookup::{self as lookup, Answer, Body, Request, Source};
 use serde_json::{Value, json};
 use testkit::TestNetns;
 use testkit::iptables::{default_save, nat_table};
 use testkit::objects::{Pod, kubernetes_service, namespace};
 
-use common::{Cluster, cni_env, invocation, mesh, netconf, outbound_ignored, run_plugin, stderr};
+use common::{
+    Cluster, cni_env, failed, invocation, mesh, netconf, outbound_ignored, run_plugin, stderr,
+};
 
 /// A stand-in agent at the state dir's socket: answers every question with
 /// what `answer` makes of it, and records the questions.
@@ -70,7 +72,7 @@ fn state_dir(c: &Cluster) -> PathBuf {
     c.kubeconfig.parent().unwrap().to_path_buf()
 }
 
-fn decide(c: &Cluster, ns: &str, name: &str) -> Result<Decision, CniError> {
+fn decide(c: &Cluster, ns: &str, name: &str) -> Result<Plan, Stop> {
     let env = cni_env("ADD", Path::new("/run/netns/unused"), Some((ns, name)));
     let inv = invocation(&env, &netconf(&c.kubeconfig, json!({})));
     let config = PluginConfig::from_map(&inv.conf.raw)?;
@@ -98,18 +100,18 @@ fn the_agents_answer_decides_without_an_api_call() {
         ),
     });
 
-    let plan = mesh(decide(&c, "shop", "web-1").unwrap());
+    let plan = mesh(decide(&c, "shop", "web-1"));
     assert_eq!(plan.spec.proxy_uid, 2103, "the pod's annotation");
     assert_eq!(
         outbound_ignored(&plan),
         "3306",
         "the namespace's annotation"
     );
-    match decide(&c, "shop", "plain-1").unwrap() {
-        Decision::PassThrough(s) => assert!(s.why.contains("no linkerd-proxy"), "{}", s.why),
-        Decision::Mesh(p) => panic!("meshed {}", p.pod),
+    match decide(&c, "shop", "plain-1") {
+        Err(Stop::PassThrough { why, .. }) => assert!(why.contains("no linkerd-proxy"), "{why}"),
+        other => panic!("expected pass-through, got {other:?}"),
     }
-    let plan = mesh(decide(&c, "linkerd", "destination-0").unwrap());
+    let plan = mesh(decide(&c, "linkerd", "destination-0"));
     assert_eq!(outbound_ignored(&plan), "443,6443", "the Service's ports");
 
     assert_eq!(c.api.total_requests(), 0, "no API call at all");
@@ -150,13 +152,13 @@ fn an_agent_that_cannot_answer_sends_the_plugin_to_the_api_server() {
     for (i, answer) in answers.into_iter().enumerate() {
         let before = c.api.requests(&p.path());
         let _agent = Agent::start(&state_dir(&c), move |_| answer.clone());
-        let plan = mesh(decide(&c, "shop", "web-1").unwrap());
+        let plan = mesh(decide(&c, "shop", "web-1"));
         assert_eq!(outbound_ignored(&plan), "25", "answer {i}");
         assert_eq!(c.api.requests(&p.path()), before + 1, "answer {i}");
     }
     // No agent at all: the direct path, as before there was one.
     std::fs::remove_file(state_dir(&c).join(lookup::SOCKET)).unwrap();
-    mesh(decide(&c, "shop", "web-1").unwrap());
+    mesh(decide(&c, "shop", "web-1"));
 }
 
 #[test]
@@ -168,7 +170,7 @@ fn a_pod_the_api_server_says_is_gone_fails_the_add() {
         })
         .encode()
     });
-    let e = decide(&c, "shop", "web-1").unwrap_err();
+    let e = failed(decide(&c, "shop", "web-1"));
     assert_eq!(e.code, code::KUBERNETES);
     assert!(e.msg.contains("does not exist"), "{}", e.msg);
     assert_eq!(c.api.total_requests(), 0);
@@ -188,7 +190,7 @@ fn the_agents_message_cannot_forge_lines() {
         })
         .encode()
     });
-    let e = decide(&c, "shop", "web-1").unwrap_err();
+    let e = failed(decide(&c, "shop", "web-1"));
     assert!(
         !e.msg.contains('\n') && !e.msg.contains('\u{1b}'),
         "{}",
@@ -251,7 +253,7 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
     )
     .unwrap();
     for name in ["web-1", "plain-1"] {
-        let e = decide(name).unwrap_err();
+        let e = failed(decide(name));
         assert_eq!(e.code, code::TRY_AGAIN_LATER, "{name}: {e}");
         assert_eq!(e.retry_cause, Some(RetryCause::NoAgent), "{name}");
         assert!(e.msg.contains("agent-only"), "{name}: {}", e.msg);
@@ -263,7 +265,7 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
         })
         .encode()
     });
-    assert_eq!(decide("web-1").unwrap_err().code, code::TRY_AGAIN_LATER);
+    assert_eq!(failed(decide("web-1")).code, code::TRY_AGAIN_LATER);
     assert_eq!(unavailable.asked().len(), 1);
     drop(unavailable);
     std::fs::remove_file(state_dir(&c).join(lookup::SOCKET)).unwrap();
@@ -271,15 +273,15 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
     // The DaemonSet is gone: the uninstall removed the heartbeat.
     assert!(heartbeat::remove(&state_dir(&c)).unwrap());
     for name in ["web-1", "plain-1"] {
-        match decide(name).unwrap() {
-            Decision::PassThrough(s) => {
+        match decide(name) {
+            Err(Stop::PassThrough { cause, why }) => {
                 assert_eq!(
-                    s.cause,
-                    linkerd_cni::pod::Skip::CannotTell(PassCause::NoAgent)
+                    cause,
+                    linkerd_cni_state::outcomes::Outcome::PassedThrough(PassCause::NoAgent)
                 );
-                assert!(s.why.contains("no linkerd-cni DaemonSet"), "{}", s.why);
+                assert!(why.contains("no linkerd-cni DaemonSet"), "{why}");
             }
-            Decision::Mesh(p) => panic!("meshed {}", p.pod),
+            other => panic!("expected pass-through, got {other:?}"),
         }
     }
     assert_eq!(c.api.total_requests(), 0, "never the API server");
@@ -288,6 +290,6 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
     let _agent = Agent::start(&state_dir(&c), move |_| {
         pod_answer(&web, namespace("shop", &[]), None)
     });
-    mesh(decide("web-1").unwrap());
+    mesh(decide("web-1"));
     assert_eq!(c.api.total_requests(), 0, "never the API server");
 }

@@ -11,15 +11,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use linkerd_cni::cni::{CniError, code};
+use linkerd_cni::cni::code;
 use linkerd_cni::config::PluginConfig;
-use linkerd_cni::pod::{self, CONFIRM_ATTEMPTS, Decision};
+use linkerd_cni::pod::{self, CONFIRM_ATTEMPTS, Plan, Stop};
 use linkerd_cni_state::heartbeat::{self, Beat};
 use serde_json::{Value, json};
 use testkit::objects::Pod;
 use testkit::{Mode, wait_until};
 
-use common::{Cluster, cni_env, invocation, netconf};
+use common::{Cluster, cni_env, failed, invocation, mesh, netconf};
 
 const RESYNC: Duration = Duration::from_secs(10);
 /// Far more than any of these ADDs needs on a loaded machine.
@@ -50,7 +50,7 @@ fn beat(c: &Cluster, age: Duration) {
     heartbeat::write(&state_dir(c), &b).unwrap();
 }
 
-fn decide(c: &Cluster, extra: Value) -> Result<Decision, CniError> {
+fn decide(c: &Cluster, extra: Value) -> Result<Plan, Stop> {
     let mut conf = netconf(&c.kubeconfig, json!({}));
     if let (Some(m), Value::Object(extra)) = (conf.as_object_mut(), extra) {
         m.extend(extra);
@@ -65,17 +65,14 @@ fn decide(c: &Cluster, extra: Value) -> Result<Decision, CniError> {
     pod::decide(&inv, &config)
 }
 
-fn meshed(d: Decision) {
-    match d {
-        Decision::Mesh(p) => assert_eq!(p.pod, "emojivoto/web-0"),
-        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
-    }
+fn meshed(d: Result<Plan, Stop>) {
+    assert_eq!(mesh(d).pod, "emojivoto/web-0");
 }
 
-fn passed(d: Decision) -> String {
+fn passed(d: Result<Plan, Stop>) -> String {
     match d {
-        Decision::PassThrough(s) => s.why,
-        Decision::Mesh(p) => panic!("expected pass-through, got a plan for {}", p.pod),
+        Err(Stop::PassThrough { why, .. }) => why,
+        other => panic!("expected pass-through, got {other:?}"),
     }
 }
 
@@ -95,7 +92,7 @@ fn one_rejection_then_an_answer_meshes_the_pod() {
             beat(&c, Duration::ZERO);
         }
         c.api.fail_next(1, 401);
-        meshed(decide(&c, json!({})).unwrap());
+        meshed(decide(&c, json!({})));
         assert_eq!(c.api.requests(&pod_path()), 2, "alive: {installer_alive}");
     }
 }
@@ -114,7 +111,7 @@ fn a_kubeconfig_rewritten_between_attempts_is_used() {
             assert!(wait_until(BOUND, || c.api.requests(&pod_path()) >= 1));
             rewrite_kubeconfig(&c.kubeconfig, &new_text);
         });
-        meshed(decide(&c, json!({})).unwrap());
+        meshed(decide(&c, json!({})));
         installer.join().unwrap();
     });
     assert!(c.api.requests(&pod_path()) >= 2);
@@ -130,7 +127,7 @@ fn lasting_rejection_with_the_installer_alive_is_try_again_later() {
         c.api.set_mode(mode);
         let t = Instant::now();
         // Retries for half of it: the rest is the ADD's API budget's.
-        let e = decide(&c, json!({"add_deadline_seconds": 6})).unwrap_err();
+        let e = failed(decide(&c, json!({"add_deadline_seconds": 6})));
         assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
         assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
         assert!(e.msg.contains(&format!("HTTP {status}")), "{e}");
@@ -162,7 +159,7 @@ fn lasting_403_the_installer_found_passes_the_pod_through() {
     let c = cluster();
     denied(&c);
     c.api.set_mode(Mode::Forbidden);
-    let why = passed(decide(&c, json!({})).unwrap());
+    let why = passed(decide(&c, json!({})));
     assert!(why.contains("HTTP 403"), "{why}");
     assert!(why.contains("may not get pods"), "{why}");
     assert!(why.contains("RBAC is missing"), "{why}");
@@ -172,7 +169,7 @@ fn lasting_403_the_installer_found_passes_the_pod_through() {
     let c = cluster();
     denied(&c);
     c.api.set_mode(Mode::Unauthorized);
-    let e = decide(&c, json!({"add_deadline_seconds": 6})).unwrap_err();
+    let e = failed(decide(&c, json!({"add_deadline_seconds": 6})));
     assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
 }
 
@@ -207,7 +204,7 @@ fn lasting_rejection_without_an_installer_passes_the_pod_through() {
         let c = cluster();
         set_up(&c);
         c.api.set_mode(Mode::Unauthorized);
-        let why = passed(decide(&c, extra).unwrap());
+        let why = passed(decide(&c, extra));
         assert!(why.contains(says), "{case}: {why}");
         assert!(why.contains("HTTP 401"), "{case}: {why}");
         assert!(
@@ -230,7 +227,7 @@ fn no_kubeconfig_passes_the_pod_through() {
     let c = cluster();
     let kubeconfig = std::fs::read_to_string(&c.kubeconfig).unwrap();
     std::fs::remove_file(&c.kubeconfig).unwrap();
-    let why = passed(decide(&c, json!({})).unwrap());
+    let why = passed(decide(&c, json!({})));
     assert!(why.contains("does not exist"), "{why}");
     assert!(why.contains("no installer heartbeat"), "{why}");
     assert_eq!(c.api.connections(), 0);
@@ -244,7 +241,7 @@ fn no_kubeconfig_passes_the_pod_through() {
             heartbeat::remove(&state_dir(&c)).unwrap();
             std::fs::remove_file(&c.kubeconfig).unwrap();
         });
-        let why = passed(decide(&c, json!({})).unwrap());
+        let why = passed(decide(&c, json!({})));
         assert!(why.contains("does not exist"), "{why}");
         uninstall.join().unwrap();
     });
@@ -258,7 +255,7 @@ fn no_kubeconfig_with_the_installer_alive_is_try_again_later() {
     let c = cluster();
     beat(&c, Duration::ZERO);
     std::fs::remove_file(&c.kubeconfig).unwrap();
-    let e = decide(&c, json!({})).unwrap_err();
+    let e = failed(decide(&c, json!({})));
     assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
     assert!(e.msg.contains("does not exist"), "{e}");
     assert!(e.msg.contains("installer on this node is alive"), "{e}");
@@ -282,7 +279,7 @@ fn a_heartbeat_with_an_absurd_resync_is_no_heartbeat() {
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
     c.api.set_mode(Mode::Unauthorized);
     let t = Instant::now();
-    let why = passed(decide(&c, json!({})).unwrap());
+    let why = passed(decide(&c, json!({})));
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert!(why.contains("resync_seconds"), "{why}");
     assert_eq!(c.api.requests(&pod_path()), CONFIRM_ATTEMPTS as usize);
@@ -308,12 +305,12 @@ fn a_heartbeat_that_is_not_roots_own_claims_nothing() {
         heartbeat::write(&state_dir(&c), &b).unwrap();
         set_up(&heartbeat::path(&state_dir(&c)));
         c.api.set_mode(Mode::Forbidden);
-        let why = passed(decide(&c, json!({})).unwrap());
+        let why = passed(decide(&c, json!({})));
         assert!(why.contains(case), "{case}: {why}");
         assert!(!why.contains("RBAC is missing"), "{case}: {why}");
         // Nor an installer alive, for a 401.
         c.api.set_mode(Mode::Unauthorized);
-        let why = passed(decide(&c, json!({"add_deadline_seconds": 6})).unwrap());
+        let why = passed(decide(&c, json!({"add_deadline_seconds": 6})));
         assert!(why.contains(case), "{case}: {why}");
     }
 }

@@ -13,7 +13,7 @@ use serde_json::json;
 use testkit::objects::Pod;
 use testkit::{FakeApiServer, TempDir};
 
-use common::{cni_env, netconf, run_plugin, stderr, stdout_json};
+use common::{cni_env, failed, netconf, run_plugin, stderr, stdout_json};
 
 /// A TCP listener on 127.0.0.1 that counts the connections it gets and
 /// holds each one open (as an unresponsive proxy, or a server whose TLS
@@ -120,7 +120,7 @@ fn kubeconfig_for(api: &FakeApiServer, server: &str, dir: &std::path::Path) -> s
 fn decide(
     kubeconfig: &std::path::Path,
     budget: f64,
-) -> Result<linkerd_cni::pod::Decision, linkerd_cni::cni::CniError> {
+) -> Result<linkerd_cni::pod::Plan, linkerd_cni::pod::Stop> {
     let env = cni_env(
         "ADD",
         std::path::Path::new("/run/netns/unused"),
@@ -140,7 +140,7 @@ fn tls_handshake_that_hangs_after_tcp_connected_is_named() {
     // Accepts TCP, never answers the ClientHello.
     let silent = Listener::start();
     let kubeconfig = kubeconfig_for(&api, &format!("https://{}", silent.addr), dir.path());
-    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    let e = failed(decide(&kubeconfig, 1.0));
     assert!(silent.connections() >= 1);
     assert!(
         e.msg.contains("TLS handshake") && e.msg.contains("TCP connection"),
@@ -155,7 +155,7 @@ fn server_that_accepts_tls_but_never_answers_is_named() {
     api.set_mode(testkit::Mode::Slow(std::time::Duration::from_secs(5)));
     let dir = TempDir::new("lcni-noanswer").unwrap();
     let kubeconfig = api.write_kubeconfig(dir.path()).unwrap();
-    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    let e = failed(decide(&kubeconfig, 1.0));
     assert!(e.msg.contains("connected, but no answer"), "{e}");
     assert!(
         !e.msg.contains("TLS") && !e.msg.contains("(connect)"),
@@ -215,7 +215,7 @@ fn plain_http_is_refused_unless_allowed() {
     let dir = TempDir::new("lcni-http").unwrap();
     let server = Listener::start();
     let kubeconfig = kubeconfig_for(&api, &format!("http://{}", server.addr), dir.path());
-    let e = decide(&kubeconfig, 1.0).unwrap_err();
+    let e = failed(decide(&kubeconfig, 1.0));
     assert_eq!(
         server.connections(),
         0,

@@ -7,37 +7,37 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use linkerd_cni::cni::{CniError, code};
+use linkerd_cni::cni::code;
 use linkerd_cni::config::PluginConfig;
 use linkerd_cni::iptables::rules::{self, Rule};
-use linkerd_cni::pod::{self, Decision, annotation};
+use linkerd_cni::pod::{self, Plan, Stop, annotation};
 use serde_json::{Value, json};
 use testkit::objects::{KUBERNETES_SERVICE_PATH, Pod, kubernetes_service, namespace_path};
 use testkit::{FakeApiServer, Mode, TempDir};
 
-use common::{Cluster, cni_env, invocation, mesh, netconf, outbound_ignored};
+use common::{Cluster, cni_env, failed, invocation, mesh, netconf, outbound_ignored};
 
 fn cluster() -> Cluster {
     Cluster::start("kube")
 }
 
 impl Cluster {
-    fn decide_with(&self, pod: Option<(&str, &str)>, conf: &Value) -> Result<Decision, CniError> {
+    fn decide_with(&self, pod: Option<(&str, &str)>, conf: &Value) -> Result<Plan, Stop> {
         let env = cni_env("ADD", Path::new("/run/netns/unused"), pod);
         let inv = invocation(&env, conf);
         let config = PluginConfig::from_map(&inv.conf.raw)?;
         pod::decide(&inv, &config)
     }
 
-    fn decide(&self, ns: &str, name: &str) -> Result<Decision, CniError> {
+    fn decide(&self, ns: &str, name: &str) -> Result<Plan, Stop> {
         self.decide_with(Some((ns, name)), &netconf(&self.kubeconfig, json!({})))
     }
 }
 
-fn pass(d: Decision) -> String {
+fn pass(d: Result<Plan, Stop>) -> String {
     match d {
-        Decision::PassThrough(s) => s.why,
-        Decision::Mesh(p) => panic!("expected pass-through, got a plan for {}", p.pod),
+        Err(Stop::PassThrough { why, .. }) => why,
+        other => panic!("expected pass-through, got {other:?}"),
     }
 }
 
@@ -47,7 +47,7 @@ fn meshed_pod_gets_the_default_rules_with_one_pod_and_one_namespace_call() {
     let p = Pod::meshed("emojivoto", "web-0");
     c.api.add_pod(&p);
     c.api.add_namespace("emojivoto", &[]);
-    let plan = mesh(c.decide("emojivoto", "web-0").unwrap());
+    let plan = mesh(c.decide("emojivoto", "web-0"));
     assert_eq!(plan.pod, "emojivoto/web-0");
     assert_eq!(plan.spec, rules::RedirectSpec::default());
     assert_eq!(plan.rule_sets.len(), 1);
@@ -61,7 +61,7 @@ fn pod_without_proxy_passes_through_after_one_call() {
     let c = cluster();
     let p = Pod::new("emojivoto", "plain-0");
     c.api.add_pod(&p);
-    let why = pass(c.decide("emojivoto", "plain-0").unwrap());
+    let why = pass(c.decide("emojivoto", "plain-0"));
     assert!(why.contains("no linkerd-proxy"), "{why}");
     assert_eq!(c.api.total_requests(), 1);
 }
@@ -71,7 +71,7 @@ fn pod_with_linkerd_init_passes_through() {
     let c = cluster();
     c.api
         .add_pod(&Pod::meshed("emojivoto", "old-0").init_container("linkerd-init"));
-    let why = pass(c.decide("emojivoto", "old-0").unwrap());
+    let why = pass(c.decide("emojivoto", "old-0"));
     assert!(why.contains("linkerd-init"), "{why}");
     assert_eq!(c.api.total_requests(), 1);
 }
@@ -82,7 +82,7 @@ fn native_sidecar_proxy_is_meshed() {
     c.api
         .add_pod(&Pod::new("emojivoto", "sidecar-0").native_sidecar("linkerd-proxy"));
     c.api.add_namespace("emojivoto", &[]);
-    mesh(c.decide("emojivoto", "sidecar-0").unwrap());
+    mesh(c.decide("emojivoto", "sidecar-0"));
 }
 
 #[test]
@@ -98,7 +98,7 @@ fn control_plane_pod_skips_the_api_server_ports() {
         KUBERNETES_SERVICE_PATH,
         kubernetes_service(&[(443, json!(6443)), (8443, json!("https"))]),
     );
-    let plan = mesh(c.decide("linkerd", "destination-0").unwrap());
+    let plan = mesh(c.decide("linkerd", "destination-0"));
     // Annotation first (it replaces the list), then port and numeric targetPort.
     assert_eq!(outbound_ignored(&plan), "4567,443,6443,8443");
     assert_eq!(c.api.requests(KUBERNETES_SERVICE_PATH), 1);
@@ -121,7 +121,7 @@ fn control_plane_pod_falls_back_to_443_and_6443() {
     );
     c.api.add_namespace("linkerd", &[]);
     // No Service registered: 404.
-    let plan = mesh(c.decide("linkerd", "identity-0").unwrap());
+    let plan = mesh(c.decide("linkerd", "identity-0"));
     assert_eq!(outbound_ignored(&plan), "443,6443");
     assert_eq!(c.api.requests(KUBERNETES_SERVICE_PATH), 1);
 }
@@ -132,7 +132,7 @@ fn empty_control_plane_label_is_not_control_plane() {
     c.api
         .add_pod(&Pod::meshed("emojivoto", "x-0").label("linkerd.io/control-plane-component", ""));
     c.api.add_namespace("emojivoto", &[]);
-    let plan = mesh(c.decide("emojivoto", "x-0").unwrap());
+    let plan = mesh(c.decide("emojivoto", "x-0"));
     assert_eq!(outbound_ignored(&plan), "");
     assert_eq!(c.api.requests(KUBERNETES_SERVICE_PATH), 0);
 }
@@ -151,7 +151,7 @@ fn annotations_only_on_the_namespace_are_fetched_once() {
             (annotation::PROXY_GID, "3001"),
         ],
     );
-    let plan = mesh(c.decide("payments", "api-0").unwrap());
+    let plan = mesh(c.decide("payments", "api-0"));
     assert_eq!(c.api.requests(&namespace_path("payments")), 1);
     assert_eq!(outbound_ignored(&plan), "5432,6379");
     let set = &plan.rule_sets[0];
@@ -179,7 +179,7 @@ fn all_annotations_on_the_pod_need_no_namespace_call() {
         p = p.annotation(k, v);
     }
     c.api.add_pod(&p);
-    mesh(c.decide("payments", "full-0").unwrap());
+    mesh(c.decide("payments", "full-0"));
     assert_eq!(c.api.requests(&namespace_path("payments")), 0);
     assert_eq!(c.api.total_requests(), 1);
 }
@@ -191,7 +191,7 @@ fn malformed_annotation_is_an_error_naming_it() {
         &Pod::meshed("emojivoto", "bad-0").annotation(annotation::SKIP_INBOUND_PORTS, "8080,http"),
     );
     c.api.add_namespace("emojivoto", &[]);
-    let e = c.decide("emojivoto", "bad-0").unwrap_err();
+    let e = failed(c.decide("emojivoto", "bad-0"));
     assert_eq!(e.code, code::INVALID_ANNOTATION);
     assert!(
         e.msg
@@ -203,7 +203,7 @@ fn malformed_annotation_is_an_error_naming_it() {
     c.api
         .add_namespace("emojivoto", &[(annotation::PROXY_UID, "proxy")]);
     c.api.add_pod(&Pod::meshed("emojivoto", "bad-1"));
-    let e = c.decide("emojivoto", "bad-1").unwrap_err();
+    let e = failed(c.decide("emojivoto", "bad-1"));
     assert_eq!(e.code, code::INVALID_ANNOTATION);
     assert!(
         e.msg
@@ -222,7 +222,7 @@ fn rejected_credentials_pass_the_pod_through() {
         let c = cluster();
         c.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
         c.api.set_mode(mode);
-        let why = pass(c.decide("emojivoto", "web-0").unwrap());
+        let why = pass(c.decide("emojivoto", "web-0"));
         assert!(why.contains(&format!("HTTP {status}")), "{why}");
         assert!(why.contains("WITHOUT linkerd's redirect rules"), "{why}");
         assert!(why.contains("stale or lacks RBAC"), "{why}");
@@ -239,9 +239,9 @@ fn revoked_token_passes_the_pod_through() {
     let c = cluster();
     c.api.add_pod(&Pod::meshed("emojivoto", "web-0"));
     c.api.add_namespace("emojivoto", &[]);
-    mesh(c.decide("emojivoto", "web-0").unwrap());
+    mesh(c.decide("emojivoto", "web-0"));
     c.api.revoke_token(c.api.token());
-    let why = pass(c.decide("emojivoto", "web-0").unwrap());
+    let why = pass(c.decide("emojivoto", "web-0"));
     assert!(why.contains("HTTP 401"), "{why}");
 }
 
@@ -253,7 +253,7 @@ fn wrong_token_is_refused() {
         .unwrap()
         .replace(c.api.token(), "not-the-token");
     std::fs::write(&c.kubeconfig, text).unwrap();
-    let why = pass(c.decide("emojivoto", "web-0").unwrap());
+    let why = pass(c.decide("emojivoto", "web-0"));
     assert!(why.contains("HTTP 401"), "{why}");
 }
 
@@ -277,7 +277,7 @@ fn long_tokens_and_large_pods_fit_the_small_buffers() {
         .unwrap()
         .replace(c.api.token(), &token);
     std::fs::write(&c.kubeconfig, text).unwrap();
-    let plan = mesh(c.decide("emojivoto", "web-0").unwrap());
+    let plan = mesh(c.decide("emojivoto", "web-0"));
     assert_eq!(plan.spec.proxy_uid, 2103);
 }
 
@@ -294,7 +294,7 @@ fn unknown_ca_is_a_tls_error() {
     use base64::Engine;
     let theirs = base64::engine::general_purpose::STANDARD.encode(other.ca_pem);
     std::fs::write(&c.kubeconfig, text.replace(&ours, &theirs)).unwrap();
-    let e = c.decide("emojivoto", "web-0").unwrap_err();
+    let e = failed(c.decide("emojivoto", "web-0"));
     assert_eq!(e.code, code::KUBERNETES);
     assert!(e.msg.contains("TLS"), "{e}");
     assert!(e.details.contains("certificate-authority"), "{e}");
@@ -307,16 +307,16 @@ fn transient_errors_are_retried() {
     c.api.add_pod(&p);
     c.api.add_namespace("emojivoto", &[]);
     c.api.fail_next(2, 503);
-    mesh(c.decide("emojivoto", "web-0").unwrap());
+    mesh(c.decide("emojivoto", "web-0"));
     assert_eq!(c.api.requests(&p.path()), 3);
 
     c.api.fail_next(1, 429);
-    mesh(c.decide("emojivoto", "web-0").unwrap());
+    mesh(c.decide("emojivoto", "web-0"));
     assert_eq!(c.api.requests(&p.path()), 5);
 
     // Retries are bounded: a server that keeps failing fails the ADD.
     c.api.fail_next(100, 500);
-    let e = c.decide("emojivoto", "web-0").unwrap_err();
+    let e = failed(c.decide("emojivoto", "web-0"));
     assert!(e.msg.contains("HTTP 500"), "{e}");
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
     assert_eq!(c.api.requests(&p.path()), 5 + 4);
@@ -330,9 +330,7 @@ fn slow_server_fails_within_the_budget() {
     let mut conf = netconf(&c.kubeconfig, json!({}));
     conf["kubernetes"]["api-budget-seconds"] = json!(0.5);
     let start = Instant::now();
-    let e = c
-        .decide_with(Some(("emojivoto", "web-0")), &conf)
-        .unwrap_err();
+    let e = failed(c.decide_with(Some(("emojivoto", "web-0")), &conf));
     let took = start.elapsed();
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
     assert!(e.msg.contains("within linkerd-cni's 0.5 s budget"), "{e}");
@@ -345,7 +343,7 @@ fn server_down_is_unreachable() {
     let mut c = cluster();
     c.api.stop();
     let start = Instant::now();
-    let e = c.decide("emojivoto", "web-0").unwrap_err();
+    let e = failed(c.decide("emojivoto", "web-0"));
     let took = start.elapsed();
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
     assert!(
@@ -362,20 +360,23 @@ fn exempt_namespaces_and_non_pods_make_no_call() {
     let mut c = cluster();
     let conf = netconf(&c.kubeconfig, json!({}));
     for ns in ["kube-system", "linkerd-cni"] {
-        let why = pass(c.decide_with(Some((ns, "x")), &conf).unwrap());
+        let why = pass(c.decide_with(Some((ns, "x")), &conf));
         assert!(why.contains("exempt"), "{why}");
     }
-    let why = pass(c.decide_with(None, &conf).unwrap());
+    let why = pass(c.decide_with(None, &conf));
     assert!(why.contains("CNI_ARGS"), "{why}");
     assert_eq!(c.api.connections(), 0);
 
     // A configured list replaces the default one.
     let mut conf = conf.clone();
     conf["exempt-namespaces"] = json!(["tools"]);
-    pass(c.decide_with(Some(("tools", "x")), &conf).unwrap());
+    pass(c.decide_with(Some(("tools", "x")), &conf));
     assert_eq!(c.api.connections(), 0);
     c.api.stop();
-    assert!(c.decide_with(Some(("kube-system", "x")), &conf).is_err());
+    assert!(matches!(
+        c.decide_with(Some(("kube-system", "x")), &conf),
+        Err(Stop::Failed(_))
+    ));
 }
 
 #[test]
@@ -384,15 +385,13 @@ fn kubeconfig_problems_name_the_file() {
     // Missing (an uninstall under way): the pod passes, saying why.
     let missing = c.kubeconfig.with_file_name("nope");
     let conf = netconf(&missing, json!({}));
-    let why = pass(c.decide_with(Some(("emojivoto", "web-0")), &conf).unwrap());
+    let why = pass(c.decide_with(Some(("emojivoto", "web-0")), &conf));
     assert!(why.contains(missing.to_str().unwrap()), "{why}");
     assert!(why.contains("does not exist"), "{why}");
 
     std::fs::write(&c.kubeconfig, "clusters: [").unwrap();
     let conf = netconf(&c.kubeconfig, json!({}));
-    let e = c
-        .decide_with(Some(("emojivoto", "web-0")), &conf)
-        .unwrap_err();
+    let e = failed(c.decide_with(Some(("emojivoto", "web-0")), &conf));
     assert!(
         e.msg.contains(c.kubeconfig.to_str().unwrap()) && e.msg.contains("YAML"),
         "{e}"
@@ -409,7 +408,7 @@ fn ipv6_plans_both_families_each_with_its_cidrs() {
     );
     c.api.add_namespace("emojivoto", &[]);
     let conf = netconf(&c.kubeconfig, json!({"ipv6": true}));
-    let plan = mesh(c.decide_with(Some(("emojivoto", "web-0")), &conf).unwrap());
+    let plan = mesh(c.decide_with(Some(("emojivoto", "web-0")), &conf));
     assert_eq!(plan.rule_sets.len(), 2);
     let subnets = |i: usize| -> Vec<String> {
         plan.rule_sets[i]
@@ -445,17 +444,15 @@ fn api_server_inside_a_node_netns_is_reachable_only_from_there() {
     };
 
     let d = linkerd_cni::netns::run_in(node.path(), decide).unwrap();
-    mesh(d.unwrap());
+    mesh(d);
     assert_eq!(api.total_requests(), 2);
 
     // The host's loopback is another one.
-    let e = decide().unwrap_err();
+    let e = failed(decide());
     assert!(e.msg.contains("cannot reach"), "{e}");
     assert_eq!(api.total_requests(), 2);
 
     api.stop();
-    let e = linkerd_cni::netns::run_in(node.path(), decide)
-        .unwrap()
-        .unwrap_err();
+    let e = failed(linkerd_cni::netns::run_in(node.path(), decide).unwrap());
     assert!(e.msg.contains("cannot reach"), "{e}");
 }

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use crate::names::{Kind, file_name};
 use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, owned, plan, scan};
 
-pub(crate) use repair::{remove_entries, repair_locked};
 #[cfg(test)]
-pub(crate) use repair::{repair, testing};
+pub(crate) use repair::{RepairReport, repair, testing};
+pub(crate) use repair::{remove_entries, repair_locked};
 
 /// A read-only diagnosis of a conf dir.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,11 +62,6 @@ impl Diagnosis {
         }
     }
 
-    /// The file a `.conf` becomes.
-    fn conflist_for(active: &Path) -> PathBuf {
-        active.with_extension("conflist")
-    }
-
     /// What [`repair`] would do, for people.
     pub fn remedy(&self) -> String {
         let active = self.active.as_deref().unwrap_or(Path::new("?"));
@@ -84,7 +79,7 @@ impl Diagnosis {
             }
             ChainState::SingleConf => format!(
                 "write {} holding this plugin (same \"name\" and \"cniVersion\") followed by the linkerd-cni entry, then remove {}",
-                file_name(&Self::conflist_for(active)),
+                file_name(&active.with_extension("conflist")),
                 file_name(active)
             ),
             ChainState::Missing => {
@@ -174,7 +169,7 @@ pub(crate) fn diagnose_with(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<Diagnosis, ChainError> {
-    let listing = owned::list(conf_dir, opts.link_rule())?;
+    let listing = owned::list(conf_dir, opts)?;
     Ok(diagnose_listing(&listing, desired).0)
 }
 

@@ -37,12 +37,8 @@ use crate::{Action, ChainError, ChainState, Entry, RepairOptions, lock, owned, p
 pub(crate) struct RepairReport {
     /// The config file written (`None`: no config was written).
     pub file: Option<PathBuf>,
-    /// Whether a config file's content changed.
-    pub changed: bool,
     /// The state found (on the first look under the lock).
     pub before: ChainState,
-    /// One line for logs: what changed and why.
-    pub summary: String,
     /// The file whose absence withheld the repair ([`RepairOptions::requires`]).
     pub withheld: Option<PathBuf>,
     /// What recovery did: leftover temp files of a killed write removed,
@@ -97,48 +93,45 @@ fn repair_under(
     if let Some(req) = &opts.requires
         && !req.exists()
     {
-        let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts.link_rule())?, desired);
-        let summary = format!(
-            "not repairing: {} is gone (linkerd-cni is being uninstalled, or its installer has not run yet)",
-            req.display()
-        );
-        let mut r = Recovered::default().report(None, diag.state, summary);
-        r.withheld = Some(req.clone());
-        return Ok(r);
+        let (diag, _) = diagnose_listing(&owned::list(conf_dir, opts)?, desired);
+        return Ok(RepairReport {
+            file: None,
+            before: diag.state,
+            withheld: Some(req.clone()),
+            recovery: vec![],
+        });
     }
-    let mut done = Recovered::default();
+    let mut recovery = Vec::new();
     let mut before = None;
     for _ in 0..MAX_ATTEMPTS {
-        let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
-        done.notes.extend(recovery.iter().map(Action::to_string));
-        done.recovery.extend(recovery);
+        let (listing, recovered) = recover::recovered_listing(conf_dir, opts)?;
+        recovery.extend(recovered);
         let (diag, base) = diagnose_listing(&listing, desired);
         let before = before.get_or_insert_with(|| diag.state.clone()).clone();
         let (Some(active), Some(base), true) = (&diag.active, base, diag.state.is_repairable())
         else {
-            let at = diag.active.as_deref().unwrap_or(conf_dir);
-            let summary = format!("{}: {}; nothing written", at.display(), diag.state);
-            return Ok(done.report(None, before, summary));
+            return Ok(RepairReport {
+                file: None,
+                before,
+                withheld: None,
+                recovery,
+            });
         };
         if past(opts.deadline) {
             return Err(ChainError::Deadline {
                 path: active.clone(),
             });
         }
-        let (outcome, file, how) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
-        if let Replacement::Superseded = outcome {
-            done.notes.push(format!(
-                "{} changed while being repaired; looked again",
-                file_name(active)
-            ));
-            continue;
+        let (outcome, file) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
+        // Superseded: someone wrote meanwhile, so look again.
+        if let Replacement::Written = outcome {
+            return Ok(RepairReport {
+                file: Some(file),
+                before,
+                withheld: None,
+                recovery,
+            });
         }
-        let summary = format!(
-            "repaired {}: {}{how}; the linkerd-cni entry is now last and up to date",
-            file.display(),
-            diag.state
-        );
-        return Ok(done.report(Some(file), before, summary));
     }
     Err(ChainError::Contended {
         path: conf_dir.to_path_buf(),
@@ -146,38 +139,9 @@ fn repair_under(
     })
 }
 
-/// What one repair's recovery did, and its notes for the summary.
-#[derive(Default)]
-struct Recovered {
-    recovery: Vec<Action>,
-    notes: Vec<String>,
-}
-
-impl Recovered {
-    fn report(
-        self,
-        file: Option<PathBuf>,
-        before: ChainState,
-        mut summary: String,
-    ) -> RepairReport {
-        for n in &self.notes {
-            summary.push_str("; ");
-            summary.push_str(n);
-        }
-        RepairReport {
-            changed: file.is_some(),
-            file,
-            before,
-            summary,
-            withheld: None,
-            recovery: self.recovery,
-        }
-    }
-}
-
 /// Writes the repair of `active` from `base`: a list in place, a single
-/// config converted to a list. Returns how it ended, the file that holds
-/// the chain, and a note for the summary.
+/// config converted to a list. Returns how it ended and the file that holds
+/// the chain.
 fn write_repair(
     conf_dir: &Path,
     listing: &Listing,
@@ -185,21 +149,17 @@ fn write_repair(
     base: &[u8],
     desired: &Entry,
     opts: &RepairOptions,
-) -> Result<(Replacement, PathBuf, String), ChainError> {
-    Ok(match Kind::of(active) {
+) -> Result<(Replacement, PathBuf), ChainError> {
+    match Kind::of(active) {
         Kind::List => {
             let real = writable(listing, active)?;
-            let (o, via) = replace(active, &real, base, opts.deadline, |b| {
+            let o = replace(&real, base, opts.deadline, |b| {
                 plan::repaired(Kind::List, b, desired)
             })?;
-            (o, active.to_path_buf(), via)
+            Ok((o, active.to_path_buf()))
         }
-        Kind::Single => {
-            let (o, dst) = convert(conf_dir, listing, active, base, desired, opts)?;
-            let how = format!("; replaced {} with {}", file_name(active), file_name(&dst));
-            (o, dst, how)
-        }
-    })
+        Kind::Single => convert(conf_dir, listing, active, base, desired, opts),
+    }
 }
 
 /// Removes every linkerd-cni entry from every config file in `conf_dir`
@@ -250,8 +210,8 @@ pub(crate) fn remove_entries(
             }
         };
         // Superseded: someone's newer content, which holds no entry of ours.
-        let (outcome, _) = replace(path, &real, &bytes, opts.deadline, plan::without_entries)?;
-        if let Replacement::Written = outcome {
+        if let Replacement::Written = replace(&real, &bytes, opts.deadline, plan::without_entries)?
+        {
             rewritten.push(path.clone());
         }
     }
@@ -267,45 +227,27 @@ enum Candidate {
     Restore(PathBuf, Option<Vec<u8>>),
 }
 
-/// Replaces the list `path` (through a symlink, its target) by
-/// `transform(content)`, computed from `base`, safe against other writers.
-/// Returns how it ended and a note for the summary.
+/// Replaces the list `real` (a symlinked config's target, or the config
+/// itself) by `transform(content)`, computed from `base`, safe against
+/// other writers.
 fn replace(
-    path: &Path,
     real: &Path,
     base: &[u8],
     deadline: Option<Instant>,
     transform: impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<(Replacement, String), ChainError> {
-    let via = if real != path {
-        format!(" (through the symlink, in {})", real.display())
-    } else {
-        String::new()
-    };
-    let dir = parent(real).to_path_buf();
+) -> Result<Replacement, ChainError> {
+    let dir = parent(real);
     let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
     let Some(first) = transform(base) else {
-        return Ok((Replacement::Superseded, via));
+        return Ok(Replacement::Superseded);
     };
-    swap_loop(real, &dir, &meta, base, first, deadline, &transform).map(|o| (o, via))
-}
-
-fn swap_loop(
-    real: &Path,
-    dir: &Path,
-    meta: &Metadata,
-    base: &[u8],
-    first: Vec<u8>,
-    deadline: Option<Instant>,
-    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Replacement, ChainError> {
     let swap = Swap {
         real,
         dir,
-        meta,
+        meta: &meta,
         target: write::name_digest(real),
         deadline,
-        transform,
+        transform: &transform,
     };
     // What the target holds, as far as we know.
     let mut expected = base.to_vec();
@@ -323,8 +265,12 @@ fn swap_loop(
             }
         }
     }
-    if let Candidate::Restore(newest, bytes) = candidate {
-        put_back_newest(real, dir, swap.target, &newest, &expected, bytes.as_deref())?;
+    // Out of swaps while holding someone's displaced content: it goes back
+    // in place once more (or stays marked for recovery to put back).
+    if let Candidate::Restore(..) = candidate
+        && let Staged::Held(held) = swap.stage(MAX_SWAPS, &expected, candidate)?
+    {
+        let _ = swap.exchange(held, expected);
     }
     Err(ChainError::Contended {
         path: real.to_path_buf(),
@@ -332,7 +278,7 @@ fn swap_loop(
     })
 }
 
-/// What one round of [`swap_loop`] leaves it to do.
+/// What one round of [`replace`]'s swaps leaves it to do.
 enum Step {
     /// The replacement ended so.
     Done(Replacement),
@@ -358,7 +304,7 @@ struct Held {
     ours: Option<File>,
 }
 
-/// What every round of [`swap_loop`] works on.
+/// What every round of [`replace`]'s swaps works on.
 struct Swap<'a, F> {
     real: &'a Path,
     dir: &'a Path,
@@ -422,14 +368,18 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             }));
         }
         let _ = fs::remove_file(&t);
-        Ok(Staged::Moved(
-            match now.as_deref().and_then(self.transform) {
-                Some(next) => Step::Again(now.unwrap_or_default(), Candidate::New(next)),
-                // Healthy, unreadable or half-written now: look again
-                // from the top.
-                None => Step::Done(Replacement::Superseded),
-            },
-        ))
+        Ok(Staged::Moved(self.again(now)))
+    }
+
+    /// The target changed since we looked and holds `now`: its repair goes
+    /// in next.
+    fn again(&self, now: Option<Vec<u8>>) -> Step {
+        match now.as_deref().and_then(self.transform) {
+            Some(next) => Step::Again(now.unwrap_or_default(), Candidate::New(next)),
+            // Healthy, unreadable or half-written now: look again from the
+            // top.
+            None => Step::Done(Replacement::Superseded),
+        }
     }
 
     /// Swaps `held` in for what the target holds, `expected` unless someone
@@ -442,14 +392,25 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         match write::exchange(&held.path, self.real) {
             Ok(()) => {}
             Err(e) if write::unsupported(&e) && held.ours.is_some() => {
-                // An ordinary rename keeps nothing of what it replaces:
-                // the new content must be on disk first.
+                // An ordinary rename keeps nothing of what it replaces: the
+                // new content must be on disk first, and the target is
+                // compared with the base once more right before (a window
+                // of microseconds instead of none).
                 if let Some(Err(e)) = held.ours.as_ref().map(write::persist) {
                     let _ = fs::remove_file(&held.path);
                     return Err(ChainError::io("fsync", &held.path, e));
                 }
-                let done = rename_checked(self.real, held.path, expected, self.transform)?;
-                return Ok(Step::Done(done));
+                let now = scan::read_file(self.real).ok();
+                if now.as_deref() != Some(&expected[..]) {
+                    let _ = fs::remove_file(&held.path);
+                    return Ok(self.again(now));
+                }
+                if let Err(e) = fs::rename(&held.path, self.real) {
+                    let _ = fs::remove_file(&held.path);
+                    return Err(ChainError::io("rename a temp file to", self.real, e));
+                }
+                write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
+                return Ok(Step::Done(Replacement::Written));
             }
             Err(e) => {
                 if held.ours.is_some() {
@@ -474,10 +435,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
                 return Ok(Step::Done(Replacement::Written));
             }
             // Someone's newer content is back in place: repair it in turn.
-            return Ok(match (self.transform)(&held.bytes) {
-                Some(next) => Step::Again(held.bytes, Candidate::New(next)),
-                None => Step::Done(Replacement::Superseded),
-            });
+            return Ok(self.again(Some(held.bytes)));
         }
         // Someone wrote in the microseconds since our last look. Put their
         // content back at once, the very inode (a writer may still hold it
@@ -491,26 +449,6 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             Candidate::Restore(held.path, displaced),
         ))
     }
-}
-
-/// Out of swaps while holding someone's displaced content at `newest`: put
-/// it back in place, once more, in place of `expected`.
-fn put_back_newest(
-    real: &Path,
-    dir: &Path,
-    target: u64,
-    newest: &Path,
-    expected: &[u8],
-    bytes: Option<&[u8]>,
-) -> Result<(), ChainError> {
-    let newest = mark_restore(newest, target, expected, bytes)
-        .map_err(|e| ChainError::io("rename a temp file in", dir, e))?;
-    if write::exchange(&newest, real).is_ok()
-        && scan::read_file(&newest).ok().as_deref() == Some(expected)
-    {
-        let _ = fs::remove_file(&newest);
-    }
-    Ok(())
 }
 
 /// Renames `held`, which holds someone else's content displaced by our
@@ -532,41 +470,6 @@ fn mark_restore(
     let to = intent.path_in(parent(held));
     fs::rename(held, &to)?;
     Ok(to)
-}
-
-/// Where `RENAME_EXCHANGE` is unsupported: compare with the base right
-/// before an ordinary rename (a window of microseconds instead of none).
-fn rename_checked(
-    real: &Path,
-    mut tmp: PathBuf,
-    mut expected: Vec<u8>,
-    transform: &impl Fn(&[u8]) -> Option<Vec<u8>>,
-) -> Result<Replacement, ChainError> {
-    let dir = parent(real).to_path_buf();
-    for _ in 0..MAX_SWAPS {
-        let current = scan::read_file(real).ok();
-        if current.as_deref() == Some(&expected[..]) {
-            if let Err(e) = fs::rename(&tmp, real) {
-                let _ = fs::remove_file(&tmp);
-                return Err(ChainError::io("rename a temp file to", real, e));
-            }
-            write::fsync_dir(&dir).map_err(|e| ChainError::io("fsync", &dir, e))?;
-            return Ok(Replacement::Written);
-        }
-        let _ = fs::remove_file(&tmp);
-        let Some((current, next)) = current.and_then(|c| transform(&c).map(|n| (c, n))) else {
-            return Ok(Replacement::Superseded);
-        };
-        let meta = fs::metadata(real).map_err(|e| ChainError::io("inspect", real, e))?;
-        tmp = write::write_temp(&dir, &next, Some(&meta))
-            .map_err(|e| ChainError::io("write a temp file in", &dir, e))?;
-        expected = current;
-    }
-    let _ = fs::remove_file(&tmp);
-    Err(ChainError::Contended {
-        path: real.to_path_buf(),
-        attempts: MAX_SWAPS,
-    })
 }
 
 /// The file to write for the config `path` (its symlink's target), or why
@@ -805,9 +708,7 @@ pub(crate) mod testing {
         base: &[u8],
         desired: &Entry,
     ) -> Result<bool, ChainError> {
-        let (o, _) = replace(path, path, base, None, |b| {
-            plan::repaired(Kind::List, b, desired)
-        })?;
+        let o = replace(path, base, None, |b| plan::repaired(Kind::List, b, desired))?;
         Ok(matches!(o, Replacement::Written))
     }
 }

@@ -16,8 +16,8 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 
 use crate::names::Kind;
-use crate::scan::{self, LinkRule, Listing, OwnedFile};
-use crate::{ChainError, plan, sha256, text, write};
+use crate::scan::{self, Listing, OwnedFile};
+use crate::{ChainError, RepairOptions, plan, sha256, text, write};
 
 use super::MARKER_KEY;
 
@@ -144,8 +144,8 @@ pub(crate) fn classify(listing: &mut Listing) {
 }
 
 /// The conf dir as every layout sees it (see [`classify`]).
-pub(crate) fn list(conf_dir: &Path, rule: LinkRule<'_>) -> Result<Listing, ChainError> {
-    let mut listing = scan::list(conf_dir, rule)?;
+pub(crate) fn list(conf_dir: &Path, opts: &RepairOptions) -> Result<Listing, ChainError> {
+    let mut listing = scan::list(conf_dir, opts)?;
     classify(&mut listing);
     Ok(listing)
 }

@@ -52,7 +52,7 @@ use crate::{
     write,
 };
 
-pub use crate::names::{OWNED_SUFFIX, owned_name as name_for};
+pub use crate::names::OWNED_SUFFIX;
 pub use marker::Marker;
 pub(crate) use marker::list;
 
@@ -152,19 +152,6 @@ fn meta_plugin(kind: Kind, top: &Map<String, Value>) -> Option<String> {
     None
 }
 
-/// Why the primary's chain is not taken over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotTaken {
-    /// A meta-plugin's config: shadowing it would take the pods' other
-    /// networks away.
-    Meta(String),
-    /// It holds no plugin but linkerd-cni.
-    NoPrimaryPlugin,
-    /// It cannot be loaded (not JSON, not a config, being rewritten in
-    /// place...). Left for its owner; our file is left as it is.
-    Invalid(String),
-}
-
 /// The primary's chain as copied: its bytes minus any linkerd-cni entry.
 /// Our own entry being added to or removed from the primary's file (a mode
 /// switch) does not change it.
@@ -200,12 +187,13 @@ fn meaning_of(chain: &[u8]) -> Option<String> {
 }
 
 /// The content of our file for the primary `primary` holding `bytes`, and
-/// the marker it records; or why the primary is not taken over.
+/// the marker it records; or, when the primary is not taken over, owned
+/// mode's state (a fallback, or a primary that cannot be loaded).
 pub(crate) fn copy_of(
     primary: &Path,
     bytes: &[u8],
     desired: &Entry,
-) -> Result<(Vec<u8>, Marker), NotTaken> {
+) -> Result<(Vec<u8>, Marker), OwnedState> {
     /// The last copy made: a keeper's pass looks at the primary without
     /// the lock, then again under it, most often at the very same bytes,
     /// and making the copy (parsed, checked, digested, written out) is
@@ -214,7 +202,7 @@ pub(crate) fn copy_of(
         PathBuf,
         Vec<u8>,
         Map<String, Value>,
-        Result<(Vec<u8>, Marker), NotTaken>,
+        Result<(Vec<u8>, Marker), OwnedState>,
     );
     static LAST: std::sync::Mutex<Option<Memo>> = std::sync::Mutex::new(None);
     let mut last = LAST
@@ -235,11 +223,21 @@ pub(crate) fn copy_of(
     copy
 }
 
-fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, Marker), NotTaken> {
+fn make_copy(
+    primary: &Path,
+    bytes: &[u8],
+    desired: &Entry,
+) -> Result<(Vec<u8>, Marker), OwnedState> {
+    let invalid = |reason| OwnedState::PrimaryInvalid { reason };
+    let fallback = |why: &str| OwnedState::Fallback {
+        reason: format!("{} {why}", primary.display()),
+    };
     let kind = Kind::of(primary);
-    let top = plan::parse(kind, bytes).map_err(NotTaken::Invalid)?;
+    let top = plan::parse(kind, bytes).map_err(invalid)?;
     if let Some(why) = meta_plugin(kind, &top) {
-        return Err(NotTaken::Meta(why));
+        return Err(fallback(&format!(
+            "is a meta-plugin's config ({why}); it is never shadowed"
+        )));
     }
     let chain = primary_chain(kind, bytes);
     let marker = Marker {
@@ -250,13 +248,15 @@ fn make_copy(primary: &Path, bytes: &[u8], desired: &Entry) -> Result<(Vec<u8>, 
     let mut entry = desired.as_map().clone();
     entry.insert(MARKER_KEY.into(), marker.to_value());
     match plan::analyze(kind, &chain, &entry).state {
-        ChainState::NoPrimaryPlugin => return Err(NotTaken::NoPrimaryPlugin),
-        ChainState::Invalid { reason } => return Err(NotTaken::Invalid(reason)),
+        ChainState::NoPrimaryPlugin => {
+            return Err(fallback("holds no plugin but linkerd-cni"));
+        }
+        ChainState::Invalid { reason } => return Err(invalid(reason)),
         _ => {}
     }
     match plan::repaired(kind, &chain, &entry) {
         Some(content) => Ok((content, marker)),
-        None => Err(NotTaken::Invalid("cannot be copied".into())),
+        None => Err(invalid("cannot be copied".into())),
     }
 }
 
@@ -405,7 +405,17 @@ impl fmt::Display for OwnedDiagnosis {
 /// the marker's digest, and our entry with the desired one. The copy is
 /// rebuilt only when it must be written.
 pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagnosis {
-    let mut d = OwnedDiagnosis::no_primary(listing);
+    // Where the conf dir holds no primary, this is the whole diagnosis.
+    let mut d = OwnedDiagnosis {
+        primary: listing.configs.first().cloned(),
+        ours: None,
+        state: OwnedState::NoPrimary,
+        owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
+        renamed: listing.renamed.clone(),
+        inline_entry: false,
+        marker: None,
+        expected: None,
+    };
     let Some(primary) = d.primary.clone() else {
         return d;
     };
@@ -450,26 +460,20 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         };
         return d;
     }
-    let ours_present = have.is_some() || ours.exists();
-    copy_state(&mut d, &primary, &bytes, desired, ours_present);
-    d
-}
-
-impl OwnedDiagnosis {
-    /// What a listing says before its primary is looked at: where a conf
-    /// dir holds no primary, that is the whole diagnosis.
-    fn no_primary(listing: &Listing) -> OwnedDiagnosis {
-        OwnedDiagnosis {
-            primary: listing.configs.first().cloned(),
-            ours: None,
-            state: OwnedState::NoPrimary,
-            owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
-            renamed: listing.renamed.clone(),
-            inline_entry: false,
-            marker: None,
-            expected: None,
+    // Not the current copy: why the primary is not taken over, or what our
+    // file must hold.
+    match copy_of(&primary, &bytes, desired) {
+        Err(state) => d.state = state,
+        Ok((content, marker)) => {
+            d.marker = Some(marker);
+            d.state = match have.is_some() || ours.exists() {
+                true => OwnedState::Outdated,
+                false => OwnedState::Missing,
+            };
+            d.expected = Some(content);
         }
     }
+    d
 }
 
 /// The primary's bytes, or why nothing may be decided about it: a file we
@@ -511,41 +515,6 @@ fn marker_of(have: Option<&scan::OwnedFile>, primary: &Path, chain: &[u8]) -> Ma
         })
 }
 
-/// The state of our copy when it is not the current one: why the primary
-/// is not taken over, or what our file must hold.
-fn copy_state(
-    d: &mut OwnedDiagnosis,
-    primary: &Path,
-    bytes: &[u8],
-    desired: &Entry,
-    ours_present: bool,
-) {
-    match copy_of(primary, bytes, desired) {
-        Err(NotTaken::Invalid(reason)) => d.state = OwnedState::PrimaryInvalid { reason },
-        Err(NotTaken::Meta(why)) => {
-            d.state = OwnedState::Fallback {
-                reason: format!(
-                    "{} is a meta-plugin's config ({why}); it is never shadowed",
-                    primary.display()
-                ),
-            }
-        }
-        Err(NotTaken::NoPrimaryPlugin) => {
-            d.state = OwnedState::Fallback {
-                reason: format!("{} holds no plugin but linkerd-cni", primary.display()),
-            }
-        }
-        Ok((content, marker)) => {
-            d.marker = Some(marker);
-            d.state = match ours_present {
-                true => OwnedState::Outdated,
-                false => OwnedState::Missing,
-            };
-            d.expected = Some(content);
-        }
-    }
-}
-
 /// Whether our entry as read (its marker aside) is the desired one; its
 /// runtime-set keys compared only when the desired entry has them. A copy
 /// that means the same is never rewritten.
@@ -575,10 +544,7 @@ pub(crate) fn diagnose_with(
     desired: &Entry,
     opts: &RepairOptions,
 ) -> Result<OwnedDiagnosis, ChainError> {
-    Ok(diagnose_listing(
-        &list(conf_dir, opts.link_rule())?,
-        desired,
-    ))
+    Ok(diagnose_listing(&list(conf_dir, opts)?, desired))
 }
 
 /// What [`sync`] did.
@@ -631,20 +597,37 @@ pub(crate) fn sync(
         let (listing, recovery) = recover::recovered_listing(conf_dir, opts)?;
         actions.extend(recovery);
         let d = diagnose_listing(&listing, desired);
-        match sync_step(conf_dir, &d, opts, &mut actions)? {
-            // Written: current, unless the primary changed while we copied
-            // it. Only the primary is read again: the rest of the conf dir
-            // was looked at under this lock, and a write our watch sees
-            // brings another pass.
-            Step::Again if still_copied(&listing, &d) => {
-                return Ok(SyncReport::new(actions, OwnedState::Current, None));
+        match (&d.state, &d.ours) {
+            (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
+                // A current copy (never `expected`) only has stale files of
+                // ours to remove: no requirement for that.
+                let due = d.state != OwnedState::Current;
+                if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
+                    return Ok(SyncReport::new(actions, d.state, Some(r.clone())));
+                }
+                if let Some(content) = &d.expected {
+                    write_copy(conf_dir, &d, ours, content, opts, &mut actions)?;
+                }
+                let others = d.owned.iter().filter(|o| *o != ours);
+                remove_stale(conf_dir, others, Retired::Replaced, &mut actions)?;
+                // Written: current, unless the primary changed while we
+                // copied it. Only the primary is read again: the rest of the
+                // conf dir was looked at under this lock, and a write our
+                // watch sees brings another pass.
+                if d.expected.is_some() {
+                    if still_copied(&listing, &d) {
+                        return Ok(SyncReport::new(actions, OwnedState::Current, None));
+                    }
+                    continue;
+                }
             }
-            Step::Again => continue,
-            Step::Withheld(req) => return Ok(SyncReport::new(actions, d.state, Some(req))),
-            Step::Done => {}
+            (OwnedState::NoPrimary, _) => {
+                remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, &mut actions)?;
+            }
+            _ => {}
         }
         let after = if changed(&actions) {
-            diagnose_listing(&list(conf_dir, opts.link_rule())?, desired).state
+            diagnose_listing(&list(conf_dir, opts)?, desired).state
         } else {
             d.state
         };
@@ -669,52 +652,6 @@ fn still_copied(listing: &Listing, d: &OwnedDiagnosis) -> bool {
     listing
         .read(primary)
         .is_ok_and(|b| chain_digest(primary, &b) == marker.sha256)
-}
-
-/// How one round of [`sync`] ended.
-enum Step {
-    /// Our file was written: the primary may have changed meanwhile.
-    Again,
-    /// Nothing to write, or done.
-    Done,
-    /// The copy is due but may not be written now: this required file is
-    /// gone.
-    Withheld(PathBuf),
-}
-
-fn sync_step(
-    conf_dir: &Path,
-    d: &OwnedDiagnosis,
-    opts: &RepairOptions,
-    actions: &mut Vec<Action>,
-) -> Result<Step, ChainError> {
-    match (&d.state, &d.ours) {
-        (OwnedState::Missing | OwnedState::Outdated | OwnedState::Current, Some(ours)) => {
-            // A current copy (never `expected`) only has stale files of ours
-            // to remove: no requirement for that.
-            let due = d.state != OwnedState::Current;
-            if let Some(r) = opts.requires.as_ref().filter(|r| due && !r.exists()) {
-                return Ok(Step::Withheld(r.clone()));
-            }
-            if let Some(content) = &d.expected {
-                write_copy(conf_dir, d, ours, content, opts, actions)?;
-            }
-            let others = d.owned.iter().filter(|o| *o != ours);
-            remove_stale(conf_dir, others, Retired::Replaced, actions)?;
-            // Written: the primary may have changed while we copied it, so
-            // look again. Only stale files removed: done.
-            Ok(if d.expected.is_some() {
-                Step::Again
-            } else {
-                Step::Done
-            })
-        }
-        (OwnedState::NoPrimary, _) => {
-            remove_stale(conf_dir, d.owned.iter(), Retired::PrimaryGone, actions)?;
-            Ok(Step::Done)
-        }
-        _ => Ok(Step::Done),
-    }
 }
 
 fn write_copy(

@@ -138,7 +138,7 @@ fn the_copy_keeps_the_primary_and_puts_us_last_and_our_file_becomes_active() {
     let head = head.trim_end();
     assert!(ours.starts_with(head), "{ours}");
     // The file the runtime loads is ours, and it is recognised by content.
-    let listing = list(d.path(), RepairOptions::default().link_rule()).unwrap();
+    let listing = list(d.path(), &RepairOptions::default()).unwrap();
     assert_eq!(listing.owned.len(), 1);
     assert_eq!(
         listing.configs.first().unwrap().file_name().unwrap(),
@@ -327,7 +327,7 @@ fn a_meta_plugin_is_never_shadowed() {
         r#"{"name":"g","cniVersion":"0.3.1","plugins":[{"type":"whatever","delegates":[]}]}"#;
     assert!(matches!(
         copy_of(Path::new("/x/00-g.conflist"), genie.as_bytes(), &want),
-        Err(NotTaken::Meta(_))
+        Err(OwnedState::Fallback { reason }) if reason.contains("is a meta-plugin's config")
     ));
 }
 
@@ -571,7 +571,7 @@ fn a_file_with_a_forged_marker_is_not_ours_and_never_removed() {
     let r = sync(d.path(), &owned_desired(), &opts()).unwrap();
     assert!(r.changed, "{r:?}");
     assert_eq!(d.read("20-x-linkerd-cni.conflist"), forged);
-    let listing = list(d.path(), RepairOptions::default().link_rule()).unwrap();
+    let listing = list(d.path(), &RepairOptions::default()).unwrap();
     assert_eq!(
         listing
             .owned

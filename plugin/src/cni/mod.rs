@@ -35,9 +35,6 @@ pub struct Invocation {
 /// it: linkerd-cni's rules live in the pod's network namespace and go with
 /// it, so there is nothing to release.
 pub trait Plugin {
-    /// Called as soon as the environment is parsed, before anything about
-    /// the invocation is logged (e.g. to name the container in every line).
-    fn start(&self, _env: &Env) {}
     fn add(&self, inv: &Invocation) -> Result<Value, CniError>;
     fn check(&self, _inv: &Invocation) -> Result<(), CniError> {
         Ok(())
@@ -115,12 +112,16 @@ pub fn read_stdin(mut r: impl Read) -> Result<Vec<u8>, CniError> {
 /// ADD with code 1. ADD and CHECK do answer code 1.
 pub fn run(lookup: impl Fn(&str) -> Option<OsString>, stdin: &[u8], plugin: &dyn Plugin) -> Reply {
     let env = match Env::from_lookup(&lookup) {
-        Ok(env) => {
-            plugin.start(&env);
-            env
-        }
+        Ok(env) => env,
         Err(e) => return Reply::error(&e, &requested_version(stdin)),
     };
+    // Before anything about the invocation is logged: every line names
+    // its container and pod.
+    let pod = env.args.pod_namespace().zip(env.args.pod_name());
+    crate::logging::set_context(crate::logging::invocation_context(
+        env.container_id.as_deref(),
+        pod,
+    ));
 
     if env.command == Command::Version {
         return Reply::ok(Some(version::version_info(&requested_version(stdin))));

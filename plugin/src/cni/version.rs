@@ -23,13 +23,7 @@ pub struct Version(pub u32, pub u32, pub u32);
 impl Version {
     /// `MAJOR.MINOR.PATCH`, digits only; anything else is None.
     pub fn parse(s: &str) -> Option<Version> {
-        let mut parts = s.split('.').map(|p| {
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                None
-            } else {
-                p.parse::<u32>().ok()
-            }
-        });
+        let mut parts = s.split('.').map(crate::decimal::<u32>);
         let v = Version(parts.next()??, parts.next()??, parts.next()??);
         parts.next().is_none().then_some(v)
     }

@@ -162,7 +162,7 @@ impl Tools {
     pub fn save(&self, timeout: Duration) -> Result<String, ExecError> {
         let mut cmd = Command::new(&self.save);
         cmd.args(["-t", "nat"]);
-        let out = run(cmd, &self.save, None, timeout)?;
+        let out = run(cmd, None, timeout)?;
         // Lossy: a table we cannot read as UTF-8 then differs from ours.
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
@@ -174,20 +174,15 @@ impl Tools {
         if wait {
             cmd.arg("-w");
         }
-        run(cmd, &self.restore, Some(batch.as_bytes()), timeout).map(drop)
+        run(cmd, Some(batch.as_bytes()), timeout).map(drop)
     }
 }
 
 /// Runs `cmd` with `input` on stdin, returning stdout (at most
 /// [`MAX_OUTPUT`] bytes); kills it after `timeout` (e.g. when it waits
 /// forever on the xtables lock).
-fn run(
-    cmd: Command,
-    bin: &Path,
-    input: Option<&[u8]>,
-    timeout: Duration,
-) -> Result<Vec<u8>, ExecError> {
-    run_child(cmd, bin, input, timeout, MAX_OUTPUT, Exit::Pidfd)
+fn run(cmd: Command, input: Option<&[u8]>, timeout: Duration) -> Result<Vec<u8>, ExecError> {
+    run_child(cmd, input, timeout, MAX_OUTPUT, Exit::Pidfd)
 }
 
 /// How the end of a child is noticed.
@@ -203,13 +198,12 @@ enum Exit {
 
 fn run_child(
     mut cmd: Command,
-    bin: &Path,
     input: Option<&[u8]>,
     timeout: Duration,
     max_output: usize,
     exit: Exit,
 ) -> Result<Vec<u8>, ExecError> {
-    let name = bin.display().to_string();
+    let name = Path::new(cmd.get_program()).display().to_string();
     cmd.stdin(if input.is_some() {
         Stdio::piped()
     } else {
@@ -228,18 +222,16 @@ fn run_child(
     });
     let (status, pipes) = match outcome {
         Ok((Some(status), pipes)) => (status, pipes),
-        Ok((None, _)) => {
+        unfinished => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(ExecError::TimedOut {
-                bin: name,
-                after: timeout,
+            return Err(match unfinished {
+                Err(source) => ExecError::Spawn { bin: name, source },
+                _ => ExecError::TimedOut {
+                    bin: name,
+                    after: timeout,
+                },
             });
-        }
-        Err(source) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(ExecError::Spawn { bin: name, source });
         }
     };
     match status {
@@ -569,15 +561,7 @@ mod tests {
     fn output_beyond_the_limit_is_an_error() {
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", "head -c 100000 /dev/zero"]);
-        let e = run_child(
-            cmd,
-            Path::new("/bin/sh"),
-            None,
-            Duration::from_secs(10),
-            4096,
-            Exit::Pidfd,
-        )
-        .unwrap_err();
+        let e = run_child(cmd, None, Duration::from_secs(10), 4096, Exit::Pidfd).unwrap_err();
         assert!(
             matches!(e, ExecError::TooMuchOutput { limit: 4096, .. }),
             "{e}"
@@ -589,13 +573,7 @@ mod tests {
     fn run_reports_failure_output_and_timeouts() {
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", "cat; echo oops >&2; exit 3"]);
-        let e = run(
-            cmd,
-            Path::new("/bin/sh"),
-            Some(b"in"),
-            Duration::from_secs(10),
-        )
-        .unwrap_err();
+        let e = run(cmd, Some(b"in"), Duration::from_secs(10)).unwrap_err();
         assert!(
             matches!(&e, ExecError::Failed { stderr, .. } if stderr == "oops"),
             "{e}"
@@ -603,31 +581,18 @@ mod tests {
 
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", "cat"]);
-        let out = run(
-            cmd,
-            Path::new("/bin/sh"),
-            Some(b"batch\n"),
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let out = run(cmd, Some(b"batch\n"), Duration::from_secs(10)).unwrap();
         assert_eq!(out, b"batch\n");
 
         let mut cmd = Command::new("/bin/sleep");
         cmd.arg("5");
         let start = Instant::now();
-        let e = run(
-            cmd,
-            Path::new("/bin/sleep"),
-            None,
-            Duration::from_millis(100),
-        )
-        .unwrap_err();
+        let e = run(cmd, None, Duration::from_millis(100)).unwrap_err();
         assert!(matches!(e, ExecError::TimedOut { .. }), "{e}");
         assert!(start.elapsed() < Duration::from_secs(4));
 
         let e = run(
             Command::new("/nonexistent/iptables"),
-            Path::new("/nonexistent/iptables"),
             None,
             Duration::from_secs(1),
         )
@@ -652,7 +617,6 @@ mod tests {
         for exit in [Exit::Pidfd, Exit::Polled] {
             let out = run_child(
                 sh("cat; echo done >&2"),
-                Path::new("/bin/sh"),
                 Some(&batch),
                 Duration::from_secs(60),
                 MAX_OUTPUT,
@@ -669,7 +633,6 @@ mod tests {
         for exit in [Exit::Pidfd, Exit::Polled] {
             let e = run_child(
                 sh("echo refused >&2; exit 2"),
-                Path::new("/bin/sh"),
                 Some(&batch),
                 Duration::from_secs(60),
                 MAX_OUTPUT,
@@ -691,7 +654,6 @@ mod tests {
         for exit in [Exit::Pidfd, Exit::Polled] {
             let e = run_child(
                 sh("sleep 3 & echo partial"),
-                Path::new("/bin/sh"),
                 None,
                 Duration::from_millis(300),
                 MAX_OUTPUT,

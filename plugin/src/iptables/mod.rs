@@ -67,12 +67,7 @@ impl Driver {
     /// The bound for the next command: its own timeout, cut to what is left
     /// before the deadline.
     fn step_timeout(&self) -> Duration {
-        match self.deadline {
-            Some(d) => self
-                .timeout
-                .min(d.saturating_duration_since(Instant::now())),
-            None => self.timeout,
-        }
+        bounded(self.timeout, self.deadline)
     }
 
     /// Makes the netns at `netns` hold exactly each set's chains and jumps.
@@ -165,6 +160,13 @@ impl Driver {
         }
         Ok(NatTable::parse(&t.save(self.step_timeout())?))
     }
+}
+
+/// `timeout`, cut to what is left before `deadline` (zero once past it).
+pub(crate) fn bounded(timeout: Duration, deadline: Option<Instant>) -> Duration {
+    deadline.map_or(timeout, |d| {
+        timeout.min(d.saturating_duration_since(Instant::now()))
+    })
 }
 
 #[derive(Debug, Error)]

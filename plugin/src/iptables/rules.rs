@@ -73,11 +73,8 @@ pub enum ParseError {
     TooLong { got: usize },
 }
 
-/// Errs when a list of `count` entries, or its text, is over the caps.
-pub fn check_list_size(count: usize, text_len: usize) -> Result<(), ParseError> {
-    if text_len > MAX_LIST_TEXT {
-        return Err(ParseError::TooLong { got: text_len });
-    }
+/// Errs when a list of `count` entries is over the cap.
+pub fn check_list_size(count: usize) -> Result<(), ParseError> {
     if count > MAX_LIST_ITEMS {
         return Err(ParseError::TooMany { got: count });
     }
@@ -90,7 +87,7 @@ fn list_items(s: &str) -> Result<Vec<&str>, ParseError> {
         return Err(ParseError::TooLong { got: s.len() });
     }
     let items: Vec<&str> = s.split(',').filter(|p| !p.trim().is_empty()).collect();
-    check_list_size(items.len(), s.len())?;
+    check_list_size(items.len())?;
     Ok(items)
 }
 
@@ -114,13 +111,7 @@ impl PortRange {
     pub fn parse(s: &str) -> Result<PortRange, ParseError> {
         let t = s.trim();
         let bad = || ParseError::Port(s.to_string());
-        let num = |p: &str| -> Result<u16, ParseError> {
-            // `u16::from_str` accepts a leading '+', Go's ParseUint does not.
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad());
-            }
-            p.parse().map_err(|_| bad())
-        };
+        let num = |p: &str| crate::decimal::<u16>(p).ok_or_else(bad);
         let (low, high) = match t.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
             None => return num(t).map(PortRange::from),
@@ -177,10 +168,9 @@ impl Subnet {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match len {
             None => max,
-            Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => {
-                l.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?
-            }
-            Some(_) => return Err(bad()),
+            Some(l) => crate::decimal::<u8>(l)
+                .filter(|p| *p <= max)
+                .ok_or_else(bad)?,
         };
         let network = match addr {
             IpAddr::V4(a) => {

@@ -33,7 +33,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use linkerd_cni_state::heartbeat::{self, Liveness};
-use linkerd_cni_state::outcomes::{PassCause, RetryCause};
+use linkerd_cni_state::outcomes::{Outcome, PassCause, RetryCause};
 
 use super::Stop;
 use crate::cni::CniError;
@@ -180,7 +180,10 @@ impl Retry {
 /// network-validator.
 fn pass_through(cause: PassCause, why: String) -> Stop {
     log::error!("{why}");
-    super::skip(super::Skip::CannotTell(cause), why)
+    Stop::PassThrough {
+        cause: Outcome::PassedThrough(cause),
+        why,
+    }
 }
 
 /// "Try again later" (code 11), said at warn level: the runtime retries.

@@ -10,8 +10,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use linkerd_cni::cni::{Env, Invocation, NetConf};
-use linkerd_cni::pod::{Decision, Plan};
+use linkerd_cni::cni::{CniError, Env, Invocation, NetConf};
+use linkerd_cni::pod::{Plan, Stop};
 use serde_json::{Value, json};
 use testkit::{FakeApiServer, TempDir};
 
@@ -219,10 +219,21 @@ pub fn text(o: &Output) -> String {
 
 /// The plan of a decision that meshes the pod; panics with the reason of a
 /// pass-through.
-pub fn mesh(d: Decision) -> Plan {
+pub fn mesh(d: Result<Plan, Stop>) -> Plan {
     match d {
-        Decision::Mesh(p) => p,
-        Decision::PassThrough(s) => panic!("expected a meshed pod, got pass-through: {}", s.why),
+        Ok(p) => p,
+        Err(Stop::PassThrough { why, .. }) => {
+            panic!("expected a meshed pod, got pass-through: {why}")
+        }
+        Err(Stop::Failed(e)) => panic!("expected a meshed pod, got {e}"),
+    }
+}
+
+/// The error a pod's decision failed with.
+pub fn failed(d: Result<Plan, Stop>) -> CniError {
+    match d {
+        Err(Stop::Failed(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
     }
 }
 

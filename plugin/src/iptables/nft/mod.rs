@@ -128,17 +128,26 @@ impl Listing {
     }
 }
 
-/// Reads the nat table of `family`, again when a dump was interrupted by
-/// a concurrent change.
-fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match list_once(sock, family) {
-            Err(NftError::Changed) if attempt < MAX_ATTEMPTS => {}
+/// `step` again while the nat table of `family` changes under it (a dump
+/// interrupted, a batch refused for its generation).
+fn retried<T>(
+    family: Family,
+    mut step: impl FnMut() -> Result<T, NftError>,
+) -> Result<T, NftError> {
+    for _ in 1..MAX_ATTEMPTS {
+        match step() {
+            Err(NftError::Changed) => {
+                log::debug!("{family} nat table changed under us: reading it again");
+            }
             r => return r,
         }
     }
+    step()
+}
+
+/// Reads the nat table of `family`.
+fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
+    retried(family, || list_once(sock, family))
 }
 
 fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
@@ -324,22 +333,12 @@ pub fn verify(
 pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Result<(), NftError> {
     let want = Expected::of(set)?;
     let mut sock = Socket::open(timeout, deadline)?;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    retried(set.family, || {
         let l = list(&mut sock, set.family)?;
         let current = want.view(&l);
         let (w, begin, commands) = batch(set.family, &want, &l, &current, sock.writer());
-        match sock.commit(&w, begin, &commands, "rule batch") {
-            Err(NftError::Changed) if attempt < MAX_ATTEMPTS => {
-                log::debug!(
-                    "{} nat table changed under us: reading it again",
-                    set.family
-                );
-            }
-            r => return r,
-        }
-    }
+        sock.commit(&w, begin, &commands, "rule batch")
+    })
 }
 
 /// The transaction: what `iptables-nft-restore --noflush` sends for

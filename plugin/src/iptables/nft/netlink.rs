@@ -304,12 +304,7 @@ impl Socket {
     /// The time left for the next step, never zero (a zero timeval would
     /// mean "block forever").
     fn arm(&self, what: &'static str) -> Result<(), NftError> {
-        let left = match self.deadline {
-            Some(d) => self
-                .timeout
-                .min(d.saturating_duration_since(Instant::now())),
-            None => self.timeout,
-        };
+        let left = crate::iptables::bounded(self.timeout, self.deadline);
         if left.is_zero() {
             return Err(NftError::TimedOut { what });
         }
