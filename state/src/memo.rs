@@ -25,8 +25,7 @@
 //! Still, a memo is believed only when it is root's own file
 //! ([`crate::statefile`]): nobody else can make an ADD skip one.
 
-use std::collections::BTreeSet;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -220,35 +219,33 @@ impl Memo {
             .and_then(|l| l.strip_prefix("at "))
             .and_then(|t| t.parse().ok());
         // A clock set back since: the racy bound no longer holds.
-        if taken.is_none_or(|t| t > now_ns()) {
+        let Some(taken_ns) = taken.filter(|t| *t <= now_ns()) else {
             return false;
-        }
-        let mut dir = false;
-        let mut names = BTreeSet::new();
+        };
+        let mut dir = None;
+        let mut files = Vec::new();
         for line in lines {
             let Some((stamp, name)) = parse_line(line) else {
                 return false;
             };
-            let meta = if name == "." {
-                if std::mem::replace(&mut dir, true) {
-                    return false;
-                }
-                fs::metadata(conf_dir)
-            } else {
-                if name.contains('/') || name == ".." || !names.insert(name) {
-                    return false;
-                }
-                fs::symlink_metadata(conf_dir.join(OsStr::new(name)))
-            };
-            match meta {
-                Ok(m) if Stamp::of(&m) == stamp => {}
-                _ => return false,
+            match name {
+                "." if dir.is_none() => dir = Some(stamp),
+                _ => files.push((OsString::from(name), stamp)),
             }
         }
-        // The verdict covers every file a check reads: the conf dir itself
-        // (its names), the entry file and each config. A memo missing one
-        // of them would vouch for a file it never saw.
-        dir && names.contains(ENTRY_FILE) && lists_every_config(conf_dir, &names)
+        let Some(dir) = dir else {
+            return false;
+        };
+        // The verdict covers every file a check reads, as the stamps taken
+        // now find them: the conf dir itself (its names), the entry file
+        // and each config. A memo missing one of them would vouch for a
+        // file it never saw.
+        let memo = Stamps {
+            taken_ns,
+            dir,
+            files,
+        };
+        Stamps::take(conf_dir).is_some_and(|now| now.same_files(&memo))
     }
 
     /// Remembers `report` when it is a steady healthy verdict on the files
@@ -284,27 +281,6 @@ impl Memo {
             log::debug!("cannot remember the healthy chain: {e}");
         }
     }
-}
-
-/// Whether `names` holds every config in `conf_dir` (and, with the entry
-/// file, nothing else).
-fn lists_every_config(conf_dir: &Path, names: &BTreeSet<&str>) -> bool {
-    let Ok(entries) = fs::read_dir(conf_dir) else {
-        return false;
-    };
-    let mut found = 0;
-    for e in entries {
-        let Ok(e) = e else { return false };
-        let name = e.file_name();
-        if !is_config_name(&name) && name != ENTRY_FILE {
-            continue;
-        }
-        if !name.to_str().is_some_and(|n| names.contains(n)) {
-            return false;
-        }
-        found += 1;
-    }
-    found == names.len()
 }
 
 /// A memo line: the stamp, then the name.
