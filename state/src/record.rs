@@ -45,24 +45,17 @@ pub trait Record: Sized {
 }
 
 /// Why a record could not be read.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// No such file.
+    #[error("does not exist")]
     Absent,
     /// The file is not root's own, is a link, or cannot be read.
+    #[error("{0}")]
     Untrusted(io::Error),
     /// The file holds no record of this version.
+    #[error("{0}")]
     Invalid(String),
-}
-
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Absent => f.write_str("does not exist"),
-            ReadError::Untrusted(e) => write!(f, "{e}"),
-            ReadError::Invalid(why) => f.write_str(why),
-        }
-    }
 }
 
 /// The file of record `R` in `dir`.
