@@ -108,12 +108,11 @@ impl std::fmt::Debug for ApiConfig {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct File {
     clusters: Vec<Named<Cluster>>,
     users: Vec<Named<User>>,
     contexts: Vec<Named<Context>>,
-    #[serde(rename = "current-context")]
     current_context: Option<String>,
 }
 
@@ -125,28 +124,22 @@ struct Named<T> {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct Cluster {
     server: Option<String>,
-    #[serde(rename = "certificate-authority")]
     certificate_authority: Option<String>,
-    #[serde(rename = "certificate-authority-data")]
     certificate_authority_data: Option<String>,
-    #[serde(rename = "insecure-skip-tls-verify")]
     insecure_skip_tls_verify: Option<bool>,
-    #[serde(rename = "proxy-url")]
     proxy_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct User {
     token: Option<String>,
     #[serde(rename = "tokenFile")]
     token_file: Option<String>,
-    #[serde(rename = "client-certificate")]
     client_certificate: Option<String>,
-    #[serde(rename = "client-certificate-data")]
     client_certificate_data: Option<String>,
 }
 
@@ -228,8 +221,8 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         }
     };
     let (name, ctx) = context(&file)?;
-    let (cluster_name, cluster) = cluster(&file, name, ctx)?;
-    let (user_name, user) = user(&file, name, ctx)?;
+    let (cluster_name, cluster) = named(&file.clusters, "cluster", ctx.cluster.as_deref(), name)?;
+    let (user_name, user) = named(&file.users, "user", ctx.user.as_deref(), name)?;
     Ok(ApiConfig {
         source: PathBuf::new(),
         server: server(cluster_name, cluster)?,
@@ -270,42 +263,23 @@ fn context(file: &File) -> Result<(&str, &Context), String> {
     Ok((name, ctx))
 }
 
-/// The cluster context `name` names, with its name.
-fn cluster<'a>(
-    file: &'a File,
-    name: &str,
-    ctx: &'a Context,
-) -> Result<(&'a str, &'a Cluster), String> {
-    let cluster_name = ctx
-        .cluster
-        .as_deref()
-        .ok_or_else(|| format!("context {name:?} names no cluster"))?;
-    let cluster = file
-        .clusters
+/// The `what` (a cluster or a user) context `context` names `name`, with
+/// its name.
+fn named<'a, T>(
+    list: &'a [Named<T>],
+    what: &str,
+    name: Option<&'a str>,
+    context: &str,
+) -> Result<(&'a str, &'a T), String> {
+    let name = name.ok_or_else(|| format!("context {context:?} names no {what}"))?;
+    let value = list
         .iter()
-        .find(|c| c.name == cluster_name)
-        .ok_or_else(|| format!("cluster {cluster_name:?} (of context {name:?}) is not defined"))?
+        .find(|c| c.name == name)
+        .ok_or_else(|| format!("{what} {name:?} (of context {context:?}) is not defined"))?
         .value
         .as_ref()
-        .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
-    Ok((cluster_name, cluster))
-}
-
-/// The user context `name` names, with its name.
-fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'a User), String> {
-    let user_name = ctx
-        .user
-        .as_deref()
-        .ok_or_else(|| format!("context {name:?} names no user"))?;
-    let user = file
-        .users
-        .iter()
-        .find(|u| u.name == user_name)
-        .ok_or_else(|| format!("user {user_name:?} (of context {name:?}) is not defined"))?
-        .value
-        .as_ref()
-        .ok_or_else(|| format!("user {user_name:?} is empty"))?;
-    Ok((user_name, user))
+        .ok_or_else(|| format!("{what} {name:?} is empty"))?;
+    Ok((name, value))
 }
 
 /// The cluster's server, normalized; a cluster that asks for a proxy is
