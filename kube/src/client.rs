@@ -231,6 +231,16 @@ impl Client {
             attempts,
             cause,
         };
+        let tls = |cause: Cause| ApiError::Tls {
+            server: server.clone(),
+            cause,
+            handshake_hung: false,
+        };
+        let decode = |cause: Cause| ApiError::Decode {
+            method,
+            path: path.into(),
+            cause,
+        };
         match e {
             // Which timer fired says less than how far the connection got:
             // the attempt's global timer can fire in any phase, and ureq
@@ -262,42 +272,22 @@ impl Client {
                     },
                 }
             }
-            ureq::Error::Rustls(e) => ApiError::Tls {
-                server,
-                cause: e.into(),
-                handshake_hung: false,
-            },
-            ureq::Error::Tls(e) => ApiError::Tls {
-                server,
-                cause: e.into(),
-                handshake_hung: false,
-            },
+            ureq::Error::Rustls(e) => tls(e.into()),
+            ureq::Error::Tls(e) => tls(e.into()),
             ureq::Error::Io(io) => {
                 // rustls reports handshake failures (e.g. an unknown CA) as
                 // I/O errors wrapping its own error.
                 if let Some(inner) = io.get_ref()
                     && inner.is::<rustls::Error>()
                 {
-                    return ApiError::Tls {
-                        server,
-                        cause: inner.to_string().into(),
-                        handshake_hung: false,
-                    };
+                    return tls(inner.to_string().into());
                 }
                 unreachable(io.into())
             }
             ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
             ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
-            ureq::Error::Protocol(e) => ApiError::Decode {
-                method,
-                path: path.into(),
-                cause: format!("HTTP protocol error: {e}").into(),
-            },
-            other => ApiError::Decode {
-                method,
-                path: path.into(),
-                cause: other.into(),
-            },
+            ureq::Error::Protocol(e) => decode(format!("HTTP protocol error: {e}").into()),
+            other => decode(other.into()),
         }
     }
 }
