@@ -231,10 +231,10 @@ impl Client {
             attempts,
             cause,
         };
-        let tls = |cause: Cause| ApiError::Tls {
+        let tls = |cause: Cause, handshake_hung| ApiError::Tls {
             server: server.clone(),
             cause,
-            handshake_hung: false,
+            handshake_hung,
         };
         let decode = |cause: Cause| ApiError::Decode {
             method,
@@ -255,15 +255,14 @@ impl Client {
                     Phase::Connecting => unreachable(
                         format!("the TCP connection timed out after {secs:.1} s").into(),
                     ),
-                    Phase::TcpConnected => ApiError::Tls {
-                        server,
-                        cause: format!(
+                    Phase::TcpConnected => tls(
+                        format!(
                             "the TLS handshake did not finish within {secs:.1} s of the TCP \
                              connection being made"
                         )
                         .into(),
-                        handshake_hung: true,
-                    },
+                        true,
+                    ),
                     Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
                         server,
                         method,
@@ -272,15 +271,15 @@ impl Client {
                     },
                 }
             }
-            ureq::Error::Rustls(e) => tls(e.into()),
-            ureq::Error::Tls(e) => tls(e.into()),
+            ureq::Error::Rustls(e) => tls(e.into(), false),
+            ureq::Error::Tls(e) => tls(e.into(), false),
             ureq::Error::Io(io) => {
                 // rustls reports handshake failures (e.g. an unknown CA) as
                 // I/O errors wrapping its own error.
                 if let Some(inner) = io.get_ref()
                     && inner.is::<rustls::Error>()
                 {
-                    return tls(inner.to_string().into());
+                    return tls(inner.to_string().into(), false);
                 }
                 unreachable(io.into())
             }
