@@ -10,20 +10,23 @@
 //! A cluster's `proxy-url` is refused rather than ignored: the plugin never
 //! reaches the API server through a proxy (see [`crate::client`]), and a
 //! kubeconfig that asks for one would otherwise be silently half-applied.
+//!
+//! Every file read here (the kubeconfig, its tokenFile and CA file, the
+//! system bundle) is read as the chain crate reads its input files
+//! (`read_file`): a regular file, opened without blocking (a FIFO would
+//! block the open until a writer comes, past the ADD deadline), and
+//! bounded in size.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use linkerd_cni_chain::read_file;
 use serde::Deserialize;
 use thiserror::Error;
 
 /// The context the installer names; preferred over `current-context`.
 pub const CONTEXT: &str = "linkerd-cni-context";
-
-/// Kubeconfigs are small; this bounds what a broken one can make us read.
-const MAX_FILE: u64 = 1 << 20;
 
 /// Where distributions keep the system CA bundle, for a kubeconfig that
 /// names no CA (as kubectl would use the system roots).
@@ -158,7 +161,7 @@ pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
         problem,
         source: None,
     };
-    let text = read_small(path).map_err(|e| KubeconfigError {
+    let text = read_file(path).map_err(|e| KubeconfigError {
         problem: format!("cannot read it: {e}"),
         source: Some(e),
         ..err(String::new())
@@ -179,33 +182,6 @@ pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError
     })?;
     config.source = source.to_path_buf();
     Ok(config)
-}
-
-/// Every file this crate reads (the kubeconfig, its tokenFile and CA file,
-/// the system bundle): a regular file, opened without blocking (a FIFO
-/// would block the open until a writer comes, past the ADD deadline) and
-/// without making it the controlling terminal; at most [`MAX_FILE`] bytes.
-fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
-    use nix::fcntl::OFlag;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_FILE + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_FILE {
-        return Err(std::io::Error::other(format!(
-            "larger than {MAX_FILE} bytes"
-        )));
-    }
-    Ok(buf)
 }
 
 /// Parses kubeconfig text; `base` resolves relative file names.
@@ -313,8 +289,8 @@ fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
         (_, Some(f)) if !f.is_empty() => {
             let p = base.join(f);
-            let t = read_small(&p)
-                .map_err(|e| format!("cannot read tokenFile {}: {e}", p.display()))?;
+            let t =
+                read_file(&p).map_err(|e| format!("cannot read tokenFile {}: {e}", p.display()))?;
             let t = String::from_utf8_lossy(&t).trim().to_string();
             if t.is_empty() {
                 return Err(format!("tokenFile {} is empty", p.display()));
@@ -354,7 +330,7 @@ fn trust(cluster_name: &str, cluster: &Cluster, base: &Path) -> Result<Trust, St
         .filter(|f| !f.is_empty())
     {
         let p = base.join(f);
-        let pem = read_small(&p)
+        let pem = read_file(&p)
             .map_err(|e| format!("cannot read certificate-authority {}: {e}", p.display()))?;
         Trust::Roots(
             certificates(&pem)
@@ -447,7 +423,7 @@ fn certificates(pem: &[u8]) -> Result<Vec<Vec<u8>>, String> {
 
 fn system_roots() -> Option<Trust> {
     SYSTEM_BUNDLES.iter().find_map(|p| {
-        let pem = read_small(Path::new(p)).ok()?;
+        let pem = read_file(Path::new(p)).ok()?;
         certificates(&pem).ok().map(Trust::Roots)
     })
 }
@@ -857,7 +833,7 @@ current-context: other
         let tmp = testkit::TempDir::new("lcni-kubeconfig-kinds").unwrap();
         let dir = tmp.path().to_path_buf();
         let fifo = dir.join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        testkit::mkfifo(&fifo);
         std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
         std::fs::write(dir.join("token"), "tok").unwrap();
         let kubeconfig = |ca: &str, token: &str| {
