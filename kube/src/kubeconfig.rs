@@ -17,7 +17,6 @@
 //! block the open until a writer comes, past the ADD deadline), and
 //! bounded in size.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -217,24 +216,22 @@ fn from_json(text: &str) -> Option<File> {
     serde_json::from_str(text).ok()
 }
 
-/// The context the installer names, else the current one.
+/// The context the installer names, else the current one. Of contexts of
+/// one name, the last counts.
 fn context(file: &File) -> Result<(&str, &Context), String> {
-    let contexts: BTreeMap<&str, Option<&Context>> = file
-        .contexts
-        .iter()
-        .map(|c| (c.name.as_str(), c.value.as_ref()))
-        .collect();
-    let name = if contexts.contains_key(CONTEXT) {
-        CONTEXT
-    } else {
-        match file.current_context.as_deref() {
-            Some(c) if !c.is_empty() => c,
-            _ => return Err(format!("no context {CONTEXT:?} and no current-context")),
-        }
+    let find = |name: &str| file.contexts.iter().rev().find(|c| c.name == name);
+    let (name, found) = match (find(CONTEXT), file.current_context.as_deref()) {
+        (Some(c), _) => (CONTEXT, c),
+        (None, Some(name)) if !name.is_empty() => (
+            name,
+            find(name)
+                .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
+        ),
+        (None, _) => return Err(format!("no context {CONTEXT:?} and no current-context")),
     };
-    let ctx = contexts
-        .get(name)
-        .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
+    let ctx = found
+        .value
+        .as_ref()
         .ok_or_else(|| format!("context {name:?} is empty"))?;
     Ok((name, ctx))
 }
@@ -860,6 +857,21 @@ current-context: other
             let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
             assert!(e.contains("not a regular file"), "{what}: {e}");
         }
+    }
+
+    #[test]
+    fn of_contexts_of_one_name_the_last_counts() {
+        let text = |contexts: &str| {
+            format!(
+                "clusters:\n- name: c\n  cluster: {{server: 'https://10.0.0.1', insecure-skip-tls-verify: true}}\n\
+                 users:\n- name: u\n  user: {{token: t}}\ncontexts:\n{contexts}"
+            )
+        };
+        let full = "- {name: linkerd-cni-context, context: {cluster: c, user: u}}\n";
+        let empty = "- {name: linkerd-cni-context}\n";
+        assert!(parse(&text(&format!("{empty}{full}")), Path::new("/")).is_ok());
+        let e = parse(&text(&format!("{full}{empty}")), Path::new("/")).unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
     }
 
     #[test]
