@@ -109,21 +109,15 @@ pub fn create_dir(dir: &Path) -> Result<(), ChainError> {
         .map_err(|e| ChainError::io("create the state dir", dir, e))
 }
 
-/// The state dir's lock, held until dropped.
-#[derive(Debug)]
-pub struct Lock {
-    _file: File,
-}
-
 /// Takes the state dir's lock ([`LOCK_FILE`], root's own file), waiting at
-/// most `wait`.
-pub fn lock(dir: &Path, wait: Duration) -> Result<Lock, String> {
+/// most `wait`: held until the file is closed.
+fn lock(dir: &Path, wait: Duration) -> Result<File, String> {
     create_dir(dir).map_err(|e| e.to_string())?;
     let path = dir.join(LOCK_FILE);
     let file = crate::statefile::open_rw(&path, 0o600)
         .map_err(|e| format!("open the lock {}: {e}", path.display()))?;
     flock_within(&file, true, wait).map_err(|e| format!("lock {}: {e}", path.display()))?;
-    Ok(Lock { _file: file })
+    Ok(file)
 }
 
 /// Takes `file`'s `flock` (exclusive or shared), waiting at most `wait`;
