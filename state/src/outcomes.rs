@@ -20,7 +20,7 @@
 //! root's own regular file ([`crate::statefile`]), for counting and reading.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
 use std::time::Duration;
@@ -216,13 +216,10 @@ pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
     match crate::statefile::open(&state_dir.join(OUTCOMES_FILE)) {
         Ok(file) => {
             lock(&file, false)?;
-            let mut got = 0;
-            while got < buf.len() {
-                match file.read_at(&mut buf[got..], got as u64)? {
-                    0 => break,
-                    n => got += n,
-                }
-            }
+            // A short file reads as zeros past its end.
+            let mut bytes = Vec::with_capacity(buf.len());
+            (&file).take(FILE_LEN).read_to_end(&mut bytes)?;
+            buf[..bytes.len()].copy_from_slice(&bytes);
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
