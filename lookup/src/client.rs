@@ -237,6 +237,29 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
+    /// The bound is on the answer's line: one a byte past it is refused
+    /// even when its newline comes right after; one at it is used.
+    #[test]
+    fn the_bound_is_exact() {
+        let answer = |len: usize| {
+            let mut line = Answer::new(Body::NotFound {
+                message: "x".into(),
+            })
+            .encode();
+            line.pop();
+            line.resize(len, b' ');
+            line.push(b'\n');
+            line
+        };
+        let past = agent("past", answer(MAX_ANSWER + 1), Duration::ZERO);
+        assert!(matches!(
+            ask(&past, &request(), BUDGET),
+            Err(AskError::TooLarge { .. })
+        ));
+        let at = agent("at", answer(MAX_ANSWER), Duration::ZERO);
+        assert!(ask(&at, &request(), BUDGET).is_ok());
+    }
+
     #[test]
     fn requests_are_checked() {
         let mut r = request();
