@@ -147,24 +147,30 @@ pub fn flock_within(file: &File, exclusive: bool, wait: Duration) -> io::Result<
     }
 }
 
-/// Reads record `R` from `dir` under the state dir's lock (waiting at most
-/// `wait`), lets `change` change it (a missing or unreadable record reads
-/// as `R::default()`, said in the log) and writes it back. `change`'s
-/// answer, once the record is saved.
-pub fn update<R: Record + Default, T>(
-    dir: &Path,
-    wait: Duration,
-    change: impl FnOnce(&mut R) -> T,
-) -> Result<T, String> {
-    let _lock = lock(dir, wait)?;
-    let mut record = match read::<R>(dir) {
+/// Reads record `R` from `dir`; a missing or unreadable one reads as
+/// `R::default()` (an unreadable one said in the log, with the file's
+/// name and why).
+pub fn read_or_default<R: Record + Default>(dir: &Path) -> R {
+    match read::<R>(dir) {
         Ok(r) => r,
         Err(ReadError::Absent) => R::default(),
         Err(e) => {
             log::warn!("{}: {e}; taken as empty", path::<R>(dir).display());
             R::default()
         }
-    };
+    }
+}
+
+/// Reads record `R` from `dir` under the state dir's lock (waiting at most
+/// `wait`), lets `change` change it ([`read_or_default`]) and writes it
+/// back. `change`'s answer, once the record is saved.
+pub fn update<R: Record + Default, T>(
+    dir: &Path,
+    wait: Duration,
+    change: impl FnOnce(&mut R) -> T,
+) -> Result<T, String> {
+    let _lock = lock(dir, wait)?;
+    let mut record = read_or_default::<R>(dir);
     let t = change(&mut record);
     write(dir, &record).map_err(|e| e.to_string())?;
     Ok(t)
