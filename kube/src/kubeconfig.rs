@@ -155,17 +155,13 @@ struct Context {
 /// Reads and checks the kubeconfig at `path`, including the CA and token
 /// files it names.
 pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
-    let err = |problem: String| KubeconfigError {
+    let err = |problem: String, source| KubeconfigError {
         path: path.to_path_buf(),
         problem,
-        source: None,
+        source,
     };
-    let text = read_file(path).map_err(|e| KubeconfigError {
-        problem: format!("cannot read it: {e}"),
-        source: Some(e),
-        ..err(String::new())
-    })?;
-    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
+    let text = read_file(path).map_err(|e| err(format!("cannot read it: {e}"), Some(e)))?;
+    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into(), None))?;
     from_text(&text, path)
 }
 
@@ -448,23 +444,21 @@ fn normalize_server(server: &str) -> Result<String, String> {
     if authority.contains('@') {
         return Err(format!("server {s:?} must not carry credentials"));
     }
-    let (host, port) = if let Some(inner) = authority.strip_prefix('[') {
-        let (h, after) = inner
-            .split_once(']')
-            .ok_or_else(|| format!("server {s:?}: unbalanced '['"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
+    // No port and an empty one (`host:`) read alike: the scheme's.
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(inner) => {
+            let (h, after) = inner
+                .split_once(']')
+                .ok_or_else(|| format!("server {s:?}: unbalanced '['"))?;
+            let port = match after {
+                "" => "",
+                p => p
+                    .strip_prefix(':')
                     .ok_or_else(|| format!("server {s:?}: junk after ']'"))?,
-            ),
-        };
-        (h, port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
+            };
+            (h, port)
         }
+        None => authority.rsplit_once(':').unwrap_or((authority, "")),
     };
     if host.is_empty()
         || !host
@@ -481,8 +475,8 @@ fn normalize_server(server: &str) -> Result<String, String> {
         host.to_string()
     };
     let port = match port {
-        None | Some("") => String::new(),
-        Some(p) => {
+        "" => String::new(),
+        p => {
             let n: u16 = p
                 .parse()
                 .ok()
