@@ -185,11 +185,8 @@ impl Record for Beat {
         let v = Value::Object(v);
         let secs = |k: &str| {
             let s = v[k].as_f64().ok_or_else(|| format!("no number {k}"))?;
-            s.is_finite()
-                .then_some(s)
-                .filter(|s| *s >= 0.0)
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .ok_or_else(|| format!("{k} {s} is out of range"))
+            // Negative, not finite, or past what a Duration holds.
+            Duration::try_from_secs_f64(s).map_err(|_| format!("{k} {s} is out of range"))
         };
         let resync = secs("resync_seconds")?;
         if resync.is_zero() || resync > MAX_RESYNC {
