@@ -20,8 +20,7 @@
 //! times with a short backoff, so a down API server fails an ADD in well
 //! under a second rather than at the end of the budget.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -65,7 +64,7 @@ fn provider() -> rustls::crypto::CryptoProvider {
 pub struct Client {
     agent: ureq::Agent,
     /// How far the current attempt's connection got (see [`Phase`]).
-    phase: Arc<AtomicU8>,
+    phase: Arc<Mutex<Phase>>,
     config: ApiConfig,
     budget: Duration,
     deadline: Instant,
@@ -100,7 +99,7 @@ impl Client {
             .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
-        let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
+        let phase = Arc::new(Mutex::new(Phase::Pooled));
         let mark = |p: Phase| Mark {
             phase: phase.clone(),
             to: p,
@@ -183,7 +182,7 @@ impl Client {
     /// One GET of `path`; the body of a 200 answer.
     fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
         let method = Method::Get;
-        self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
+        set(&self.phase, Phase::Pooled);
         let started = Instant::now();
         let rb = self
             .agent
@@ -248,7 +247,7 @@ impl Client {
             ureq::Error::Timeout(t) => {
                 let after = started.elapsed();
                 let secs = after.as_secs_f32();
-                match Phase::from(self.phase.load(Ordering::SeqCst)) {
+                match *self.phase.lock().unwrap_or_else(PoisonError::into_inner) {
                     Phase::Connecting if t == ureq::Timeout::Resolve => unreachable(
                         format!("resolving the host name timed out after {secs:.1} s").into(),
                     ),
@@ -294,7 +293,6 @@ impl Client {
 /// How far an attempt's connection got, recorded by [`Mark`]s between the
 /// connectors, so a timeout can name what did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 enum Phase {
     /// No connector ran: a pooled connection was reused.
     Pooled,
@@ -306,21 +304,16 @@ enum Phase {
     Secured,
 }
 
-impl From<u8> for Phase {
-    fn from(v: u8) -> Phase {
-        match v {
-            1 => Phase::Connecting,
-            2 => Phase::TcpConnected,
-            3 => Phase::Secured,
-            _ => Phase::Pooled,
-        }
-    }
+/// Records that the attempt's connection got to `to` (a poisoned lock
+/// still holds a phase).
+fn set(phase: &Mutex<Phase>, to: Phase) {
+    *phase.lock().unwrap_or_else(PoisonError::into_inner) = to;
 }
 
 /// A connector that passes the transport through and records the phase.
 #[derive(Debug)]
 struct Mark {
-    phase: Arc<AtomicU8>,
+    phase: Arc<Mutex<Phase>>,
     to: Phase,
 }
 
@@ -332,7 +325,7 @@ impl<In: Transport> Connector<In> for Mark {
         _: &ConnectionDetails,
         chained: Option<In>,
     ) -> Result<Option<In>, ureq::Error> {
-        self.phase.store(self.to as u8, Ordering::SeqCst);
+        set(&self.phase, self.to);
         Ok(chained)
     }
 }
