@@ -21,7 +21,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -187,10 +187,7 @@ pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
     let open = || crate::statefile::open_rw(&path, 0o600);
     let file = match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(state_dir)?;
+            crate::record::create_dir(state_dir).map_err(io::Error::other)?;
             open()?
         }
         r => r?,
