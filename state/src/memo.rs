@@ -133,10 +133,6 @@ impl Stamps {
             .all(|s| s.latest_ns() < bound)
     }
 
-    fn same_files(&self, other: &Stamps) -> bool {
-        self.dir == other.dir && self.files == other.files
-    }
-
     /// The memo's lines of these stamps, one a file: the stamp, then the
     /// name (`.` for the conf dir, first).
     fn lines(&self) -> String {
@@ -249,13 +245,13 @@ impl Memo {
         if !report.is_steady() || conf.contains('\n') || !before.settled(self.racy) {
             return;
         }
-        if !Stamps::take(conf_dir).is_some_and(|after| after.same_files(&before)) {
+        let stamps = before.lines();
+        if Stamps::take(conf_dir).is_none_or(|after| after.lines() != stamps) {
             return;
         }
         let text = format!(
-            "{VERSION}\nconf {conf}\nran {key}\nat {}\n{}",
-            before.taken_ns,
-            before.lines()
+            "{VERSION}\nconf {conf}\nran {key}\nat {}\n{stamps}",
+            before.taken_ns
         );
         if let Err(e) = write::write_atomic(&self.path, text.as_bytes(), 0o600) {
             log::debug!("cannot remember the healthy chain: {e}");
