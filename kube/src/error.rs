@@ -377,6 +377,17 @@ mod tests {
             assert!(!m.chars().any(char::is_control), "{m:?}");
             assert!(m.contains("\\n"), "{m:?}");
         }
+        // A Status body without a reason is still the API server's own
+        // refusal; any other body is none.
+        for (body, want) in [
+            (r#"{"kind":"Status","code":403}"#, Some("")),
+            ("<html>403</html>", None),
+        ] {
+            match ApiError::of_answer(Method::Get, "/", 403, body.as_bytes(), "k".as_ref()) {
+                ApiError::Unauthorized { reason, .. } => assert_eq!(reason.as_deref(), want),
+                other => panic!("{other:?}"),
+            }
+        }
         let long = serde_json::json!({"kind": "Status", "message": "x".repeat(100_000)});
         let m = status_message(long.to_string().as_bytes());
         assert_eq!(m.len(), MAX_MESSAGE_CHARS + 3, "{m}");
