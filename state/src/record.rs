@@ -3,7 +3,7 @@
 //! (`"v"`), read only when it is root's own regular file
 //! ([`crate::statefile`]), written whole by an atomic replace (never in
 //! place, so a reader sees the old record or the new one), and updated
-//! (read, changed, written) only under the state dir's lock ([`lock`]),
+//! (read, changed, written) only under the state dir's lock ([`update`]),
 //! so that concurrent writers never lose one another's change.
 //!
 //! A record without `"v"` is of version 1: what linkerd-cni wrote before
