@@ -56,24 +56,26 @@ struct Bounded<'a> {
 }
 
 impl Bounded<'_> {
-    fn left(&self) -> io::Result<Option<Duration>> {
+    /// What is left until the deadline; a timeout once nothing is (std
+    /// refuses a zero timeout).
+    fn left(&self) -> io::Result<Duration> {
         match self.deadline.saturating_duration_since(Instant::now()) {
             Duration::ZERO => Err(io::ErrorKind::TimedOut.into()),
-            left => Ok(Some(left)),
+            left => Ok(left),
         }
     }
 }
 
 impl Read for Bounded<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(self.left()?)?;
+        self.stream.set_read_timeout(Some(self.left()?))?;
         self.stream.read(buf)
     }
 }
 
 impl Write for Bounded<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_write_timeout(self.left()?)?;
+        self.stream.set_write_timeout(Some(self.left()?))?;
         self.stream.write(buf)
     }
 
