@@ -12,18 +12,12 @@
 //! that fails again and again is one entry, and a burst of watch events
 //! cannot crowd out other pods.
 //!
-//! The watch is kube-runtime's `watcher`: after an error, a timeout or a
+//! The watch is kube-runtime's `watcher`, kept going by [`watch`] (the
+//! plugin's lookups watch through it too): after an error, a timeout or a
 //! dropped stream it resumes from the last resource version it saw
 //! (bookmarks included), and after `410 Gone` it lists again. A re-list
 //! replaces the whole set at its end, so pods deleted while the watch was
-//! down are forgotten and pods that failed meanwhile are found. The one
-//! case it does not recover from by itself, a watch request answered with
-//! an HTTP 410 status (rather than a 410 event in the stream), is handled
-//! here by starting a new watcher, which lists again.
-//!
-//! The waits between attempts are this module's ([`Retry`]), not the
-//! watcher's own backoff: that one is reset by the `Init` event the
-//! watcher sends before each list, so during an outage it never grew.
+//! down are forgotten and pods that failed meanwhile are found.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -31,8 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::jiff::Timestamp;
@@ -132,59 +125,25 @@ impl Controller {
         }
     }
 
-    fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>> {
+    /// Runs until `shutdown` completes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
             .fields(&format!("spec.nodeName={}", self.args.node_name));
-        watcher(api, config).boxed()
-    }
-
-    /// Runs until `shutdown` completes.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        let mut events = self.watch();
-        let mut retry = Retry::new(Retry::WATCH);
-        // While set, the watch is not polled: the next attempt waits.
-        let mut resume_at: Option<Instant> = None;
+        let mut events = std::pin::pin!(watch(api, config, "this node's pods"));
         tracing::info!(
             node = %self.args.node_name,
             conf_dir = %self.args.cni_net_dir.display(),
             "watching this node's meshed pods"
         );
         loop {
-            let now = Instant::now();
-            let far = now + Duration::from_secs(3600);
-            let wake = self.next_wake(now).unwrap_or(far);
+            let far = Instant::now() + Duration::from_secs(3600);
+            let wake = self.next_wake(Instant::now()).unwrap_or(far);
             tokio::select! {
                 () = &mut shutdown => return,
-                ev = events.next(), if resume_at.is_none() => match ev {
-                    Some(Ok(ev)) => {
-                        if !matches!(ev, watcher::Event::Init) {
-                            retry.reset();
-                        }
-                        self.on_event(ev);
-                    }
-                    Some(Err(e)) => {
-                        let wait = retry.failed();
-                        resume_at = Some(Instant::now() + wait);
-                        if gone_at_watch_start(&e) {
-                            tracing::info!(retry_in = ?wait, "watch resource version expired: listing again");
-                            events = self.watch();
-                        } else {
-                            tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch this node's pods; trying again");
-                        }
-                    }
-                    None => {
-                        let wait = retry.failed();
-                        resume_at = Some(Instant::now() + wait);
-                        tracing::warn!(retry_in = ?wait, "watch of this node's pods ended; starting again");
-                        events = self.watch();
-                    }
-                },
-                () = tokio::time::sleep_until(resume_at.unwrap_or(far)), if resume_at.is_some() => {
-                    resume_at = None;
-                }
+                Some(ev) = events.next() => self.on_event(ev),
                 () = tokio::time::sleep_until(wake) => self.repair_due().await,
             }
         }
@@ -452,10 +411,55 @@ fn key_of(pod: &Pod) -> Key {
     (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
-/// A watch request answered `410 Gone` outright: the watcher would retry
-/// the same expired resource version forever.
-pub(crate) fn gone_at_watch_start(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
+/// The events of a watch of `api` that never ends: after an error or the
+/// end of the watch it goes on after [`Retry`]'s wait, from where it was
+/// (kube's `watcher` resumes or lists again as it must), or with a new
+/// watcher when the watch request itself was answered `410 Gone` (the
+/// watcher would retry that expired resource version forever). Every
+/// event but `Init` resets the wait: the watcher sends `Init` before each
+/// list attempt, so kube's own backoff, which any event resets, never grows
+/// while the lists fail.
+pub fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+) -> impl Stream<Item = watcher::Event<K>> + Send
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let start = move || watcher(api.clone(), config.clone()).boxed();
+    let events = start();
+    futures_util::stream::unfold(
+        (events, Retry::new(Retry::WATCH), start),
+        move |(mut events, mut retry, start)| async move {
+            loop {
+                let ev = events.next().await.transpose();
+                if let Ok(Some(ev)) = ev {
+                    if !matches!(ev, watcher::Event::Init) {
+                        retry.reset();
+                    }
+                    return Some((ev, (events, retry, start)));
+                }
+                let wait = retry.failed();
+                match ev {
+                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) if s.code == 410 => {
+                        tracing::info!(what, retry_in = ?wait, "watch resource version expired: listing again");
+                        events = start();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch {what}; trying again");
+                    }
+                    // The watch ended.
+                    Ok(_) => {
+                        tracing::warn!(retry_in = ?wait, "watch of {what} ended; starting again");
+                        events = start();
+                    }
+                }
+                tokio::time::sleep(wait).await;
+            }
+        },
+    )
 }
 
 /// The `events.k8s.io/v1` Event about `regarding`, a pod that needs a

@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, Source};
 use prometheus_client::metrics::counter::Counter;
@@ -37,6 +37,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
+
+use crate::repair::controller::watch;
 
 /// The annotations the plugin reads on a namespace all carry this prefix.
 const NAMESPACE_ANNOTATIONS: &str = "config.linkerd.io/";
@@ -272,10 +274,8 @@ impl Facts {
     }
 }
 
-/// A store kept by a watch of `api`, each change waking the questions that
-/// wait. The watch resumes after errors with kube's backoff; an HTTP 410 to
-/// the watch request itself (which kube's watcher does not recover from)
-/// starts a new one, which lists again.
+/// A store kept by a watch of `api` (see [`watch`]), each change waking the
+/// questions that wait.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -287,35 +287,12 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     K: serde::de::DeserializeOwned,
 {
-    let (reader, writer) = reflector::store();
+    let (reader, mut writer) = reflector::store();
     tokio::spawn(async move {
-        let mut writer = writer;
-        loop {
-            let stream = watcher(api.clone(), config.clone())
-                .default_backoff()
-                .modify(strip);
-            let mut stream = std::pin::pin!(stream);
-            let mut restart = false;
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(ev) => {
-                        writer.apply_watcher_event(&ev);
-                        changed.notify_waiters();
-                    }
-                    Err(e) if crate::repair::controller::gone_at_watch_start(&e) => {
-                        tracing::info!(what, "watch resource version expired: listing again");
-                        restart = true;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(what, error = %e, "cannot list or watch; trying again")
-                    }
-                }
-            }
-            if !restart {
-                tracing::warn!(what, "watch ended; starting again");
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut events = std::pin::pin!(watch(api, config, what));
+        while let Some(ev) = events.next().await {
+            writer.apply_watcher_event(&ev.modify(strip));
+            changed.notify_waiters();
         }
     });
     reader
