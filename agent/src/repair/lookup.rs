@@ -194,21 +194,17 @@ impl Facts {
             }
         }
         let api = Api::<Pod>::namespaced(self.client.clone(), &req.namespace);
-        let left = deadline.saturating_duration_since(Instant::now());
-        let unavailable = |message: String| Body::Unavailable { message };
-        match timeout(left.min(self.api_timeout), api.get_opt(&req.name)).await {
-            Err(_) => Err(unavailable(format!(
-                "pod {}/{}: not seen by the watch, and its GET did not answer in time",
-                req.namespace, req.name
-            ))),
-            Ok(Err(e)) => Err(unavailable(format!(
-                "pod {}/{}: not seen by the watch, and its GET failed: {e}",
-                req.namespace, req.name
-            ))),
-            Ok(Ok(None)) => Err(Body::NotFound {
+        match self.within(deadline, api.get_opt(&req.name)).await {
+            Err(why) => Err(Body::Unavailable {
+                message: format!(
+                    "pod {}/{}: not seen by the watch, and its GET {why}",
+                    req.namespace, req.name
+                ),
+            }),
+            Ok(None) => Err(Body::NotFound {
                 message: format!("pod {}/{} does not exist", req.namespace, req.name),
             }),
-            Ok(Ok(Some(p))) if !wanted(&p) => Err(Body::NotFound {
+            Ok(Some(p)) if !wanted(&p) => Err(Body::NotFound {
                 message: format!(
                     "pod {}/{} has uid {}, not {} (K8S_POD_UID): the pod asked for is gone",
                     req.namespace,
@@ -217,7 +213,24 @@ impl Facts {
                     req.uid.as_deref().unwrap_or("-")
                 ),
             }),
-            Ok(Ok(Some(p))) => Ok((Arc::new(strip_pod_owned(p)), Source::Fetched)),
+            Ok(Some(mut p)) => {
+                strip_pod(&mut p);
+                Ok((Arc::new(p), Source::Fetched))
+            }
+        }
+    }
+
+    /// `get`, a GET, within what is left before `deadline` (and the API
+    /// timeout): Err says how it failed.
+    async fn within<T>(
+        &self,
+        deadline: Instant,
+        get: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T, String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left.min(self.api_timeout), get).await {
+            Ok(answer) => answer.map_err(|e| format!("failed: {e}")),
+            Err(_) => Err("did not answer in time".into()),
         }
     }
 
@@ -239,17 +252,17 @@ impl Facts {
             return None;
         }
         let api = Api::<Service>::namespaced(self.client.clone(), "default");
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left.min(self.api_timeout), api.get("kubernetes")).await {
-            Ok(Ok(mut svc)) => {
+        match self.within(deadline, api.get("kubernetes")).await {
+            Ok(mut svc) => {
                 strip_service(&mut svc);
                 serde_json::to_value(&svc).ok()
             }
-            Ok(Err(e)) => {
-                tracing::info!(error = %e, "cannot get Service default/kubernetes for a control-plane pod's lookup");
+            Err(why) => {
+                tracing::info!(
+                    "cannot get Service default/kubernetes for a control-plane pod's lookup: its GET {why}"
+                );
                 None
             }
-            Err(_) => None,
         }
     }
 
@@ -258,19 +271,10 @@ impl Facts {
             return Ok(ns);
         }
         let api = Api::<Namespace>::all(self.client.clone());
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left.min(self.api_timeout), api.get(name)).await {
-            Ok(Ok(mut ns)) => {
-                strip_namespace(&mut ns);
-                Ok(Arc::new(ns))
-            }
-            Ok(Err(e)) => Err(format!(
-                "namespace {name}: not seen by the watch, and its GET failed: {e}"
-            )),
-            Err(_) => Err(format!(
-                "namespace {name}: not seen by the watch, and its GET did not answer in time"
-            )),
-        }
+        let mut ns = (self.within(deadline, api.get(name)).await)
+            .map_err(|why| format!("namespace {name}: not seen by the watch, and its GET {why}"))?;
+        strip_namespace(&mut ns);
+        Ok(Arc::new(ns))
     }
 }
 
@@ -298,14 +302,10 @@ where
     reader
 }
 
-fn strip_pod(pod: &mut Pod) {
-    *pod = strip_pod_owned(std::mem::take(pod));
-}
-
 /// The pod as the plugin reads it: names, labels, annotations, the names
 /// of its containers and init containers (with their restart policy, which
 /// makes an init container a native sidecar).
-fn strip_pod_owned(pod: Pod) -> Pod {
+fn strip_pod(pod: &mut Pod) {
     let names = |cs: Vec<Container>| -> Vec<Container> {
         cs.into_iter()
             .map(|c| Container {
@@ -315,15 +315,16 @@ fn strip_pod_owned(pod: Pod) -> Pod {
             })
             .collect()
     };
-    let spec = pod.spec.unwrap_or_default();
-    Pod {
+    let (meta, spec) = (std::mem::take(&mut pod.metadata), pod.spec.take());
+    let spec = spec.unwrap_or_default();
+    *pod = Pod {
         metadata: ObjectMeta {
-            name: pod.metadata.name,
-            namespace: pod.metadata.namespace,
-            uid: pod.metadata.uid,
-            labels: pod.metadata.labels,
-            annotations: pod.metadata.annotations,
-            resource_version: pod.metadata.resource_version,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            resource_version: meta.resource_version,
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -332,7 +333,7 @@ fn strip_pod_owned(pod: Pod) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
-    }
+    };
 }
 
 fn strip_namespace(ns: &mut Namespace) {
@@ -460,18 +461,11 @@ async fn one(mut stream: UnixStream, facts: &Facts) {
         Ok(req) => {
             let body = facts.answer(&req).await;
             let result = match &body {
-                Body::Pod {
-                    source: Source::Watch,
-                    ..
-                } => "watch",
-                Body::Pod {
-                    source: Source::Waited,
-                    ..
-                } => "waited",
-                Body::Pod {
-                    source: Source::Fetched,
-                    ..
-                } => "fetched",
+                Body::Pod { source, .. } => match source {
+                    Source::Watch => "watch",
+                    Source::Waited => "waited",
+                    Source::Fetched => "fetched",
+                },
                 Body::NotFound { .. } => "not_found",
                 Body::Unavailable { message } => {
                     tracing::info!(%message, "pod lookup answered unavailable; the plugin asks the API server");
