@@ -147,7 +147,7 @@ impl Beside {
     /// and SIGINT before the runtime's thread started (it inherits that),
     /// so that they reach the installer's loop alone.
     pub fn start(args: Args, registry: &mut Registry) -> Result<Beside, String> {
-        let rt = crate::api::handle().map_err(|e| e.to_string())?;
+        let rt = crate::api::handle()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (finished, done) = mpsc::channel();
         let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty());
