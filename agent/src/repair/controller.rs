@@ -63,7 +63,7 @@ type Key = (String, String);
 
 #[derive(Debug, Clone)]
 struct Candidate {
-    uid: Option<String>,
+    /// The pod, its UID included.
     reference: ObjectReference,
     /// Whether deleting it repairs it.
     remedy: Remedy,
@@ -75,14 +75,6 @@ struct Candidate {
 struct Relist {
     pending: BTreeMap<Key, Candidate>,
     seen: HashSet<String>,
-}
-
-enum Deletion {
-    Deleted,
-    /// Gone already, or replaced by a newer pod of the same name: nothing
-    /// to repair any more.
-    Moot,
-    Failed,
 }
 
 pub struct Controller {
@@ -187,9 +179,7 @@ impl Controller {
     /// Puts `pod` in `set` when it needs a repair, takes it out otherwise.
     fn classify(&self, set: &mut BTreeMap<Key, Candidate>, pod: &Pod) {
         let key = key_of(pod);
-        let uid = pod.metadata.uid.clone();
-        let already_done = uid
-            .as_ref()
+        let already_done = (pod.metadata.uid.as_ref())
             .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
         if !needs_repair(pod, &self.args.node_name) || already_done {
             set.remove(&key);
@@ -209,7 +199,6 @@ impl Controller {
         set.insert(
             key,
             Candidate {
-                uid,
                 reference: pod.object_ref(&()),
                 remedy: remedy(pod),
             },
@@ -240,9 +229,6 @@ impl Controller {
         if due.is_empty() {
             return;
         }
-        if self.chain_recheck_at.is_some_and(|t| t > now) {
-            return;
-        }
         if !self.chain_allows_repair().await {
             self.chain_recheck_at = Some(Instant::now() + self.args.chain_check_interval);
             return;
@@ -257,26 +243,7 @@ impl Controller {
                 self.report_not_deleted(&key, &c).await;
                 continue;
             }
-            let outcome = self.delete(&key, &c).await;
-            // From the end of the attempt: the next one then reaches the
-            // API server at least one backoff after this one did.
-            self.backoff.record(&key, Instant::now());
-            match outcome {
-                Deletion::Deleted => {
-                    self.pending.remove(&key);
-                    if let Some(uid) = &c.uid {
-                        self.deleted.insert(uid.clone(), Instant::now());
-                    }
-                    let instance = &self.args.controller_pod_name;
-                    let event = event_for(&c.reference, instance, Remedy::Delete);
-                    self.publish(&key, event).await;
-                }
-                Deletion::Moot => {
-                    self.pending.remove(&key);
-                }
-                // Stays pending: the backoff spaces the next attempt.
-                Deletion::Failed => {}
-            }
+            self.delete(&key, &c).await;
         }
         let now = Instant::now();
         self.backoff.prune(now);
@@ -317,41 +284,54 @@ impl Controller {
         verdict.allows_repair()
     }
 
-    async fn delete(&self, (ns, name): &Key, c: &Candidate) -> Deletion {
+    /// Deletes the pod and publishes its Event. A deletion that failed
+    /// leaves it pending: the backoff spaces the next attempt.
+    async fn delete(&mut self, key: &Key, c: &Candidate) {
+        let (ns, name) = key;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             // Never the newer pod of the same name the watch has not shown
             // us yet.
-            preconditions: c.uid.clone().map(|uid| Preconditions {
+            preconditions: c.reference.uid.clone().map(|uid| Preconditions {
                 uid: Some(uid),
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
         let t0 = Instant::now();
-        match tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await {
+        let outcome = tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await;
+        // From the end of the attempt: the next one then reaches the API
+        // server at least one backoff after this one did.
+        self.backoff.record(key, Instant::now());
+        match outcome {
             Ok(Ok(_)) => {
                 self.metrics.pods_deleted.inc();
                 self.metrics
                     .pods_delete_latency_seconds
                     .observe(t0.elapsed().as_secs_f64());
                 tracing::info!(namespace = %ns, pod = %name, "deleted pod so that it starts again with linkerd-cni's rules");
-                Deletion::Deleted
+                self.pending.remove(key);
+                if let Some(uid) = &c.reference.uid {
+                    self.deleted.insert(uid.clone(), Instant::now());
+                }
+                let instance = &self.args.controller_pod_name;
+                let event = event_for(&c.reference, instance, Remedy::Delete);
+                self.publish(key, event).await;
             }
+            // Gone already, or replaced by a newer pod of the same name:
+            // nothing to repair any more.
             Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
                 tracing::debug!(namespace = %ns, pod = %name, code = s.code, "pod already gone or replaced");
-                Deletion::Moot
+                self.pending.remove(key);
             }
             Ok(Err(e)) => {
                 self.metrics.pods_delete_errors.inc();
                 tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot delete pod; will retry");
-                Deletion::Failed
             }
             Err(_) => {
                 self.metrics.pods_delete_timeouts.inc();
                 tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.args.api_timeout, "pod deletion timed out; will retry");
-                Deletion::Failed
             }
         }
     }
@@ -360,7 +340,7 @@ impl Controller {
     /// left in place, and the operator told what to do.
     async fn report_not_deleted(&mut self, key: &Key, c: &Candidate) {
         let (ns, name) = key;
-        if let Some(uid) = &c.uid {
+        if let Some(uid) = &c.reference.uid {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
