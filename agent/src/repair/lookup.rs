@@ -29,16 +29,13 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, Source};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 
 use crate::repair::controller::watch;
+use crate::repair::metrics::Metrics;
 
 /// The annotations the plugin reads on a namespace all carry this prefix.
 const NAMESPACE_ANNOTATIONS: &str = "config.linkerd.io/";
@@ -55,43 +52,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// socket's backlog (and a plugin that finds it full asks the API).
 const MAX_CONCURRENT: usize = 64;
 
-/// What the lookups count, for `/metrics`.
-#[derive(Clone, Debug)]
-pub struct LookupMetrics {
-    /// By `result`: watch, waited, fetched, not_found, unavailable, refused.
-    pub lookups: Family<Vec<(String, String)>, Counter>,
-    pub seconds: Histogram,
-}
-
-impl LookupMetrics {
-    pub fn register(registry: &mut Registry) -> LookupMetrics {
-        let m = LookupMetrics {
-            lookups: Family::default(),
-            seconds: Histogram::new([
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-            ]),
-        };
-        let reg = registry.sub_registry_with_prefix("linkerd_cni_agent");
-        reg.register(
-            "pod_lookups",
-            "The plugin's pod lookups answered, by result: watch (from memory), waited (for the watch), fetched (GET), not_found, unavailable, refused",
-            m.lookups.clone(),
-        );
-        reg.register(
-            "pod_lookup_seconds",
-            "Time to answer a pod lookup",
-            m.seconds.clone(),
-        );
-        m
-    }
-
-    fn count(&self, result: &str) {
-        self.lookups
-            .get_or_create(&vec![("result".to_string(), result.to_string())])
-            .inc();
-    }
-}
-
 /// The stores the answers come from, and what wakes a waiting question.
 pub struct Facts {
     client: Client,
@@ -99,7 +59,7 @@ pub struct Facts {
     namespaces: Store<Namespace>,
     service: Store<Service>,
     changed: Arc<Notify>,
-    metrics: LookupMetrics,
+    metrics: Metrics,
     api_timeout: Duration,
 }
 
@@ -108,7 +68,7 @@ impl Facts {
     pub fn start(
         client: Client,
         node_name: &str,
-        metrics: LookupMetrics,
+        metrics: Metrics,
         api_timeout: Duration,
     ) -> Arc<Facts> {
         let changed = Arc::new(Notify::new());
@@ -479,12 +439,11 @@ async fn one(mut stream: UnixStream, facts: &Facts) {
             (Body::Unavailable { message }, "refused")
         }
     };
-    facts.metrics.count(result);
+    let metrics = &facts.metrics;
+    let result = vec![("result".to_string(), result.to_string())];
+    metrics.pod_lookups.get_or_create(&result).inc();
     let _ = timeout(READ_TIMEOUT, stream.write_all(&Answer::new(body).encode())).await;
-    facts
-        .metrics
-        .seconds
-        .observe(started.elapsed().as_secs_f64());
+    (metrics.pod_lookup_seconds).observe(started.elapsed().as_secs_f64());
 }
 
 async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
