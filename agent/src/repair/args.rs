@@ -173,6 +173,8 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2 minutes"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("").is_err());
