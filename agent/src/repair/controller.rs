@@ -344,21 +344,11 @@ impl Controller {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        if c.remedy == Remedy::MirrorPod {
-            tracing::warn!(
-                namespace = %ns,
-                pod = %name,
-                "static pod started without linkerd-cni's rules (linkerd-network-validator exited 95); its mirror pod is not deleted, as the kubelet would only create the mirror again: restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back) now that this node's chain is healthy"
-            );
-        } else {
-            tracing::warn!(
-                namespace = %ns,
-                pod = %name,
-                "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
-            );
-        }
         let instance = &self.args.controller_pod_name;
         let event = event_for(&c.reference, instance, c.remedy);
+        // The Event's words: what happened, and what to do about it.
+        let note = event.note.as_deref().unwrap_or_default();
+        tracing::warn!(namespace = %ns, pod = %name, "{note}");
         self.publish(key, event).await;
     }
 
