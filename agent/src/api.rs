@@ -69,7 +69,7 @@ pub fn blocking<T>(
             let api = Api::new(config, budget)?;
             Ok(f(&api).await)
         };
-        (rt.block_on(async { timeout(bound, run).await }))
+        rt.block_on(async { timeout(bound, run).await })
             .map_err(|_| format!("no answer within {} s", bound.as_secs_f32()))
     });
     ran.unwrap_or_else(|cause| {

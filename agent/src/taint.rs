@@ -338,8 +338,10 @@ fn removal_patch(indices: &[usize], key: &str) -> Value {
 async fn remove_taint(api: &Api, node: &str, key: &str) -> Result<TaintOutcome, TaintError> {
     let path = node_path(node);
     for round in 1..=MAX_ROUNDS {
-        let n: Node =
-            (api.get(&path).await).map_err(|e| TaintError::api(Step::Get, node, key, e))?;
+        let n: Node = api
+            .get(&path)
+            .await
+            .map_err(|e| TaintError::api(Step::Get, node, key, e))?;
         let indices: Vec<usize> = taints(&n)
             .iter()
             .enumerate()

@@ -179,7 +179,10 @@ impl Controller {
     /// Puts `pod` in `set` when it needs a repair, takes it out otherwise.
     fn classify(&self, set: &mut BTreeMap<Key, Candidate>, pod: &Pod) {
         let key = key_of(pod);
-        let already_done = (pod.metadata.uid.as_ref())
+        let already_done = pod
+            .metadata
+            .uid
+            .as_ref()
             .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
         if !needs_repair(pod, &self.args.node_name) || already_done {
             set.remove(&key);

@@ -231,7 +231,9 @@ impl Facts {
             return Ok(ns);
         }
         let api = Api::<Namespace>::all(self.client.clone());
-        let mut ns = (self.within(deadline, api.get(name)).await)
+        let mut ns = self
+            .within(deadline, api.get(name))
+            .await
             .map_err(|why| format!("namespace {name}: not seen by the watch, and its GET {why}"))?;
         strip_namespace(&mut ns);
         Ok(Arc::new(ns))
@@ -443,7 +445,9 @@ async fn one(mut stream: UnixStream, facts: &Facts) {
     let result = vec![("result".to_string(), result.to_string())];
     metrics.pod_lookups.get_or_create(&result).inc();
     let _ = timeout(READ_TIMEOUT, stream.write_all(&Answer::new(body).encode())).await;
-    (metrics.pod_lookup_seconds).observe(started.elapsed().as_secs_f64());
+    metrics
+        .pod_lookup_seconds
+        .observe(started.elapsed().as_secs_f64());
 }
 
 async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
