@@ -14,7 +14,6 @@
 //! the answer's status and body read raw, so that the API server's own
 //! `Status` is told from a proxy's page.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -29,18 +28,9 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
-/// Why [`run`] gave no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("cannot start the installer's async runtime: {0}")]
-    NoRuntime(String),
-    #[error("no answer within {} s", .0.as_secs_f32())]
-    TimedOut(Duration),
-}
-
 /// The runtime's handle, the runtime started on its own thread at the
 /// first call. The admin server and the watches go on it too.
-pub fn handle() -> Result<Handle, RunError> {
+pub fn handle() -> Result<Handle, String> {
     static RUNTIME: OnceLock<Result<Handle, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
@@ -58,39 +48,37 @@ pub fn handle() -> Result<Handle, RunError> {
             Ok(handle)
         })
         .clone()
-        .map_err(RunError::NoRuntime)
-}
-
-/// Runs `fut` on the runtime, for at most `bound`. From a synchronous
-/// thread only (never from the runtime's own).
-pub fn run<F: Future>(bound: Duration, fut: F) -> Result<F::Output, RunError> {
-    // The timer is made inside the runtime's context, not before it.
-    handle()?
-        .block_on(async { timeout(bound, fut).await })
-        .map_err(|_| RunError::TimedOut(bound))
+        .map_err(|e| format!("cannot start the installer's async runtime: {e}"))
 }
 
 /// Runs `f` on the runtime with a client for `config` whose calls all end
-/// within `budget`. Err: no client, or no run (neither happens in
-/// practice: the calls keep to the budget, and the run is bounded a
-/// little past it only in case one did not).
+/// within `budget`, from a synchronous thread (never from the runtime's
+/// own). Err: no client, or no run (neither happens in practice: the calls
+/// keep to the budget, and the run is bounded a little past it only in
+/// case one did not).
 pub fn blocking<T>(
     config: ApiConfig,
     budget: Duration,
     f: impl AsyncFnOnce(&Api) -> T,
 ) -> Result<T, ApiError> {
     let server = config.server.clone();
-    let ran = run(budget + Duration::from_secs(1), async move {
-        let api = Api::new(config, budget)?;
-        Ok(f(&api).await)
+    let bound = budget + Duration::from_secs(1);
+    let ran = handle().and_then(|rt| {
+        // The timer is made inside the runtime's context, not before it.
+        let run = async move {
+            let api = Api::new(config, budget)?;
+            Ok(f(&api).await)
+        };
+        rt.block_on(async { timeout(bound, run).await })
+            .map_err(|_| format!("no answer within {} s", bound.as_secs_f32()))
     });
-    ran.unwrap_or_else(|e| {
+    ran.unwrap_or_else(|cause| {
         Err(ApiError::Unreachable {
             server,
             method: Method::Get,
             path: String::new(),
             attempts: 1,
-            cause: e.into(),
+            cause: cause.into(),
         })
     })
 }
@@ -308,21 +296,32 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> (String, bool) {
 mod tests {
     use super::*;
 
-    /// A synchronous caller gets its answer, or, past the bound, a typed
+    /// A synchronous caller gets its answer, or, past the bound, an
     /// error, and the runtime still serves the next call.
     #[test]
-    fn run_is_bounded_and_the_runtime_stays() {
+    fn a_run_is_bounded_and_the_runtime_stays() {
+        let server = testkit::FakeApiServer::start();
+        let dir = testkit::TempDir::new("lcni-api-run").unwrap();
+        let kubeconfig = server.write_kubeconfig(dir.path()).unwrap();
+        let config = move || linkerd_cni_kube::kubeconfig::load(&kubeconfig).unwrap();
         let started = std::time::Instant::now();
-        let r = run(Duration::from_millis(200), std::future::pending::<()>());
-        assert!(matches!(r, Err(RunError::TimedOut(_))), "{r:?}");
-        assert!(started.elapsed() < Duration::from_secs(2));
-        let slept = run(Duration::from_secs(5), async {
+        let r = blocking(config(), Duration::from_millis(200), async |_| {
+            std::future::pending::<()>().await
+        });
+        assert!(
+            matches!(&r, Err(ApiError::Unreachable { cause, .. }) if cause.to_string().contains("no answer within")),
+            "{r:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let slept = blocking(config(), Duration::from_secs(5), async |_| {
             sleep(Duration::from_millis(10)).await;
             7
         });
         assert_eq!(slept.unwrap(), 7);
         // From another thread too (the Events' sender).
-        let other = std::thread::spawn(|| run(Duration::from_secs(5), async { 8 }));
-        assert_eq!(other.join().unwrap().unwrap(), 8);
+        let other = std::thread::spawn(move || {
+            blocking(config(), Duration::from_secs(5), async |_| 8).unwrap()
+        });
+        assert_eq!(other.join().unwrap(), 8);
     }
 }

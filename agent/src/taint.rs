@@ -46,8 +46,6 @@ const FORBIDDEN_BACKOFF: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 enum State {
-    /// No node name: nothing to do.
-    Off,
     /// The taint may be there.
     Pending {
         /// Not before this.
@@ -59,7 +57,7 @@ enum State {
         /// "Waiting for the node to be ready" was said.
         said_waiting: bool,
     },
-    /// Removed, or found absent: never asked again.
+    /// Removed, found absent, or no node name: never asked (again).
     Done,
 }
 
@@ -86,7 +84,7 @@ impl StartupTaint {
                      deploy/linkerd-cni.yaml does, to use one)",
                     cfg.startup_taint
                 );
-                State::Off
+                State::Done
             }
         };
         StartupTaint {
@@ -134,24 +132,24 @@ impl StartupTaint {
         self.record(answer);
     }
 
-    /// One removal: Err is the failure's kind and what to say about it.
-    fn remove(&self) -> Result<TaintOutcome, (Failure, String)> {
-        let config = kubeconfig::own_api(&self.cfg).map_err(|e| (Failure::Other, e))?;
+    /// One removal.
+    fn remove(&self) -> Result<TaintOutcome, TaintError> {
+        let config = kubeconfig::own_api(&self.cfg).map_err(|message| TaintError {
+            kind: Failure::Other,
+            message,
+        })?;
         let (node, key) = (self.node.as_str(), self.key.as_str());
         api::blocking(config, API_TIMEOUT, async |api| {
             remove_taint(api, node, key).await
         })
-        .map_err(|source| TaintError::Get {
-            node: node.into(),
-            key: key.into(),
-            source: Box::new(source),
-        })
-        .and_then(|r| r)
-        .map_err(|e| (e.kind(), format!("{e}; {}", e.hint())))
+        .map_err(|e| TaintError::api(Step::Get, node, key, e))?
     }
 
-    fn record(&mut self, answer: Result<TaintOutcome, (Failure, String)>) {
-        let (failure, why) = match answer {
+    fn record(&mut self, answer: Result<TaintOutcome, TaintError>) {
+        let TaintError {
+            kind: failure,
+            message: why,
+        } = match answer {
             Ok(outcome) => {
                 let word = match outcome {
                     TaintOutcome::Removed { .. } => "removed",
@@ -267,52 +265,31 @@ enum Failure {
     Other,
 }
 
-/// Why the taint could not be removed.
-#[derive(Debug, thiserror::Error)]
-enum TaintError {
-    #[error("cannot read node {node}: {source}")]
-    Get {
-        node: String,
-        key: String,
-        #[source]
-        source: Box<ApiError>,
-    },
-    #[error("cannot patch node {node} to remove taint {key}: {source}")]
-    Patch {
-        node: String,
-        key: String,
-        #[source]
-        source: Box<ApiError>,
-    },
-    #[error(
-        "the taints of node {node} changed under every one of {rounds} attempts to remove {key}"
-    )]
-    Contended {
-        node: String,
-        key: String,
-        rounds: u32,
-    },
+/// Why the taint could not be removed: how to treat it, and what to say
+/// (what failed, then what an operator should do).
+#[derive(Debug)]
+struct TaintError {
+    kind: Failure,
+    message: String,
+}
+
+/// The API call that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Get,
+    Patch,
 }
 
 impl TaintError {
-    fn kind(&self) -> Failure {
-        match self {
-            TaintError::Get { source, .. } | TaintError::Patch { source, .. } => match &**source {
-                ApiError::Unauthorized { status: 403, .. } => Failure::Forbidden,
-                ApiError::Unauthorized { .. } => Failure::Unauthorized,
-                e if e.transient() => Failure::Transient,
-                _ => Failure::Other,
-            },
-            TaintError::Contended { .. } => Failure::Transient,
-        }
-    }
-
-    /// What an operator should do about it.
-    fn hint(&self) -> String {
-        let (TaintError::Get { node, key, .. }
-        | TaintError::Patch { node, key, .. }
-        | TaintError::Contended { node, key, .. }) = self;
-        match self.kind() {
+    /// `step` of the removal of taint `key` from `node` failed with `e`.
+    fn api(step: Step, node: &str, key: &str, e: ApiError) -> TaintError {
+        let kind = match &e {
+            ApiError::Unauthorized { status: 403, .. } => Failure::Forbidden,
+            ApiError::Unauthorized { .. } => Failure::Unauthorized,
+            e if e.transient() => Failure::Transient,
+            _ => Failure::Other,
+        };
+        let hint = match kind {
             Failure::Forbidden => format!(
                 "the linkerd-cni service account needs get and patch on nodes \
                  (deploy/linkerd-cni.yaml grants them; the linkerd2-cni chart does not); \
@@ -324,15 +301,18 @@ impl TaintError {
                     .into()
             }
             Failure::Transient => "retried later".into(),
-            Failure::Other => match self {
-                TaintError::Get { source, .. } if matches!(**source, ApiError::NotFound { .. }) => {
-                    "check the node name the installer was given (LINKERD_CNI_NODE_NAME, \
-                      from the downward API's spec.nodeName)"
-                        .into()
-                }
-                _ => "see the message".into(),
-            },
-        }
+            Failure::Other if step == Step::Get && matches!(e, ApiError::NotFound { .. }) => {
+                "check the node name the installer was given (LINKERD_CNI_NODE_NAME, \
+                  from the downward API's spec.nodeName)"
+                    .into()
+            }
+            Failure::Other => "see the message".into(),
+        };
+        let message = match step {
+            Step::Get => format!("cannot read node {node}: {e}; {hint}"),
+            Step::Patch => format!("cannot patch node {node} to remove taint {key}: {e}; {hint}"),
+        };
+        TaintError { kind, message }
     }
 }
 
@@ -358,11 +338,10 @@ fn removal_patch(indices: &[usize], key: &str) -> Value {
 async fn remove_taint(api: &Api, node: &str, key: &str) -> Result<TaintOutcome, TaintError> {
     let path = node_path(node);
     for round in 1..=MAX_ROUNDS {
-        let n: Node = api.get(&path).await.map_err(|source| TaintError::Get {
-            node: node.into(),
-            key: key.into(),
-            source: Box::new(source),
-        })?;
+        let n: Node = api
+            .get(&path)
+            .await
+            .map_err(|e| TaintError::api(Step::Get, node, key, e))?;
         let indices: Vec<usize> = taints(&n)
             .iter()
             .enumerate()
@@ -397,19 +376,15 @@ async fn remove_taint(api: &Api, node: &str, key: &str) -> Result<TaintOutcome, 
                     "node {node} changed while removing taint {key} ({message}); reading it again (round {round})"
                 );
             }
-            Err(source) => {
-                return Err(TaintError::Patch {
-                    node: node.into(),
-                    key: key.into(),
-                    source: Box::new(source),
-                });
-            }
+            Err(e) => return Err(TaintError::api(Step::Patch, node, key, e)),
         }
     }
-    Err(TaintError::Contended {
-        node: node.into(),
-        key: key.into(),
-        rounds: MAX_ROUNDS,
+    Err(TaintError {
+        kind: Failure::Transient,
+        message: format!(
+            "the taints of node {node} changed under every one of {MAX_ROUNDS} attempts to \
+             remove {key}; retried later"
+        ),
     })
 }
 
@@ -432,8 +407,11 @@ mod tests {
         StartupTaint::new(&cfg)
     }
 
-    fn failed(failure: Failure) -> Result<TaintOutcome, (Failure, String)> {
-        Err((failure, "why".into()))
+    fn failed(kind: Failure) -> Result<TaintOutcome, TaintError> {
+        Err(TaintError {
+            kind,
+            message: "why".into(),
+        })
     }
 
     fn next_try(g: &StartupTaint) -> Instant {

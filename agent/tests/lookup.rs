@@ -313,3 +313,40 @@ fn a_control_plane_pods_service_is_fetched_when_the_watch_has_not_seen_it() {
     }
     assert_eq!(service_gets(), 1);
 }
+
+/// The lookups' watches back off as the controller's does while the API
+/// server fails, the waits growing from a second: a retry that starts over
+/// with every list attempt would ask a recovering API server again every
+/// second, from every node.
+#[test]
+fn the_watches_back_off_while_the_api_server_fails() {
+    let api = WatchApiServer::start();
+    cluster(&api);
+    // An outage, as the namespaces' watch sees it: its first four lists fail.
+    api.fail_next_on("/api/v1/namespaces", 4, 503);
+    let agent = start(&api);
+    let lists = || -> Vec<_> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.path == "/api/v1/namespaces" && !r.is_watch())
+            .collect()
+    };
+    agent
+        .ctl
+        .wait("the namespaces listed", || lists().len() == 5);
+    let at: Vec<_> = lists().iter().map(|r| r.at).collect();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let least = Duration::from_millis(500 << i);
+        assert!(
+            *gap >= least,
+            "retry {i} after {gap:?}, at least {least:?}: {gaps:?}"
+        );
+    }
+    let log = agent.ctl.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("cannot list or watch namespaces"))
+        .count();
+    assert_eq!(lines, 4, "{log}");
+}

@@ -20,8 +20,7 @@
 //! times with a short backoff, so a down API server fails an ADD in well
 //! under a second rather than at the end of the budget.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -65,7 +64,7 @@ fn provider() -> rustls::crypto::CryptoProvider {
 pub struct Client {
     agent: ureq::Agent,
     /// How far the current attempt's connection got (see [`Phase`]).
-    phase: Arc<AtomicU8>,
+    phase: Arc<Mutex<Phase>>,
     config: ApiConfig,
     budget: Duration,
     deadline: Instant,
@@ -100,7 +99,7 @@ impl Client {
             .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
-        let phase = Arc::new(AtomicU8::new(Phase::Pooled as u8));
+        let phase = Arc::new(Mutex::new(Phase::Pooled));
         let mark = |p: Phase| Mark {
             phase: phase.clone(),
             to: p,
@@ -183,7 +182,7 @@ impl Client {
     /// One GET of `path`; the body of a 200 answer.
     fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
         let method = Method::Get;
-        self.phase.store(Phase::Pooled as u8, Ordering::SeqCst);
+        set(&self.phase, Phase::Pooled);
         let started = Instant::now();
         let rb = self
             .agent
@@ -231,6 +230,16 @@ impl Client {
             attempts,
             cause,
         };
+        let tls = |cause: Cause, handshake_hung| ApiError::Tls {
+            server: server.clone(),
+            cause,
+            handshake_hung,
+        };
+        let decode = |cause: Cause| ApiError::Decode {
+            method,
+            path: path.into(),
+            cause,
+        };
         match e {
             // Which timer fired says less than how far the connection got:
             // the attempt's global timer can fire in any phase, and ureq
@@ -238,22 +247,21 @@ impl Client {
             ureq::Error::Timeout(t) => {
                 let after = started.elapsed();
                 let secs = after.as_secs_f32();
-                match Phase::from(self.phase.load(Ordering::SeqCst)) {
+                match *self.phase.lock().unwrap_or_else(PoisonError::into_inner) {
                     Phase::Connecting if t == ureq::Timeout::Resolve => unreachable(
                         format!("resolving the host name timed out after {secs:.1} s").into(),
                     ),
                     Phase::Connecting => unreachable(
                         format!("the TCP connection timed out after {secs:.1} s").into(),
                     ),
-                    Phase::TcpConnected => ApiError::Tls {
-                        server,
-                        cause: format!(
+                    Phase::TcpConnected => tls(
+                        format!(
                             "the TLS handshake did not finish within {secs:.1} s of the TCP \
                              connection being made"
                         )
                         .into(),
-                        handshake_hung: true,
-                    },
+                        true,
+                    ),
                     Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
                         server,
                         method,
@@ -262,42 +270,22 @@ impl Client {
                     },
                 }
             }
-            ureq::Error::Rustls(e) => ApiError::Tls {
-                server,
-                cause: e.into(),
-                handshake_hung: false,
-            },
-            ureq::Error::Tls(e) => ApiError::Tls {
-                server,
-                cause: e.into(),
-                handshake_hung: false,
-            },
+            ureq::Error::Rustls(e) => tls(e.into(), false),
+            ureq::Error::Tls(e) => tls(e.into(), false),
             ureq::Error::Io(io) => {
                 // rustls reports handshake failures (e.g. an unknown CA) as
                 // I/O errors wrapping its own error.
                 if let Some(inner) = io.get_ref()
                     && inner.is::<rustls::Error>()
                 {
-                    return ApiError::Tls {
-                        server,
-                        cause: inner.to_string().into(),
-                        handshake_hung: false,
-                    };
+                    return tls(inner.to_string().into(), false);
                 }
                 unreachable(io.into())
             }
             ureq::Error::HostNotFound => unreachable("host not found (DNS)".into()),
             ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
-            ureq::Error::Protocol(e) => ApiError::Decode {
-                method,
-                path: path.into(),
-                cause: format!("HTTP protocol error: {e}").into(),
-            },
-            other => ApiError::Decode {
-                method,
-                path: path.into(),
-                cause: other.into(),
-            },
+            ureq::Error::Protocol(e) => decode(format!("HTTP protocol error: {e}").into()),
+            other => decode(other.into()),
         }
     }
 }
@@ -305,7 +293,6 @@ impl Client {
 /// How far an attempt's connection got, recorded by [`Mark`]s between the
 /// connectors, so a timeout can name what did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 enum Phase {
     /// No connector ran: a pooled connection was reused.
     Pooled,
@@ -317,21 +304,16 @@ enum Phase {
     Secured,
 }
 
-impl From<u8> for Phase {
-    fn from(v: u8) -> Phase {
-        match v {
-            1 => Phase::Connecting,
-            2 => Phase::TcpConnected,
-            3 => Phase::Secured,
-            _ => Phase::Pooled,
-        }
-    }
+/// Records that the attempt's connection got to `to` (a poisoned lock
+/// still holds a phase).
+fn set(phase: &Mutex<Phase>, to: Phase) {
+    *phase.lock().unwrap_or_else(PoisonError::into_inner) = to;
 }
 
 /// A connector that passes the transport through and records the phase.
 #[derive(Debug)]
 struct Mark {
-    phase: Arc<AtomicU8>,
+    phase: Arc<Mutex<Phase>>,
     to: Phase,
 }
 
@@ -343,7 +325,7 @@ impl<In: Transport> Connector<In> for Mark {
         _: &ConnectionDetails,
         chained: Option<In>,
     ) -> Result<Option<In>, ureq::Error> {
-        self.phase.store(self.to as u8, Ordering::SeqCst);
+        set(&self.phase, self.to);
         Ok(chained)
     }
 }

@@ -86,9 +86,10 @@ pub enum ApiError {
         path: String,
         kubeconfig: PathBuf,
         /// The `reason` of the answer's Kubernetes `Status` body
-        /// (`Unauthorized`, `Forbidden`); None when the body was not one
-        /// (a proxy's page, say), so that a caller can tell the API
-        /// server's own refusal from something in the way.
+        /// (`Unauthorized`, `Forbidden`; empty when it has none), made
+        /// printable; None when the body was not one (a proxy's page, say),
+        /// so that a caller can tell the API server's own refusal from
+        /// something in the way.
         reason: Option<String>,
     },
     #[error("{method} {path}: not found")]
@@ -172,7 +173,8 @@ impl ApiError {
                 method,
                 path: path.into(),
                 kubeconfig: kubeconfig.into(),
-                reason: status_reason(body),
+                reason: StatusBody::parse(body)
+                    .map(|s| crate::text::printable(&s.reason, MAX_REASON_CHARS)),
             },
             404 => ApiError::NotFound {
                 method,
@@ -281,17 +283,6 @@ const MAX_MESSAGE_CHARS: usize = 512;
 /// A `reason` is one CamelCase word.
 const MAX_REASON_CHARS: usize = 64;
 
-/// The `reason` of a Kubernetes `Status` body, made printable; None for any
-/// other body.
-fn status_reason(body: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    if v.get("kind")?.as_str()? != "Status" {
-        return None;
-    }
-    let reason = v.get("reason")?.as_str()?;
-    Some(crate::text::printable(reason, MAX_REASON_CHARS))
-}
-
 /// What a Kubernetes `Status` body (`kind: Status`) says about a failed
 /// call: the API server's own answer, as a proxy's page is not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,13 +361,32 @@ mod tests {
             "kind": "Status", "reason": "Forbidden\nforged", "message": forged,
         })
         .to_string();
+        let forbidden = ApiError::of_answer(Method::Get, "/", 403, status.as_bytes(), "k".as_ref());
+        let ApiError::Unauthorized {
+            reason: Some(reason),
+            ..
+        } = forbidden
+        else {
+            panic!("{forbidden:?}");
+        };
         for m in [
             status_message(status.as_bytes()),
             status_message(forged.as_bytes()),
-            status_reason(status.as_bytes()).unwrap(),
+            reason,
         ] {
             assert!(!m.chars().any(char::is_control), "{m:?}");
             assert!(m.contains("\\n"), "{m:?}");
+        }
+        // A Status body without a reason is still the API server's own
+        // refusal; any other body is none.
+        for (body, want) in [
+            (r#"{"kind":"Status","code":403}"#, Some("")),
+            ("<html>403</html>", None),
+        ] {
+            match ApiError::of_answer(Method::Get, "/", 403, body.as_bytes(), "k".as_ref()) {
+                ApiError::Unauthorized { reason, .. } => assert_eq!(reason.as_deref(), want),
+                other => panic!("{other:?}"),
+            }
         }
         let long = serde_json::json!({"kind": "Status", "message": "x".repeat(100_000)});
         let m = status_message(long.to_string().as_bytes());

@@ -10,20 +10,22 @@
 //! A cluster's `proxy-url` is refused rather than ignored: the plugin never
 //! reaches the API server through a proxy (see [`crate::client`]), and a
 //! kubeconfig that asks for one would otherwise be silently half-applied.
+//!
+//! Every file read here (the kubeconfig, its tokenFile and CA file, the
+//! system bundle) is read as the chain crate reads its input files
+//! (`read_file`): a regular file, opened without blocking (a FIFO would
+//! block the open until a writer comes, past the ADD deadline), and
+//! bounded in size.
 
-use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use linkerd_cni_chain::read_file;
 use serde::Deserialize;
 use thiserror::Error;
 
 /// The context the installer names; preferred over `current-context`.
 pub const CONTEXT: &str = "linkerd-cni-context";
-
-/// Kubeconfigs are small; this bounds what a broken one can make us read.
-const MAX_FILE: u64 = 1 << 20;
 
 /// Where distributions keep the system CA bundle, for a kubeconfig that
 /// names no CA (as kubectl would use the system roots).
@@ -108,12 +110,11 @@ impl std::fmt::Debug for ApiConfig {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct File {
     clusters: Vec<Named<Cluster>>,
     users: Vec<Named<User>>,
     contexts: Vec<Named<Context>>,
-    #[serde(rename = "current-context")]
     current_context: Option<String>,
 }
 
@@ -125,28 +126,22 @@ struct Named<T> {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct Cluster {
     server: Option<String>,
-    #[serde(rename = "certificate-authority")]
     certificate_authority: Option<String>,
-    #[serde(rename = "certificate-authority-data")]
     certificate_authority_data: Option<String>,
-    #[serde(rename = "insecure-skip-tls-verify")]
     insecure_skip_tls_verify: Option<bool>,
-    #[serde(rename = "proxy-url")]
     proxy_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "kebab-case")]
 struct User {
     token: Option<String>,
     #[serde(rename = "tokenFile")]
     token_file: Option<String>,
-    #[serde(rename = "client-certificate")]
     client_certificate: Option<String>,
-    #[serde(rename = "client-certificate-data")]
     client_certificate_data: Option<String>,
 }
 
@@ -160,17 +155,13 @@ struct Context {
 /// Reads and checks the kubeconfig at `path`, including the CA and token
 /// files it names.
 pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
-    let err = |problem: String| KubeconfigError {
+    let err = |problem: String, source| KubeconfigError {
         path: path.to_path_buf(),
         problem,
-        source: None,
+        source,
     };
-    let text = read_small(path).map_err(|e| KubeconfigError {
-        problem: format!("cannot read it: {e}"),
-        source: Some(e),
-        ..err(String::new())
-    })?;
-    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into()))?;
+    let text = read_file(path).map_err(|e| err(format!("cannot read it: {e}"), Some(e)))?;
+    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into(), None))?;
     from_text(&text, path)
 }
 
@@ -188,33 +179,6 @@ pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError
     Ok(config)
 }
 
-/// Every file this crate reads (the kubeconfig, its tokenFile and CA file,
-/// the system bundle): a regular file, opened without blocking (a FIFO
-/// would block the open until a writer comes, past the ADD deadline) and
-/// without making it the controlling terminal; at most [`MAX_FILE`] bytes.
-fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
-    use nix::fcntl::OFlag;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut buf = Vec::new();
-    f.take(MAX_FILE + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_FILE {
-        return Err(std::io::Error::other(format!(
-            "larger than {MAX_FILE} bytes"
-        )));
-    }
-    Ok(buf)
-}
-
 /// Parses kubeconfig text; `base` resolves relative file names.
 fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     if text.trim().is_empty() {
@@ -228,8 +192,8 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
         }
     };
     let (name, ctx) = context(&file)?;
-    let (cluster_name, cluster) = cluster(&file, name, ctx)?;
-    let (user_name, user) = user(&file, name, ctx)?;
+    let (cluster_name, cluster) = named(&file.clusters, "cluster", ctx.cluster.as_deref(), name)?;
+    let (user_name, user) = named(&file.users, "user", ctx.user.as_deref(), name)?;
     Ok(ApiConfig {
         source: PathBuf::new(),
         server: server(cluster_name, cluster)?,
@@ -248,64 +212,43 @@ fn from_json(text: &str) -> Option<File> {
     serde_json::from_str(text).ok()
 }
 
-/// The context the installer names, else the current one.
+/// The context the installer names, else the current one. Of contexts of
+/// one name, the last counts.
 fn context(file: &File) -> Result<(&str, &Context), String> {
-    let contexts: BTreeMap<&str, Option<&Context>> = file
-        .contexts
-        .iter()
-        .map(|c| (c.name.as_str(), c.value.as_ref()))
-        .collect();
-    let name = if contexts.contains_key(CONTEXT) {
-        CONTEXT
-    } else {
-        match file.current_context.as_deref() {
-            Some(c) if !c.is_empty() => c,
-            _ => return Err(format!("no context {CONTEXT:?} and no current-context")),
-        }
+    let find = |name: &str| file.contexts.iter().rev().find(|c| c.name == name);
+    let (name, found) = match (find(CONTEXT), file.current_context.as_deref()) {
+        (Some(c), _) => (CONTEXT, c),
+        (None, Some(name)) if !name.is_empty() => (
+            name,
+            find(name)
+                .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
+        ),
+        (None, _) => return Err(format!("no context {CONTEXT:?} and no current-context")),
     };
-    let ctx = contexts
-        .get(name)
-        .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?
+    let ctx = found
+        .value
+        .as_ref()
         .ok_or_else(|| format!("context {name:?} is empty"))?;
     Ok((name, ctx))
 }
 
-/// The cluster context `name` names, with its name.
-fn cluster<'a>(
-    file: &'a File,
-    name: &str,
-    ctx: &'a Context,
-) -> Result<(&'a str, &'a Cluster), String> {
-    let cluster_name = ctx
-        .cluster
-        .as_deref()
-        .ok_or_else(|| format!("context {name:?} names no cluster"))?;
-    let cluster = file
-        .clusters
+/// The `what` (a cluster or a user) context `context` names `name`, with
+/// its name.
+fn named<'a, T>(
+    list: &'a [Named<T>],
+    what: &str,
+    name: Option<&'a str>,
+    context: &str,
+) -> Result<(&'a str, &'a T), String> {
+    let name = name.ok_or_else(|| format!("context {context:?} names no {what}"))?;
+    let value = list
         .iter()
-        .find(|c| c.name == cluster_name)
-        .ok_or_else(|| format!("cluster {cluster_name:?} (of context {name:?}) is not defined"))?
+        .find(|c| c.name == name)
+        .ok_or_else(|| format!("{what} {name:?} (of context {context:?}) is not defined"))?
         .value
         .as_ref()
-        .ok_or_else(|| format!("cluster {cluster_name:?} is empty"))?;
-    Ok((cluster_name, cluster))
-}
-
-/// The user context `name` names, with its name.
-fn user<'a>(file: &'a File, name: &str, ctx: &'a Context) -> Result<(&'a str, &'a User), String> {
-    let user_name = ctx
-        .user
-        .as_deref()
-        .ok_or_else(|| format!("context {name:?} names no user"))?;
-    let user = file
-        .users
-        .iter()
-        .find(|u| u.name == user_name)
-        .ok_or_else(|| format!("user {user_name:?} (of context {name:?}) is not defined"))?
-        .value
-        .as_ref()
-        .ok_or_else(|| format!("user {user_name:?} is empty"))?;
-    Ok((user_name, user))
+        .ok_or_else(|| format!("{what} {name:?} is empty"))?;
+    Ok((name, value))
 }
 
 /// The cluster's server, normalized; a cluster that asks for a proxy is
@@ -339,8 +282,8 @@ fn token(user_name: &str, user: &User, base: &Path) -> Result<String, String> {
         (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
         (_, Some(f)) if !f.is_empty() => {
             let p = base.join(f);
-            let t = read_small(&p)
-                .map_err(|e| format!("cannot read tokenFile {}: {e}", p.display()))?;
+            let t =
+                read_file(&p).map_err(|e| format!("cannot read tokenFile {}: {e}", p.display()))?;
             let t = String::from_utf8_lossy(&t).trim().to_string();
             if t.is_empty() {
                 return Err(format!("tokenFile {} is empty", p.display()));
@@ -380,7 +323,7 @@ fn trust(cluster_name: &str, cluster: &Cluster, base: &Path) -> Result<Trust, St
         .filter(|f| !f.is_empty())
     {
         let p = base.join(f);
-        let pem = read_small(&p)
+        let pem = read_file(&p)
             .map_err(|e| format!("cannot read certificate-authority {}: {e}", p.display()))?;
         Trust::Roots(
             certificates(&pem)
@@ -473,7 +416,7 @@ fn certificates(pem: &[u8]) -> Result<Vec<Vec<u8>>, String> {
 
 fn system_roots() -> Option<Trust> {
     SYSTEM_BUNDLES.iter().find_map(|p| {
-        let pem = read_small(Path::new(p)).ok()?;
+        let pem = read_file(Path::new(p)).ok()?;
         certificates(&pem).ok().map(Trust::Roots)
     })
 }
@@ -501,23 +444,21 @@ fn normalize_server(server: &str) -> Result<String, String> {
     if authority.contains('@') {
         return Err(format!("server {s:?} must not carry credentials"));
     }
-    let (host, port) = if let Some(inner) = authority.strip_prefix('[') {
-        let (h, after) = inner
-            .split_once(']')
-            .ok_or_else(|| format!("server {s:?}: unbalanced '['"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
+    // No port and an empty one (`host:`) read alike: the scheme's.
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(inner) => {
+            let (h, after) = inner
+                .split_once(']')
+                .ok_or_else(|| format!("server {s:?}: unbalanced '['"))?;
+            let port = match after {
+                "" => "",
+                p => p
+                    .strip_prefix(':')
                     .ok_or_else(|| format!("server {s:?}: junk after ']'"))?,
-            ),
-        };
-        (h, port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
+            };
+            (h, port)
         }
+        None => authority.rsplit_once(':').unwrap_or((authority, "")),
     };
     if host.is_empty()
         || !host
@@ -534,8 +475,8 @@ fn normalize_server(server: &str) -> Result<String, String> {
         host.to_string()
     };
     let port = match port {
-        None | Some("") => String::new(),
-        Some(p) => {
+        "" => String::new(),
+        p => {
             let n: u16 = p
                 .parse()
                 .ok()
@@ -883,7 +824,7 @@ current-context: other
         let tmp = testkit::TempDir::new("lcni-kubeconfig-kinds").unwrap();
         let dir = tmp.path().to_path_buf();
         let fifo = dir.join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        testkit::mkfifo(&fifo);
         std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
         std::fs::write(dir.join("token"), "tok").unwrap();
         let kubeconfig = |ca: &str, token: &str| {
@@ -910,6 +851,21 @@ current-context: other
             let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
             assert!(e.contains("not a regular file"), "{what}: {e}");
         }
+    }
+
+    #[test]
+    fn of_contexts_of_one_name_the_last_counts() {
+        let text = |contexts: &str| {
+            format!(
+                "clusters:\n- name: c\n  cluster: {{server: 'https://10.0.0.1', insecure-skip-tls-verify: true}}\n\
+                 users:\n- name: u\n  user: {{token: t}}\ncontexts:\n{contexts}"
+            )
+        };
+        let full = "- {name: linkerd-cni-context, context: {cluster: c, user: u}}\n";
+        let empty = "- {name: linkerd-cni-context}\n";
+        assert!(parse(&text(&format!("{empty}{full}")), Path::new("/")).is_ok());
+        let e = parse(&text(&format!("{full}{empty}")), Path::new("/")).unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
     }
 
     #[test]

@@ -50,9 +50,7 @@ struct RawClaims {
 
 #[derive(Deserialize, Default)]
 struct KubernetesClaims {
-    #[serde(default)]
     node: Option<Named>,
-    #[serde(default)]
     pod: Option<Named>,
 }
 
@@ -74,16 +72,13 @@ pub fn claims(token: &str) -> Option<Claims> {
         .decode(payload.trim_end_matches('='))
         .ok()?;
     let raw: RawClaims = serde_json::from_slice(&bytes).ok()?;
+    let kubernetes = raw.kubernetes.unwrap_or_default();
     Some(Claims {
         subject: raw.sub,
         issued_at: unix_time(raw.iat)?,
         expires_at: unix_time(raw.exp)?,
-        node: raw
-            .kubernetes
-            .as_ref()
-            .and_then(|k| k.node.as_ref())
-            .map(|n| n.name.clone()),
-        pod: raw.kubernetes.and_then(|k| k.pod).map(|n| n.name),
+        node: kubernetes.node.map(|n| n.name),
+        pod: kubernetes.pod.map(|n| n.name),
     })
 }
 

@@ -1,6 +1,6 @@
 //! The plugin's side: one synchronous, bounded question.
 
-use std::io::{Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
@@ -15,9 +15,30 @@ use crate::{Answer, AskError, MAX_ANSWER, Request, VERSION};
 /// Asks the agent listening at `socket`, all of it within `budget`.
 pub fn ask(socket: &Path, request: &Request, budget: Duration) -> Result<Answer, AskError> {
     let deadline = Instant::now() + budget;
-    let mut stream = connect(socket)?;
-    write_all(&mut stream, &request.encode(), deadline, budget)?;
-    let line = read_line(&mut stream, MAX_ANSWER, deadline, budget)?;
+    let stream = connect(socket)?;
+    let mut bounded = Bounded {
+        stream: &stream,
+        deadline,
+    };
+    let timed_out = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => AskError::TimedOut(budget),
+        _ => e.into(),
+    };
+    bounded.write_all(&request.encode()).map_err(timed_out)?;
+    // One byte past the bound tells a line too long from one that fits.
+    let mut line = Vec::with_capacity(4096);
+    BufReader::with_capacity(16 << 10, bounded)
+        .take(MAX_ANSWER as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(timed_out)?;
+    if line.last() != Some(&b'\n') {
+        return Err(if line.len() > MAX_ANSWER {
+            AskError::TooLarge { limit: MAX_ANSWER }
+        } else {
+            AskError::Malformed("the connection closed before a whole answer".into())
+        });
+    }
+    line.pop();
     let answer: Answer =
         serde_json::from_slice(&line).map_err(|e| AskError::Malformed(e.to_string()))?;
     if answer.v != VERSION {
@@ -26,48 +47,40 @@ pub fn ask(socket: &Path, request: &Request, budget: Duration) -> Result<Answer,
     Ok(answer)
 }
 
-/// Reads one line of at most `limit` bytes by `deadline`.
-fn read_line(
-    stream: &mut UnixStream,
-    limit: usize,
+/// The stream with a deadline: each read or write waits at most what is
+/// left until it, so that no peer, however slowly it trickles, holds the
+/// plugin past its budget.
+struct Bounded<'a> {
+    stream: &'a UnixStream,
     deadline: Instant,
-    budget: Duration,
-) -> Result<Vec<u8>, AskError> {
-    let mut buf = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 16 << 10];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(AskError::TimedOut(budget));
+}
+
+impl Bounded<'_> {
+    /// What is left until the deadline; a timeout once nothing is (std
+    /// refuses a zero timeout).
+    fn left(&self) -> io::Result<Duration> {
+        match self.deadline.saturating_duration_since(Instant::now()) {
+            Duration::ZERO => Err(io::ErrorKind::TimedOut.into()),
+            left => Ok(left),
         }
-        stream.set_read_timeout(Some(left))?;
-        let n = match stream.read(&mut chunk) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(AskError::TimedOut(budget));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if n == 0 {
-            return Err(AskError::Malformed(
-                "the connection closed before a whole answer".into(),
-            ));
-        }
-        // Only the new bytes are searched: a long answer costs one pass.
-        if let Some(end) = chunk[..n].iter().position(|&b| b == b'\n') {
-            buf.extend_from_slice(&chunk[..end]);
-            return Ok(buf);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > limit {
-            return Err(AskError::TooLarge { limit });
-        }
+    }
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -108,24 +121,6 @@ fn connect(path: &Path) -> Result<UnixStream, AskError> {
     let stream = UnixStream::from(fd);
     stream.set_nonblocking(false)?;
     Ok(stream)
-}
-
-/// Writes all of `bytes` by `deadline`.
-fn write_all(
-    stream: &mut UnixStream,
-    bytes: &[u8],
-    deadline: Instant,
-    budget: Duration,
-) -> Result<(), AskError> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(AskError::TimedOut(budget));
-    }
-    stream.set_write_timeout(Some(left))?;
-    stream.write_all(bytes).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => AskError::TimedOut(budget),
-        _ => e.into(),
-    })
 }
 
 #[cfg(test)]
@@ -242,6 +237,29 @@ mod tests {
             Err(AskError::TimedOut(_))
         ));
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// The bound is on the answer's line: one a byte past it is refused
+    /// even when its newline comes right after; one at it is used.
+    #[test]
+    fn the_bound_is_exact() {
+        let answer = |len: usize| {
+            let mut line = Answer::new(Body::NotFound {
+                message: "x".into(),
+            })
+            .encode();
+            line.pop();
+            line.resize(len, b' ');
+            line.push(b'\n');
+            line
+        };
+        let past = agent("past", answer(MAX_ANSWER + 1), Duration::ZERO);
+        assert!(matches!(
+            ask(&past, &request(), BUDGET),
+            Err(AskError::TooLarge { .. })
+        ));
+        let at = agent("at", answer(MAX_ANSWER), Duration::ZERO);
+        assert!(ask(&at, &request(), BUDGET).is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use linkerd_cni_chain::{FightHistory, RepairLimit};
 use serde_json::{Map, Value};
 
-use crate::record::{self, ReadError, Record};
+use crate::record::{self, Record};
 
 /// The history file in the plugin's state dir.
 pub const FIGHT_STATE_FILE: &str = "chain-repairs.json";
@@ -91,18 +91,8 @@ impl PersistedFights {
     }
 
     fn history(&self) -> &FightHistory {
-        self.history.get_or_init(|| match record::read(&self.dir) {
-            Ok(times) => self.history_of(times),
-            Err(e) => {
-                if !matches!(e, ReadError::Absent) {
-                    log::warn!(
-                        "the repair history {}: {e}",
-                        record::path::<RepairTimes>(&self.dir).display()
-                    );
-                }
-                self.history_of(RepairTimes::default())
-            }
-        })
+        self.history
+            .get_or_init(|| self.history_of(record::read_or_default(&self.dir)))
     }
 }
 

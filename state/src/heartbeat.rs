@@ -185,11 +185,8 @@ impl Record for Beat {
         let v = Value::Object(v);
         let secs = |k: &str| {
             let s = v[k].as_f64().ok_or_else(|| format!("no number {k}"))?;
-            s.is_finite()
-                .then_some(s)
-                .filter(|s| *s >= 0.0)
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .ok_or_else(|| format!("{k} {s} is out of range"))
+            // Negative, not finite, or past what a Duration holds.
+            Duration::try_from_secs_f64(s).map_err(|_| format!("{k} {s} is out of range"))
         };
         let resync = secs("resync_seconds")?;
         if resync.is_zero() || resync > MAX_RESYNC {
@@ -257,47 +254,29 @@ pub enum Liveness {
 }
 
 /// Why the installer is taken for gone.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Gone {
     /// No heartbeat file.
+    #[error("no installer heartbeat ({} does not exist)", .0.display())]
     Absent(PathBuf),
     /// A file that is not a heartbeat, or cannot be read.
+    #[error("the installer heartbeat {} is unreadable: {why}", path.display())]
     Unreadable { path: PathBuf, why: String },
     /// Written before this boot, or on another clock.
+    #[error("the installer heartbeat {} was written before this boot", .0.display())]
     OtherBoot(PathBuf),
     /// The last beat is older than the limit.
+    #[error(
+        "the installer's last heartbeat ({}) is {:.0} s old, past the {:.0} s limit",
+        path.display(),
+        age.as_secs_f64(),
+        limit.as_secs_f64()
+    )]
     Stale {
         path: PathBuf,
         age: Duration,
         limit: Duration,
     },
-}
-
-impl std::fmt::Display for Gone {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Gone::Absent(p) => write!(f, "no installer heartbeat ({} does not exist)", p.display()),
-            Gone::Unreadable { path, why } => {
-                write!(
-                    f,
-                    "the installer heartbeat {} is unreadable: {why}",
-                    path.display()
-                )
-            }
-            Gone::OtherBoot(p) => write!(
-                f,
-                "the installer heartbeat {} was written before this boot",
-                p.display()
-            ),
-            Gone::Stale { path, age, limit } => write!(
-                f,
-                "the installer's last heartbeat ({}) is {:.0} s old, past the {:.0} s limit",
-                path.display(),
-                age.as_secs_f64(),
-                limit.as_secs_f64()
-            ),
-        }
-    }
 }
 
 /// Reads the heartbeat in `state_dir`; `limit` overrides the beat's own

@@ -25,11 +25,8 @@
 //! Still, a memo is believed only when it is root's own file
 //! ([`crate::statefile`]): nobody else can make an ADD skip one.
 
-use std::collections::BTreeSet;
-use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -85,7 +82,7 @@ pub struct Stamps {
     taken_ns: i128,
     dir: Stamp,
     /// The configs and the entry file, by name, in byte order.
-    files: Vec<(OsString, Stamp)>,
+    files: Vec<(String, Stamp)>,
 }
 
 fn now_ns() -> i128 {
@@ -109,9 +106,7 @@ impl Stamps {
             if !is_config_name(&name) && name != ENTRY_FILE {
                 continue;
             }
-            if name.to_str().is_none_or(|n| n.contains('\n')) {
-                return None;
-            }
+            let name = name.into_string().ok().filter(|n| !n.contains('\n'))?;
             let meta = fs::symlink_metadata(e.path()).ok()?;
             if meta.file_type().is_symlink() {
                 return None;
@@ -138,8 +133,19 @@ impl Stamps {
             .all(|s| s.latest_ns() < bound)
     }
 
-    fn same_files(&self, other: &Stamps) -> bool {
-        self.dir == other.dir && self.files == other.files
+    /// The memo's lines of these stamps, one a file: the stamp, then the
+    /// name (`.` for the conf dir, first).
+    fn lines(&self) -> String {
+        let mut out = String::new();
+        let dir = std::iter::once((".", &self.dir));
+        for (name, s) in dir.chain(self.files.iter().map(|(n, s)| (n.as_str(), s))) {
+            let _ = writeln!(
+                out,
+                "{:o} {} {} {} {} {} {name}",
+                s.mode, s.dev, s.ino, s.size, s.mtime_ns, s.ctime_ns
+            );
+        }
+        out
     }
 }
 
@@ -155,16 +161,6 @@ fn ran_key(ran: Option<&Marker>) -> Option<String> {
         ),
     };
     (!key.contains('\n')).then_some(key)
-}
-
-fn stamp_line(out: &mut String, s: &Stamp, name: &[u8]) {
-    let _ = write!(
-        out,
-        "{:o} {} {} {} {} {} ",
-        s.mode, s.dev, s.ino, s.size, s.mtime_ns, s.ctime_ns
-    );
-    out.push_str(&String::from_utf8_lossy(name));
-    out.push('\n');
 }
 
 /// The memo of the last healthy verdict, kept in the plugin's state dir.
@@ -208,7 +204,7 @@ impl Memo {
         let Ok(text) = std::str::from_utf8(&bytes) else {
             return false;
         };
-        let mut lines = text.lines();
+        let mut lines = text.splitn(5, '\n');
         if lines.next() != Some(VERSION)
             || lines.next().and_then(|l| l.strip_prefix("conf ")) != conf_dir.to_str()
             || lines.next().and_then(|l| l.strip_prefix("ran ")) != Some(key.as_str())
@@ -223,32 +219,12 @@ impl Memo {
         if taken.is_none_or(|t| t > now_ns()) {
             return false;
         }
-        let mut dir = false;
-        let mut names = BTreeSet::new();
-        for line in lines {
-            let Some((stamp, name)) = parse_line(line) else {
-                return false;
-            };
-            let meta = if name == "." {
-                if std::mem::replace(&mut dir, true) {
-                    return false;
-                }
-                fs::metadata(conf_dir)
-            } else {
-                if name.contains('/') || name == ".." || !names.insert(name) {
-                    return false;
-                }
-                fs::symlink_metadata(conf_dir.join(OsStr::new(name)))
-            };
-            match meta {
-                Ok(m) if Stamp::of(&m) == stamp => {}
-                _ => return false,
-            }
-        }
         // The verdict covers every file a check reads: the conf dir itself
-        // (its names), the entry file and each config. A memo missing one
-        // of them would vouch for a file it never saw.
-        dir && names.contains(ENTRY_FILE) && lists_every_config(conf_dir, &names)
+        // (its names), the entry file and each config, stamped as the memo
+        // has them, line for line. A memo missing one of them would vouch
+        // for a file it never saw.
+        let stamps = lines.next().unwrap_or_default();
+        Stamps::take(conf_dir).is_some_and(|now| now.lines() == stamps)
     }
 
     /// Remembers `report` when it is a steady healthy verdict on the files
@@ -269,57 +245,18 @@ impl Memo {
         if !report.is_steady() || conf.contains('\n') || !before.settled(self.racy) {
             return;
         }
-        if !Stamps::take(conf_dir).is_some_and(|after| after.same_files(&before)) {
+        let stamps = before.lines();
+        if Stamps::take(conf_dir).is_none_or(|after| after.lines() != stamps) {
             return;
         }
-        let mut text = format!(
-            "{VERSION}\nconf {conf}\nran {key}\nat {}\n",
+        let text = format!(
+            "{VERSION}\nconf {conf}\nran {key}\nat {}\n{stamps}",
             before.taken_ns
         );
-        stamp_line(&mut text, &before.dir, b".");
-        for (name, s) in &before.files {
-            stamp_line(&mut text, s, name.as_bytes());
-        }
         if let Err(e) = write::write_atomic(&self.path, text.as_bytes(), 0o600) {
             log::debug!("cannot remember the healthy chain: {e}");
         }
     }
-}
-
-/// Whether `names` holds every config in `conf_dir` (and, with the entry
-/// file, nothing else).
-fn lists_every_config(conf_dir: &Path, names: &BTreeSet<&str>) -> bool {
-    let Ok(entries) = fs::read_dir(conf_dir) else {
-        return false;
-    };
-    let mut found = 0;
-    for e in entries {
-        let Ok(e) = e else { return false };
-        let name = e.file_name();
-        if !is_config_name(&name) && name != ENTRY_FILE {
-            continue;
-        }
-        if !name.to_str().is_some_and(|n| names.contains(n)) {
-            return false;
-        }
-        found += 1;
-    }
-    found == names.len()
-}
-
-/// A memo line: the stamp, then the name.
-fn parse_line(line: &str) -> Option<(Stamp, &str)> {
-    let mut it = line.splitn(7, ' ');
-    let stamp = Stamp {
-        mode: u32::from_str_radix(it.next()?, 8).ok()?,
-        dev: it.next()?.parse().ok()?,
-        ino: it.next()?.parse().ok()?,
-        size: it.next()?.parse().ok()?,
-        mtime_ns: it.next()?.parse().ok()?,
-        ctime_ns: it.next()?.parse().ok()?,
-    };
-    let name = it.next()?;
-    (!name.is_empty()).then_some((stamp, name))
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@
 //! root's own regular file ([`crate::statefile`]), for counting and reading.
 
 use std::fs::File;
-use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -36,42 +36,68 @@ const FILE_LEN: u64 = (SLOTS * 8) as u64;
 pub const LOCK_WAIT: Duration = Duration::from_millis(50);
 
 /// Why a pod was passed through without rules although it may be meshed:
-/// the plugin could not tell.
+/// the plugin could not tell. A cause's value is its slot in the file:
+/// shipped slots never move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PassCause {
     /// The kubeconfig does not exist (an uninstall, or no installer yet).
-    KubeconfigMissing,
+    KubeconfigMissing = 8,
     /// HTTP 401 on the pod GET: a dead token.
-    Unauthorized,
+    Unauthorized = 9,
     /// HTTP 403 on the pod GET: RBAC without pods.
-    Forbidden,
+    Forbidden = 10,
     /// `kubernetes.agent-only`: no node agent answered, and none is
     /// expected (no live installer heartbeat: the DaemonSet is gone).
-    NoAgent,
+    NoAgent = 11,
     /// A cause this table does not name (a newer plugin's).
-    Other,
+    Other = 15,
 }
 
-/// Why an ADD answered code 11 ("try again later").
+impl PassCause {
+    /// Every cause, with its label.
+    const ALL: [(PassCause, &'static str); 5] = [
+        (PassCause::KubeconfigMissing, "kubeconfig_missing"),
+        (PassCause::Unauthorized, "unauthorized"),
+        (PassCause::Forbidden, "forbidden"),
+        (PassCause::NoAgent, "no_agent"),
+        (PassCause::Other, "other"),
+    ];
+}
+
+/// Why an ADD answered code 11 ("try again later"). A cause's value is its
+/// slot in the file: shipped slots never move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RetryCause {
     /// Owned mode: the ADD ran a stale copy of the primary's chain.
-    StaleOwnedCopy,
+    StaleOwnedCopy = 16,
     /// The API server was unreachable, slow or overloaded.
-    ApiUnavailable,
+    ApiUnavailable = 17,
     /// The ADD's deadline (`add_deadline_seconds`) ran out.
-    Deadline,
+    Deadline = 18,
     /// The API server rejected the plugin's credentials while an installer
     /// is alive to renew them.
-    CredentialsRejected,
+    CredentialsRejected = 19,
     /// The kubeconfig does not exist while an installer is alive: it is
     /// being written (or rewritten) by it.
-    KubeconfigMissing,
+    KubeconfigMissing = 20,
     /// `kubernetes.agent-only`: no node agent answered while one is
     /// expected (the installer's heartbeat is live).
-    NoAgent,
+    NoAgent = 21,
     /// A cause this table does not name.
-    Other,
+    Other = 31,
+}
+
+impl RetryCause {
+    /// Every cause, with its label.
+    const ALL: [(RetryCause, &'static str); 7] = [
+        (RetryCause::StaleOwnedCopy, "stale_owned_copy"),
+        (RetryCause::ApiUnavailable, "api_unavailable"),
+        (RetryCause::Deadline, "deadline"),
+        (RetryCause::CredentialsRejected, "credentials_rejected"),
+        (RetryCause::KubeconfigMissing, "kubeconfig_missing"),
+        (RetryCause::NoAgent, "no_agent"),
+        (RetryCause::Other, "other"),
+    ];
 }
 
 /// How one ADD ended.
@@ -99,26 +125,8 @@ impl Outcome {
             Outcome::Meshed => 0,
             Outcome::Unmeshed => 1,
             Outcome::Exempt => 2,
-            Outcome::PassedThrough(c) => {
-                8 + match c {
-                    PassCause::KubeconfigMissing => 0,
-                    PassCause::Unauthorized => 1,
-                    PassCause::Forbidden => 2,
-                    PassCause::NoAgent => 3,
-                    PassCause::Other => 7,
-                }
-            }
-            Outcome::TryAgain(c) => {
-                16 + match c {
-                    RetryCause::StaleOwnedCopy => 0,
-                    RetryCause::ApiUnavailable => 1,
-                    RetryCause::Deadline => 2,
-                    RetryCause::CredentialsRejected => 3,
-                    RetryCause::KubeconfigMissing => 4,
-                    RetryCause::NoAgent => 5,
-                    RetryCause::Other => 15,
-                }
-            }
+            Outcome::PassedThrough(c) => c as usize,
+            Outcome::TryAgain(c) => c as usize,
             Outcome::Failed(code) => match FAILED_CODES.iter().position(|&c| c == code) {
                 Some(i) => 32 + i,
                 None => SLOTS - 1,
@@ -129,28 +137,8 @@ impl Outcome {
     /// Every outcome with a slot, in slot order.
     pub fn all() -> Vec<Outcome> {
         let mut v = vec![Outcome::Meshed, Outcome::Unmeshed, Outcome::Exempt];
-        v.extend(
-            [
-                PassCause::KubeconfigMissing,
-                PassCause::Unauthorized,
-                PassCause::Forbidden,
-                PassCause::NoAgent,
-                PassCause::Other,
-            ]
-            .map(Outcome::PassedThrough),
-        );
-        v.extend(
-            [
-                RetryCause::StaleOwnedCopy,
-                RetryCause::ApiUnavailable,
-                RetryCause::Deadline,
-                RetryCause::CredentialsRejected,
-                RetryCause::KubeconfigMissing,
-                RetryCause::NoAgent,
-                RetryCause::Other,
-            ]
-            .map(Outcome::TryAgain),
-        );
+        v.extend(PassCause::ALL.map(|(c, _)| Outcome::PassedThrough(c)));
+        v.extend(RetryCause::ALL.map(|(c, _)| Outcome::TryAgain(c)));
         v.extend(FAILED_CODES.map(Outcome::Failed));
         v.push(Outcome::Failed(0));
         v
@@ -174,28 +162,19 @@ impl Outcome {
     pub fn cause(self) -> String {
         match self {
             Outcome::Meshed | Outcome::Unmeshed | Outcome::Exempt => String::new(),
-            Outcome::PassedThrough(c) => match c {
-                PassCause::KubeconfigMissing => "kubeconfig_missing",
-                PassCause::Unauthorized => "unauthorized",
-                PassCause::Forbidden => "forbidden",
-                PassCause::NoAgent => "no_agent",
-                PassCause::Other => "other",
-            }
-            .into(),
-            Outcome::TryAgain(c) => match c {
-                RetryCause::StaleOwnedCopy => "stale_owned_copy",
-                RetryCause::ApiUnavailable => "api_unavailable",
-                RetryCause::Deadline => "deadline",
-                RetryCause::CredentialsRejected => "credentials_rejected",
-                RetryCause::KubeconfigMissing => "kubeconfig_missing",
-                RetryCause::NoAgent => "no_agent",
-                RetryCause::Other => "other",
-            }
-            .into(),
+            Outcome::PassedThrough(c) => label(&PassCause::ALL, c).into(),
+            Outcome::TryAgain(c) => label(&RetryCause::ALL, c).into(),
             Outcome::Failed(code) if FAILED_CODES.contains(&code) => code.to_string(),
             Outcome::Failed(_) => "other".into(),
         }
     }
+}
+
+/// `cause`'s label in `all`, its cause table.
+fn label<C: PartialEq>(all: &[(C, &'static str)], cause: C) -> &'static str {
+    all.iter()
+        .find(|(c, _)| *c == cause)
+        .map_or("other", |(_, l)| l)
 }
 
 /// Adds one to `outcome`'s counter in `state_dir`, creating the dir (0700)
@@ -208,10 +187,7 @@ pub fn count(state_dir: &Path, outcome: Outcome) -> io::Result<()> {
     let open = || crate::statefile::open_rw(&path, 0o600);
     let file = match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(state_dir)?;
+            crate::record::create_dir(state_dir).map_err(io::Error::other)?;
             open()?
         }
         r => r?,
@@ -237,13 +213,10 @@ pub fn read(state_dir: &Path) -> io::Result<Vec<(Outcome, u64)>> {
     match crate::statefile::open(&state_dir.join(OUTCOMES_FILE)) {
         Ok(file) => {
             lock(&file, false)?;
-            let mut got = 0;
-            while got < buf.len() {
-                match file.read_at(&mut buf[got..], got as u64)? {
-                    0 => break,
-                    n => got += n,
-                }
-            }
+            // A short file reads as zeros past its end.
+            let mut bytes = Vec::with_capacity(buf.len());
+            (&file).take(FILE_LEN).read_to_end(&mut bytes)?;
+            buf[..bytes.len()].copy_from_slice(&bytes);
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),

@@ -3,7 +3,7 @@
 //! (`"v"`), read only when it is root's own regular file
 //! ([`crate::statefile`]), written whole by an atomic replace (never in
 //! place, so a reader sees the old record or the new one), and updated
-//! (read, changed, written) only under the state dir's lock ([`lock`]),
+//! (read, changed, written) only under the state dir's lock ([`update`]),
 //! so that concurrent writers never lose one another's change.
 //!
 //! A record without `"v"` is of version 1: what linkerd-cni wrote before
@@ -45,24 +45,17 @@ pub trait Record: Sized {
 }
 
 /// Why a record could not be read.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// No such file.
+    #[error("does not exist")]
     Absent,
     /// The file is not root's own, is a link, or cannot be read.
+    #[error("{0}")]
     Untrusted(io::Error),
     /// The file holds no record of this version.
+    #[error("{0}")]
     Invalid(String),
-}
-
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Absent => f.write_str("does not exist"),
-            ReadError::Untrusted(e) => write!(f, "{e}"),
-            ReadError::Invalid(why) => f.write_str(why),
-        }
-    }
 }
 
 /// The file of record `R` in `dir`.
@@ -116,21 +109,15 @@ pub fn create_dir(dir: &Path) -> Result<(), ChainError> {
         .map_err(|e| ChainError::io("create the state dir", dir, e))
 }
 
-/// The state dir's lock, held until dropped.
-#[derive(Debug)]
-pub struct Lock {
-    _file: File,
-}
-
 /// Takes the state dir's lock ([`LOCK_FILE`], root's own file), waiting at
-/// most `wait`.
-pub fn lock(dir: &Path, wait: Duration) -> Result<Lock, String> {
+/// most `wait`: held until the file is closed.
+fn lock(dir: &Path, wait: Duration) -> Result<File, String> {
     create_dir(dir).map_err(|e| e.to_string())?;
     let path = dir.join(LOCK_FILE);
     let file = crate::statefile::open_rw(&path, 0o600)
         .map_err(|e| format!("open the lock {}: {e}", path.display()))?;
     flock_within(&file, true, wait).map_err(|e| format!("lock {}: {e}", path.display()))?;
-    Ok(Lock { _file: file })
+    Ok(file)
 }
 
 /// Takes `file`'s `flock` (exclusive or shared), waiting at most `wait`;
@@ -160,24 +147,30 @@ pub fn flock_within(file: &File, exclusive: bool, wait: Duration) -> io::Result<
     }
 }
 
-/// Reads record `R` from `dir` under the state dir's lock (waiting at most
-/// `wait`), lets `change` change it (a missing or unreadable record reads
-/// as `R::default()`, said in the log) and writes it back. `change`'s
-/// answer, once the record is saved.
-pub fn update<R: Record + Default, T>(
-    dir: &Path,
-    wait: Duration,
-    change: impl FnOnce(&mut R) -> T,
-) -> Result<T, String> {
-    let _lock = lock(dir, wait)?;
-    let mut record = match read::<R>(dir) {
+/// Reads record `R` from `dir`; a missing or unreadable one reads as
+/// `R::default()` (an unreadable one said in the log, with the file's
+/// name and why).
+pub fn read_or_default<R: Record + Default>(dir: &Path) -> R {
+    match read::<R>(dir) {
         Ok(r) => r,
         Err(ReadError::Absent) => R::default(),
         Err(e) => {
             log::warn!("{}: {e}; taken as empty", path::<R>(dir).display());
             R::default()
         }
-    };
+    }
+}
+
+/// Reads record `R` from `dir` under the state dir's lock (waiting at most
+/// `wait`), lets `change` change it ([`read_or_default`]) and writes it
+/// back. `change`'s answer, once the record is saved.
+pub fn update<R: Record + Default, T>(
+    dir: &Path,
+    wait: Duration,
+    change: impl FnOnce(&mut R) -> T,
+) -> Result<T, String> {
+    let _lock = lock(dir, wait)?;
+    let mut record = read_or_default::<R>(dir);
     let t = change(&mut record);
     write(dir, &record).map_err(|e| e.to_string())?;
     Ok(t)

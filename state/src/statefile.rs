@@ -23,13 +23,6 @@ use nix::fcntl::OFlag;
 /// The largest state file read: the memo and the histories are a few KiB.
 pub const MAX_STATE_SIZE: u64 = 1 << 20;
 
-/// The flags every open of a state file adds: never through a symlink,
-/// never blocking on a FIFO, never taking a terminal. (std adds
-/// `O_CLOEXEC`.)
-fn flags() -> i32 {
-    (OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits()
-}
-
 /// Whether `meta` (of an open descriptor) is a file only root can have
 /// written: `Err` says what is wrong and what to do.
 pub fn trusted(meta: &Metadata) -> io::Result<()> {
@@ -54,25 +47,24 @@ pub fn trusted(meta: &Metadata) -> io::Result<()> {
 /// Opens a state file for reading; refused unless [`trusted`]. A symlink
 /// in its place is refused (`ELOOP`), not followed.
 pub fn open(path: &Path) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(flags())
-        .open(path)
-        .map_err(untrusted_link)?;
-    trusted(&f.metadata()?)?;
-    Ok(f)
+    open_with(OpenOptions::new().read(true), path)
 }
 
 /// Opens a state file for reading and writing in place, created with
 /// `mode` when missing; refused unless [`trusted`].
 pub fn open_rw(path: &Path, mode: u32) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(mode)
-        .custom_flags(flags())
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    open_with(options.mode(mode), path)
+}
+
+/// Opens `path` as `options` say, never through a symlink, never blocking
+/// on a FIFO, never taking a terminal (std adds `O_CLOEXEC`); refused
+/// unless [`trusted`].
+fn open_with(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    let f = options
+        .custom_flags(flags.bits())
         .open(path)
         .map_err(untrusted_link)?;
     trusted(&f.metadata()?)?;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use k8s_openapi::jiff::fmt::friendly::SpanParser;
 
 pub use crate::logging::LogFormat;
 
@@ -150,25 +151,16 @@ impl Args {
     }
 }
 
-/// `500ms`, `2s`, `5m`, or bare seconds (`1.5`).
+/// `500ms`, `2s`, `5m`, `1h30m` (jiff's friendly format: units up to
+/// hours), or bare seconds (`1.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    static PARSER: SpanParser = SpanParser::new();
     let s = s.trim();
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
+    let parsed = match s.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).ok(),
+        Err(_) => PARSER.parse_unsigned_duration(s).ok(),
     };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (like 500ms, 2s, 5m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
+    parsed.ok_or_else(|| format!("{s:?} is not a duration (like 500ms, 2s, 5m or 1h)"))
 }
 
 #[cfg(test)]
@@ -181,6 +173,8 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2 minutes"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("").is_err());

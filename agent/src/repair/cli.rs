@@ -15,7 +15,7 @@ use crate::logging;
 use crate::repair::admin::{self, AdminState, Format, Listener};
 use crate::repair::args::Args;
 use crate::repair::controller::Controller;
-use crate::repair::lookup::{self, Facts, LookupMetrics};
+use crate::repair::lookup::{self, Facts};
 use crate::repair::metrics::Metrics;
 use crate::repair::process;
 use clap::Parser;
@@ -53,7 +53,7 @@ pub fn main() -> ExitCode {
                 .map_err(|e| format!("cannot read the admin address: {e}"))?;
             tracing::info!(addr = %local, "admin server listening");
             let state = AdminState {
-                ready: Some(parts.2.clone()),
+                ready: Some(parts.1.clone()),
                 live: Arc::new(AtomicBool::new(true)),
                 registry: Arc::new(registry),
                 format: Format::OpenMetrics,
@@ -147,7 +147,7 @@ impl Beside {
     /// and SIGINT before the runtime's thread started (it inherits that),
     /// so that they reach the installer's loop alone.
     pub fn start(args: Args, registry: &mut Registry) -> Result<Beside, String> {
-        let rt = crate::api::handle().map_err(|e| e.to_string())?;
+        let rt = crate::api::handle()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (finished, done) = mpsc::channel();
         let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty());
@@ -155,7 +155,7 @@ impl Beside {
             || set("LINKERD_CNI_REPAIR_CONTROLLER_ADMIN_IP"))
         .then(|| args.admin_listen());
         let parts = register(registry);
-        let (ready, live) = (parts.2.clone(), Arc::new(AtomicBool::new(true)));
+        let (ready, live) = (parts.1.clone(), Arc::new(AtomicBool::new(true)));
         let failed = live.clone();
         rt.spawn(async move {
             // A failure leaves the installer running without repairs (its
@@ -192,23 +192,18 @@ impl Drop for Beside {
 
 /// What the controller reports (its metrics, its lookups', its `/ready`),
 /// registered in the process's one registry.
-type Parts = (Metrics, LookupMetrics, Arc<AtomicBool>);
+type Parts = (Metrics, Arc<AtomicBool>);
 
 fn register(registry: &mut Registry) -> Parts {
-    let ready = Arc::new(AtomicBool::new(false));
-    let parts = (
-        Metrics::register(registry),
-        LookupMetrics::register(registry),
-        ready,
-    );
+    let parts = (Metrics::register(registry), Arc::default());
     process::register(registry);
     parts
 }
 
 async fn run(args: Args, parts: Parts, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let client = client(&args).await?;
-    let (metrics, lookup, ready) = parts;
-    let _socket = answer_lookups(&args, &client, lookup);
+    let (metrics, ready) = parts;
+    let _socket = answer_lookups(&args, &client, metrics.clone());
     Controller::new(client, args, metrics, ready)
         .run(async {
             shutdown.await;
@@ -259,7 +254,7 @@ async fn client(args: &Args) -> Result<kube::Client, String> {
 fn answer_lookups(
     args: &Args,
     client: &kube::Client,
-    metrics: LookupMetrics,
+    metrics: Metrics,
 ) -> Option<lookup::SocketGuard> {
     if !args.state_dir.is_dir() {
         tracing::info!(

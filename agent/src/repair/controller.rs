@@ -12,18 +12,12 @@
 //! that fails again and again is one entry, and a burst of watch events
 //! cannot crowd out other pods.
 //!
-//! The watch is kube-runtime's `watcher`: after an error, a timeout or a
+//! The watch is kube-runtime's `watcher`, kept going by [`watch`] (the
+//! plugin's lookups watch through it too): after an error, a timeout or a
 //! dropped stream it resumes from the last resource version it saw
 //! (bookmarks included), and after `410 Gone` it lists again. A re-list
 //! replaces the whole set at its end, so pods deleted while the watch was
-//! down are forgotten and pods that failed meanwhile are found. The one
-//! case it does not recover from by itself, a watch request answered with
-//! an HTTP 410 status (rather than a 410 event in the stream), is handled
-//! here by starting a new watcher, which lists again.
-//!
-//! The waits between attempts are this module's ([`Retry`]), not the
-//! watcher's own backoff: that one is reset by the `Init` event the
-//! watcher sends before each list, so during an outage it never grew.
+//! down are forgotten and pods that failed meanwhile are found.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -31,8 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::jiff::Timestamp;
@@ -70,7 +63,7 @@ type Key = (String, String);
 
 #[derive(Debug, Clone)]
 struct Candidate {
-    uid: Option<String>,
+    /// The pod, its UID included.
     reference: ObjectReference,
     /// Whether deleting it repairs it.
     remedy: Remedy,
@@ -82,14 +75,6 @@ struct Candidate {
 struct Relist {
     pending: BTreeMap<Key, Candidate>,
     seen: HashSet<String>,
-}
-
-enum Deletion {
-    Deleted,
-    /// Gone already, or replaced by a newer pod of the same name: nothing
-    /// to repair any more.
-    Moot,
-    Failed,
 }
 
 pub struct Controller {
@@ -132,59 +117,25 @@ impl Controller {
         }
     }
 
-    fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>> {
+    /// Runs until `shutdown` completes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .labels(DATA_PLANE_LABEL)
             .fields(&format!("spec.nodeName={}", self.args.node_name));
-        watcher(api, config).boxed()
-    }
-
-    /// Runs until `shutdown` completes.
-    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        let mut events = self.watch();
-        let mut retry = Retry::new(Retry::WATCH);
-        // While set, the watch is not polled: the next attempt waits.
-        let mut resume_at: Option<Instant> = None;
+        let mut events = std::pin::pin!(watch(api, config, "this node's pods"));
         tracing::info!(
             node = %self.args.node_name,
             conf_dir = %self.args.cni_net_dir.display(),
             "watching this node's meshed pods"
         );
         loop {
-            let now = Instant::now();
-            let far = now + Duration::from_secs(3600);
-            let wake = self.next_wake(now).unwrap_or(far);
+            let far = Instant::now() + Duration::from_secs(3600);
+            let wake = self.next_wake(Instant::now()).unwrap_or(far);
             tokio::select! {
                 () = &mut shutdown => return,
-                ev = events.next(), if resume_at.is_none() => match ev {
-                    Some(Ok(ev)) => {
-                        if !matches!(ev, watcher::Event::Init) {
-                            retry.reset();
-                        }
-                        self.on_event(ev);
-                    }
-                    Some(Err(e)) => {
-                        let wait = retry.failed();
-                        resume_at = Some(Instant::now() + wait);
-                        if gone_at_watch_start(&e) {
-                            tracing::info!(retry_in = ?wait, "watch resource version expired: listing again");
-                            events = self.watch();
-                        } else {
-                            tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch this node's pods; trying again");
-                        }
-                    }
-                    None => {
-                        let wait = retry.failed();
-                        resume_at = Some(Instant::now() + wait);
-                        tracing::warn!(retry_in = ?wait, "watch of this node's pods ended; starting again");
-                        events = self.watch();
-                    }
-                },
-                () = tokio::time::sleep_until(resume_at.unwrap_or(far)), if resume_at.is_some() => {
-                    resume_at = None;
-                }
+                Some(ev) = events.next() => self.on_event(ev),
                 () = tokio::time::sleep_until(wake) => self.repair_due().await,
             }
         }
@@ -228,8 +179,9 @@ impl Controller {
     /// Puts `pod` in `set` when it needs a repair, takes it out otherwise.
     fn classify(&self, set: &mut BTreeMap<Key, Candidate>, pod: &Pod) {
         let key = key_of(pod);
-        let uid = pod.metadata.uid.clone();
-        let already_done = uid
+        let already_done = pod
+            .metadata
+            .uid
             .as_ref()
             .is_some_and(|u| self.deleted.contains_key(u) || self.reported.contains(u));
         if !needs_repair(pod, &self.args.node_name) || already_done {
@@ -250,7 +202,6 @@ impl Controller {
         set.insert(
             key,
             Candidate {
-                uid,
                 reference: pod.object_ref(&()),
                 remedy: remedy(pod),
             },
@@ -281,9 +232,6 @@ impl Controller {
         if due.is_empty() {
             return;
         }
-        if self.chain_recheck_at.is_some_and(|t| t > now) {
-            return;
-        }
         if !self.chain_allows_repair().await {
             self.chain_recheck_at = Some(Instant::now() + self.args.chain_check_interval);
             return;
@@ -298,26 +246,7 @@ impl Controller {
                 self.report_not_deleted(&key, &c).await;
                 continue;
             }
-            let outcome = self.delete(&key, &c).await;
-            // From the end of the attempt: the next one then reaches the
-            // API server at least one backoff after this one did.
-            self.backoff.record(&key, Instant::now());
-            match outcome {
-                Deletion::Deleted => {
-                    self.pending.remove(&key);
-                    if let Some(uid) = &c.uid {
-                        self.deleted.insert(uid.clone(), Instant::now());
-                    }
-                    let instance = &self.args.controller_pod_name;
-                    let event = event_for(&c.reference, instance, Remedy::Delete);
-                    self.publish(&key, event).await;
-                }
-                Deletion::Moot => {
-                    self.pending.remove(&key);
-                }
-                // Stays pending: the backoff spaces the next attempt.
-                Deletion::Failed => {}
-            }
+            self.delete(&key, &c).await;
         }
         let now = Instant::now();
         self.backoff.prune(now);
@@ -358,41 +287,54 @@ impl Controller {
         verdict.allows_repair()
     }
 
-    async fn delete(&self, (ns, name): &Key, c: &Candidate) -> Deletion {
+    /// Deletes the pod and publishes its Event. A deletion that failed
+    /// leaves it pending: the backoff spaces the next attempt.
+    async fn delete(&mut self, key: &Key, c: &Candidate) {
+        let (ns, name) = key;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             // Never the newer pod of the same name the watch has not shown
             // us yet.
-            preconditions: c.uid.clone().map(|uid| Preconditions {
+            preconditions: c.reference.uid.clone().map(|uid| Preconditions {
                 uid: Some(uid),
                 resource_version: None,
             }),
             ..DeleteParams::default()
         };
         let t0 = Instant::now();
-        match tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await {
+        let outcome = tokio::time::timeout(self.args.api_timeout, api.delete(name, &params)).await;
+        // From the end of the attempt: the next one then reaches the API
+        // server at least one backoff after this one did.
+        self.backoff.record(key, Instant::now());
+        match outcome {
             Ok(Ok(_)) => {
                 self.metrics.pods_deleted.inc();
                 self.metrics
                     .pods_delete_latency_seconds
                     .observe(t0.elapsed().as_secs_f64());
                 tracing::info!(namespace = %ns, pod = %name, "deleted pod so that it starts again with linkerd-cni's rules");
-                Deletion::Deleted
+                self.pending.remove(key);
+                if let Some(uid) = &c.reference.uid {
+                    self.deleted.insert(uid.clone(), Instant::now());
+                }
+                let instance = &self.args.controller_pod_name;
+                let event = event_for(&c.reference, instance, Remedy::Delete);
+                self.publish(key, event).await;
             }
+            // Gone already, or replaced by a newer pod of the same name:
+            // nothing to repair any more.
             Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
                 tracing::debug!(namespace = %ns, pod = %name, code = s.code, "pod already gone or replaced");
-                Deletion::Moot
+                self.pending.remove(key);
             }
             Ok(Err(e)) => {
                 self.metrics.pods_delete_errors.inc();
                 tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot delete pod; will retry");
-                Deletion::Failed
             }
             Err(_) => {
                 self.metrics.pods_delete_timeouts.inc();
                 tracing::warn!(namespace = %ns, pod = %name, timeout = ?self.args.api_timeout, "pod deletion timed out; will retry");
-                Deletion::Failed
             }
         }
     }
@@ -401,25 +343,15 @@ impl Controller {
     /// left in place, and the operator told what to do.
     async fn report_not_deleted(&mut self, key: &Key, c: &Candidate) {
         let (ns, name) = key;
-        if let Some(uid) = &c.uid {
+        if let Some(uid) = &c.reference.uid {
             self.reported.insert(uid.clone());
         }
         self.metrics.pods_unowned.inc();
-        if c.remedy == Remedy::MirrorPod {
-            tracing::warn!(
-                namespace = %ns,
-                pod = %name,
-                "static pod started without linkerd-cni's rules (linkerd-network-validator exited 95); its mirror pod is not deleted, as the kubelet would only create the mirror again: restart the static pod on the node (move its manifest out of the kubelet's static pod directory and back) now that this node's chain is healthy"
-            );
-        } else {
-            tracing::warn!(
-                namespace = %ns,
-                pod = %name,
-                "pod started without linkerd-cni's rules (linkerd-network-validator exited 95) but has no controller to create it again, so it is not deleted: delete it and create it again now that this node's chain is healthy"
-            );
-        }
         let instance = &self.args.controller_pod_name;
         let event = event_for(&c.reference, instance, c.remedy);
+        // The Event's words: what happened, and what to do about it.
+        let note = event.note.as_deref().unwrap_or_default();
+        tracing::warn!(namespace = %ns, pod = %name, "{note}");
         self.publish(key, event).await;
     }
 
@@ -452,10 +384,55 @@ fn key_of(pod: &Pod) -> Key {
     (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
-/// A watch request answered `410 Gone` outright: the watcher would retry
-/// the same expired resource version forever.
-pub(crate) fn gone_at_watch_start(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
+/// The events of a watch of `api` that never ends: after an error or the
+/// end of the watch it goes on after [`Retry`]'s wait, from where it was
+/// (kube's `watcher` resumes or lists again as it must), or with a new
+/// watcher when the watch request itself was answered `410 Gone` (the
+/// watcher would retry that expired resource version forever). Every
+/// event but `Init` resets the wait: the watcher sends `Init` before each
+/// list attempt, so kube's own backoff, which any event resets, never grows
+/// while the lists fail.
+pub fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+) -> impl Stream<Item = watcher::Event<K>> + Send
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let start = move || watcher(api.clone(), config.clone()).boxed();
+    let events = start();
+    futures_util::stream::unfold(
+        (events, Retry::new(Retry::WATCH), start),
+        move |(mut events, mut retry, start)| async move {
+            loop {
+                let ev = events.next().await.transpose();
+                if let Ok(Some(ev)) = ev {
+                    if !matches!(ev, watcher::Event::Init) {
+                        retry.reset();
+                    }
+                    return Some((ev, (events, retry, start)));
+                }
+                let wait = retry.failed();
+                match ev {
+                    Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) if s.code == 410 => {
+                        tracing::info!(what, retry_in = ?wait, "watch resource version expired: listing again");
+                        events = start();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?wait, "cannot list or watch {what}; trying again");
+                    }
+                    // The watch ended.
+                    Ok(_) => {
+                        tracing::warn!(retry_in = ?wait, "watch of {what} ended; starting again");
+                        events = start();
+                    }
+                }
+                tokio::time::sleep(wait).await;
+            }
+        },
+    )
 }
 
 /// The `events.k8s.io/v1` Event about `regarding`, a pod that needs a

@@ -26,17 +26,16 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use linkerd_cni_lookup::{Answer, Body, CONTROL_PLANE_LABEL, MAX_REQUEST, Request, Source};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
+
+use crate::repair::controller::watch;
+use crate::repair::metrics::Metrics;
 
 /// The annotations the plugin reads on a namespace all carry this prefix.
 const NAMESPACE_ANNOTATIONS: &str = "config.linkerd.io/";
@@ -53,43 +52,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// socket's backlog (and a plugin that finds it full asks the API).
 const MAX_CONCURRENT: usize = 64;
 
-/// What the lookups count, for `/metrics`.
-#[derive(Clone, Debug)]
-pub struct LookupMetrics {
-    /// By `result`: watch, waited, fetched, not_found, unavailable, refused.
-    pub lookups: Family<Vec<(String, String)>, Counter>,
-    pub seconds: Histogram,
-}
-
-impl LookupMetrics {
-    pub fn register(registry: &mut Registry) -> LookupMetrics {
-        let m = LookupMetrics {
-            lookups: Family::default(),
-            seconds: Histogram::new([
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-            ]),
-        };
-        let reg = registry.sub_registry_with_prefix("linkerd_cni_agent");
-        reg.register(
-            "pod_lookups",
-            "The plugin's pod lookups answered, by result: watch (from memory), waited (for the watch), fetched (GET), not_found, unavailable, refused",
-            m.lookups.clone(),
-        );
-        reg.register(
-            "pod_lookup_seconds",
-            "Time to answer a pod lookup",
-            m.seconds.clone(),
-        );
-        m
-    }
-
-    fn count(&self, result: &str) {
-        self.lookups
-            .get_or_create(&vec![("result".to_string(), result.to_string())])
-            .inc();
-    }
-}
-
 /// The stores the answers come from, and what wakes a waiting question.
 pub struct Facts {
     client: Client,
@@ -97,7 +59,7 @@ pub struct Facts {
     namespaces: Store<Namespace>,
     service: Store<Service>,
     changed: Arc<Notify>,
-    metrics: LookupMetrics,
+    metrics: Metrics,
     api_timeout: Duration,
 }
 
@@ -106,7 +68,7 @@ impl Facts {
     pub fn start(
         client: Client,
         node_name: &str,
-        metrics: LookupMetrics,
+        metrics: Metrics,
         api_timeout: Duration,
     ) -> Arc<Facts> {
         let changed = Arc::new(Notify::new());
@@ -192,21 +154,17 @@ impl Facts {
             }
         }
         let api = Api::<Pod>::namespaced(self.client.clone(), &req.namespace);
-        let left = deadline.saturating_duration_since(Instant::now());
-        let unavailable = |message: String| Body::Unavailable { message };
-        match timeout(left.min(self.api_timeout), api.get_opt(&req.name)).await {
-            Err(_) => Err(unavailable(format!(
-                "pod {}/{}: not seen by the watch, and its GET did not answer in time",
-                req.namespace, req.name
-            ))),
-            Ok(Err(e)) => Err(unavailable(format!(
-                "pod {}/{}: not seen by the watch, and its GET failed: {e}",
-                req.namespace, req.name
-            ))),
-            Ok(Ok(None)) => Err(Body::NotFound {
+        match self.within(deadline, api.get_opt(&req.name)).await {
+            Err(why) => Err(Body::Unavailable {
+                message: format!(
+                    "pod {}/{}: not seen by the watch, and its GET {why}",
+                    req.namespace, req.name
+                ),
+            }),
+            Ok(None) => Err(Body::NotFound {
                 message: format!("pod {}/{} does not exist", req.namespace, req.name),
             }),
-            Ok(Ok(Some(p))) if !wanted(&p) => Err(Body::NotFound {
+            Ok(Some(p)) if !wanted(&p) => Err(Body::NotFound {
                 message: format!(
                     "pod {}/{} has uid {}, not {} (K8S_POD_UID): the pod asked for is gone",
                     req.namespace,
@@ -215,7 +173,24 @@ impl Facts {
                     req.uid.as_deref().unwrap_or("-")
                 ),
             }),
-            Ok(Ok(Some(p))) => Ok((Arc::new(strip_pod_owned(p)), Source::Fetched)),
+            Ok(Some(mut p)) => {
+                strip_pod(&mut p);
+                Ok((Arc::new(p), Source::Fetched))
+            }
+        }
+    }
+
+    /// `get`, a GET, within what is left before `deadline` (and the API
+    /// timeout): Err says how it failed.
+    async fn within<T>(
+        &self,
+        deadline: Instant,
+        get: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T, String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left.min(self.api_timeout), get).await {
+            Ok(answer) => answer.map_err(|e| format!("failed: {e}")),
+            Err(_) => Err("did not answer in time".into()),
         }
     }
 
@@ -237,17 +212,17 @@ impl Facts {
             return None;
         }
         let api = Api::<Service>::namespaced(self.client.clone(), "default");
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left.min(self.api_timeout), api.get("kubernetes")).await {
-            Ok(Ok(mut svc)) => {
+        match self.within(deadline, api.get("kubernetes")).await {
+            Ok(mut svc) => {
                 strip_service(&mut svc);
                 serde_json::to_value(&svc).ok()
             }
-            Ok(Err(e)) => {
-                tracing::info!(error = %e, "cannot get Service default/kubernetes for a control-plane pod's lookup");
+            Err(why) => {
+                tracing::info!(
+                    "cannot get Service default/kubernetes for a control-plane pod's lookup: its GET {why}"
+                );
                 None
             }
-            Err(_) => None,
         }
     }
 
@@ -256,26 +231,17 @@ impl Facts {
             return Ok(ns);
         }
         let api = Api::<Namespace>::all(self.client.clone());
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left.min(self.api_timeout), api.get(name)).await {
-            Ok(Ok(mut ns)) => {
-                strip_namespace(&mut ns);
-                Ok(Arc::new(ns))
-            }
-            Ok(Err(e)) => Err(format!(
-                "namespace {name}: not seen by the watch, and its GET failed: {e}"
-            )),
-            Err(_) => Err(format!(
-                "namespace {name}: not seen by the watch, and its GET did not answer in time"
-            )),
-        }
+        let mut ns = self
+            .within(deadline, api.get(name))
+            .await
+            .map_err(|why| format!("namespace {name}: not seen by the watch, and its GET {why}"))?;
+        strip_namespace(&mut ns);
+        Ok(Arc::new(ns))
     }
 }
 
-/// A store kept by a watch of `api`, each change waking the questions that
-/// wait. The watch resumes after errors with kube's backoff; an HTTP 410 to
-/// the watch request itself (which kube's watcher does not recover from)
-/// starts a new one, which lists again.
+/// A store kept by a watch of `api` (see [`watch`]), each change waking the
+/// questions that wait.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -287,48 +253,21 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     K: serde::de::DeserializeOwned,
 {
-    let (reader, writer) = reflector::store();
+    let (reader, mut writer) = reflector::store();
     tokio::spawn(async move {
-        let mut writer = writer;
-        loop {
-            let stream = watcher(api.clone(), config.clone())
-                .default_backoff()
-                .modify(strip);
-            let mut stream = std::pin::pin!(stream);
-            let mut restart = false;
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(ev) => {
-                        writer.apply_watcher_event(&ev);
-                        changed.notify_waiters();
-                    }
-                    Err(e) if crate::repair::controller::gone_at_watch_start(&e) => {
-                        tracing::info!(what, "watch resource version expired: listing again");
-                        restart = true;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(what, error = %e, "cannot list or watch; trying again")
-                    }
-                }
-            }
-            if !restart {
-                tracing::warn!(what, "watch ended; starting again");
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut events = std::pin::pin!(watch(api, config, what));
+        while let Some(ev) = events.next().await {
+            writer.apply_watcher_event(&ev.modify(strip));
+            changed.notify_waiters();
         }
     });
     reader
 }
 
-fn strip_pod(pod: &mut Pod) {
-    *pod = strip_pod_owned(std::mem::take(pod));
-}
-
 /// The pod as the plugin reads it: names, labels, annotations, the names
 /// of its containers and init containers (with their restart policy, which
 /// makes an init container a native sidecar).
-fn strip_pod_owned(pod: Pod) -> Pod {
+fn strip_pod(pod: &mut Pod) {
     let names = |cs: Vec<Container>| -> Vec<Container> {
         cs.into_iter()
             .map(|c| Container {
@@ -338,15 +277,16 @@ fn strip_pod_owned(pod: Pod) -> Pod {
             })
             .collect()
     };
-    let spec = pod.spec.unwrap_or_default();
-    Pod {
+    let (meta, spec) = (std::mem::take(&mut pod.metadata), pod.spec.take());
+    let spec = spec.unwrap_or_default();
+    *pod = Pod {
         metadata: ObjectMeta {
-            name: pod.metadata.name,
-            namespace: pod.metadata.namespace,
-            uid: pod.metadata.uid,
-            labels: pod.metadata.labels,
-            annotations: pod.metadata.annotations,
-            resource_version: pod.metadata.resource_version,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            resource_version: meta.resource_version,
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
@@ -355,7 +295,7 @@ fn strip_pod_owned(pod: Pod) -> Pod {
             ..PodSpec::default()
         }),
         status: None,
-    }
+    };
 }
 
 fn strip_namespace(ns: &mut Namespace) {
@@ -483,18 +423,11 @@ async fn one(mut stream: UnixStream, facts: &Facts) {
         Ok(req) => {
             let body = facts.answer(&req).await;
             let result = match &body {
-                Body::Pod {
-                    source: Source::Watch,
-                    ..
-                } => "watch",
-                Body::Pod {
-                    source: Source::Waited,
-                    ..
-                } => "waited",
-                Body::Pod {
-                    source: Source::Fetched,
-                    ..
-                } => "fetched",
+                Body::Pod { source, .. } => match source {
+                    Source::Watch => "watch",
+                    Source::Waited => "waited",
+                    Source::Fetched => "fetched",
+                },
                 Body::NotFound { .. } => "not_found",
                 Body::Unavailable { message } => {
                     tracing::info!(%message, "pod lookup answered unavailable; the plugin asks the API server");
@@ -508,11 +441,12 @@ async fn one(mut stream: UnixStream, facts: &Facts) {
             (Body::Unavailable { message }, "refused")
         }
     };
-    facts.metrics.count(result);
+    let metrics = &facts.metrics;
+    let result = vec![("result".to_string(), result.to_string())];
+    metrics.pod_lookups.get_or_create(&result).inc();
     let _ = timeout(READ_TIMEOUT, stream.write_all(&Answer::new(body).encode())).await;
-    facts
-        .metrics
-        .seconds
+    metrics
+        .pod_lookup_seconds
         .observe(started.elapsed().as_secs_f64());
 }
 

@@ -1,8 +1,10 @@
 //! Prometheus metrics, under upstream's names (prefix
 //! `linkerd_cni_repair_controller_`), so that dashboards and alerts made
-//! for upstream's controller keep working.
+//! for upstream's controller keep working; and the plugin's pod lookups'
+//! (`linkerd_cni_agent_pod_lookup*`).
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -32,6 +34,10 @@ pub struct Metrics {
     /// Pods that needed a repair but were left in place: no controller
     /// would create them again (static pods' mirror pods included).
     pub pods_unowned: Counter,
+    /// The plugin's pod lookups answered, by `result`: watch, waited,
+    /// fetched, not_found, unavailable, refused.
+    pub pod_lookups: Family<Vec<(String, String)>, Counter>,
+    pub pod_lookup_seconds: Histogram,
 }
 
 impl Metrics {
@@ -50,6 +56,10 @@ impl Metrics {
             pods_pending: Gauge::default(),
             chain_broken: Gauge::default(),
             pods_unowned: Counter::default(),
+            pod_lookups: Family::default(),
+            pod_lookup_seconds: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
         };
         reg.register(
             "queue_overflow",
@@ -105,6 +115,18 @@ impl Metrics {
             "pods_unowned",
             "Pods that started without linkerd-cni's rules but were not deleted because no controller would create them again (no controller owner, or a static pod's mirror pod); recreate or restart them by hand",
             m.pods_unowned.clone(),
+        );
+        // The agent's name: the installer's process answers them too.
+        let reg = registry.sub_registry_with_prefix("linkerd_cni_agent");
+        reg.register(
+            "pod_lookups",
+            "The plugin's pod lookups answered, by result: watch (from memory), waited (for the watch), fetched (GET), not_found, unavailable, refused",
+            m.pod_lookups.clone(),
+        );
+        reg.register(
+            "pod_lookup_seconds",
+            "Time to answer a pod lookup",
+            m.pod_lookup_seconds.clone(),
         );
         m
     }

@@ -40,172 +40,137 @@ pub fn register(registry: &mut Registry) {
 #[derive(Debug)]
 struct ProcessCollector;
 
-/// What one scrape read; `None` where a file could not be read or parsed.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Sample {
-    pub cpu_seconds: Option<f64>,
-    pub open_fds: Option<u64>,
-    pub max_fds: Option<u64>,
-    pub virtual_memory_bytes: Option<u64>,
-    pub virtual_memory_max_bytes: Option<u64>,
-    pub resident_memory_bytes: Option<u64>,
-    pub heap_bytes: Option<u64>,
-    pub start_time_seconds: Option<f64>,
-    pub threads: Option<u64>,
-}
+/// One metric of a scrape: its name (under `process_`), help, unit, type
+/// (a counter or a gauge) and value.
+type Row = (&'static str, &'static str, Option<Unit>, MetricType, f64);
 
-impl Sample {
-    /// Reads this process' numbers.
-    pub fn read() -> Sample {
-        let read = |path: &str| match std::fs::read_to_string(path) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::debug!(path, error = %e, "cannot read for the process metrics");
-                None
-            }
-        };
-        let mut s = Sample::default();
-        if let Some(stat) = read("/proc/self/stat").as_deref().and_then(Stat::parse) {
-            s.cpu_seconds = Some((stat.utime + stat.stime) as f64 / USER_HZ);
-            s.threads = Some(stat.num_threads);
-            s.virtual_memory_bytes = Some(stat.vsize);
-            // Counted back from now by the process' age on the boot-time
-            // clock: `btime` in /proc/stat is truncated to whole seconds and
-            // drifts from the wall clock as NTP slews it, which put the start
-            // more than a second off.
-            let uptime = read("/proc/uptime").as_deref().and_then(uptime_seconds);
-            let now = crate::metrics::secs(SystemTime::now());
-            s.start_time_seconds = uptime.map(|up| now - (up - stat.starttime as f64 / USER_HZ));
+/// This process' numbers, in the order they are exported; a value that
+/// cannot be read or parsed is left out.
+fn sample() -> Vec<Row> {
+    let read = |path: &str| match std::fs::read_to_string(path) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::debug!(path, error = %e, "cannot read for the process metrics");
+            None
         }
-        if let Some(status) = read("/proc/self/status") {
-            s.resident_memory_bytes = status_kb(&status, "VmRSS").map(|kb| kb * 1024);
-        }
-        if let Some(limits) = read("/proc/self/limits") {
-            // (One read for both rows; `max_fds` is for callers outside a
-            // scrape.)
-            s.max_fds = soft_limit(&limits, "Max open files");
-            s.virtual_memory_max_bytes = soft_limit(&limits, "Max address space");
-        }
-        if let Some(maps) = read("/proc/self/maps") {
-            s.heap_bytes = Some(heap_size(&maps));
-        }
-        s.open_fds = std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.filter(|e| e.is_ok()).count() as u64)
-            .ok();
-        s
-    }
+    };
+    let stat = read("/proc/self/stat").as_deref().and_then(Stat::parse);
+    let limits = read("/proc/self/limits");
+    // f64: an unlimited limit is u64::MAX, as Go's client shows it.
+    let limit = |row| Some(soft_limit(limits.as_deref()?, row)? as f64);
+    // Counted back from now by the process' age on the boot-time clock:
+    // `btime` in /proc/stat is truncated to whole seconds and drifts from
+    // the wall clock as NTP slews it, which put the start more than a
+    // second off.
+    let now = crate::metrics::secs(SystemTime::now());
+    let uptime = read("/proc/uptime").as_deref().and_then(uptime_seconds);
+    let start = stat
+        .as_ref()
+        .zip(uptime)
+        .map(|(stat, up)| now - (up - stat.starttime as f64 / USER_HZ));
+    let (seconds, bytes) = (Some(Unit::Seconds), Some(Unit::Bytes));
+    use MetricType::{Counter, Gauge};
+    let rows = [
+        (
+            "cpu",
+            "Total user and system CPU time spent in seconds",
+            seconds.clone(),
+            Counter,
+            stat.as_ref().map(|s| (s.utime + s.stime) as f64 / USER_HZ),
+        ),
+        (
+            "open_fds",
+            "Number of open file descriptors",
+            None,
+            Gauge,
+            std::fs::read_dir("/proc/self/fd")
+                .map(|d| d.filter(|e| e.is_ok()).count() as f64)
+                .ok(),
+        ),
+        (
+            "max_fds",
+            "Maximum number of open file descriptors",
+            None,
+            Gauge,
+            limit("Max open files"),
+        ),
+        (
+            "virtual_memory",
+            "Virtual memory size in bytes",
+            bytes.clone(),
+            Gauge,
+            stat.as_ref().map(|s| s.vsize as f64),
+        ),
+        (
+            "virtual_memory_max",
+            "Maximum amount of virtual memory available in bytes",
+            bytes.clone(),
+            Gauge,
+            limit("Max address space"),
+        ),
+        (
+            "resident_memory",
+            "Resident memory size in bytes",
+            bytes.clone(),
+            Gauge,
+            read("/proc/self/status")
+                .and_then(|s| status_kb(&s, "VmRSS"))
+                .map(|kb| (kb * 1024) as f64),
+        ),
+        (
+            "heap",
+            "Process heap size in bytes (the brk heap)",
+            bytes,
+            Gauge,
+            read("/proc/self/maps").map(|m| heap_size(&m) as f64),
+        ),
+        (
+            "threads",
+            "Number of OS threads in the process",
+            None,
+            Gauge,
+            stat.as_ref().map(|s| s.num_threads as f64),
+        ),
+        (
+            "start_time",
+            "Start time of the process since unix epoch in seconds",
+            seconds.clone(),
+            Gauge,
+            start,
+        ),
+        // Only when the start is known: never an uptime counted from the
+        // epoch.
+        (
+            "uptime",
+            "Total time since the process started (in seconds)",
+            seconds.clone(),
+            Counter,
+            start.map(|start| (now - start).max(0.0)),
+        ),
+        (
+            "clock_time",
+            "Current system time for this process",
+            seconds,
+            Gauge,
+            Some(now.floor()),
+        ),
+    ];
+    rows.into_iter()
+        .filter_map(|(name, help, unit, kind, value)| Some((name, help, unit, kind, value?)))
+        .collect()
 }
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = Sample::read();
-        let now = crate::metrics::secs(SystemTime::now());
-        if let Some(v) = s.cpu_seconds {
-            let m = ConstCounter::new(v);
-            m.encode(encoder.encode_descriptor(
-                "cpu",
-                "Total user and system CPU time spent in seconds",
-                Some(&Unit::Seconds),
-                MetricType::Counter,
-            )?)?;
-        }
-        for (name, help, unit, value) in s.gauges() {
-            if let Some(v) = value {
-                // f64: an unlimited limit is u64::MAX, as Go's client shows it.
-                ConstGauge::new(v as f64).encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    unit.as_ref(),
-                    MetricType::Gauge,
-                )?)?;
+        for (name, help, unit, kind, value) in sample() {
+            let metric = encoder.encode_descriptor(name, help, unit.as_ref(), kind)?;
+            match kind {
+                MetricType::Counter => ConstCounter::new(value).encode(metric)?,
+                _ => ConstGauge::new(value).encode(metric)?,
             }
         }
-        encode_times(&mut encoder, s.start_time_seconds, now)
+        Ok(())
     }
-}
-
-/// A gauge's name, help, unit and value (`None`: left out of this scrape).
-type GaugeRow = (&'static str, &'static str, Option<Unit>, Option<u64>);
-
-impl Sample {
-    /// The gauges read from `/proc`, in the order they are exported.
-    fn gauges(&self) -> [GaugeRow; 7] {
-        [
-            (
-                "open_fds",
-                "Number of open file descriptors",
-                None,
-                self.open_fds,
-            ),
-            (
-                "max_fds",
-                "Maximum number of open file descriptors",
-                None,
-                self.max_fds,
-            ),
-            (
-                "virtual_memory",
-                "Virtual memory size in bytes",
-                Some(Unit::Bytes),
-                self.virtual_memory_bytes,
-            ),
-            (
-                "virtual_memory_max",
-                "Maximum amount of virtual memory available in bytes",
-                Some(Unit::Bytes),
-                self.virtual_memory_max_bytes,
-            ),
-            (
-                "resident_memory",
-                "Resident memory size in bytes",
-                Some(Unit::Bytes),
-                self.resident_memory_bytes,
-            ),
-            (
-                "heap",
-                "Process heap size in bytes (the brk heap)",
-                Some(Unit::Bytes),
-                self.heap_bytes,
-            ),
-            (
-                "threads",
-                "Number of OS threads in the process",
-                None,
-                self.threads,
-            ),
-        ]
-    }
-}
-
-/// The process' start, its uptime (only when the start is known: never
-/// an uptime counted from the epoch) and the clock they were read by.
-fn encode_times(
-    encoder: &mut DescriptorEncoder,
-    start: Option<f64>,
-    now: f64,
-) -> Result<(), std::fmt::Error> {
-    let seconds = Some(Unit::Seconds);
-    if let Some(start) = start {
-        ConstGauge::new(start).encode(encoder.encode_descriptor(
-            "start_time",
-            "Start time of the process since unix epoch in seconds",
-            seconds.as_ref(),
-            MetricType::Gauge,
-        )?)?;
-        ConstCounter::new((now - start).max(0.0)).encode(encoder.encode_descriptor(
-            "uptime",
-            "Total time since the process started (in seconds)",
-            seconds.as_ref(),
-            MetricType::Counter,
-        )?)?;
-    }
-    ConstGauge::new(now.floor()).encode(encoder.encode_descriptor(
-        "clock_time",
-        "Current system time for this process",
-        seconds.as_ref(),
-        MetricType::Gauge,
-    )?)?;
-    Ok(())
 }
 
 /// The fields of `/proc/self/stat` used here.
@@ -315,16 +280,20 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
-        let s = Sample::read();
-        let open = s.open_fds.expect("open fds");
-        assert!(open >= 3, "{s:?}");
-        assert!(s.max_fds.expect("max fds") >= open);
-        assert!(s.resident_memory_bytes.expect("rss") > 0);
-        assert!(s.virtual_memory_bytes.expect("vsize") >= s.resident_memory_bytes.unwrap());
-        assert!(s.threads.expect("threads") >= 1);
+        let rows = sample();
+        let value = |name: &str| {
+            let row = rows.iter().find(|r| r.0 == name);
+            row.unwrap_or_else(|| panic!("no {name}: {rows:?}")).4
+        };
+        let open = value("open_fds");
+        assert!(open >= 3.0, "{rows:?}");
+        assert!(value("max_fds") >= open);
+        assert!(value("resident_memory") > 0.0);
+        assert!(value("virtual_memory") >= value("resident_memory"));
+        assert!(value("threads") >= 1.0);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-        let start = s.start_time_seconds.expect("start time");
+        let start = value("start_time");
         assert!(start <= now.as_secs_f64() + 1.0 && start > now.as_secs_f64() - 86400.0);
-        assert!(s.cpu_seconds.is_some());
+        value("cpu");
     }
 }

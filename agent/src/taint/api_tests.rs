@@ -57,7 +57,7 @@ fn expect(answer: Result<TaintOutcome, TaintError>, kind: Option<FailureKind>, s
     let (got, text) = match &answer {
         Ok(o @ TaintOutcome::Removed { .. }) => (None, format!("removed: {o}")),
         Ok(o @ TaintOutcome::Absent { .. }) => (None, format!("absent: {o}")),
-        Err(e) => (Some(e.kind()), format!("{e}; {}", e.hint())),
+        Err(e) => (Some(e.kind), e.message.clone()),
     };
     assert_eq!(got, kind, "{text}");
     assert!(text.contains(says), "expected {says:?} in: {text}");
