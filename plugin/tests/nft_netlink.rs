@@ -108,7 +108,7 @@ fn restored(ns: &TestNetns, sets: &[RuleSet]) {
 }
 
 fn listing(ns: &TestNetns, family: Family) -> Listing {
-    netns::run_in(ns.path(), || nft::dump(family, T))
+    netns::run_in(ns.path(), || nft::dump(family, T, None))
         .unwrap()
         .unwrap()
 }
@@ -334,7 +334,7 @@ fn iptables_nft_deletes_and_flushes_our_rules() {
 fn an_empty_nat_table_is_known_without_save() {
     let ns = TestNetns::new("nftE").unwrap();
     let empty = |f| {
-        netns::run_in(ns.path(), || nft::nat_is_empty(f, T, None))
+        netns::run_in(ns.path(), || nft::dump(f, T, None).map(|l| l.is_empty()))
             .unwrap()
             .unwrap()
     };

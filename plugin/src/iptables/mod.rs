@@ -149,9 +149,9 @@ impl Driver {
     fn current(&self, t: &Tools) -> Result<NatTable, IptablesError> {
         let empty = match t.mode {
             IptablesMode::Legacy => legacy::nat_is_empty(t.family).ok(),
-            IptablesMode::Nft => {
-                nft::nat_is_empty(t.family, self.step_timeout(), self.deadline).ok()
-            }
+            IptablesMode::Nft => nft::dump(t.family, self.step_timeout(), self.deadline)
+                .ok()
+                .map(|l| l.is_empty()),
             // `iptables` may be either backend.
             IptablesMode::Plain => None,
         };

@@ -25,11 +25,11 @@ use thiserror::Error;
 
 use self::expr::{CommentTooLong, NftRule};
 use self::netlink::{
-    Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETTABLE,
-    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
-    NLM_F_EXCL, NLM_F_REQUEST, Socket, Writer,
+    Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN,
+    NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL,
+    NLM_F_REQUEST, Socket, Writer,
 };
-use super::rules::{Family, Jump, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, RuleSet};
+use super::rules::{Family, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
 use super::table::{self, NatTable};
 
 /// The table iptables-nft keeps `-t nat` in.
@@ -115,7 +115,6 @@ pub struct RuleInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listing {
     pub genid: u32,
-    pub table: bool,
     pub chains: Vec<ChainInfo>,
     pub rules: Vec<RuleInfo>,
 }
@@ -145,30 +144,15 @@ fn retried<T>(
     step()
 }
 
-/// Reads the nat table of `family`.
+/// Reads the nat table of `family`. Its existence needs no query of its
+/// own: the batch creates it when absent, and without it the dumps are
+/// empty.
 fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
-    retried(family, || list_once(sock, family))
-}
-
-fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
     let fam = nfproto(family);
-    let genid = sock.generation()?;
-    let table = sock
-        .get(
-            NFT_MSG_GETTABLE,
-            fam,
-            |w| w.put_str(NFTA_TABLE_NAME, TABLE),
-            "table query",
-        )?
-        .is_some();
     let mut l = Listing {
-        genid,
-        table,
+        genid: sock.generation()?,
         ..Listing::default()
     };
-    if !table {
-        return Ok(l);
-    }
     for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
         if m.nft_type() != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
             continue;
@@ -244,77 +228,57 @@ pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Our rules and jumps in nf_tables form, with their `*-save` text.
-struct Expected {
-    chains: Vec<(&'static str, Vec<(String, NftRule)>)>,
-    jumps: Vec<(Jump, String, NftRule)>,
+/// Our chains' rules, then the jumps into them: each with its chain, its
+/// `*-save` text and its nf_tables form.
+type Ours = Vec<(&'static str, String, NftRule)>;
+
+fn ours(set: &RuleSet) -> Result<Ours, NftError> {
+    let chains = [(REDIRECT_CHAIN, &set.redirect), (OUTPUT_CHAIN, &set.output)];
+    let rules = chains.into_iter().flat_map(|(chain, rules)| {
+        rules
+            .iter()
+            .map(move |r| Ok((chain, r.spec(), expr::rule(r, set.family)?)))
+    });
+    let jumps = (set.jumps().into_iter()).map(|j| Ok((j.from, j.spec(), expr::jump(&j)?)));
+    rules
+        .chain(jumps)
+        .collect::<Result<_, CommentTooLong>>()
+        .map_err(NftError::Comment)
 }
 
-impl Expected {
-    fn of(set: &RuleSet) -> Result<Expected, NftError> {
-        let ours = |r: &Rule| Ok((r.spec(), expr::rule(r, set.family)?));
-        let chain = |rules: &[Rule]| rules.iter().map(ours).collect::<Result<Vec<_>, _>>();
-        let jump = |j: &Jump| Ok((*j, j.spec(), expr::jump(j)?));
-        let want = || -> Result<Expected, CommentTooLong> {
-            Ok(Expected {
-                chains: vec![
-                    (REDIRECT_CHAIN, chain(&set.redirect)?),
-                    (OUTPUT_CHAIN, chain(&set.output)?),
-                ],
-                jumps: set.jumps().iter().map(jump).collect::<Result<_, _>>()?,
-            })
-        };
-        want().map_err(NftError::Comment)
+/// The listing as the restore path would read it from `*-save`: a dumped
+/// rule reads as our text when its expressions are exactly one of ours,
+/// else as a placeholder naming it (never equal to any of our specs).
+fn view(want: &Ours, l: &Listing) -> NatTable {
+    let mut t = NatTable::default();
+    for c in &l.chains {
+        t.add_chain(&c.name);
     }
-
-    /// The `*-save` text of a dumped rule: ours when its expressions are
-    /// exactly one of ours, else a placeholder naming it (never equal to
-    /// any of our specs).
-    fn spec_of(&self, r: &RuleInfo) -> String {
+    for r in &l.rules {
         let list = Attrs(&r.raw);
-        let mut ours = (self.chains.iter())
-            .flat_map(|(_, rules)| rules.iter().map(|(s, n)| (s, n)))
-            .chain(self.jumps.iter().map(|(_, s, n)| (s, n)));
-        if let Some((spec, _)) = ours.find(|(_, n)| expr::matches(&n.exprs, list)) {
-            return spec.clone();
-        }
-        match expr::comment_of(list) {
-            Some(c) => format!(
-                "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
-                r.handle
-            ),
-            None => format!("(a rule linkerd-cni did not write, handle {})", r.handle),
-        }
+        let spec = match want.iter().find(|(_, _, n)| expr::matches(&n.exprs, list)) {
+            Some((_, spec, _)) => spec.clone(),
+            None => match expr::comment_of(list) {
+                Some(c) => format!(
+                    "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
+                    r.handle
+                ),
+                None => format!("(a rule linkerd-cni did not write, handle {})", r.handle),
+            },
+        };
+        t.add_rule(&r.chain, spec);
     }
-
-    /// The listing as the restore path would read it from `*-save`.
-    fn view(&self, l: &Listing) -> NatTable {
-        let mut t = NatTable::default();
-        for c in &l.chains {
-            t.add_chain(&c.name);
-        }
-        for r in &l.rules {
-            t.add_rule(&r.chain, self.spec_of(r));
-        }
-        t
-    }
+    t
 }
 
 /// The nat table of `family` in this thread's network namespace.
-pub fn dump(family: Family, timeout: Duration) -> Result<Listing, NftError> {
-    let mut sock = Socket::open(timeout, None)?;
-    list(&mut sock, family)
-}
-
-/// Whether the nat table of `family` holds nothing `*-save` would print
-/// but base chains.
-pub fn nat_is_empty(
+pub fn dump(
     family: Family,
     timeout: Duration,
     deadline: Option<Instant>,
-) -> Result<bool, NftError> {
+) -> Result<Listing, NftError> {
     let mut sock = Socket::open(timeout, deadline)?;
-    Ok(list(&mut sock, family)?.is_empty())
+    retried(family, || list(&mut sock, family))
 }
 
 /// How the nat table differs from `set`, as [`table::differences`] says.
@@ -323,44 +287,40 @@ pub fn verify(
     timeout: Duration,
     deadline: Option<Instant>,
 ) -> Result<Vec<String>, NftError> {
-    let want = Expected::of(set)?;
-    let mut sock = Socket::open(timeout, deadline)?;
-    let l = list(&mut sock, set.family)?;
-    Ok(table::differences(set, &want.view(&l)))
+    let want = ours(set)?;
+    let l = dump(set.family, timeout, deadline)?;
+    Ok(table::differences(set, &view(&want, &l)))
 }
 
 /// Makes the nat table hold exactly `set`'s chains and jumps.
 pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Result<(), NftError> {
-    let want = Expected::of(set)?;
+    let want = ours(set)?;
     let mut sock = Socket::open(timeout, deadline)?;
     retried(set.family, || {
         let l = list(&mut sock, set.family)?;
-        let current = want.view(&l);
-        let (w, begin, commands) = batch(set.family, &want, &l, &current, sock.writer());
+        let (w, begin, commands) = batch(set.family, &want, &l, sock.writer());
         sock.commit(&w, begin, &commands, "rule batch")
     })
 }
 
 /// The transaction: what `iptables-nft-restore --noflush` sends for
-/// [`table::restore_batch`]'s text on `current`, in its order.
+/// [`table::restore_batch`]'s text on the listed table, in its order.
 fn batch(
     family: Family,
-    want: &Expected,
+    want: &Ours,
     l: &Listing,
-    current: &NatTable,
     mut w: Writer,
 ) -> (Writer, u32, Vec<(u32, String)>) {
+    let current = view(want, l);
     let fam = nfproto(family);
     let begin = w.batch_begin(l.genid);
-    let mut commands = Vec::new();
     let ack = NLM_F_REQUEST | NLM_F_ACK;
-    if !l.table {
-        let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
-        w.put_str(NFTA_TABLE_NAME, TABLE);
-        w.end();
-        commands.push((s, format!("creating table {TABLE}")));
-    }
-    for (chain, _) in &want.chains {
+    // Created when absent; an existing one is left as it is.
+    let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
+    w.put_str(NFTA_TABLE_NAME, TABLE);
+    w.end();
+    let mut commands = vec![(s, format!("creating table {TABLE}"))];
+    for chain in [REDIRECT_CHAIN, OUTPUT_CHAIN] {
         let s = if current.has_chain(chain) {
             let s = w.begin(NFT_MSG_DELRULE, ack, fam);
             w.put_str(NFTA_RULE_TABLE, TABLE);
@@ -375,51 +335,38 @@ fn batch(
         w.end();
         commands.push((s, format!("declaring chain {chain}")));
     }
-    for (chain, rules) in &want.chains {
-        for (spec, r) in rules {
-            let s = new_rule(&mut w, fam, chain, r);
-            commands.push((s, format!("-A {chain} {spec}")));
+    for (chain, spec, r) in want {
+        // A rule in a built-in chain is a jump: appended only when absent,
+        // into the base chain iptables-nft would create.
+        if let Some((hook, prio)) = base_hook(chain) {
+            if current.rules(chain).contains(spec) {
+                continue;
+            }
+            if !current.has_chain(chain) {
+                let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_CREATE, fam);
+                w.put_str(NFTA_CHAIN_TABLE, TABLE);
+                w.put_str(NFTA_CHAIN_NAME, chain);
+                let h = w.nest(NFTA_CHAIN_HOOK);
+                w.put_u32(NFTA_HOOK_HOOKNUM, hook);
+                w.put_u32(NFTA_HOOK_PRIORITY, prio as u32);
+                w.nest_end(h);
+                w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+                w.put_str(NFTA_CHAIN_TYPE, "nat");
+                w.end();
+                commands.push((s, format!("creating base chain {chain}")));
+            }
         }
-    }
-    for (jump, spec, r) in &want.jumps {
-        if current.rules(jump.from).contains(spec) {
-            continue;
-        }
-        if !current.has_chain(jump.from)
-            && let Some((hook, prio)) = base_hook(jump.from)
-        {
-            let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_CREATE, fam);
-            w.put_str(NFTA_CHAIN_TABLE, TABLE);
-            w.put_str(NFTA_CHAIN_NAME, jump.from);
-            let h = w.nest(NFTA_CHAIN_HOOK);
-            w.put_u32(NFTA_HOOK_HOOKNUM, hook);
-            w.put_u32(NFTA_HOOK_PRIORITY, prio as u32);
-            w.nest_end(h);
-            w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
-            w.put_str(NFTA_CHAIN_TYPE, "nat");
-            w.end();
-            commands.push((s, format!("creating base chain {}", jump.from)));
-        }
-        let s = new_rule(&mut w, fam, jump.from, r);
-        commands.push((s, format!("-A {} {spec}", jump.from)));
+        let s = w.begin(NFT_MSG_NEWRULE, ack | NLM_F_CREATE | NLM_F_APPEND, fam);
+        w.put_str(NFTA_RULE_TABLE, TABLE);
+        w.put_str(NFTA_RULE_CHAIN, chain);
+        w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
+        let c = w.nest(NFTA_RULE_COMPAT);
+        w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
+        w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);
+        w.nest_end(c);
+        w.end();
+        commands.push((s, format!("-A {chain} {spec}")));
     }
     w.batch_end();
     (w, begin, commands)
-}
-
-fn new_rule(w: &mut Writer, fam: u8, chain: &str, r: &NftRule) -> u32 {
-    let s = w.begin(
-        NFT_MSG_NEWRULE,
-        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
-        fam,
-    );
-    w.put_str(NFTA_RULE_TABLE, TABLE);
-    w.put_str(NFTA_RULE_CHAIN, chain);
-    w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
-    let c = w.nest(NFTA_RULE_COMPAT);
-    w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
-    w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);
-    w.nest_end(c);
-    w.end();
-    s
 }

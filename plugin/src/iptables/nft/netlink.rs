@@ -36,7 +36,6 @@ const NFNL_MSG_BATCH_END: u16 = 17;
 const NFNL_BATCH_GENID: u16 = 1;
 
 pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
 pub const NFT_MSG_GETCHAIN: u16 = 4;
 pub const NFT_MSG_NEWRULE: u16 = 6;
@@ -405,32 +404,12 @@ impl Socket {
     /// anything changed since.
     pub fn generation(&mut self) -> Result<u32, NftError> {
         let what = "generation query";
-        self.get(NFT_MSG_GETGEN, 0, |_| {}, what)?
-            .and_then(|m| m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32()))
-            .ok_or(NftError::Malformed { what })
-    }
-
-    /// A non-dump GET: the object, or None when the kernel says ENOENT.
-    pub fn get(
-        &mut self,
-        msg: u16,
-        family: u8,
-        attrs: impl FnOnce(&mut Writer),
-        what: &'static str,
-    ) -> Result<Option<Message>, NftError> {
-        let seq = self.request(msg, NLM_F_REQUEST, family, attrs, what)?;
+        let seq = self.request(NFT_MSG_GETGEN, NLM_F_REQUEST, 0, |_| {}, what)?;
         let m = self.answer(seq, what)?;
-        if m.ty != NLMSG_ERROR {
-            return Ok(Some(m));
+        if m.ty == NLMSG_ERROR {
+            return Err(error_of(&m.body, what)?.unwrap_or(NftError::Malformed { what }));
         }
-        match error_of(&m.body, what)? {
-            Some(NftError::Refused {
-                errno: Errno::ENOENT,
-                ..
-            }) => Ok(None),
-            Some(e) => Err(e),
-            None => Err(NftError::Malformed { what }),
-        }
+        (m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32())).ok_or(NftError::Malformed { what })
     }
 
     /// A dump: every message up to NLMSG_DONE. Errs with
