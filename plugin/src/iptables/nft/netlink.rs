@@ -6,6 +6,7 @@
 //! types and attribute numbers are the kernel's uapi
 //! (`linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`).
 
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -100,10 +101,9 @@ impl Writer {
         seq
     }
 
-    pub fn batch_end(&mut self) -> u32 {
-        let seq = self.begin_raw(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+    pub fn batch_end(&mut self) {
+        self.begin_raw(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
         self.end();
-        seq
     }
 
     pub fn put(&mut self, ty: u16, data: &[u8]) {
@@ -111,7 +111,7 @@ impl Writer {
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
         self.buf.extend_from_slice(data);
-        self.pad();
+        self.buf.resize(self.buf.len().next_multiple_of(4), 0);
     }
 
     /// A big-endian u32, as nf_tables takes its numbers.
@@ -130,32 +130,19 @@ impl Writer {
 
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
-        let len = 4 + s.len() + 1;
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(s.as_bytes());
-        self.buf.push(0);
-        self.pad();
+        self.put(ty, &[s.as_bytes(), &[0]].concat());
     }
 
     /// Opens a nested attribute; close it with [`Writer::nest_end`].
     pub fn nest(&mut self, ty: u16) -> usize {
         let at = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self.put(ty | NLA_F_NESTED, &[]);
         at
     }
 
     pub fn nest_end(&mut self, at: usize) {
         let len = (self.buf.len() - at) as u16;
         self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    fn pad(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -269,7 +256,7 @@ pub struct Socket {
     deadline: Option<Instant>,
     buf: Vec<u8>,
     /// Messages received but not yet asked for.
-    queued: Vec<Message>,
+    queued: VecDeque<Message>,
 }
 
 impl Socket {
@@ -292,7 +279,7 @@ impl Socket {
             timeout,
             deadline,
             buf: vec![0; RECV_BUF],
-            queued: Vec::new(),
+            queued: VecDeque::new(),
         })
     }
 
@@ -316,40 +303,38 @@ impl Socket {
 
     fn send(&mut self, w: &Writer, what: &'static str) -> Result<(), NftError> {
         self.seq = w.last_seq();
+        // What is still queued answered an earlier request.
+        self.queued.clear();
         self.arm(what)?;
-        let sent = loop {
-            match socket::send(self.fd.as_raw_fd(), w.bytes(), MsgFlags::empty()) {
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
-                Err(errno) => return Err(NftError::Io { what, errno }),
-                Ok(n) => break n,
-            }
-        };
+        let fd = self.fd.as_raw_fd();
+        let sent = uninterrupted(what, || socket::send(fd, w.bytes(), MsgFlags::empty()))?;
         if sent != w.bytes().len() {
             return Err(NftError::Malformed { what });
         }
         Ok(())
     }
 
-    /// Reads one datagram and splits it into (type, flags, seq, body).
-    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Message>, NftError> {
-        self.arm(what)?;
-        let n = loop {
-            match socket::recv(
-                self.fd.as_raw_fd(),
-                &mut self.buf,
-                MsgFlags::MSG_TRUNC | flags,
-            ) {
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
-                Err(errno) => return Err(NftError::Io { what, errno }),
-                Ok(n) => break n,
+    /// The next message received, reading a datagram (with `flags`) when
+    /// none is queued.
+    fn next(&mut self, what: &'static str, flags: MsgFlags) -> Result<Message, NftError> {
+        loop {
+            if let Some(m) = self.queued.pop_front() {
+                return Ok(m);
             }
-        };
+            self.recv(what, flags)?;
+        }
+    }
+
+    /// Reads one datagram and queues its messages.
+    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<(), NftError> {
+        self.arm(what)?;
+        let fd = self.fd.as_raw_fd();
+        let n = uninterrupted(what, || {
+            socket::recv(fd, &mut self.buf, MsgFlags::MSG_TRUNC | flags)
+        })?;
         if n > self.buf.len() {
             return Err(NftError::Malformed { what });
         }
-        let mut out = Vec::new();
         let mut b = &self.buf[..n];
         while b.len() >= 16 {
             let len = u32::from_ne_bytes(b[0..4].try_into().unwrap_or_default()) as usize;
@@ -359,7 +344,7 @@ impl Socket {
             let ty = u16::from_ne_bytes([b[4], b[5]]);
             let flags = u16::from_ne_bytes([b[6], b[7]]);
             let seq = u32::from_ne_bytes(b[8..12].try_into().unwrap_or_default());
-            out.push(Message {
+            self.queued.push_back(Message {
                 ty,
                 flags,
                 seq,
@@ -367,7 +352,7 @@ impl Socket {
             });
             b = &b[len.next_multiple_of(4).min(b.len())..];
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Sends one request; returns its sequence number.
@@ -391,12 +376,10 @@ impl Socket {
     /// socket has no other request outstanding).
     fn answer(&mut self, seq: u32, what: &'static str) -> Result<Message, NftError> {
         loop {
-            if let Some(at) = self.queued.iter().position(|r| r.seq == seq) {
-                let r = self.queued.remove(at);
-                self.queued.retain(|q| q.seq == seq);
-                return Ok(r);
+            let m = self.next(what, MsgFlags::empty())?;
+            if m.seq == seq {
+                return Ok(m);
             }
-            self.queued = self.recv(what, MsgFlags::empty())?;
         }
     }
 
@@ -465,43 +448,54 @@ impl Socket {
             } else {
                 MsgFlags::empty()
             };
-            let got = match self.recv(what, flags) {
-                Ok(got) => got,
+            let m = match self.next(what, flags) {
+                Ok(m) => m,
                 Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
                 Err(e) => return Err(e),
             };
-            for Message {
-                ty, seq: s, body, ..
-            } in got
-            {
-                if ty != NLMSG_ERROR {
-                    continue;
-                }
-                let err = error_of(&body, what)?;
-                if s == begin_seq {
-                    return Err(match err {
-                        Some(NftError::Refused {
-                            errno: Errno::ERESTART,
-                            ..
-                        }) => NftError::Changed,
-                        Some(e) => e,
-                        None => NftError::Malformed { what },
-                    });
-                }
-                pending.retain(|&p| p != s);
-                if let (Some(NftError::Refused { errno, .. }), None) = (err, &first_error) {
-                    let cmd = commands
-                        .iter()
-                        .find(|(c, _)| *c == s)
-                        .map_or("a command", |(_, d)| d.as_str());
-                    first_error = Some(NftError::Refused {
-                        what: cmd.to_string(),
-                        errno,
-                    });
-                }
+            if m.ty != NLMSG_ERROR {
+                continue;
+            }
+            let err = error_of(&m.body, what)?;
+            if m.seq == begin_seq {
+                return Err(match err {
+                    Some(NftError::Refused {
+                        errno: Errno::ERESTART,
+                        ..
+                    }) => NftError::Changed,
+                    Some(e) => e,
+                    None => NftError::Malformed { what },
+                });
+            }
+            pending.retain(|&p| p != m.seq);
+            if let (Some(NftError::Refused { errno, .. }), None) = (err, &first_error) {
+                let cmd = commands
+                    .iter()
+                    .find(|(c, _)| *c == m.seq)
+                    .map_or("a command", |(_, d)| d.as_str());
+                first_error = Some(NftError::Refused {
+                    what: cmd.to_string(),
+                    errno,
+                });
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// `call` (a send or a receive) again while interrupted; EAGAIN is the
+/// timeout [`Socket::arm`] set running out.
+fn uninterrupted(
+    what: &'static str,
+    mut call: impl FnMut() -> nix::Result<usize>,
+) -> Result<usize, NftError> {
+    loop {
+        match call() {
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
+            Err(errno) => return Err(NftError::Io { what, errno }),
+            Ok(n) => return Ok(n),
+        }
     }
 }
 
