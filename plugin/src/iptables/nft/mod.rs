@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use thiserror::Error;
 
-use self::expr::{CommentTooLong, NftRule};
+use self::expr::NftRule;
 use self::netlink::{
     Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN,
     NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL,
@@ -70,8 +70,8 @@ pub enum NftError {
     Malformed { what: &'static str },
     #[error("the nat table changed while it was being read or written")]
     Changed,
-    #[error("comment {:?} is longer than the comment match takes (255 bytes)", .0.0)]
-    Comment(CommentTooLong),
+    #[error("comment {0:?} is longer than the comment match takes (255 bytes)")]
+    Comment(String),
 }
 
 /// The nf_tables family of an address family.
@@ -213,16 +213,10 @@ fn table_of(m: &Message, ty: u16) -> Option<&str> {
 pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
     let mut out = list.to_vec();
     let base = list.as_ptr() as usize;
-    for elem in Attrs(list) {
-        let a = elem.nested();
-        if a.find(1).and_then(|n| n.str()) != Some("counter") {
-            continue;
-        }
-        if let Some(data) = a.find(2) {
-            for v in data.nested() {
-                let at = v.data.as_ptr() as usize - base;
-                out[at..at + v.data.len()].fill(0);
-            }
+    for (_, data) in expr::exprs(Attrs(list)).filter(|(name, _)| *name == "counter") {
+        for v in data {
+            let at = v.data.as_ptr() as usize - base;
+            out[at..at + v.data.len()].fill(0);
         }
     }
     out
@@ -240,10 +234,7 @@ fn ours(set: &RuleSet) -> Result<Ours, NftError> {
             .map(move |r| Ok((chain, r.spec(), expr::rule(r, set.family)?)))
     });
     let jumps = (set.jumps().into_iter()).map(|j| Ok((j.from, j.spec(), expr::jump(&j)?)));
-    rules
-        .chain(jumps)
-        .collect::<Result<_, CommentTooLong>>()
-        .map_err(NftError::Comment)
+    rules.chain(jumps).collect()
 }
 
 /// The listing as the restore path would read it from `*-save`: a dumped
