@@ -29,7 +29,7 @@ use self::netlink::{
     NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL,
     NLM_F_REQUEST, Socket, Writer,
 };
-use super::rules::{Family, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
+use super::rules::{Family, JUMPS, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
 use super::table::{self, NatTable};
 
 /// The table iptables-nft keeps `-t nat` in.
@@ -233,7 +233,9 @@ fn ours(set: &RuleSet) -> Result<Ours, NftError> {
             .iter()
             .map(move |r| Ok((chain, r.spec(), expr::rule(r, set.family)?)))
     });
-    let jumps = (set.jumps().into_iter()).map(|j| Ok((j.from, j.spec(), expr::jump(&j)?)));
+    let jumps = JUMPS
+        .into_iter()
+        .map(|j| Ok((j.from, j.spec(), expr::jump(&j)?)));
     rules.chain(jumps).collect()
 }
 
@@ -289,22 +291,17 @@ pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Res
     let mut sock = Socket::open(timeout, deadline)?;
     retried(set.family, || {
         let l = list(&mut sock, set.family)?;
-        let (w, begin, commands) = batch(set.family, &want, &l, sock.writer());
-        sock.commit(&w, begin, &commands, "rule batch")
+        let (w, commands) = batch(set.family, &want, &l, sock.writer());
+        sock.commit(&w, &commands, "rule batch")
     })
 }
 
 /// The transaction: what `iptables-nft-restore --noflush` sends for
 /// [`table::restore_batch`]'s text on the listed table, in its order.
-fn batch(
-    family: Family,
-    want: &Ours,
-    l: &Listing,
-    mut w: Writer,
-) -> (Writer, u32, Vec<(u32, String)>) {
+fn batch(family: Family, want: &Ours, l: &Listing, mut w: Writer) -> (Writer, Vec<(u32, String)>) {
     let current = view(want, l);
     let fam = nfproto(family);
-    let begin = w.batch_begin(l.genid);
+    w.batch_begin(l.genid);
     let ack = NLM_F_REQUEST | NLM_F_ACK;
     // Created when absent; an existing one is left as it is.
     let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
@@ -359,5 +356,5 @@ fn batch(
         commands.push((s, format!("-A {chain} {spec}")));
     }
     w.batch_end();
-    (w, begin, commands)
+    (w, commands)
 }

@@ -94,11 +94,10 @@ impl Writer {
 
     /// The batch header: what follows is one transaction, refused whole
     /// when the ruleset's generation is no longer `genid`.
-    pub fn batch_begin(&mut self, genid: u32) -> u32 {
-        let seq = self.begin_raw(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+    pub fn batch_begin(&mut self, genid: u32) {
+        self.begin_raw(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
         self.put_u32(NFNL_BATCH_GENID, genid);
         self.end();
-        seq
     }
 
     pub fn batch_end(&mut self) {
@@ -428,11 +427,11 @@ impl Socket {
     /// Sends a batch (begun with [`Writer::batch_begin`], every command
     /// flagged `NLM_F_ACK`) and waits for each command's answer. The
     /// kernel applies all or nothing; [`NftError::Changed`] means the
-    /// generation moved and nothing was applied.
+    /// generation moved and nothing was applied. A refusal of no command
+    /// (the batch header's) is the batch's, named `what`.
     pub fn commit(
         &mut self,
         w: &Writer,
-        begin_seq: u32,
         commands: &[(u32, String)],
         what: &'static str,
     ) -> Result<(), NftError> {
@@ -457,26 +456,26 @@ impl Socket {
                 continue;
             }
             let err = error_of(&m.body, what)?;
-            if m.seq == begin_seq {
-                return Err(match err {
+            pending.retain(|&p| p != m.seq);
+            match (err, &first_error) {
+                // Only the header is refused so: for the generation.
+                (
                     Some(NftError::Refused {
                         errno: Errno::ERESTART,
                         ..
-                    }) => NftError::Changed,
-                    Some(e) => e,
-                    None => NftError::Malformed { what },
-                });
-            }
-            pending.retain(|&p| p != m.seq);
-            if let (Some(NftError::Refused { errno, .. }), None) = (err, &first_error) {
-                let cmd = commands
-                    .iter()
-                    .find(|(c, _)| *c == m.seq)
-                    .map_or("a command", |(_, d)| d.as_str());
-                first_error = Some(NftError::Refused {
-                    what: cmd.to_string(),
-                    errno,
-                });
+                    }),
+                    _,
+                ) => {
+                    return Err(NftError::Changed);
+                }
+                (Some(NftError::Refused { errno, .. }), None) => {
+                    let cmd = commands.iter().find(|(c, _)| *c == m.seq);
+                    first_error = Some(NftError::Refused {
+                        what: cmd.map_or(what, |(_, d)| d.as_str()).to_string(),
+                        errno,
+                    });
+                }
+                _ => {}
             }
         }
         first_error.map_or(Ok(()), Err)
