@@ -333,17 +333,14 @@ fn covers(mut ours: Attrs<'_>, dumped: Attrs<'_>) -> bool {
 pub fn exprs<'a>(list: Attrs<'a>) -> impl Iterator<Item = (&'a str, Attrs<'a>)> {
     list.filter(|a| a.ty == NFTA_LIST_ELEM).filter_map(|elem| {
         let a = elem.nested();
-        Some((
-            a.find(NFTA_EXPR_NAME)?.str()?,
-            a.find(NFTA_EXPR_DATA)?.nested(),
-        ))
+        Some((a.str(NFTA_EXPR_NAME)?, a.find(NFTA_EXPR_DATA)?.nested()))
     })
 }
 
 /// The text of a dumped rule's comment match, if it has one.
 pub fn comment_of(list: Attrs<'_>) -> Option<String> {
     exprs(list).find_map(|(name, d)| {
-        if name != "match" || d.find(1)?.str()? != "comment" {
+        if name != "match" || d.str(1)? != "comment" {
             return None;
         }
         let info = d.find(3)?.data;

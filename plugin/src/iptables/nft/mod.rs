@@ -25,9 +25,9 @@ use thiserror::Error;
 
 use self::expr::NftRule;
 use self::netlink::{
-    Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN,
-    NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL,
-    NLM_F_REQUEST, Socket, Writer,
+    Attrs, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, Socket,
+    Writer,
 };
 use super::rules::{Family, JUMPS, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
 use super::table::{self, NatTable};
@@ -154,25 +154,20 @@ fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
         ..Listing::default()
     };
     for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
-        if m.nft_type() != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
+        if m.nft_type() != NFT_MSG_NEWCHAIN || m.attrs().str(NFTA_CHAIN_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
-        let Some(name) = a.find(NFTA_CHAIN_NAME).and_then(|a| a.str()) else {
+        let Some(name) = a.str(NFTA_CHAIN_NAME) else {
             continue;
         };
         let hook = a.find(NFTA_CHAIN_HOOK).map(|h| {
             let h = h.nested();
             (
-                h.find(NFTA_HOOK_HOOKNUM).and_then(|a| a.u32()).unwrap_or(0),
-                h.find(NFTA_HOOK_PRIORITY)
-                    .and_then(|a| a.u32())
-                    .unwrap_or(0) as i32,
-                a.find(NFTA_CHAIN_POLICY).and_then(|a| a.u32()).unwrap_or(0),
-                a.find(NFTA_CHAIN_TYPE)
-                    .and_then(|a| a.str())
-                    .unwrap_or_default()
-                    .to_string(),
+                h.u32(NFTA_HOOK_HOOKNUM).unwrap_or(0),
+                h.u32(NFTA_HOOK_PRIORITY).unwrap_or(0) as i32,
+                a.u32(NFTA_CHAIN_POLICY).unwrap_or(0),
+                a.str(NFTA_CHAIN_TYPE).unwrap_or_default().to_string(),
             )
         });
         l.chains.push(ChainInfo {
@@ -187,26 +182,18 @@ fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
         "rule dump",
     )?;
     for m in dumped {
-        if m.nft_type() != NFT_MSG_NEWRULE || table_of(&m, NFTA_RULE_TABLE) != Some(TABLE) {
+        if m.nft_type() != NFT_MSG_NEWRULE || m.attrs().str(NFTA_RULE_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
-        let chain = a
-            .find(NFTA_RULE_CHAIN)
-            .and_then(|a| a.str())
-            .unwrap_or_default()
-            .to_string();
-        let handle = a.find(NFTA_RULE_HANDLE).and_then(|a| a.u64()).unwrap_or(0);
+        let chain = a.str(NFTA_RULE_CHAIN).unwrap_or_default().to_string();
+        let handle = a.u64(NFTA_RULE_HANDLE).unwrap_or(0);
         let raw = a
             .find(NFTA_RULE_EXPRESSIONS)
             .map_or_else(Vec::new, |list| zero_counters(list.data));
         l.rules.push(RuleInfo { chain, handle, raw });
     }
     Ok(l)
-}
-
-fn table_of(m: &Message, ty: u16) -> Option<&str> {
-    m.attrs().find(ty).and_then(|a| a.str())
 }
 
 /// A copy of an expression list with every counter's values set to 0.

@@ -167,24 +167,6 @@ pub struct Attr<'a> {
 }
 
 impl<'a> Attr<'a> {
-    pub fn u32(&self) -> Option<u32> {
-        Some(u32::from_be_bytes(self.data.get(..4)?.try_into().ok()?))
-    }
-
-    pub fn u64(&self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.data.get(..8)?.try_into().ok()?))
-    }
-
-    /// A NUL-terminated string (the NUL and anything after it dropped).
-    pub fn str(&self) -> Option<&'a str> {
-        let end = self
-            .data
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(self.data.len());
-        std::str::from_utf8(&self.data[..end]).ok()
-    }
-
     pub fn nested(&self) -> Attrs<'a> {
         Attrs(self.data)
     }
@@ -222,6 +204,27 @@ impl<'a> Iterator for Attrs<'a> {
 impl<'a> Attrs<'a> {
     pub fn find(self, ty: u16) -> Option<Attr<'a>> {
         Iterator::find(&mut self.clone(), |a: &Attr<'a>| a.ty == ty)
+    }
+
+    /// Attribute `ty`, a big-endian u32 (as nf_tables gives its numbers).
+    pub fn u32(self, ty: u16) -> Option<u32> {
+        Some(u32::from_be_bytes(
+            self.find(ty)?.data.get(..4)?.try_into().ok()?,
+        ))
+    }
+
+    pub fn u64(self, ty: u16) -> Option<u64> {
+        Some(u64::from_be_bytes(
+            self.find(ty)?.data.get(..8)?.try_into().ok()?,
+        ))
+    }
+
+    /// Attribute `ty`, a NUL-terminated string (the NUL and anything after
+    /// it dropped).
+    pub fn str(self, ty: u16) -> Option<&'a str> {
+        let data = self.find(ty)?.data;
+        let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+        std::str::from_utf8(&data[..end]).ok()
     }
 }
 
@@ -391,7 +394,9 @@ impl Socket {
         if m.ty == NLMSG_ERROR {
             return Err(error_of(&m.body, what)?.unwrap_or(NftError::Malformed { what }));
         }
-        (m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32())).ok_or(NftError::Malformed { what })
+        m.attrs()
+            .u32(NFTA_GEN_ID)
+            .ok_or(NftError::Malformed { what })
     }
 
     /// A dump: every message up to NLMSG_DONE. Errs with
