@@ -239,7 +239,7 @@ fn source(w: &mut Writer, s: &Subnet) {
 
 /// The nf_tables form of one of our chain rules.
 pub fn rule(r: &Rule, family: Family) -> Result<NftRule, NftError> {
-    let w = &mut Writer::new(0);
+    let w = &mut Writer::default();
     // `-p tcp`: matched natively, and the protocol the extensions see.
     let tcp = !matches!(
         r,
@@ -290,7 +290,7 @@ pub fn rule(r: &Rule, family: Family) -> Result<NftRule, NftError> {
 
 /// The nf_tables form of a jump into one of our chains.
 pub fn jump(j: &Jump) -> Result<NftRule, NftError> {
-    let w = &mut Writer::new(0);
+    let w = &mut Writer::default();
     xt(w, "match", "comment", 0, &comment(j.comment)?);
     counter(w);
     verdict(w, NFT_JUMP, Some(j.to));
@@ -355,7 +355,7 @@ mod tests {
     use crate::iptables::rules::{self, RedirectSpec, RuleSet};
 
     fn encoded(f: impl FnOnce(&mut Writer)) -> Vec<u8> {
-        let mut w = Writer::new(0);
+        let mut w = Writer::default();
         f(&mut w);
         w.into_bytes()
     }

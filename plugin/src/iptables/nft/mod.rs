@@ -82,14 +82,13 @@ fn nfproto(f: Family) -> u8 {
     }
 }
 
-/// The hook and priority iptables-nft gives the nat base chain `name`
-/// (`NF_INET_PRE_ROUTING`/`NF_INET_LOCAL_OUT` at `NF_IP_PRI_NAT_DST`).
+/// The hook and priority iptables-nft gives the nat base chain `name` a
+/// jump of ours starts from (`NF_INET_PRE_ROUTING`/`NF_INET_LOCAL_OUT` at
+/// `NF_IP_PRI_NAT_DST`); None for our own chains.
 fn base_hook(name: &str) -> Option<(u32, i32)> {
     match name {
         "PREROUTING" => Some((0, -100)),
-        "INPUT" => Some((1, 100)),
         "OUTPUT" => Some((3, -100)),
-        "POSTROUTING" => Some((4, 100)),
         _ => None,
     }
 }

@@ -57,14 +57,6 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(first_seq: u32) -> Writer {
-        Writer {
-            buf: Vec::with_capacity(4096),
-            msg_start: 0,
-            seq: first_seq,
-        }
-    }
-
     /// Starts an nf_tables message (`nfgenmsg` header for `family`);
     /// returns its sequence number.
     pub fn begin(&mut self, msg: u16, flags: u16, family: u8) -> u32 {
@@ -286,7 +278,10 @@ impl Socket {
     }
 
     pub fn writer(&self) -> Writer {
-        Writer::new(self.seq)
+        Writer {
+            seq: self.seq,
+            ..Writer::default()
+        }
     }
 
     /// The time left for the next step, never zero (a zero timeval would
