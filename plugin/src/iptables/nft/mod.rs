@@ -26,8 +26,8 @@ use thiserror::Error;
 use self::expr::NftRule;
 use self::netlink::{
     Attrs, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
-    NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, Socket,
-    Writer,
+    NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    Socket, Writer,
 };
 use super::rules::{Family, JUMPS, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
 use super::table::{self, NatTable};
@@ -152,7 +152,7 @@ fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
         genid: sock.generation()?,
         ..Listing::default()
     };
-    for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
+    for m in sock.request(NFT_MSG_GETCHAIN, NLM_F_DUMP, fam, |_| {}, "chain dump")? {
         if m.nft_type() != NFT_MSG_NEWCHAIN || m.attrs().str(NFTA_CHAIN_TABLE) != Some(TABLE) {
             continue;
         }
@@ -174,8 +174,9 @@ fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
             hook,
         });
     }
-    let dumped = sock.dump(
+    let dumped = sock.request(
         NFT_MSG_GETRULE,
+        NLM_F_DUMP,
         fam,
         |w| w.put_str(NFTA_RULE_TABLE, TABLE),
         "rule dump",

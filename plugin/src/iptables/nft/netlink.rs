@@ -352,63 +352,31 @@ impl Socket {
         Ok(())
     }
 
-    /// Sends one request; returns its sequence number.
-    fn request(
+    /// Sends request `msg` and reads its answer: with `NLM_F_DUMP` in
+    /// `flags`, every message up to NLMSG_DONE, else the one message
+    /// answering it. Answers to other requests are dropped: a fresh socket
+    /// has no other request outstanding. Errs with [`NftError::Changed`]
+    /// when the kernel flags a dump as interrupted by a concurrent change.
+    pub fn request(
         &mut self,
         msg: u16,
         flags: u16,
         family: u8,
         attrs: impl FnOnce(&mut Writer),
         what: &'static str,
-    ) -> Result<u32, NftError> {
+    ) -> Result<Vec<Message>, NftError> {
         let mut w = self.writer();
-        let seq = w.begin(msg, flags, family);
+        let seq = w.begin(msg, NLM_F_REQUEST | flags, family);
         attrs(&mut w);
         w.end();
         self.send(&w, what)?;
-        Ok(seq)
-    }
-
-    /// The next answer to request `seq` (others are dropped: a fresh
-    /// socket has no other request outstanding).
-    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Message, NftError> {
-        loop {
-            let m = self.next(what, MsgFlags::empty())?;
-            if m.seq == seq {
-                return Ok(m);
-            }
-        }
-    }
-
-    /// The ruleset's generation: a batch sent with it is refused if
-    /// anything changed since.
-    pub fn generation(&mut self) -> Result<u32, NftError> {
-        let what = "generation query";
-        let seq = self.request(NFT_MSG_GETGEN, NLM_F_REQUEST, 0, |_| {}, what)?;
-        let m = self.answer(seq, what)?;
-        if m.ty == NLMSG_ERROR {
-            return Err(error_of(&m.body, what)?.unwrap_or(NftError::Malformed { what }));
-        }
-        m.attrs()
-            .u32(NFTA_GEN_ID)
-            .ok_or(NftError::Malformed { what })
-    }
-
-    /// A dump: every message up to NLMSG_DONE. Errs with
-    /// [`NftError::Changed`] when the kernel flags it as interrupted by a
-    /// concurrent change.
-    pub fn dump(
-        &mut self,
-        msg: u16,
-        family: u8,
-        attrs: impl FnOnce(&mut Writer),
-        what: &'static str,
-    ) -> Result<Vec<Message>, NftError> {
-        let seq = self.request(msg, NLM_F_REQUEST | NLM_F_DUMP, family, attrs, what)?;
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            let m = self.answer(seq, what)?;
+            let m = self.next(what, MsgFlags::empty())?;
+            if m.seq != seq {
+                continue;
+            }
             interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
             match m.ty {
                 NLMSG_DONE if interrupted => return Err(NftError::Changed),
@@ -421,7 +389,18 @@ impl Socket {
                 }
                 _ => out.push(m),
             }
+            if flags & NLM_F_DUMP == 0 {
+                return Ok(out);
+            }
         }
+    }
+
+    /// The ruleset's generation: a batch sent with it is refused if
+    /// anything changed since.
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        let what = "generation query";
+        let got = self.request(NFT_MSG_GETGEN, 0, 0, |_| {}, what)?;
+        (got.first().and_then(|m| m.attrs().u32(NFTA_GEN_ID))).ok_or(NftError::Malformed { what })
     }
 
     /// Sends a batch (begun with [`Writer::batch_begin`], every command
