@@ -238,13 +238,11 @@ fn view(want: &Ours, l: &Listing) -> NatTable {
         let list = Attrs(&r.raw);
         let spec = match want.iter().find(|(_, _, n)| expr::matches(&n.exprs, list)) {
             Some((_, spec, _)) => spec.clone(),
-            None => match expr::comment_of(list) {
-                Some(c) => format!(
-                    "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
-                    r.handle
-                ),
-                None => format!("(a rule linkerd-cni did not write, handle {})", r.handle),
-            },
+            None => {
+                let comment = expr::comment_of(list).map(|c| format!(", comment {c:?}"));
+                let (handle, comment) = (r.handle, comment.unwrap_or_default());
+                format!("(a rule linkerd-cni did not write, handle {handle}{comment})")
+            }
         };
         t.add_rule(&r.chain, spec);
     }
