@@ -136,16 +136,8 @@ impl Writer {
         self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
-    }
-
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
-    }
-
-    pub fn last_seq(&self) -> u32 {
-        self.seq
     }
 }
 
@@ -299,13 +291,13 @@ impl Socket {
     }
 
     fn send(&mut self, w: &Writer, what: &'static str) -> Result<(), NftError> {
-        self.seq = w.last_seq();
+        self.seq = w.seq;
         // What is still queued answered an earlier request.
         self.queued.clear();
         self.arm(what)?;
         let fd = self.fd.as_raw_fd();
-        let sent = uninterrupted(what, || socket::send(fd, w.bytes(), MsgFlags::empty()))?;
-        if sent != w.bytes().len() {
+        let sent = uninterrupted(what, || socket::send(fd, &w.buf, MsgFlags::empty()))?;
+        if sent != w.buf.len() {
             return Err(NftError::Malformed { what });
         }
         Ok(())
