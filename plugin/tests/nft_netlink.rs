@@ -108,7 +108,7 @@ fn restored(ns: &TestNetns, sets: &[RuleSet]) {
 }
 
 fn listing(ns: &TestNetns, family: Family) -> Listing {
-    netns::run_in(ns.path(), || nft::dump(family, T))
+    netns::run_in(ns.path(), || nft::dump(family, T, None))
         .unwrap()
         .unwrap()
 }
@@ -254,7 +254,7 @@ fn iptables_nft_deletes_and_flushes_our_rules() {
             );
         }
     }
-    for j in sets[0].jumps() {
+    for j in rules::JUMPS {
         assert!(
             has_rule(&ns, "iptables-nft", j.from, &j.spec()),
             "-C {}",
@@ -334,7 +334,7 @@ fn iptables_nft_deletes_and_flushes_our_rules() {
 fn an_empty_nat_table_is_known_without_save() {
     let ns = TestNetns::new("nftE").unwrap();
     let empty = |f| {
-        netns::run_in(ns.path(), || nft::nat_is_empty(f, T, None))
+        netns::run_in(ns.path(), || nft::dump(f, T, None).map(|l| l.is_empty()))
             .unwrap()
             .unwrap()
     };
@@ -379,4 +379,48 @@ fn nothing_runs_past_the_deadline() {
     assert!(start.elapsed() < Duration::from_secs(10), "{e}");
     assert!(e.to_string().contains("did not finish within"), "{e}");
     assert!(!nat_table(&ns, "iptables-nft-save").contains("PROXY_INIT"));
+}
+
+#[test]
+fn a_batch_is_refused_whole_on_a_moved_generation_and_names_a_refused_command() {
+    use nft::netlink::{
+        NFT_MSG_NEWCHAIN, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
+        Socket,
+    };
+    let ns = TestNetns::new("nftG").unwrap();
+    ns.exec_ok(&["iptables-nft", "-t", "nat", "-N", "SOMEONE"]);
+    // Creates table nat, then chain SOMEONE (refused: it exists).
+    let commit = |sock: &mut Socket, genid: u32| {
+        let mut w = sock.writer();
+        w.batch_begin(genid);
+        let ack = NLM_F_REQUEST | NLM_F_ACK;
+        let table = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, 2);
+        w.put_str(1, "nat");
+        w.end();
+        let chain = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_EXCL, 2);
+        w.put_str(1, "nat");
+        w.put_str(3, "SOMEONE");
+        w.end();
+        w.batch_end();
+        let commands = [
+            (table, "creating nat".into()),
+            (chain, "declaring SOMEONE".into()),
+        ];
+        sock.commit(&w, &commands, "test batch")
+    };
+    netns::run_in(ns.path(), || {
+        let mut sock = Socket::open(T, None).unwrap();
+        let stale = sock.generation().unwrap();
+        ns.exec_ok(&["iptables-nft", "-t", "nat", "-N", "OTHER"]);
+        let e = commit(&mut sock, stale).unwrap_err();
+        assert!(matches!(e, nft::NftError::Changed), "{e}");
+        let genid = sock.generation().unwrap();
+        assert_ne!(genid, stale);
+        let e = commit(&mut sock, genid).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "nf_tables refused declaring SOMEONE: EEXIST: File exists"
+        );
+    })
+    .unwrap();
 }

@@ -14,6 +14,7 @@ const SO_GET_INFO: libc::c_int = 64;
 const NF_INET_NUMHOOKS: usize = 5;
 
 /// `struct ipt_getinfo` (the same layout as `ip6t_getinfo`).
+#[derive(Default)]
 #[repr(C)]
 struct GetInfo {
     name: [u8; 32],
@@ -35,14 +36,7 @@ pub fn nat_is_empty(family: Family) -> std::io::Result<bool> {
     // Any inet socket reaches x_tables' sockopts; a datagram one needs no
     // CAP_NET_RAW.
     let fd = socket::socket(domain, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
-    let mut info = GetInfo {
-        name: [0; 32],
-        valid_hooks: 0,
-        hook_entry: [0; NF_INET_NUMHOOKS],
-        underflow: [0; NF_INET_NUMHOOKS],
-        num_entries: 0,
-        size: 0,
-    };
+    let mut info = GetInfo::default();
     info.name[..3].copy_from_slice(b"nat");
     let mut len = std::mem::size_of::<GetInfo>() as libc::socklen_t;
     // SAFETY: `info` is a live, writable `ipt_getinfo` of `len` bytes, the

@@ -64,12 +64,6 @@ impl Driver {
         self
     }
 
-    /// The bound for the next command: its own timeout, cut to what is left
-    /// before the deadline.
-    fn step_timeout(&self) -> Duration {
-        bounded(self.timeout, self.deadline)
-    }
-
     /// Makes the netns at `netns` hold exactly each set's chains and jumps.
     pub fn apply(&self, netns: &Path, sets: &[RuleSet]) -> Result<(), IptablesError> {
         netns::run_in(netns, || -> Result<(), IptablesError> {
@@ -139,7 +133,7 @@ impl Driver {
             if self.wait { " -w" } else { "" },
             netns.display()
         );
-        t.restore(&batch, self.wait, self.step_timeout())?;
+        t.restore(&batch, self.wait, bounded(self.timeout, self.deadline))?;
         Ok(())
     }
 
@@ -149,16 +143,17 @@ impl Driver {
     fn current(&self, t: &Tools) -> Result<NatTable, IptablesError> {
         let empty = match t.mode {
             IptablesMode::Legacy => legacy::nat_is_empty(t.family).ok(),
-            IptablesMode::Nft => {
-                nft::nat_is_empty(t.family, self.step_timeout(), self.deadline).ok()
-            }
+            IptablesMode::Nft => nft::dump(t.family, self.timeout, self.deadline)
+                .ok()
+                .map(|l| l.is_empty()),
             // `iptables` may be either backend.
             IptablesMode::Plain => None,
         };
         if empty == Some(true) {
             return Ok(NatTable::default());
         }
-        Ok(NatTable::parse(&t.save(self.step_timeout())?))
+        let timeout = bounded(self.timeout, self.deadline);
+        Ok(NatTable::parse(&t.save(timeout)?))
     }
 }
 

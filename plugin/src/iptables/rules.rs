@@ -341,6 +341,9 @@ pub const OUTPUT_JUMP: Jump = Jump {
     comment: "install-proxy-init-output",
 };
 
+/// The jumps into our chains, the same in both families.
+pub const JUMPS: [Jump; 2] = [PREROUTING_JUMP, OUTPUT_JUMP];
+
 /// The rules of one address family, in chain order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
@@ -411,11 +414,6 @@ impl RuleSet {
             ),
             (OUTPUT_CHAIN, self.output.iter().map(Rule::spec).collect()),
         ]
-    }
-
-    /// The jumps into our chains.
-    pub fn jumps(&self) -> [Jump; 2] {
-        [PREROUTING_JUMP, OUTPUT_JUMP]
     }
 }
 

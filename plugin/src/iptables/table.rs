@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::rules::RuleSet;
+use super::rules::{JUMPS, RuleSet};
 
 /// The most differences listed (the rest are counted): the list goes into
 /// a CNI error, and a table can hold any number of foreign rules.
@@ -97,7 +97,7 @@ pub fn restore_batch(set: &RuleSet, current: &NatTable) -> String {
             b.push_str(&format!("-A {chain} {spec}\n"));
         }
     }
-    for jump in set.jumps() {
+    for jump in JUMPS {
         let spec = jump.spec();
         if !current.rules(jump.from).contains(&spec) {
             b.push_str(&format!("-A {} {spec}\n", jump.from));
@@ -147,7 +147,7 @@ pub fn differences(set: &RuleSet, current: &NatTable) -> Vec<String> {
             ));
         }
     }
-    for jump in set.jumps() {
+    for jump in JUMPS {
         let spec = jump.spec();
         if !current.rules(jump.from).contains(&spec) {
             diffs.push(format!(

@@ -37,7 +37,7 @@ use conformance::iptables::{Backend, Family};
 use conformance::{Completed, Node, PodSpec, artifacts};
 use linkerd_cni::config::IptablesMode;
 use linkerd_cni::iptables::Driver;
-use linkerd_cni::iptables::rules::{Family as IptFamily, RedirectSpec, RuleSet};
+use linkerd_cni::iptables::rules::{Family as IptFamily, JUMPS, RedirectSpec, RuleSet};
 use linkerd_cni_tools::mode_bench;
 use linkerd_cni_tools::scenario::{self, Binaries, InstallerOptions};
 use linkerd_cni_tools::stats::{Samples, fmt_num, paired_differences, ratio};
@@ -1961,7 +1961,7 @@ fn upstream_commands(set: &RuleSet, netns: &Path) -> Vec<Command> {
         );
         v
     };
-    for ((chain, specs), jump) in set.chains().iter().zip(set.jumps()) {
+    for ((chain, specs), jump) in set.chains().iter().zip(JUMPS) {
         argvs.push(ipt(&["-N", *chain], ""));
         for spec in specs {
             argvs.push(ipt(&["-A", *chain], spec));

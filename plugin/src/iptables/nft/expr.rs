@@ -12,6 +12,7 @@
 
 use std::net::IpAddr;
 
+use super::NftError;
 use super::netlink::{Attrs, Writer};
 use crate::iptables::rules::{Family, Jump, PortRange, Rule, Subnet};
 
@@ -50,10 +51,6 @@ pub struct NftRule {
     pub compat_proto: u32,
 }
 
-/// A comment that does not fit the comment match (iptables refuses it too).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommentTooLong(pub String);
-
 /// Appends expression `name`, whose attributes `data` writes.
 fn expr(w: &mut Writer, name: &str, data: impl FnOnce(&mut Writer)) {
     let elem = w.nest(NFTA_LIST_ELEM);
@@ -80,11 +77,12 @@ fn xt(w: &mut Writer, kind: &str, name: &str, rev: u32, info: &[u8]) {
     });
 }
 
-/// The comment match's info.
-fn comment(text: &str) -> Result<Vec<u8>, CommentTooLong> {
+/// The comment match's info; a comment that does not fit it is refused
+/// (as iptables refuses it).
+fn comment(text: &str) -> Result<Vec<u8>, NftError> {
     let c = format!("proxy-init/{text}");
     if c.len() >= COMMENT_LEN {
-        return Err(CommentTooLong(c));
+        return Err(NftError::Comment(c));
     }
     let mut info = c.into_bytes();
     info.resize(COMMENT_LEN, 0);
@@ -96,11 +94,6 @@ fn meta(w: &mut Writer, key: u32) {
         w.put_u32(2, key);
         w.put_u32(1, NFT_REG_1);
     });
-}
-
-fn tcp(w: &mut Writer) {
-    meta(w, NFT_META_L4PROTO);
-    cmp(w, &[IPPROTO_TCP]);
 }
 
 fn cmp(w: &mut Writer, data: &[u8]) {
@@ -245,26 +238,25 @@ fn source(w: &mut Writer, s: &Subnet) {
 }
 
 /// The nf_tables form of one of our chain rules.
-pub fn rule(r: &Rule, family: Family) -> Result<NftRule, CommentTooLong> {
-    let w = &mut Writer::new(0);
-    let mut proto = 0;
+pub fn rule(r: &Rule, family: Family) -> Result<NftRule, NftError> {
+    let w = &mut Writer::default();
+    // `-p tcp`: matched natively, and the protocol the extensions see.
+    let tcp = !matches!(
+        r,
+        Rule::IgnoreSubnet(_) | Rule::IgnoreUid(_) | Rule::IgnoreGid(_) | Rule::IgnoreLoopback
+    );
+    if tcp {
+        meta(w, NFT_META_L4PROTO);
+        cmp(w, &[IPPROTO_TCP]);
+    }
     match r {
-        Rule::IgnorePorts(ports) => {
-            proto = IPPROTO_TCP;
-            tcp(w);
-            xt(w, "match", "multiport", 1, &multiport(ports));
-        }
+        Rule::IgnorePorts(ports) => xt(w, "match", "multiport", 1, &multiport(ports)),
         Rule::IgnoreSubnet(s) => source(w, s),
         Rule::RedirectPort { port, .. } => {
-            proto = IPPROTO_TCP;
-            tcp(w);
             payload(w, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
             cmp(w, &port.to_be_bytes());
         }
-        Rule::RedirectAllIncoming { .. } | Rule::RedirectAllOutgoing { .. } => {
-            proto = IPPROTO_TCP;
-            tcp(w);
-        }
+        Rule::RedirectAllIncoming { .. } | Rule::RedirectAllOutgoing { .. } => {}
         // The rule model only holds ids in 1..=u32::MAX-1.
         Rule::IgnoreUid(id) => {
             let info = owner(u32::try_from(*id).unwrap_or(u32::MAX), XT_OWNER_UID);
@@ -292,13 +284,13 @@ pub fn rule(r: &Rule, family: Family) -> Result<NftRule, CommentTooLong> {
     }
     Ok(NftRule {
         exprs: std::mem::take(w).into_bytes(),
-        compat_proto: u32::from(proto),
+        compat_proto: if tcp { IPPROTO_TCP.into() } else { 0 },
     })
 }
 
 /// The nf_tables form of a jump into one of our chains.
-pub fn jump(j: &Jump) -> Result<NftRule, CommentTooLong> {
-    let w = &mut Writer::new(0);
+pub fn jump(j: &Jump) -> Result<NftRule, NftError> {
+    let w = &mut Writer::default();
     xt(w, "match", "comment", 0, &comment(j.comment)?);
     counter(w);
     verdict(w, NFT_JUMP, Some(j.to));
@@ -337,12 +329,18 @@ fn covers(mut ours: Attrs<'_>, dumped: Attrs<'_>) -> bool {
     })
 }
 
+/// The expressions of a dumped list: each one's name and data.
+pub fn exprs<'a>(list: Attrs<'a>) -> impl Iterator<Item = (&'a str, Attrs<'a>)> {
+    list.filter(|a| a.ty == NFTA_LIST_ELEM).filter_map(|elem| {
+        let a = elem.nested();
+        Some((a.str(NFTA_EXPR_NAME)?, a.find(NFTA_EXPR_DATA)?.nested()))
+    })
+}
+
 /// The text of a dumped rule's comment match, if it has one.
 pub fn comment_of(list: Attrs<'_>) -> Option<String> {
-    list.filter(|a| a.ty == NFTA_LIST_ELEM).find_map(|elem| {
-        let a = elem.nested();
-        let d = a.find(NFTA_EXPR_DATA)?.nested();
-        if a.find(NFTA_EXPR_NAME)?.str()? != "match" || d.find(1)?.str()? != "comment" {
+    exprs(list).find_map(|(name, d)| {
+        if name != "match" || d.str(1)? != "comment" {
             return None;
         }
         let info = d.find(3)?.data;
@@ -357,7 +355,7 @@ mod tests {
     use crate::iptables::rules::{self, RedirectSpec, RuleSet};
 
     fn encoded(f: impl FnOnce(&mut Writer)) -> Vec<u8> {
-        let mut w = Writer::new(0);
+        let mut w = Writer::default();
         f(&mut w);
         w.into_bytes()
     }
@@ -400,7 +398,7 @@ mod tests {
                 .chain(&set.output)
                 .map(|r| rule(r, family).unwrap())
                 .collect();
-            all.extend(set.jumps().iter().map(|j| jump(j).unwrap()));
+            all.extend(rules::JUMPS.iter().map(|j| jump(j).unwrap()));
             for (i, n) in all.iter().enumerate() {
                 let dumped = unflagged(&n.exprs);
                 assert_ne!(dumped, n.exprs);

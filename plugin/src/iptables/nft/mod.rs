@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use thiserror::Error;
 
-use self::expr::{CommentTooLong, NftRule};
+use self::expr::NftRule;
 use self::netlink::{
-    Attrs, Message, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETTABLE,
-    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE,
-    NLM_F_EXCL, NLM_F_REQUEST, Socket, Writer,
+    Attrs, NFT_MSG_DELRULE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
+    NFT_MSG_NEWTABLE, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    Socket, Writer,
 };
-use super::rules::{Family, Jump, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, RuleSet};
+use super::rules::{Family, JUMPS, OUTPUT_CHAIN, REDIRECT_CHAIN, RuleSet};
 use super::table::{self, NatTable};
 
 /// The table iptables-nft keeps `-t nat` in.
@@ -70,8 +70,8 @@ pub enum NftError {
     Malformed { what: &'static str },
     #[error("the nat table changed while it was being read or written")]
     Changed,
-    #[error("comment {:?} is longer than the comment match takes (255 bytes)", .0.0)]
-    Comment(CommentTooLong),
+    #[error("comment {0:?} is longer than the comment match takes (255 bytes)")]
+    Comment(String),
 }
 
 /// The nf_tables family of an address family.
@@ -82,14 +82,13 @@ fn nfproto(f: Family) -> u8 {
     }
 }
 
-/// The hook and priority iptables-nft gives the nat base chain `name`
-/// (`NF_INET_PRE_ROUTING`/`NF_INET_LOCAL_OUT` at `NF_IP_PRI_NAT_DST`).
+/// The hook and priority iptables-nft gives the nat base chain `name` a
+/// jump of ours starts from (`NF_INET_PRE_ROUTING`/`NF_INET_LOCAL_OUT` at
+/// `NF_IP_PRI_NAT_DST`); None for our own chains.
 fn base_hook(name: &str) -> Option<(u32, i32)> {
     match name {
         "PREROUTING" => Some((0, -100)),
-        "INPUT" => Some((1, 100)),
         "OUTPUT" => Some((3, -100)),
-        "POSTROUTING" => Some((4, 100)),
         _ => None,
     }
 }
@@ -115,7 +114,6 @@ pub struct RuleInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listing {
     pub genid: u32,
-    pub table: bool,
     pub chains: Vec<ChainInfo>,
     pub rules: Vec<RuleInfo>,
 }
@@ -145,50 +143,30 @@ fn retried<T>(
     step()
 }
 
-/// Reads the nat table of `family`.
+/// Reads the nat table of `family`. Its existence needs no query of its
+/// own: the batch creates it when absent, and without it the dumps are
+/// empty.
 fn list(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
-    retried(family, || list_once(sock, family))
-}
-
-fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
     let fam = nfproto(family);
-    let genid = sock.generation()?;
-    let table = sock
-        .get(
-            NFT_MSG_GETTABLE,
-            fam,
-            |w| w.put_str(NFTA_TABLE_NAME, TABLE),
-            "table query",
-        )?
-        .is_some();
     let mut l = Listing {
-        genid,
-        table,
+        genid: sock.generation()?,
         ..Listing::default()
     };
-    if !table {
-        return Ok(l);
-    }
-    for m in sock.dump(NFT_MSG_GETCHAIN, fam, |_| {}, "chain dump")? {
-        if m.nft_type() != NFT_MSG_NEWCHAIN || table_of(&m, NFTA_CHAIN_TABLE) != Some(TABLE) {
+    for m in sock.request(NFT_MSG_GETCHAIN, NLM_F_DUMP, fam, |_| {}, "chain dump")? {
+        if m.nft_type() != NFT_MSG_NEWCHAIN || m.attrs().str(NFTA_CHAIN_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
-        let Some(name) = a.find(NFTA_CHAIN_NAME).and_then(|a| a.str()) else {
+        let Some(name) = a.str(NFTA_CHAIN_NAME) else {
             continue;
         };
         let hook = a.find(NFTA_CHAIN_HOOK).map(|h| {
             let h = h.nested();
             (
-                h.find(NFTA_HOOK_HOOKNUM).and_then(|a| a.u32()).unwrap_or(0),
-                h.find(NFTA_HOOK_PRIORITY)
-                    .and_then(|a| a.u32())
-                    .unwrap_or(0) as i32,
-                a.find(NFTA_CHAIN_POLICY).and_then(|a| a.u32()).unwrap_or(0),
-                a.find(NFTA_CHAIN_TYPE)
-                    .and_then(|a| a.str())
-                    .unwrap_or_default()
-                    .to_string(),
+                h.u32(NFTA_HOOK_HOOKNUM).unwrap_or(0),
+                h.u32(NFTA_HOOK_PRIORITY).unwrap_or(0) as i32,
+                a.u32(NFTA_CHAIN_POLICY).unwrap_or(0),
+                a.str(NFTA_CHAIN_TYPE).unwrap_or_default().to_string(),
             )
         });
         l.chains.push(ChainInfo {
@@ -196,23 +174,20 @@ fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
             hook,
         });
     }
-    let dumped = sock.dump(
+    let dumped = sock.request(
         NFT_MSG_GETRULE,
+        NLM_F_DUMP,
         fam,
         |w| w.put_str(NFTA_RULE_TABLE, TABLE),
         "rule dump",
     )?;
     for m in dumped {
-        if m.nft_type() != NFT_MSG_NEWRULE || table_of(&m, NFTA_RULE_TABLE) != Some(TABLE) {
+        if m.nft_type() != NFT_MSG_NEWRULE || m.attrs().str(NFTA_RULE_TABLE) != Some(TABLE) {
             continue;
         }
         let a = m.attrs();
-        let chain = a
-            .find(NFTA_RULE_CHAIN)
-            .and_then(|a| a.str())
-            .unwrap_or_default()
-            .to_string();
-        let handle = a.find(NFTA_RULE_HANDLE).and_then(|a| a.u64()).unwrap_or(0);
+        let chain = a.str(NFTA_RULE_CHAIN).unwrap_or_default().to_string();
+        let handle = a.u64(NFTA_RULE_HANDLE).unwrap_or(0);
         let raw = a
             .find(NFTA_RULE_EXPRESSIONS)
             .map_or_else(Vec::new, |list| zero_counters(list.data));
@@ -221,100 +196,67 @@ fn list_once(sock: &mut Socket, family: Family) -> Result<Listing, NftError> {
     Ok(l)
 }
 
-fn table_of(m: &Message, ty: u16) -> Option<&str> {
-    m.attrs().find(ty).and_then(|a| a.str())
-}
-
 /// A copy of an expression list with every counter's values set to 0.
 pub(crate) fn zero_counters(list: &[u8]) -> Vec<u8> {
     let mut out = list.to_vec();
     let base = list.as_ptr() as usize;
-    for elem in Attrs(list) {
-        let a = elem.nested();
-        if a.find(1).and_then(|n| n.str()) != Some("counter") {
-            continue;
-        }
-        if let Some(data) = a.find(2) {
-            for v in data.nested() {
-                let at = v.data.as_ptr() as usize - base;
-                out[at..at + v.data.len()].fill(0);
-            }
+    for (_, data) in expr::exprs(Attrs(list)).filter(|(name, _)| *name == "counter") {
+        for v in data {
+            let at = v.data.as_ptr() as usize - base;
+            out[at..at + v.data.len()].fill(0);
         }
     }
     out
 }
 
-/// Our rules and jumps in nf_tables form, with their `*-save` text.
-struct Expected {
-    chains: Vec<(&'static str, Vec<(String, NftRule)>)>,
-    jumps: Vec<(Jump, String, NftRule)>,
+/// Our chains' rules, then the jumps into them: each with its chain, its
+/// `*-save` text and its nf_tables form.
+type Ours = Vec<(&'static str, String, NftRule)>;
+
+fn ours(set: &RuleSet) -> Result<Ours, NftError> {
+    let chains = [(REDIRECT_CHAIN, &set.redirect), (OUTPUT_CHAIN, &set.output)];
+    let rules = chains.into_iter().flat_map(|(chain, rules)| {
+        rules
+            .iter()
+            .map(move |r| Ok((chain, r.spec(), expr::rule(r, set.family)?)))
+    });
+    let jumps = JUMPS
+        .into_iter()
+        .map(|j| Ok((j.from, j.spec(), expr::jump(&j)?)));
+    rules.chain(jumps).collect()
 }
 
-impl Expected {
-    fn of(set: &RuleSet) -> Result<Expected, NftError> {
-        let ours = |r: &Rule| Ok((r.spec(), expr::rule(r, set.family)?));
-        let chain = |rules: &[Rule]| rules.iter().map(ours).collect::<Result<Vec<_>, _>>();
-        let jump = |j: &Jump| Ok((*j, j.spec(), expr::jump(j)?));
-        let want = || -> Result<Expected, CommentTooLong> {
-            Ok(Expected {
-                chains: vec![
-                    (REDIRECT_CHAIN, chain(&set.redirect)?),
-                    (OUTPUT_CHAIN, chain(&set.output)?),
-                ],
-                jumps: set.jumps().iter().map(jump).collect::<Result<_, _>>()?,
-            })
-        };
-        want().map_err(NftError::Comment)
+/// The listing as the restore path would read it from `*-save`: a dumped
+/// rule reads as our text when its expressions are exactly one of ours,
+/// else as a placeholder naming it (never equal to any of our specs).
+fn view(want: &Ours, l: &Listing) -> NatTable {
+    let mut t = NatTable::default();
+    for c in &l.chains {
+        t.add_chain(&c.name);
     }
-
-    /// The `*-save` text of a dumped rule: ours when its expressions are
-    /// exactly one of ours, else a placeholder naming it (never equal to
-    /// any of our specs).
-    fn spec_of(&self, r: &RuleInfo) -> String {
+    for r in &l.rules {
         let list = Attrs(&r.raw);
-        let mut ours = (self.chains.iter())
-            .flat_map(|(_, rules)| rules.iter().map(|(s, n)| (s, n)))
-            .chain(self.jumps.iter().map(|(_, s, n)| (s, n)));
-        if let Some((spec, _)) = ours.find(|(_, n)| expr::matches(&n.exprs, list)) {
-            return spec.clone();
-        }
-        match expr::comment_of(list) {
-            Some(c) => format!(
-                "(a rule linkerd-cni did not write, handle {}, comment {c:?})",
-                r.handle
-            ),
-            None => format!("(a rule linkerd-cni did not write, handle {})", r.handle),
-        }
+        let spec = match want.iter().find(|(_, _, n)| expr::matches(&n.exprs, list)) {
+            Some((_, spec, _)) => spec.clone(),
+            None => {
+                let comment = expr::comment_of(list).map(|c| format!(", comment {c:?}"));
+                let (handle, comment) = (r.handle, comment.unwrap_or_default());
+                format!("(a rule linkerd-cni did not write, handle {handle}{comment})")
+            }
+        };
+        t.add_rule(&r.chain, spec);
     }
-
-    /// The listing as the restore path would read it from `*-save`.
-    fn view(&self, l: &Listing) -> NatTable {
-        let mut t = NatTable::default();
-        for c in &l.chains {
-            t.add_chain(&c.name);
-        }
-        for r in &l.rules {
-            t.add_rule(&r.chain, self.spec_of(r));
-        }
-        t
-    }
+    t
 }
 
 /// The nat table of `family` in this thread's network namespace.
-pub fn dump(family: Family, timeout: Duration) -> Result<Listing, NftError> {
-    let mut sock = Socket::open(timeout, None)?;
-    list(&mut sock, family)
-}
-
-/// Whether the nat table of `family` holds nothing `*-save` would print
-/// but base chains.
-pub fn nat_is_empty(
+pub fn dump(
     family: Family,
     timeout: Duration,
     deadline: Option<Instant>,
-) -> Result<bool, NftError> {
+) -> Result<Listing, NftError> {
     let mut sock = Socket::open(timeout, deadline)?;
-    Ok(list(&mut sock, family)?.is_empty())
+    retried(family, || list(&mut sock, family))
 }
 
 /// How the nat table differs from `set`, as [`table::differences`] says.
@@ -323,44 +265,35 @@ pub fn verify(
     timeout: Duration,
     deadline: Option<Instant>,
 ) -> Result<Vec<String>, NftError> {
-    let want = Expected::of(set)?;
-    let mut sock = Socket::open(timeout, deadline)?;
-    let l = list(&mut sock, set.family)?;
-    Ok(table::differences(set, &want.view(&l)))
+    let want = ours(set)?;
+    let l = dump(set.family, timeout, deadline)?;
+    Ok(table::differences(set, &view(&want, &l)))
 }
 
 /// Makes the nat table hold exactly `set`'s chains and jumps.
 pub fn apply(set: &RuleSet, timeout: Duration, deadline: Option<Instant>) -> Result<(), NftError> {
-    let want = Expected::of(set)?;
+    let want = ours(set)?;
     let mut sock = Socket::open(timeout, deadline)?;
     retried(set.family, || {
         let l = list(&mut sock, set.family)?;
-        let current = want.view(&l);
-        let (w, begin, commands) = batch(set.family, &want, &l, &current, sock.writer());
-        sock.commit(&w, begin, &commands, "rule batch")
+        let (w, commands) = batch(set.family, &want, &l, sock.writer());
+        sock.commit(&w, &commands, "rule batch")
     })
 }
 
 /// The transaction: what `iptables-nft-restore --noflush` sends for
-/// [`table::restore_batch`]'s text on `current`, in its order.
-fn batch(
-    family: Family,
-    want: &Expected,
-    l: &Listing,
-    current: &NatTable,
-    mut w: Writer,
-) -> (Writer, u32, Vec<(u32, String)>) {
+/// [`table::restore_batch`]'s text on the listed table, in its order.
+fn batch(family: Family, want: &Ours, l: &Listing, mut w: Writer) -> (Writer, Vec<(u32, String)>) {
+    let current = view(want, l);
     let fam = nfproto(family);
-    let begin = w.batch_begin(l.genid);
-    let mut commands = Vec::new();
+    w.batch_begin(l.genid);
     let ack = NLM_F_REQUEST | NLM_F_ACK;
-    if !l.table {
-        let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
-        w.put_str(NFTA_TABLE_NAME, TABLE);
-        w.end();
-        commands.push((s, format!("creating table {TABLE}")));
-    }
-    for (chain, _) in &want.chains {
+    // Created when absent; an existing one is left as it is.
+    let s = w.begin(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, fam);
+    w.put_str(NFTA_TABLE_NAME, TABLE);
+    w.end();
+    let mut commands = vec![(s, format!("creating table {TABLE}"))];
+    for chain in [REDIRECT_CHAIN, OUTPUT_CHAIN] {
         let s = if current.has_chain(chain) {
             let s = w.begin(NFT_MSG_DELRULE, ack, fam);
             w.put_str(NFTA_RULE_TABLE, TABLE);
@@ -375,51 +308,38 @@ fn batch(
         w.end();
         commands.push((s, format!("declaring chain {chain}")));
     }
-    for (chain, rules) in &want.chains {
-        for (spec, r) in rules {
-            let s = new_rule(&mut w, fam, chain, r);
-            commands.push((s, format!("-A {chain} {spec}")));
+    for (chain, spec, r) in want {
+        // A rule in a built-in chain is a jump: appended only when absent,
+        // into the base chain iptables-nft would create.
+        if let Some((hook, prio)) = base_hook(chain) {
+            if current.rules(chain).contains(spec) {
+                continue;
+            }
+            if !current.has_chain(chain) {
+                let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_CREATE, fam);
+                w.put_str(NFTA_CHAIN_TABLE, TABLE);
+                w.put_str(NFTA_CHAIN_NAME, chain);
+                let h = w.nest(NFTA_CHAIN_HOOK);
+                w.put_u32(NFTA_HOOK_HOOKNUM, hook);
+                w.put_u32(NFTA_HOOK_PRIORITY, prio as u32);
+                w.nest_end(h);
+                w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+                w.put_str(NFTA_CHAIN_TYPE, "nat");
+                w.end();
+                commands.push((s, format!("creating base chain {chain}")));
+            }
         }
-    }
-    for (jump, spec, r) in &want.jumps {
-        if current.rules(jump.from).contains(spec) {
-            continue;
-        }
-        if !current.has_chain(jump.from)
-            && let Some((hook, prio)) = base_hook(jump.from)
-        {
-            let s = w.begin(NFT_MSG_NEWCHAIN, ack | NLM_F_CREATE, fam);
-            w.put_str(NFTA_CHAIN_TABLE, TABLE);
-            w.put_str(NFTA_CHAIN_NAME, jump.from);
-            let h = w.nest(NFTA_CHAIN_HOOK);
-            w.put_u32(NFTA_HOOK_HOOKNUM, hook);
-            w.put_u32(NFTA_HOOK_PRIORITY, prio as u32);
-            w.nest_end(h);
-            w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
-            w.put_str(NFTA_CHAIN_TYPE, "nat");
-            w.end();
-            commands.push((s, format!("creating base chain {}", jump.from)));
-        }
-        let s = new_rule(&mut w, fam, jump.from, r);
-        commands.push((s, format!("-A {} {spec}", jump.from)));
+        let s = w.begin(NFT_MSG_NEWRULE, ack | NLM_F_CREATE | NLM_F_APPEND, fam);
+        w.put_str(NFTA_RULE_TABLE, TABLE);
+        w.put_str(NFTA_RULE_CHAIN, chain);
+        w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
+        let c = w.nest(NFTA_RULE_COMPAT);
+        w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
+        w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);
+        w.nest_end(c);
+        w.end();
+        commands.push((s, format!("-A {chain} {spec}")));
     }
     w.batch_end();
-    (w, begin, commands)
-}
-
-fn new_rule(w: &mut Writer, fam: u8, chain: &str, r: &NftRule) -> u32 {
-    let s = w.begin(
-        NFT_MSG_NEWRULE,
-        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
-        fam,
-    );
-    w.put_str(NFTA_RULE_TABLE, TABLE);
-    w.put_str(NFTA_RULE_CHAIN, chain);
-    w.put_nested(NFTA_RULE_EXPRESSIONS, &r.exprs);
-    let c = w.nest(NFTA_RULE_COMPAT);
-    w.put_u32(NFTA_RULE_COMPAT_PROTO, r.compat_proto);
-    w.put_u32(NFTA_RULE_COMPAT_FLAGS, 0);
-    w.nest_end(c);
-    w.end();
-    s
+    (w, commands)
 }

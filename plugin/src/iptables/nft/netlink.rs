@@ -6,6 +6,7 @@
 //! types and attribute numbers are the kernel's uapi
 //! (`linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`).
 
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,6 @@ const NFNL_MSG_BATCH_END: u16 = 17;
 const NFNL_BATCH_GENID: u16 = 1;
 
 pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
 pub const NFT_MSG_GETCHAIN: u16 = 4;
 pub const NFT_MSG_NEWRULE: u16 = 6;
@@ -57,14 +57,6 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(first_seq: u32) -> Writer {
-        Writer {
-            buf: Vec::with_capacity(4096),
-            msg_start: 0,
-            seq: first_seq,
-        }
-    }
-
     /// Starts an nf_tables message (`nfgenmsg` header for `family`);
     /// returns its sequence number.
     pub fn begin(&mut self, msg: u16, flags: u16, family: u8) -> u32 {
@@ -94,17 +86,15 @@ impl Writer {
 
     /// The batch header: what follows is one transaction, refused whole
     /// when the ruleset's generation is no longer `genid`.
-    pub fn batch_begin(&mut self, genid: u32) -> u32 {
-        let seq = self.begin_raw(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+    pub fn batch_begin(&mut self, genid: u32) {
+        self.begin_raw(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
         self.put_u32(NFNL_BATCH_GENID, genid);
         self.end();
-        seq
     }
 
-    pub fn batch_end(&mut self) -> u32 {
-        let seq = self.begin_raw(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
+    pub fn batch_end(&mut self) {
+        self.begin_raw(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES);
         self.end();
-        seq
     }
 
     pub fn put(&mut self, ty: u16, data: &[u8]) {
@@ -112,7 +102,7 @@ impl Writer {
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
         self.buf.extend_from_slice(data);
-        self.pad();
+        self.buf.resize(self.buf.len().next_multiple_of(4), 0);
     }
 
     /// A big-endian u32, as nf_tables takes its numbers.
@@ -131,20 +121,13 @@ impl Writer {
 
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
-        let len = 4 + s.len() + 1;
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(s.as_bytes());
-        self.buf.push(0);
-        self.pad();
+        self.put(ty, &[s.as_bytes(), &[0]].concat());
     }
 
     /// Opens a nested attribute; close it with [`Writer::nest_end`].
     pub fn nest(&mut self, ty: u16) -> usize {
         let at = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self.put(ty | NLA_F_NESTED, &[]);
         at
     }
 
@@ -153,22 +136,8 @@ impl Writer {
         self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
     }
 
-    fn pad(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
-    }
-
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
-    }
-
-    pub fn last_seq(&self) -> u32 {
-        self.seq
     }
 }
 
@@ -182,24 +151,6 @@ pub struct Attr<'a> {
 }
 
 impl<'a> Attr<'a> {
-    pub fn u32(&self) -> Option<u32> {
-        Some(u32::from_be_bytes(self.data.get(..4)?.try_into().ok()?))
-    }
-
-    pub fn u64(&self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.data.get(..8)?.try_into().ok()?))
-    }
-
-    /// A NUL-terminated string (the NUL and anything after it dropped).
-    pub fn str(&self) -> Option<&'a str> {
-        let end = self
-            .data
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(self.data.len());
-        std::str::from_utf8(&self.data[..end]).ok()
-    }
-
     pub fn nested(&self) -> Attrs<'a> {
         Attrs(self.data)
     }
@@ -238,6 +189,27 @@ impl<'a> Attrs<'a> {
     pub fn find(self, ty: u16) -> Option<Attr<'a>> {
         Iterator::find(&mut self.clone(), |a: &Attr<'a>| a.ty == ty)
     }
+
+    /// Attribute `ty`, a big-endian u32 (as nf_tables gives its numbers).
+    pub fn u32(self, ty: u16) -> Option<u32> {
+        Some(u32::from_be_bytes(
+            self.find(ty)?.data.get(..4)?.try_into().ok()?,
+        ))
+    }
+
+    pub fn u64(self, ty: u16) -> Option<u64> {
+        Some(u64::from_be_bytes(
+            self.find(ty)?.data.get(..8)?.try_into().ok()?,
+        ))
+    }
+
+    /// Attribute `ty`, a NUL-terminated string (the NUL and anything after
+    /// it dropped).
+    pub fn str(self, ty: u16) -> Option<&'a str> {
+        let data = self.find(ty)?.data;
+        let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+        std::str::from_utf8(&data[..end]).ok()
+    }
 }
 
 /// One received message: netlink header fields and what follows the
@@ -270,7 +242,7 @@ pub struct Socket {
     deadline: Option<Instant>,
     buf: Vec<u8>,
     /// Messages received but not yet asked for.
-    queued: Vec<Message>,
+    queued: VecDeque<Message>,
 }
 
 impl Socket {
@@ -293,12 +265,15 @@ impl Socket {
             timeout,
             deadline,
             buf: vec![0; RECV_BUF],
-            queued: Vec::new(),
+            queued: VecDeque::new(),
         })
     }
 
     pub fn writer(&self) -> Writer {
-        Writer::new(self.seq)
+        Writer {
+            seq: self.seq,
+            ..Writer::default()
+        }
     }
 
     /// The time left for the next step, never zero (a zero timeval would
@@ -316,41 +291,39 @@ impl Socket {
     }
 
     fn send(&mut self, w: &Writer, what: &'static str) -> Result<(), NftError> {
-        self.seq = w.last_seq();
+        self.seq = w.seq;
+        // What is still queued answered an earlier request.
+        self.queued.clear();
         self.arm(what)?;
-        let sent = loop {
-            match socket::send(self.fd.as_raw_fd(), w.bytes(), MsgFlags::empty()) {
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
-                Err(errno) => return Err(NftError::Io { what, errno }),
-                Ok(n) => break n,
-            }
-        };
-        if sent != w.bytes().len() {
+        let fd = self.fd.as_raw_fd();
+        let sent = uninterrupted(what, || socket::send(fd, &w.buf, MsgFlags::empty()))?;
+        if sent != w.buf.len() {
             return Err(NftError::Malformed { what });
         }
         Ok(())
     }
 
-    /// Reads one datagram and splits it into (type, flags, seq, body).
-    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<Vec<Message>, NftError> {
-        self.arm(what)?;
-        let n = loop {
-            match socket::recv(
-                self.fd.as_raw_fd(),
-                &mut self.buf,
-                MsgFlags::MSG_TRUNC | flags,
-            ) {
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
-                Err(errno) => return Err(NftError::Io { what, errno }),
-                Ok(n) => break n,
+    /// The next message received, reading a datagram (with `flags`) when
+    /// none is queued.
+    fn next(&mut self, what: &'static str, flags: MsgFlags) -> Result<Message, NftError> {
+        loop {
+            if let Some(m) = self.queued.pop_front() {
+                return Ok(m);
             }
-        };
+            self.recv(what, flags)?;
+        }
+    }
+
+    /// Reads one datagram and queues its messages.
+    fn recv(&mut self, what: &'static str, flags: MsgFlags) -> Result<(), NftError> {
+        self.arm(what)?;
+        let fd = self.fd.as_raw_fd();
+        let n = uninterrupted(what, || {
+            socket::recv(fd, &mut self.buf, MsgFlags::MSG_TRUNC | flags)
+        })?;
         if n > self.buf.len() {
             return Err(NftError::Malformed { what });
         }
-        let mut out = Vec::new();
         let mut b = &self.buf[..n];
         while b.len() >= 16 {
             let len = u32::from_ne_bytes(b[0..4].try_into().unwrap_or_default()) as usize;
@@ -360,7 +333,7 @@ impl Socket {
             let ty = u16::from_ne_bytes([b[4], b[5]]);
             let flags = u16::from_ne_bytes([b[6], b[7]]);
             let seq = u32::from_ne_bytes(b[8..12].try_into().unwrap_or_default());
-            out.push(Message {
+            self.queued.push_back(Message {
                 ty,
                 flags,
                 seq,
@@ -368,86 +341,34 @@ impl Socket {
             });
             b = &b[len.next_multiple_of(4).min(b.len())..];
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// Sends one request; returns its sequence number.
-    fn request(
+    /// Sends request `msg` and reads its answer: with `NLM_F_DUMP` in
+    /// `flags`, every message up to NLMSG_DONE, else the one message
+    /// answering it. Answers to other requests are dropped: a fresh socket
+    /// has no other request outstanding. Errs with [`NftError::Changed`]
+    /// when the kernel flags a dump as interrupted by a concurrent change.
+    pub fn request(
         &mut self,
         msg: u16,
         flags: u16,
         family: u8,
         attrs: impl FnOnce(&mut Writer),
         what: &'static str,
-    ) -> Result<u32, NftError> {
+    ) -> Result<Vec<Message>, NftError> {
         let mut w = self.writer();
-        let seq = w.begin(msg, flags, family);
+        let seq = w.begin(msg, NLM_F_REQUEST | flags, family);
         attrs(&mut w);
         w.end();
         self.send(&w, what)?;
-        Ok(seq)
-    }
-
-    /// The next answer to request `seq` (others are dropped: a fresh
-    /// socket has no other request outstanding).
-    fn answer(&mut self, seq: u32, what: &'static str) -> Result<Message, NftError> {
-        loop {
-            if let Some(at) = self.queued.iter().position(|r| r.seq == seq) {
-                let r = self.queued.remove(at);
-                self.queued.retain(|q| q.seq == seq);
-                return Ok(r);
-            }
-            self.queued = self.recv(what, MsgFlags::empty())?;
-        }
-    }
-
-    /// The ruleset's generation: a batch sent with it is refused if
-    /// anything changed since.
-    pub fn generation(&mut self) -> Result<u32, NftError> {
-        let what = "generation query";
-        self.get(NFT_MSG_GETGEN, 0, |_| {}, what)?
-            .and_then(|m| m.attrs().find(NFTA_GEN_ID).and_then(|a| a.u32()))
-            .ok_or(NftError::Malformed { what })
-    }
-
-    /// A non-dump GET: the object, or None when the kernel says ENOENT.
-    pub fn get(
-        &mut self,
-        msg: u16,
-        family: u8,
-        attrs: impl FnOnce(&mut Writer),
-        what: &'static str,
-    ) -> Result<Option<Message>, NftError> {
-        let seq = self.request(msg, NLM_F_REQUEST, family, attrs, what)?;
-        let m = self.answer(seq, what)?;
-        if m.ty != NLMSG_ERROR {
-            return Ok(Some(m));
-        }
-        match error_of(&m.body, what)? {
-            Some(NftError::Refused {
-                errno: Errno::ENOENT,
-                ..
-            }) => Ok(None),
-            Some(e) => Err(e),
-            None => Err(NftError::Malformed { what }),
-        }
-    }
-
-    /// A dump: every message up to NLMSG_DONE. Errs with
-    /// [`NftError::Changed`] when the kernel flags it as interrupted by a
-    /// concurrent change.
-    pub fn dump(
-        &mut self,
-        msg: u16,
-        family: u8,
-        attrs: impl FnOnce(&mut Writer),
-        what: &'static str,
-    ) -> Result<Vec<Message>, NftError> {
-        let seq = self.request(msg, NLM_F_REQUEST | NLM_F_DUMP, family, attrs, what)?;
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            let m = self.answer(seq, what)?;
+            let m = self.next(what, MsgFlags::empty())?;
+            if m.seq != seq {
+                continue;
+            }
             interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
             match m.ty {
                 NLMSG_DONE if interrupted => return Err(NftError::Changed),
@@ -460,17 +381,28 @@ impl Socket {
                 }
                 _ => out.push(m),
             }
+            if flags & NLM_F_DUMP == 0 {
+                return Ok(out);
+            }
         }
+    }
+
+    /// The ruleset's generation: a batch sent with it is refused if
+    /// anything changed since.
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        let what = "generation query";
+        let got = self.request(NFT_MSG_GETGEN, 0, 0, |_| {}, what)?;
+        (got.first().and_then(|m| m.attrs().u32(NFTA_GEN_ID))).ok_or(NftError::Malformed { what })
     }
 
     /// Sends a batch (begun with [`Writer::batch_begin`], every command
     /// flagged `NLM_F_ACK`) and waits for each command's answer. The
     /// kernel applies all or nothing; [`NftError::Changed`] means the
-    /// generation moved and nothing was applied.
+    /// generation moved and nothing was applied. A refusal of no command
+    /// (the batch header's) is the batch's, named `what`.
     pub fn commit(
         &mut self,
         w: &Writer,
-        begin_seq: u32,
         commands: &[(u32, String)],
         what: &'static str,
     ) -> Result<(), NftError> {
@@ -486,43 +418,54 @@ impl Socket {
             } else {
                 MsgFlags::empty()
             };
-            let got = match self.recv(what, flags) {
-                Ok(got) => got,
+            let m = match self.next(what, flags) {
+                Ok(m) => m,
                 Err(NftError::TimedOut { .. }) if first_error.is_some() => break,
                 Err(e) => return Err(e),
             };
-            for Message {
-                ty, seq: s, body, ..
-            } in got
-            {
-                if ty != NLMSG_ERROR {
-                    continue;
+            if m.ty != NLMSG_ERROR {
+                continue;
+            }
+            let err = error_of(&m.body, what)?;
+            pending.retain(|&p| p != m.seq);
+            match (err, &first_error) {
+                // Only the header is refused so: for the generation.
+                (
+                    Some(NftError::Refused {
+                        errno: Errno::ERESTART,
+                        ..
+                    }),
+                    _,
+                ) => {
+                    return Err(NftError::Changed);
                 }
-                let err = error_of(&body, what)?;
-                if s == begin_seq {
-                    return Err(match err {
-                        Some(NftError::Refused {
-                            errno: Errno::ERESTART,
-                            ..
-                        }) => NftError::Changed,
-                        Some(e) => e,
-                        None => NftError::Malformed { what },
-                    });
-                }
-                pending.retain(|&p| p != s);
-                if let (Some(NftError::Refused { errno, .. }), None) = (err, &first_error) {
-                    let cmd = commands
-                        .iter()
-                        .find(|(c, _)| *c == s)
-                        .map_or("a command", |(_, d)| d.as_str());
+                (Some(NftError::Refused { errno, .. }), None) => {
+                    let cmd = commands.iter().find(|(c, _)| *c == m.seq);
                     first_error = Some(NftError::Refused {
-                        what: cmd.to_string(),
+                        what: cmd.map_or(what, |(_, d)| d.as_str()).to_string(),
                         errno,
                     });
                 }
+                _ => {}
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// `call` (a send or a receive) again while interrupted; EAGAIN is the
+/// timeout [`Socket::arm`] set running out.
+fn uninterrupted(
+    what: &'static str,
+    mut call: impl FnMut() -> nix::Result<usize>,
+) -> Result<usize, NftError> {
+    loop {
+        match call() {
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => return Err(NftError::TimedOut { what }),
+            Err(errno) => return Err(NftError::Io { what, errno }),
+            Ok(n) => return Ok(n),
+        }
     }
 }
 
