@@ -360,12 +360,8 @@ fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
         return None;
     }
     let authority = uri.authority()?;
-    let host = authority.host();
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let ip: std::net::IpAddr = host.parse().ok()?;
+    // An IPv6 host comes in its URI brackets.
+    let ip: std::net::IpAddr = authority.host().trim_matches(['[', ']']).parse().ok()?;
     Some(std::net::SocketAddr::new(
         ip,
         authority.port_u16().unwrap_or(443),
