@@ -212,15 +212,13 @@ fn from_json(text: &str) -> Option<File> {
 /// one name, the last counts.
 fn context(file: &File) -> Result<(&str, &Context), String> {
     let find = |name: &str| file.contexts.iter().rev().find(|c| c.name == name);
-    let (name, found) = match (find(CONTEXT), file.current_context.as_deref()) {
-        (Some(c), _) => (CONTEXT, c),
-        (None, Some(name)) if !name.is_empty() => (
-            name,
-            find(name)
-                .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
-        ),
+    let found = match (find(CONTEXT), file.current_context.as_deref()) {
+        (Some(c), _) => c,
+        (None, Some(name)) if !name.is_empty() => find(name)
+            .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
         (None, _) => return Err(format!("no context {CONTEXT:?} and no current-context")),
     };
+    let name = &found.name;
     let ctx = found
         .value
         .as_ref()
