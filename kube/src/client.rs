@@ -32,9 +32,9 @@ use ureq::unversioned::transport::{
     ConnectionDetails, Connector, NextTimeout, RustlsConnector, TcpConnector, Transport,
 };
 
-use crate::error::{ATTEMPT_TIMEOUT, CONNECT_TIMEOUT, retry_after};
-pub use crate::error::{
-    ApiError, Cause, MAX_BODY, Method, StatusBody, valid_name, valid_namespace,
+use crate::error::{
+    ATTEMPT_TIMEOUT, ApiError, CONNECT_TIMEOUT, Cause, MAX_BODY, Method, retry_after, valid_name,
+    valid_namespace,
 };
 use crate::kubeconfig::{ApiConfig, Trust};
 use crate::objects::{Namespace, Pod, Service};
@@ -99,7 +99,7 @@ impl Client {
             .output_buffer_size(config.token.len() + OUTPUT_BUFFER_SPARE)
             .user_agent(concat!("linkerd-cni/", env!("CARGO_PKG_VERSION")))
             .build();
-        let phase = Arc::new(Mutex::new(Phase::Pooled));
+        let phase = Arc::new(Mutex::new(Phase::Connected));
         let mark = |p: Phase| Mark {
             phase: phase.clone(),
             to: p,
@@ -109,7 +109,7 @@ impl Client {
                 .chain(TcpConnector::default())
                 .chain(mark(Phase::TcpConnected))
                 .chain(RustlsConnector::default())
-                .chain(mark(Phase::Secured));
+                .chain(mark(Phase::Connected));
         let agent = ureq::Agent::with_parts(agent_config, connector, LiteralResolver::default());
         Client {
             agent,
@@ -182,7 +182,7 @@ impl Client {
     /// One GET of `path`; the body of a 200 answer.
     fn attempt(&self, path: &str, timeout: Duration, attempt: u32) -> Result<Vec<u8>, ApiError> {
         let method = Method::Get;
-        set(&self.phase, Phase::Pooled);
+        set(&self.phase, Phase::Connected);
         let started = Instant::now();
         let rb = self
             .agent
@@ -262,7 +262,7 @@ impl Client {
                         .into(),
                         true,
                     ),
-                    Phase::Secured | Phase::Pooled => ApiError::NoAnswer {
+                    Phase::Connected => ApiError::NoAnswer {
                         server,
                         method,
                         path: path.into(),
@@ -294,14 +294,13 @@ impl Client {
 /// connectors, so a timeout can name what did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// No connector ran: a pooled connection was reused.
-    Pooled,
     /// Resolving and making the TCP connection.
     Connecting,
     /// TCP connected; the TLS handshake is under way.
     TcpConnected,
-    /// TLS established; the request is under way.
-    Secured,
+    /// The request is under way: on a new connection once TLS is up, or
+    /// on a pooled one (no connector ran, so no mark moved it).
+    Connected,
 }
 
 /// Records that the attempt's connection got to `to` (a poisoned lock
@@ -361,12 +360,8 @@ fn literal_addr(uri: &Uri) -> Option<std::net::SocketAddr> {
         return None;
     }
     let authority = uri.authority()?;
-    let host = authority.host();
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let ip: std::net::IpAddr = host.parse().ok()?;
+    // An IPv6 host comes in its URI brackets.
+    let ip: std::net::IpAddr = authority.host().trim_matches(['[', ']']).parse().ok()?;
     Some(std::net::SocketAddr::new(
         ip,
         authority.port_u16().unwrap_or(443),

@@ -302,12 +302,11 @@ impl StatusBody {
         if v.get("kind")?.as_str()? != "Status" {
             return None;
         }
-        let text = |v: Option<&serde_json::Value>| v?.as_str().map(str::to_string);
-        let details = v.get("details");
+        let text = |pointer| v.pointer(pointer)?.as_str().map(str::to_string);
         Some(StatusBody {
-            reason: text(v.get("reason")).unwrap_or_default(),
-            kind: text(details.and_then(|d| d.get("kind"))),
-            name: text(details.and_then(|d| d.get("name"))),
+            reason: text("/reason").unwrap_or_default(),
+            kind: text("/details/kind"),
+            name: text("/details/name"),
         })
     }
 }

@@ -36,15 +36,13 @@ const SYSTEM_BUNDLES: [&str; 4] = [
     "/etc/ssl/cert.pem",
 ];
 
-/// A kubeconfig that cannot be used: the file and the problem.
+/// A kubeconfig that cannot be used: the file and the problem (an I/O
+/// error's text included).
 #[derive(Debug, Error)]
 #[error("kubeconfig {path}: {problem}")]
 pub struct KubeconfigError {
     pub path: PathBuf,
     pub problem: String,
-    /// The I/O error, when the file itself could not be read.
-    #[source]
-    pub source: Option<std::io::Error>,
 }
 
 /// How to trust the API server's certificate.
@@ -155,32 +153,30 @@ struct Context {
 /// Reads and checks the kubeconfig at `path`, including the CA and token
 /// files it names.
 pub fn load(path: &Path) -> Result<ApiConfig, KubeconfigError> {
-    let err = |problem: String, source| KubeconfigError {
-        path: path.to_path_buf(),
-        problem,
-        source,
-    };
-    let text = read_file(path).map_err(|e| err(format!("cannot read it: {e}"), Some(e)))?;
-    let text = String::from_utf8(text).map_err(|_| err("it is not UTF-8 text".into(), None))?;
-    from_text(&text, path)
+    let text = read_file(path)
+        .map_err(|e| format!("cannot read it: {e}"))
+        .and_then(|t| String::from_utf8(t).map_err(|_| "it is not UTF-8 text".to_string()));
+    text.and_then(|t| parse(&t, path))
+        .map_err(|problem| KubeconfigError {
+            path: path.to_path_buf(),
+            problem,
+        })
 }
 
 /// Reads kubeconfig `text` already in memory (the installer's own
 /// in-cluster identity, rendered as the file it writes); `source` names it
 /// in messages and resolves relative file names.
 pub fn from_text(text: &str, source: &Path) -> Result<ApiConfig, KubeconfigError> {
-    let base = source.parent().unwrap_or(Path::new("/"));
-    let mut config = parse(text, base).map_err(|problem| KubeconfigError {
+    parse(text, source).map_err(|problem| KubeconfigError {
         path: source.to_path_buf(),
         problem,
-        source: None,
-    })?;
-    config.source = source.to_path_buf();
-    Ok(config)
+    })
 }
 
-/// Parses kubeconfig text; `base` resolves relative file names.
-fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
+/// Parses kubeconfig text read from `source`, whose directory resolves
+/// relative file names.
+fn parse(text: &str, source: &Path) -> Result<ApiConfig, String> {
+    let base = source.parent().unwrap_or(Path::new("/"));
     if text.trim().is_empty() {
         return Err("it is empty".into());
     }
@@ -195,7 +191,7 @@ fn parse(text: &str, base: &Path) -> Result<ApiConfig, String> {
     let (cluster_name, cluster) = named(&file.clusters, "cluster", ctx.cluster.as_deref(), name)?;
     let (user_name, user) = named(&file.users, "user", ctx.user.as_deref(), name)?;
     Ok(ApiConfig {
-        source: PathBuf::new(),
+        source: source.to_path_buf(),
         server: server(cluster_name, cluster)?,
         token: token(user_name, user, base)?,
         trust: trust(cluster_name, cluster, base)?,
@@ -216,15 +212,13 @@ fn from_json(text: &str) -> Option<File> {
 /// one name, the last counts.
 fn context(file: &File) -> Result<(&str, &Context), String> {
     let find = |name: &str| file.contexts.iter().rev().find(|c| c.name == name);
-    let (name, found) = match (find(CONTEXT), file.current_context.as_deref()) {
-        (Some(c), _) => (CONTEXT, c),
-        (None, Some(name)) if !name.is_empty() => (
-            name,
-            find(name)
-                .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
-        ),
+    let found = match (find(CONTEXT), file.current_context.as_deref()) {
+        (Some(c), _) => c,
+        (None, Some(name)) if !name.is_empty() => find(name)
+            .ok_or_else(|| format!("current-context {name:?} is not among its contexts"))?,
         (None, _) => return Err(format!("no context {CONTEXT:?} and no current-context")),
     };
+    let name = &found.name;
     let ctx = found
         .value
         .as_ref()
@@ -553,7 +547,7 @@ contexts:
 - {name: other, context: {cluster: c, user: u}}
 current-context: other
 ";
-        let c = parse(text, dir).unwrap();
+        let c = parse(text, &dir.join("kubeconfig")).unwrap();
         assert_eq!(c.server, "https://api.example.com:6443/prefix");
         assert_eq!(c.token, "tok-from-file");
         assert!(matches!(c.trust, Trust::Roots(_)));
@@ -732,6 +726,7 @@ current-context: other
     fn json_and_yaml_read_alike() {
         let tmp = testkit::TempDir::new("lcni-kubeconfig-json").unwrap();
         let dir = tmp.path();
+        let source = &dir.join("kubeconfig");
         std::fs::write(dir.join("ca.crt"), ca_pem()).unwrap();
         std::fs::write(dir.join("token"), "tok-from-file\n").unwrap();
         let yamls = [
@@ -753,8 +748,8 @@ current-context: other
             let json = serde_json::to_string_pretty(&value).unwrap();
             assert!(from_json(&json).is_some(), "not read as JSON: {json}");
             assert_eq!(
-                parse(&json, dir).unwrap(),
-                parse(yaml, dir).unwrap(),
+                parse(&json, source).unwrap(),
+                parse(yaml, source).unwrap(),
                 "{json}"
             );
         }
@@ -763,12 +758,18 @@ current-context: other
             ("certificate-authority-data", b64(ca_pem()).into()),
             "abc.def.ghi",
         );
-        assert_eq!(parse(&json, dir).unwrap(), parse(&yamls[0], dir).unwrap());
+        assert_eq!(
+            parse(&json, source).unwrap(),
+            parse(&yamls[0], source).unwrap()
+        );
         // YAML, even when it opens with a brace, still goes to the YAML
         // parser: a flow mapping with a comment after it is not JSON.
         let flow = format!("{} # hand-edited\n", json.trim_end());
         assert!(from_json(&flow).is_none());
-        assert_eq!(parse(&flow, dir).unwrap(), parse(&yamls[0], dir).unwrap());
+        assert_eq!(
+            parse(&flow, source).unwrap(),
+            parse(&yamls[0], source).unwrap()
+        );
     }
 
     /// Broken JSON around the token: the YAML parser reports it (with its
@@ -847,8 +848,8 @@ current-context: other
             ("a directory certificate-authority", ".", "token"),
         ] {
             let text = kubeconfig(ca, token);
-            let base = dir.clone();
-            let e = bounded(what, WITHIN, move || parse(&text, &base)).unwrap_err();
+            let source = dir.join("kubeconfig");
+            let e = bounded(what, WITHIN, move || parse(&text, &source)).unwrap_err();
             assert!(e.contains("not a regular file"), "{what}: {e}");
         }
     }

@@ -19,10 +19,6 @@ where
 #[serde(default)]
 pub struct ObjectMeta {
     #[serde(deserialize_with = "nullable")]
-    pub name: String,
-    #[serde(deserialize_with = "nullable")]
-    pub namespace: String,
-    #[serde(deserialize_with = "nullable")]
     pub annotations: BTreeMap<String, String>,
     #[serde(deserialize_with = "nullable")]
     pub labels: BTreeMap<String, String>,
@@ -71,12 +67,10 @@ pub struct PodSpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+#[serde(default)]
 pub struct Container {
     #[serde(deserialize_with = "nullable")]
     pub name: String,
-    /// `Always` on a native sidecar.
-    pub restart_policy: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -137,7 +131,7 @@ mod tests {
                 "spec":{"containers":[{"name":"app","image":"i"}],"initContainers":null}}"#,
         )
         .unwrap();
-        assert_eq!(p.metadata.name, "a");
+        assert_eq!(p.metadata.uid, "u");
         assert!(p.metadata.annotations.is_empty());
         assert_eq!(p.spec.containers[0].name, "app");
         assert!(p.spec.init_containers.is_empty());

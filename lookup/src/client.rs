@@ -183,6 +183,23 @@ mod tests {
         assert_eq!(a.body, body);
     }
 
+    /// An agent that knows neither the namespace nor the Service may
+    /// leave them out.
+    #[test]
+    fn an_answer_without_namespace_or_service_is_used() {
+        let line = br#"{"v":1,"answer":"pod","pod":{},"source":"fetched"}
+"#;
+        let path = agent("bare", line.to_vec(), Duration::ZERO);
+        let a = ask(&path, &request(), BUDGET).unwrap();
+        let Body::Pod {
+            namespace, service, ..
+        } = a.body
+        else {
+            panic!("{:?}", a.body);
+        };
+        assert_eq!((namespace, service), (None, None));
+    }
+
     #[test]
     fn what_cannot_be_used_is_an_error_never_a_hang() {
         let missing = dir("missing").join(crate::SOCKET);

@@ -86,9 +86,7 @@ pub enum Body {
     /// `default/kubernetes` when known.
     Pod {
         pod: Value,
-        #[serde(default)]
         namespace: Option<Value>,
-        #[serde(default)]
         service: Option<Value>,
         source: Source,
     },
