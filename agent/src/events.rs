@@ -7,9 +7,9 @@
 //! Each kind is rate-limited on its own: at most one Event per
 //! [`INTERVAL`]; occurrences in between are counted and the next Event says
 //! how many were not reported. Events are sent by a thread of their own
-//! (started with the first one) through a small queue, so an API server
-//! that is slow or down never delays a pass; the uninstall's Event is sent
-//! at once, within [`API_TIMEOUT`], since the process exits right after.
+//! through a small queue, so an API server that is slow or down never
+//! delays a pass; the uninstall's Event is sent at once, within
+//! [`API_TIMEOUT`], since the process exits right after.
 //! With the installer's own credential (its service-account token, as the
 //! taint removal uses); a failure is logged and that Event is lost.
 //!
@@ -118,11 +118,7 @@ impl Notice {
     ) -> Event {
         let mut note = self.note.clone();
         if note.len() > MAX_NOTE {
-            let mut cut = MAX_NOTE - 3;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
+            note.truncate(note.floor_char_boundary(MAX_NOTE - 3));
             note.push_str("...");
         }
         let name = regarding.name.as_deref().unwrap_or_default();
@@ -178,15 +174,23 @@ pub struct Events {
     sink: Arc<dyn Sink>,
     /// Per kind.
     limiter: Mutex<HashMap<Kind, Throttle>>,
-    queue: Mutex<Option<SyncSender<Notice>>>,
+    queue: SyncSender<Notice>,
 }
 
 impl Events {
     pub fn new(sink: Arc<dyn Sink>) -> Events {
+        let (queue, rx) = mpsc::sync_channel::<Notice>(QUEUE);
+        let to = sink.clone();
+        let spawned = std::thread::Builder::new()
+            .name("events".into())
+            .spawn(move || rx.iter().for_each(|e| send(to.as_ref(), &e)));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the thread that sends Events: {e}");
+        }
         Events {
             sink,
             limiter: Mutex::default(),
-            queue: Mutex::new(None),
+            queue,
         }
     }
 
@@ -211,23 +215,9 @@ impl Events {
         let Some(event) = self.admitted(kind, note) else {
             return;
         };
-        let mut queue = crate::metrics::lock(&self.queue);
-        let tx = queue.get_or_insert_with(|| {
-            let (tx, rx) = mpsc::sync_channel::<Notice>(QUEUE);
-            let sink = self.sink.clone();
-            let spawned = std::thread::Builder::new()
-                .name("events".into())
-                .spawn(move || {
-                    for e in rx {
-                        send(sink.as_ref(), &e);
-                    }
-                });
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start the thread that sends Events: {e}");
-            }
-            tx
-        });
-        if let Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) = tx.try_send(event) {
+        if let Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) =
+            self.queue.try_send(event)
+        {
             tracing::warn!("Event {} not sent: the queue is full", e.reason)
         }
     }
