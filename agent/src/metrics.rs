@@ -197,9 +197,6 @@ pub struct Telemetry {
     metrics: Option<Counters>,
     events: Option<Events>,
     seen: Seen,
-    /// Once the first pass is done: its repairs are no samples of heal
-    /// latency (a node chained at start, after hours without an installer).
-    past_first: bool,
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
@@ -271,7 +268,6 @@ impl Telemetry {
     /// `judge`'s, asked only when metrics are on: the collector is the
     /// verdict's only reader).
     pub fn pass_done(&mut self, judge: impl FnOnce() -> Verdict) {
-        self.past_first = true;
         if let Some(m) = &self.metrics {
             let v = self.steady.take().unwrap_or_else(judge);
             m.passes.inc();
@@ -344,7 +340,9 @@ impl Telemetry {
         self.seen.holding = None;
         let Some(m) = &self.metrics else { return };
         m.repairs.get_or_create(&[("cause", cause)]).inc();
-        if let Some(w) = written.filter(|_| self.past_first) {
+        // The first pass's repairs are no samples (a node chained at start,
+        // after hours without an installer).
+        if let Some(w) = written.filter(|_| m.passes.get() > 0) {
             let latency = SystemTime::now().duration_since(w).unwrap_or_default();
             m.heal_latency.observe(latency.as_secs_f64());
         }
@@ -675,12 +673,10 @@ mod tests {
         }
     }
 
-    /// Metrics on, read from `dir`; `past_first`: every write a test
-    /// reports is a heal-latency sample.
-    fn registered(dir: &Path, past_first: bool) -> (Telemetry, Registry) {
+    /// Metrics on, read from `dir`.
+    fn registered(dir: &Path) -> (Telemetry, Registry) {
         let mut r = Registry::default();
-        let mut t = Telemetry::new(Some((&mut r, sources(dir))), None);
-        t.past_first = past_first;
+        let t = Telemetry::new(Some((&mut r, sources(dir))), None);
         (t, r)
     }
 
@@ -718,7 +714,7 @@ mod tests {
         assert!(!v.healthy(), "{v:?}");
         assert_eq!(v.selected, ChainMode::Inline);
         // A steady run of the keeper gives the verdict a look would.
-        let (mut t, _registry) = registered(dir.path(), true);
+        let (mut t, _registry) = registered(dir.path());
         for e in [&entry, &owned_entry] {
             let c = ctx(dir.path(), e);
             keep(&c, &mut NoLimit).unwrap();
@@ -752,7 +748,7 @@ mod tests {
     #[test]
     fn the_first_pass_is_no_heal_latency_sample() {
         let tmp = testkit::TempDir::new("metrics-first").unwrap();
-        let (mut t, r) = registered(tmp.path(), false);
+        let (mut t, r) = registered(tmp.path());
         t.repaired(
             "missing",
             Some(SystemTime::now() - Duration::from_secs(3600)),
@@ -886,7 +882,15 @@ mod tests {
     #[test]
     fn rendering_names_every_family_with_its_values() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let (mut t, r) = registered(tmp.path(), true);
+        let (mut t, r) = registered(tmp.path());
+        // Past the first pass: every write reported is a heal-latency
+        // sample.
+        t.pass_done(|| Verdict {
+            configured: ChainMode::Owned,
+            selected: ChainMode::Inline,
+            reason: Some("a \"multus\" primary".into()),
+            problem: None,
+        });
         let ago = SystemTime::now() - Duration::from_millis(30);
         t.repaired("missing", Some(ago));
         t.repaired("not_last", None);
@@ -896,12 +900,6 @@ mod tests {
             t.fight("w");
             t.held_back("f@1");
         }
-        t.pass_done(|| Verdict {
-            configured: ChainMode::Owned,
-            selected: ChainMode::Inline,
-            reason: Some("a \"multus\" primary".into()),
-            problem: None,
-        });
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.
         use base64::Engine;
@@ -979,7 +977,7 @@ mod tests {
     #[test]
     fn nothing_before_the_first_pass_and_no_credential_without_a_token() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let (_t, r) = registered(tmp.path(), false);
+        let (_t, r) = registered(tmp.path());
         let text = page(&r);
         assert!(!text.contains("linkerd_cni_chain_healthy{"), "{text}");
         assert!(
