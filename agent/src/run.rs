@@ -157,11 +157,10 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
                 // the loop again.
                 w.add_settings(crate::runtime::settings_watch(&cfg));
             }
-            for e in w.arm() {
+            for (dir, errno) in w.arm() {
                 tracing::warn!(
-                    "cannot watch {} ({}); changes there are picked up by the periodic reconcile",
-                    e.dir.display(),
-                    e.errno
+                    "cannot watch {} ({errno}); changes there are picked up by the periodic reconcile",
+                    dir.display()
                 );
             }
         }
