@@ -209,22 +209,13 @@ fn block_signals() -> Result<SignalFd, Errno> {
 /// everything (and say why), so that a rolling update, a restart or a
 /// force-delete never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
+    // Err: why everything stays.
     let why = match inst.config().on_exit {
-        OnExit::Leave => {
-            tracing::info!(
-                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
-            );
-            return ExitCode::SUCCESS;
-        }
-        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Leave => Err("LINKERD_CNI_UNINSTALL_ON_EXIT=false".to_string()),
+        OnExit::Uninstall => Ok("LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string()),
         OnExit::Auto => match owner::ask(inst.config()) {
-            Verdict::Uninstall(how) => how,
-            Verdict::Present(how) => {
-                tracing::info!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
-                );
-                return ExitCode::SUCCESS;
-            }
+            Verdict::Uninstall(how) => Ok(how),
+            Verdict::Present(how) => Err(format!("{how}: a rolling update or a restart")),
             Verdict::CannotTell(why) => {
                 let why = why.trim_end_matches('.');
                 tracing::warn!(
