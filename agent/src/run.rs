@@ -38,7 +38,7 @@ use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
 use crate::taint::StartupTaint;
-use crate::watch::{Wanted, Watcher};
+use crate::watch::Watcher;
 
 /// For the events that call for a whole pass (see [`crate::watch::Wanted`]):
 /// the first after a quiet spell is acted on at once; those that follow
@@ -230,6 +230,13 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
             }
         },
     };
+    let why = match why {
+        Ok(why) => why,
+        Err(stay) => {
+            tracing::info!("{sig}: exiting; linkerd-cni stays installed and chained ({stay})");
+            return ExitCode::SUCCESS;
+        }
+    };
     tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
     uninstall(inst, "uninstalled; exiting")
@@ -286,15 +293,12 @@ fn wait(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let inotify_ready = fds
-            .get(1)
-            .and_then(PollFd::revents)
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
-        let wanted = match watcher.as_deref_mut() {
-            Some(w) if inotify_ready => w.drain(),
-            _ => Wanted::default(),
-        };
+        // Whatever woke the poll: reading an inotify fd never blocks.
+        let wanted = watcher
+            .as_deref_mut()
+            .map(Watcher::drain)
+            .unwrap_or_default();
         if wanted.full && debounce.event(Instant::now()) {
             return Wake::Full;
         }
