@@ -223,11 +223,7 @@ struct Seen {
 
 /// Whether `now` is news after `seen`, which holds it from then on.
 fn news(seen: &mut Option<String>, now: &str) -> bool {
-    let new = seen.as_deref() != Some(now);
-    if new {
-        *seen = Some(now.to_string());
-    }
-    new
+    seen.replace(now.to_string()).as_deref() != Some(now)
 }
 
 impl Telemetry {
