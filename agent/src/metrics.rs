@@ -298,15 +298,9 @@ impl Telemetry {
         }
         for a in &r.actions {
             match a {
-                Action::Repaired { file, cause } => {
-                    let w = self.written.get(file).copied();
-                    self.repaired(repair_cause(cause), w);
-                }
+                Action::Repaired { file, cause } => self.repaired(repair_cause(cause), Some(file)),
                 Action::Copied { created: true, .. } => self.repaired("owned_missing", None),
-                Action::Copied { from, .. } => {
-                    let w = self.written.get(from).copied();
-                    self.repaired("owned_outdated", w);
-                }
+                Action::Copied { from, .. } => self.repaired("owned_outdated", Some(from)),
                 _ => {}
             }
         }
@@ -330,16 +324,17 @@ impl Telemetry {
     }
 
     /// A repair that rewrote a file: counted under `cause`, and its heal
-    /// latency observed from the file's last write before the repair
-    /// (`written`: its mtime then; the primary's write) to now.
-    fn repaired(&mut self, cause: &'static str, written: Option<SystemTime>) {
+    /// latency observed from `file`'s last write before the repair (its
+    /// mtime then, in [`Telemetry::written`]; the primary's write) to now.
+    fn repaired(&mut self, cause: &'static str, file: Option<&PathBuf>) {
         self.seen.holding = None;
         let Some(m) = &self.metrics else { return };
         m.repairs.get_or_create(&[("cause", cause)]).inc();
         // The first pass's repairs are no samples (a node chained at start,
         // after hours without an installer).
+        let written = file.and_then(|f| self.written.get(f));
         if let Some(w) = written.filter(|_| m.passes.get() > 0) {
-            let latency = SystemTime::now().duration_since(w).unwrap_or_default();
+            let latency = SystemTime::now().duration_since(*w).unwrap_or_default();
             m.heal_latency.observe(latency.as_secs_f64());
         }
     }
@@ -745,12 +740,13 @@ mod tests {
     fn the_first_pass_is_no_heal_latency_sample() {
         let tmp = testkit::TempDir::new("metrics-first").unwrap();
         let (mut t, r) = registered(tmp.path());
-        t.repaired(
-            "missing",
-            Some(SystemTime::now() - Duration::from_secs(3600)),
-        );
+        let file = PathBuf::from("10-calico.conflist");
+        let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+        t.written.insert(file.clone(), hour_ago);
+        t.repaired("missing", Some(&file));
         t.pass_done(verdict_for_test);
-        t.repaired("missing", Some(SystemTime::now()));
+        t.written.insert(file.clone(), SystemTime::now());
+        t.repaired("missing", Some(&file));
         let text = page(&r);
         assert!(
             text.contains("\nlinkerd_cni_chain_repairs_total{cause=\"missing\"} 2\n"),
@@ -888,7 +884,9 @@ mod tests {
             problem: None,
         });
         let ago = SystemTime::now() - Duration::from_millis(30);
-        t.repaired("missing", Some(ago));
+        let file = PathBuf::from("10-calico.conflist");
+        t.written.insert(file.clone(), ago);
+        t.repaired("missing", Some(&file));
         t.repaired("not_last", None);
         // One fight and one held-back repair, however many passes see
         // them.
