@@ -583,7 +583,7 @@ pub fn setup(
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
     let events = (cfg.node_name.is_some() && cfg.events)
-        .then(|| Events::new(Arc::new(crate::events::ApiSink(cfg.clone()))));
+        .then(|| Events::new(crate::events::api_sink(cfg.clone())));
     let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
         Some(Ok(rt)) => rt,
         other => {
