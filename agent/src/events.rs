@@ -7,9 +7,9 @@
 //! Each kind is rate-limited on its own: at most one Event per
 //! [`INTERVAL`]; occurrences in between are counted and the next Event says
 //! how many were not reported. Events are sent by a thread of their own
-//! (started with the first one) through a small queue, so an API server
-//! that is slow or down never delays a pass; the uninstall's Event is sent
-//! at once, within [`API_TIMEOUT`], since the process exits right after.
+//! through a small queue, so an API server that is slow or down never
+//! delays a pass; the uninstall's Event is sent at once, within
+//! [`API_TIMEOUT`], since the process exits right after.
 //! With the installer's own credential (its service-account token, as the
 //! taint removal uses); a failure is logged and that Event is lost.
 //!
@@ -118,11 +118,7 @@ impl Notice {
     ) -> Event {
         let mut note = self.note.clone();
         if note.len() > MAX_NOTE {
-            let mut cut = MAX_NOTE - 3;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
+            note.truncate(note.floor_char_boundary(MAX_NOTE - 3));
             note.push_str("...");
         }
         let name = regarding.name.as_deref().unwrap_or_default();
@@ -145,21 +141,17 @@ impl Notice {
     }
 }
 
-/// Where Events go: the API server, or a test's list.
-pub trait Sink: Send + Sync {
-    fn create(&self, event: &Notice) -> Result<(), String>;
-}
+/// Where Events go (created one by one): the API server, or a test's list.
+pub type Sink = Arc<dyn Fn(&Notice) -> Result<(), String> + Send + Sync>;
 
 /// The API server, with the installer's own credential (its
 /// service-account token, read at each Event: the kubelet rotates it),
-/// about the configuration's node, reported by its pod.
-pub struct ApiSink(pub crate::config::Config);
-
-impl Sink for ApiSink {
-    fn create(&self, event: &Notice) -> Result<(), String> {
-        let config = crate::kubeconfig::own_api(&self.0)?;
-        let node = self.0.node_name.as_deref().unwrap_or_default();
-        let instance = self.0.pod_name.as_deref().unwrap_or(REPORTER_POD);
+/// about `cfg`'s node, reported by its pod.
+pub fn api_sink(cfg: crate::config::Config) -> Sink {
+    Arc::new(move |event| {
+        let config = crate::kubeconfig::own_api(&cfg)?;
+        let node = cfg.node_name.as_deref().unwrap_or_default();
+        let instance = cfg.pod_name.as_deref().unwrap_or(REPORTER_POD);
         let body = serde_json::to_value(event.to_event(node, instance, Timestamp::now()))
             .map_err(|e| e.to_string())?;
         let path = format!("/apis/events.k8s.io/v1/namespaces/{NODE_EVENTS_NAMESPACE}/events");
@@ -170,23 +162,31 @@ impl Sink for ApiSink {
         .and_then(|r| r)
         .map(drop)
         .map_err(|e| e.to_string())
-    }
+    })
 }
 
 /// The installer's Events.
 pub struct Events {
-    sink: Arc<dyn Sink>,
+    sink: Sink,
     /// Per kind.
     limiter: Mutex<HashMap<Kind, Throttle>>,
-    queue: Mutex<Option<SyncSender<Notice>>>,
+    queue: SyncSender<Notice>,
 }
 
 impl Events {
-    pub fn new(sink: Arc<dyn Sink>) -> Events {
+    pub fn new(sink: Sink) -> Events {
+        let (queue, rx) = mpsc::sync_channel::<Notice>(QUEUE);
+        let to = sink.clone();
+        let spawned = std::thread::Builder::new()
+            .name("events".into())
+            .spawn(move || rx.iter().for_each(|e| send(&to, &e)));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the thread that sends Events: {e}");
+        }
         Events {
             sink,
             limiter: Mutex::default(),
-            queue: Mutex::new(None),
+            queue,
         }
     }
 
@@ -211,23 +211,9 @@ impl Events {
         let Some(event) = self.admitted(kind, note) else {
             return;
         };
-        let mut queue = crate::metrics::lock(&self.queue);
-        let tx = queue.get_or_insert_with(|| {
-            let (tx, rx) = mpsc::sync_channel::<Notice>(QUEUE);
-            let sink = self.sink.clone();
-            let spawned = std::thread::Builder::new()
-                .name("events".into())
-                .spawn(move || {
-                    for e in rx {
-                        send(sink.as_ref(), &e);
-                    }
-                });
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start the thread that sends Events: {e}");
-            }
-            tx
-        });
-        if let Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) = tx.try_send(event) {
+        if let Err(TrySendError::Full(e) | TrySendError::Disconnected(e)) =
+            self.queue.try_send(event)
+        {
             tracing::warn!("Event {} not sent: the queue is full", e.reason)
         }
     }
@@ -236,13 +222,13 @@ impl Events {
     /// [`API_TIMEOUT`]: for the last thing the process does.
     pub fn emit_now(&self, kind: Kind, note: String) {
         if let Some(event) = self.admitted(kind, note) {
-            send(self.sink.as_ref(), &event);
+            send(&self.sink, &event);
         }
     }
 }
 
-fn send(sink: &dyn Sink, e: &Notice) {
-    match sink.create(e) {
+fn send(sink: &Sink, e: &Notice) {
+    match sink(e) {
         Ok(()) => tracing::debug!("Event {} created", e.reason),
         Err(err) => tracing::warn!("cannot create Event {} on this node: {err}", e.reason),
     }
@@ -251,15 +237,6 @@ fn send(sink: &dyn Sink, e: &Notice) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Default)]
-    struct List(Mutex<Vec<Notice>>);
-    impl Sink for List {
-        fn create(&self, event: &Notice) -> Result<(), String> {
-            self.0.lock().unwrap().push(event.clone());
-            Ok(())
-        }
-    }
 
     /// What [`Events`] admits: one throttle per kind.
     #[derive(Default)]
@@ -324,11 +301,15 @@ mod tests {
 
     #[test]
     fn emit_now_sends_once_within_the_interval() {
-        let list = Arc::new(List::default());
-        let events = Events::new(list.clone());
+        let list = Arc::new(Mutex::new(Vec::<Notice>::new()));
+        let to = list.clone();
+        let events = Events::new(Arc::new(move |e: &Notice| {
+            to.lock().unwrap().push(e.clone());
+            Ok(())
+        }));
         events.emit_now(Kind::Uninstall, "the DaemonSet is gone".into());
         events.emit_now(Kind::Uninstall, "again".into());
-        let sent = list.0.lock().unwrap().clone();
+        let sent = list.lock().unwrap().clone();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].reason, "LinkerdCNIUninstall");
         assert_eq!(sent[0].note, "the DaemonSet is gone");

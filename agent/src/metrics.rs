@@ -197,9 +197,6 @@ pub struct Telemetry {
     metrics: Option<Counters>,
     events: Option<Events>,
     seen: Seen,
-    /// Once the first pass is done: its repairs are no samples of heal
-    /// latency (a node chained at start, after hours without an installer).
-    past_first: bool,
     /// The config files' mtimes before the keeper ran (metrics on): when
     /// the write it repaired was made.
     written: BTreeMap<PathBuf, SystemTime>,
@@ -226,11 +223,7 @@ struct Seen {
 
 /// Whether `now` is news after `seen`, which holds it from then on.
 fn news(seen: &mut Option<String>, now: &str) -> bool {
-    let new = seen.as_deref() != Some(now);
-    if new {
-        *seen = Some(now.to_string());
-    }
-    new
+    seen.replace(now.to_string()).as_deref() != Some(now)
 }
 
 impl Telemetry {
@@ -271,7 +264,6 @@ impl Telemetry {
     /// `judge`'s, asked only when metrics are on: the collector is the
     /// verdict's only reader).
     pub fn pass_done(&mut self, judge: impl FnOnce() -> Verdict) {
-        self.past_first = true;
         if let Some(m) = &self.metrics {
             let v = self.steady.take().unwrap_or_else(judge);
             m.passes.inc();
@@ -306,15 +298,9 @@ impl Telemetry {
         }
         for a in &r.actions {
             match a {
-                Action::Repaired { file, cause } => {
-                    let w = self.written.get(file).copied();
-                    self.repaired(repair_cause(cause), w);
-                }
+                Action::Repaired { file, cause } => self.repaired(repair_cause(cause), Some(file)),
                 Action::Copied { created: true, .. } => self.repaired("owned_missing", None),
-                Action::Copied { from, .. } => {
-                    let w = self.written.get(from).copied();
-                    self.repaired("owned_outdated", w);
-                }
+                Action::Copied { from, .. } => self.repaired("owned_outdated", Some(from)),
                 _ => {}
             }
         }
@@ -338,14 +324,17 @@ impl Telemetry {
     }
 
     /// A repair that rewrote a file: counted under `cause`, and its heal
-    /// latency observed from the file's last write before the repair
-    /// (`written`: its mtime then; the primary's write) to now.
-    fn repaired(&mut self, cause: &'static str, written: Option<SystemTime>) {
+    /// latency observed from `file`'s last write before the repair (its
+    /// mtime then, in [`Telemetry::written`]; the primary's write) to now.
+    fn repaired(&mut self, cause: &'static str, file: Option<&PathBuf>) {
         self.seen.holding = None;
         let Some(m) = &self.metrics else { return };
         m.repairs.get_or_create(&[("cause", cause)]).inc();
-        if let Some(w) = written.filter(|_| self.past_first) {
-            let latency = SystemTime::now().duration_since(w).unwrap_or_default();
+        // The first pass's repairs are no samples (a node chained at start,
+        // after hours without an installer).
+        let written = file.and_then(|f| self.written.get(f));
+        if let Some(w) = written.filter(|_| m.passes.get() > 0) {
+            let latency = SystemTime::now().duration_since(*w).unwrap_or_default();
             m.heal_latency.observe(latency.as_secs_f64());
         }
     }
@@ -594,7 +583,7 @@ pub fn setup(
     let cfg = inst.config().clone();
     let sources = inst.metrics_sources();
     let events = (cfg.node_name.is_some() && cfg.events)
-        .then(|| Events::new(Arc::new(crate::events::ApiSink(cfg.clone()))));
+        .then(|| Events::new(crate::events::api_sink(cfg.clone())));
     let rt = match (cfg.metrics_addr.is_some() || repair.is_some()).then(crate::api::handle) {
         Some(Ok(rt)) => rt,
         other => {
@@ -675,12 +664,10 @@ mod tests {
         }
     }
 
-    /// Metrics on, read from `dir`; `past_first`: every write a test
-    /// reports is a heal-latency sample.
-    fn registered(dir: &Path, past_first: bool) -> (Telemetry, Registry) {
+    /// Metrics on, read from `dir`.
+    fn registered(dir: &Path) -> (Telemetry, Registry) {
         let mut r = Registry::default();
-        let mut t = Telemetry::new(Some((&mut r, sources(dir))), None);
-        t.past_first = past_first;
+        let t = Telemetry::new(Some((&mut r, sources(dir))), None);
         (t, r)
     }
 
@@ -718,7 +705,7 @@ mod tests {
         assert!(!v.healthy(), "{v:?}");
         assert_eq!(v.selected, ChainMode::Inline);
         // A steady run of the keeper gives the verdict a look would.
-        let (mut t, _registry) = registered(dir.path(), true);
+        let (mut t, _registry) = registered(dir.path());
         for e in [&entry, &owned_entry] {
             let c = ctx(dir.path(), e);
             keep(&c, &mut NoLimit).unwrap();
@@ -752,13 +739,14 @@ mod tests {
     #[test]
     fn the_first_pass_is_no_heal_latency_sample() {
         let tmp = testkit::TempDir::new("metrics-first").unwrap();
-        let (mut t, r) = registered(tmp.path(), false);
-        t.repaired(
-            "missing",
-            Some(SystemTime::now() - Duration::from_secs(3600)),
-        );
+        let (mut t, r) = registered(tmp.path());
+        let file = PathBuf::from("10-calico.conflist");
+        let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+        t.written.insert(file.clone(), hour_ago);
+        t.repaired("missing", Some(&file));
         t.pass_done(verdict_for_test);
-        t.repaired("missing", Some(SystemTime::now()));
+        t.written.insert(file.clone(), SystemTime::now());
+        t.repaired("missing", Some(&file));
         let text = page(&r);
         assert!(
             text.contains("\nlinkerd_cni_chain_repairs_total{cause=\"missing\"} 2\n"),
@@ -886,9 +874,19 @@ mod tests {
     #[test]
     fn rendering_names_every_family_with_its_values() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let (mut t, r) = registered(tmp.path(), true);
+        let (mut t, r) = registered(tmp.path());
+        // Past the first pass: every write reported is a heal-latency
+        // sample.
+        t.pass_done(|| Verdict {
+            configured: ChainMode::Owned,
+            selected: ChainMode::Inline,
+            reason: Some("a \"multus\" primary".into()),
+            problem: None,
+        });
         let ago = SystemTime::now() - Duration::from_millis(30);
-        t.repaired("missing", Some(ago));
+        let file = PathBuf::from("10-calico.conflist");
+        t.written.insert(file.clone(), ago);
+        t.repaired("missing", Some(&file));
         t.repaired("not_last", None);
         // One fight and one held-back repair, however many passes see
         // them.
@@ -896,12 +894,6 @@ mod tests {
             t.fight("w");
             t.held_back("f@1");
         }
-        t.pass_done(|| Verdict {
-            configured: ChainMode::Owned,
-            selected: ChainMode::Inline,
-            reason: Some("a \"multus\" primary".into()),
-            problem: None,
-        });
         outcomes::count(&tmp.path().join("state"), outcomes::Outcome::Failed(101)).unwrap();
         // A token issued an hour ago for 10 hours: refreshed at 8 h.
         use base64::Engine;
@@ -979,7 +971,7 @@ mod tests {
     #[test]
     fn nothing_before_the_first_pass_and_no_credential_without_a_token() {
         let tmp = testkit::TempDir::new("metrics").unwrap();
-        let (_t, r) = registered(tmp.path(), false);
+        let (_t, r) = registered(tmp.path());
         let text = page(&r);
         assert!(!text.contains("linkerd_cni_chain_healthy{"), "{text}");
         assert!(

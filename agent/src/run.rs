@@ -38,7 +38,7 @@ use crate::owner::{self, Verdict};
 use crate::repair::args::Args;
 use crate::repair::cli::Beside;
 use crate::taint::StartupTaint;
-use crate::watch::{Wanted, Watcher};
+use crate::watch::Watcher;
 
 /// For the events that call for a whole pass (see [`crate::watch::Wanted`]):
 /// the first after a quiet spell is acted on at once; those that follow
@@ -157,11 +157,10 @@ pub fn run(mut inst: Installer, repair: Option<Args>) -> ExitCode {
                 // the loop again.
                 w.add_settings(crate::runtime::settings_watch(&cfg));
             }
-            for e in w.arm() {
+            for (dir, errno) in w.arm() {
                 tracing::warn!(
-                    "cannot watch {} ({}); changes there are picked up by the periodic reconcile",
-                    e.dir.display(),
-                    e.errno
+                    "cannot watch {} ({errno}); changes there are picked up by the periodic reconcile",
+                    dir.display()
                 );
             }
         }
@@ -210,22 +209,13 @@ fn block_signals() -> Result<SignalFd, Errno> {
 /// everything (and say why), so that a rolling update, a restart or a
 /// force-delete never unchains pods.
 fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
+    // Err: why everything stays.
     let why = match inst.config().on_exit {
-        OnExit::Leave => {
-            tracing::info!(
-                "{sig}: exiting; linkerd-cni stays installed and chained (LINKERD_CNI_UNINSTALL_ON_EXIT=false)"
-            );
-            return ExitCode::SUCCESS;
-        }
-        OnExit::Uninstall => "LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string(),
+        OnExit::Leave => Err("LINKERD_CNI_UNINSTALL_ON_EXIT=false".to_string()),
+        OnExit::Uninstall => Ok("LINKERD_CNI_UNINSTALL_ON_EXIT=true".to_string()),
         OnExit::Auto => match owner::ask(inst.config()) {
-            Verdict::Uninstall(how) => how,
-            Verdict::Present(how) => {
-                tracing::info!(
-                    "{sig}: exiting; linkerd-cni stays installed and chained ({how}: a rolling update or a restart)"
-                );
-                return ExitCode::SUCCESS;
-            }
+            Verdict::Uninstall(how) => Ok(how),
+            Verdict::Present(how) => Err(format!("{how}: a rolling update or a restart")),
             Verdict::CannotTell(why) => {
                 let why = why.trim_end_matches('.');
                 tracing::warn!(
@@ -239,6 +229,13 @@ fn shutdown(inst: &Installer, sig: Signal) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
         },
+    };
+    let why = match why {
+        Ok(why) => why,
+        Err(stay) => {
+            tracing::info!("{sig}: exiting; linkerd-cni stays installed and chained ({stay})");
+            return ExitCode::SUCCESS;
+        }
     };
     tracing::info!("{sig}: uninstalling ({why})");
     inst.telemetry().uninstalling(&why);
@@ -296,15 +293,12 @@ fn wait(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let inotify_ready = fds
-            .get(1)
-            .and_then(PollFd::revents)
-            .is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
-        let wanted = match watcher.as_deref_mut() {
-            Some(w) if inotify_ready => w.drain(),
-            _ => Wanted::default(),
-        };
+        // Whatever woke the poll: reading an inotify fd never blocks.
+        let wanted = watcher
+            .as_deref_mut()
+            .map(Watcher::drain)
+            .unwrap_or_default();
         if wanted.full && debounce.event(Instant::now()) {
             return Wake::Full;
         }

@@ -49,6 +49,12 @@ pub struct Wanted {
 }
 
 impl Wanted {
+    /// A whole pass, not the chain alone.
+    const FULL: Wanted = Wanted {
+        chain: false,
+        full: true,
+    };
+
     fn add(&mut self, other: Wanted) {
         self.chain |= other.chain;
         self.full |= other.full;
@@ -74,10 +80,6 @@ impl Filter {
     /// What an event (`mask`) on `name` calls for.
     fn wants(&self, name: &str, mask: AddWatchFlags) -> Wanted {
         let none = Wanted::default();
-        let full = Wanted {
-            chain: false,
-            full: true,
-        };
         let os_name = std::ffi::OsStr::new(name);
         if is_temp_name(os_name) {
             return none;
@@ -89,10 +91,10 @@ impl Filter {
                 full: false,
             },
             Filter::ConfigsAnd(names) | Filter::Names(names) if names.iter().any(|n| n == name) => {
-                full
+                Wanted::FULL
             }
             Filter::ConfigsAnd(_) | Filter::Names(_) => none,
-            Filter::Any => full,
+            Filter::Any => Wanted::FULL,
             // Written, like a network config: read half-written, a file
             // would select inline mode for a moment. A directory (CRI-O's
             // drop-ins) is complete once created.
@@ -103,7 +105,7 @@ impl Filter {
                     && (chain_event(mask)
                         || mask.contains(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ISDIR)) =>
             {
-                full
+                Wanted::FULL
             }
             Filter::Settings(_) => none,
         }
@@ -117,13 +119,6 @@ struct Target {
     wd: Option<WatchDescriptor>,
     /// The last error arming it, so that it is reported once.
     failed: Option<Errno>,
-}
-
-/// A watch that could not be armed (the directory may not exist yet).
-#[derive(Debug)]
-pub struct ArmError {
-    pub dir: PathBuf,
-    pub errno: Errno,
 }
 
 #[derive(Debug)]
@@ -192,8 +187,9 @@ impl Watcher {
 
     /// Arms every watch not armed yet. Called before every reconcile, so a
     /// watch lost with its directory comes back when the directory does.
-    /// Returns the failures not reported before.
-    pub fn arm(&mut self) -> Vec<ArmError> {
+    /// Returns the directories it could not arm (one may not exist yet)
+    /// and why, unless reported before.
+    pub fn arm(&mut self) -> Vec<(PathBuf, Errno)> {
         let mut new_failures = vec![];
         for t in self.targets.iter_mut().filter(|t| t.wd.is_none()) {
             match self.inotify.add_watch(&t.dir, mask()) {
@@ -203,10 +199,7 @@ impl Watcher {
                 }
                 Err(errno) => {
                     if t.failed != Some(errno) {
-                        new_failures.push(ArmError {
-                            dir: t.dir.clone(),
-                            errno,
-                        });
+                        new_failures.push((t.dir.clone(), errno));
                     }
                     t.failed = Some(errno);
                 }
@@ -248,10 +241,7 @@ impl Watcher {
                         // Re-armed before the next pass, on whatever
                         // directory then has this path.
                         t.wd = None;
-                        wanted.add(Wanted {
-                            chain: false,
-                            full: true,
-                        });
+                        wanted.add(Wanted::FULL);
                     } else if let Some(name) = &ev.name {
                         wanted.add(t.filter.wants(&name.to_string_lossy(), ev.mask));
                     }
@@ -342,7 +332,7 @@ mod tests {
         ]);
         assert_eq!(w.dirs().count(), 2);
         // One that cannot be armed: said once, then left to the resync.
-        let failed: Vec<PathBuf> = w.arm().into_iter().map(|e| e.dir).collect();
+        let failed: Vec<PathBuf> = w.arm().into_iter().map(|(dir, _)| dir).collect();
         assert_eq!(failed, [gone]);
         assert!(w.arm().is_empty());
 
