@@ -30,7 +30,7 @@ use crate::fsutil::{self, FsError};
 const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub const MODE: u32 = 0o600;
-pub const CONTEXT: &str = "linkerd-cni-context";
+use linkerd_cni_kube::kubeconfig::CONTEXT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeconfigError {

@@ -31,9 +31,11 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use linkerd_cni_kube::ApiError;
 use linkerd_cni_kube::error::{StatusBody, valid_name, valid_namespace};
-use linkerd_cni_kube::objects::{DaemonSet, Namespace, OwnerReference, Pod};
 
 use crate::api::{self, Api};
 use crate::config::Config;
@@ -173,6 +175,7 @@ fn controller(p: &Pod) -> Option<&OwnerReference> {
     p.metadata
         .owner_references
         .iter()
+        .flatten()
         .find(|o| o.kind == "DaemonSet" && o.controller == Some(true) && !o.name.is_empty())
 }
 
@@ -223,11 +226,14 @@ fn verdict(a: &Answers) -> Verdict {
             // Deleted and created again under the same name (helm
             // uninstall then install, kubectl replace --force): its new
             // pods take the node over, so leaving it serves them best.
-            if !owner.uid.is_empty() && !ds.metadata.uid.is_empty() && ds.metadata.uid != owner.uid
+            if let Some(uid) = ds.metadata.uid.as_deref()
+                && !owner.uid.is_empty()
+                && !uid.is_empty()
+                && uid != owner.uid
             {
                 s += &format!(
-                    " (recreated: uid {} instead of {}; its new pods take over)",
-                    ds.metadata.uid, owner.uid
+                    " (recreated: uid {uid} instead of {}; its new pods take over)",
+                    owner.uid
                 );
             }
             if let Err(e) = &a.namespace_get {
@@ -246,7 +252,7 @@ fn verdict(a: &Answers) -> Verdict {
 fn deleting(n: &Namespace) -> Option<&'static str> {
     if n.metadata.deletion_timestamp.is_some() {
         Some("deletionTimestamp set")
-    } else if n.status.phase == "Terminating" {
+    } else if n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating") {
         Some("phase Terminating")
     } else {
         None

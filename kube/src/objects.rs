@@ -22,32 +22,6 @@ pub struct ObjectMeta {
     pub annotations: BTreeMap<String, String>,
     #[serde(deserialize_with = "nullable")]
     pub labels: BTreeMap<String, String>,
-    #[serde(deserialize_with = "nullable")]
-    pub uid: String,
-    /// Set once the object is being deleted (finalizers may keep it a while).
-    #[serde(rename = "deletionTimestamp")]
-    pub deletion_timestamp: Option<String>,
-    #[serde(rename = "ownerReferences", deserialize_with = "nullable")]
-    pub owner_references: Vec<OwnerReference>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct OwnerReference {
-    #[serde(deserialize_with = "nullable")]
-    pub kind: String,
-    #[serde(deserialize_with = "nullable")]
-    pub name: String,
-    #[serde(deserialize_with = "nullable")]
-    pub uid: String,
-    pub controller: Option<bool>,
-}
-
-/// Only its metadata is read.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct DaemonSet {
-    pub metadata: ObjectMeta,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -77,15 +51,6 @@ pub struct Container {
 #[serde(default)]
 pub struct Namespace {
     pub metadata: ObjectMeta,
-    pub status: NamespaceStatus,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct NamespaceStatus {
-    /// `Active`, or `Terminating` once the namespace is being deleted.
-    #[serde(deserialize_with = "nullable")]
-    pub phase: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -131,7 +96,7 @@ mod tests {
                 "spec":{"containers":[{"name":"app","image":"i"}],"initContainers":null}}"#,
         )
         .unwrap();
-        assert_eq!(p.metadata.uid, "u");
+        assert_eq!(p.metadata.labels["x"], "y");
         assert!(p.metadata.annotations.is_empty());
         assert_eq!(p.spec.containers[0].name, "app");
         assert!(p.spec.init_containers.is_empty());

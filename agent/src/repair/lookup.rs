@@ -265,14 +265,12 @@ where
 }
 
 /// The pod as the plugin reads it: names, labels, annotations, the names
-/// of its containers and init containers (with their restart policy, which
-/// makes an init container a native sidecar).
+/// of its containers and init containers.
 fn strip_pod(pod: &mut Pod) {
     let names = |cs: Vec<Container>| -> Vec<Container> {
         cs.into_iter()
             .map(|c| Container {
                 name: c.name,
-                restart_policy: c.restart_policy,
                 ..Container::default()
             })
             .collect()
