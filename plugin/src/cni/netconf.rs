@@ -130,8 +130,7 @@ pub fn short(v: &Value) -> String {
     if s.len() <= 80 {
         s
     } else {
-        let cut = (0..=80).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
-        format!("{}...", &s[..cut])
+        format!("{}...", &s[..s.floor_char_boundary(80)])
     }
 }
 
