@@ -355,8 +355,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         // Not fsynced yet: the runtime runs the primary's chain alone
         // until our repair is visible, so the disk waits until after the
         // exchange (see `judge_displaced`).
-        let (t, file) = write::stage_temp_for(self.dir, &intent, &bytes, Some(self.meta))
-            .map_err(Self::io_err("write a temp file in", self.dir))?;
+        let (t, file) = write::write_temp(self.dir, Some(&intent), &bytes, Some(self.meta))?;
         // A last look right before the swap: a change seen here costs
         // nobody anything.
         let now = scan::read_file(self.real).ok();
@@ -405,11 +404,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
                     let _ = fs::remove_file(&held.path);
                     return Ok(self.again(now));
                 }
-                if let Err(e) = fs::rename(&held.path, self.real) {
-                    let _ = fs::remove_file(&held.path);
-                    return Err(ChainError::io("rename a temp file to", self.real, e));
-                }
-                write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
+                write::rename_over(&held.path, self.real)?;
                 return Ok(Step::Done(Replacement::Written));
             }
             Err(e) => {
@@ -584,8 +579,7 @@ fn place_list(
         reason,
     })?;
     let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
-    let tmp = write::write_temp(conf_dir, content, Some(&meta))
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let (tmp, _) = write::write_temp(conf_dir, None, content, Some(&meta))?;
     let placed = match old_dst {
         None => write::rename_noreplace(&tmp, dst).map(|()| true),
         Some(old) => match write::exchange(&tmp, dst) {

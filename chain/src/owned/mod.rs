@@ -719,8 +719,7 @@ fn put(
         expected: write::digest(old.as_deref().unwrap_or_default()),
         put: Some(write::digest(content)),
     };
-    let (tmp, file) = write::stage_temp_for(conf_dir, &intent, content, like)
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let (tmp, file) = write::write_temp(conf_dir, Some(&intent), content, like)?;
     let placed = match old {
         Some(_) => match write::exchange(&tmp, path) {
             // Gone since, or no exchange here: nothing to keep.
