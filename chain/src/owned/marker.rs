@@ -52,12 +52,6 @@ impl Marker {
         })
     }
 
-    /// Whether both record a copy of the same file's same bytes (the
-    /// meaning follows from those).
-    pub fn copies_the_same(&self, other: &Marker) -> bool {
-        self.file == other.file && self.sha256 == other.sha256
-    }
-
     pub(crate) fn to_value(&self) -> Value {
         let mut v = json!({"file": self.file, "sha256": self.sha256});
         if let (Some(meaning), Value::Object(m)) = (&self.meaning, &mut v) {

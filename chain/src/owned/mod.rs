@@ -447,8 +447,10 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     let have = listing.owned.iter().find(|o| o.path == ours);
     let chain = primary_chain(kind, &bytes);
     let marker = marker_of(have, &primary, &chain);
+    // Our copy of the same file's same bytes (the meaning follows from
+    // those), with the desired entry.
     if let Some(o) = have
-        && Marker::of(&o.entry).is_some_and(|m| m.copies_the_same(&marker))
+        && Marker::of(&o.entry).is_some_and(|m| m.file == marker.file && m.sha256 == marker.sha256)
         && same_entry(&o.entry, desired)
     {
         // The primary's content is the one copied (and checked) then.
@@ -552,8 +554,6 @@ pub(crate) fn diagnose_with(
 pub(crate) struct SyncReport {
     /// What changed in the conf dir, in order, as the keeper reports it.
     pub actions: Vec<Action>,
-    /// Whether anything in the conf dir changed (more than leftovers).
-    pub changed: bool,
     /// Our file was written where none was (for fight detection).
     pub created: bool,
     /// The state after the sync.
@@ -566,7 +566,6 @@ pub(crate) struct SyncReport {
 impl SyncReport {
     fn new(actions: Vec<Action>, after: OwnedState, withheld: Option<PathBuf>) -> SyncReport {
         SyncReport {
-            changed: changed(&actions),
             created: actions
                 .iter()
                 .any(|a| matches!(a, Action::Copied { created: true, .. })),
