@@ -315,11 +315,6 @@ struct Swap<'a, F> {
 }
 
 impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
-    fn io_err(action: &'static str, p: &Path) -> impl FnOnce(io::Error) -> ChainError {
-        let p = p.to_path_buf();
-        move |e| ChainError::io(action, p, e)
-    }
-
     /// Puts `candidate` at a temp name whose intent says what it replaces,
     /// unless the target changed already (then nothing needs undoing yet).
     fn stage(
@@ -332,7 +327,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             Candidate::New(bytes) => bytes,
             Candidate::Restore(t, bytes) => {
                 let path = mark_restore(&t, self.target, expected, bytes.as_deref())
-                    .map_err(Self::io_err("rename a temp file in", self.dir))?;
+                    .map_err(|e| ChainError::io("rename a temp file in", self.dir, e))?;
                 let bytes = bytes.unwrap_or_default();
                 return Ok(Staged::Held(Held {
                     path,
@@ -425,7 +420,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         let displaced = scan::read_file(&held.path).ok();
         if displaced.as_deref() == Some(expected) {
             write::settle(held.ours.as_ref(), &held.path, self.dir)
-                .map_err(Self::io_err("fsync", self.real))?;
+                .map_err(|e| ChainError::io("fsync", self.real, e))?;
             if held.ours.is_some() {
                 return Ok(Step::Done(Replacement::Written));
             }
