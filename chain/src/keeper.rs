@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
 use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState};
+use crate::scan::Listing;
 use crate::{ChainError, ChainState, Entry, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
@@ -102,6 +103,12 @@ impl Context {
             deadline: Instant::now() + budget,
             ran: None,
         }
+    }
+
+    /// The conf dir as this context's repairs see it (symlinks resolved
+    /// under its `host_root`), for a diagnosis.
+    fn listing(&self) -> Result<Listing, ChainError> {
+        owned::list(&self.conf_dir, &self.opts)
     }
 
     /// The options of one step: its lock wait and its work end at the
@@ -408,7 +415,7 @@ pub fn keep(ctx: &Context, limit: &mut dyn RepairLimit) -> Result<Report, ChainE
     let owned_mode = ctx.mode.mode == ChainMode::Owned;
     // The owned view also tells whether the chain the ADD ran is stale.
     let d = (owned_mode || ctx.ran.is_some())
-        .then(|| owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts))
+        .then(|| Ok(owned::diagnose_listing(&ctx.listing()?, &ctx.desired)))
         .transpose()?;
     if let (Some(ran), Some(d)) = (&ctx.ran, &d) {
         run.report.stale = d.stale(ran);
@@ -466,7 +473,7 @@ impl Run<'_> {
     /// files out, once the primary's file holds it.
     fn inline(&mut self) -> Result<(), ChainError> {
         let ctx = self.ctx;
-        let diag = inline::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+        let diag = inline::diagnose_listing(&ctx.listing()?, &ctx.desired).0;
         let chained = if diag.is_healthy() {
             true
         } else if let (Some(why), true, Some(active)) =
@@ -492,7 +499,7 @@ impl Run<'_> {
         }
         // Our own file is what the runtime loads until the primary's holds
         // linkerd-cni: it goes only then.
-        let now = inline::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+        let now = inline::diagnose_listing(&ctx.listing()?, &ctx.desired).0;
         if now.state != ChainState::Healthy {
             self.report.chained_in = diag.owned.first().cloned();
             return Ok(());
@@ -779,7 +786,7 @@ impl fmt::Display for Health {
 /// Judges the conf dir in the context's mode (read-only: no lock, no
 /// write).
 pub fn health(ctx: &Context) -> Result<Health, ChainError> {
-    let mut listing = owned::list(&ctx.conf_dir, &ctx.opts)?;
+    let mut listing = ctx.listing()?;
     if !listing.leftovers.is_empty() {
         // A repair's temp files exist until its content is on disk, after
         // the runtime already loads it: while a writer holds the lock they

@@ -541,6 +541,7 @@ pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<OwnedDiagnosi
 /// Read-only diagnosis in owned mode (no lock, no write), as a sync with
 /// `opts` sees the conf dir (a symlinked primary resolved under
 /// `opts.host_root`).
+#[cfg(test)]
 pub(crate) fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,
