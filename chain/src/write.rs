@@ -58,13 +58,10 @@ pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
     name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
 }
 
-/// A temp file name unique to this process and call.
-pub(crate) fn temp_path(dir: &Path) -> PathBuf {
-    tagged_temp_path(dir, "")
-}
-
-/// [`temp_path`] carrying an [`Intent`]'s tag right after the prefix.
-fn tagged_temp_path(dir: &Path, tag: &str) -> PathBuf {
+/// A temp file name unique to this process and call, carrying `intent`'s
+/// tag right after the prefix.
+pub(crate) fn temp_path(dir: &Path, intent: Option<&Intent>) -> PathBuf {
+    let tag = intent.map(Intent::tag).unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -173,7 +170,7 @@ impl Intent {
 
     /// A fresh temp path in `dir` carrying this intent.
     pub(crate) fn path_in(&self, dir: &Path) -> PathBuf {
-        tagged_temp_path(dir, &self.tag())
+        temp_path(dir, Some(self))
     }
 }
 
@@ -207,7 +204,7 @@ fn create_temp(
 ) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
     let (path, mut file) = loop {
-        let path = intent.map_or_else(|| temp_path(dir), |i| i.path_in(dir));
+        let path = temp_path(dir, intent);
         match OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -533,7 +530,7 @@ mod tests {
         let t = Tmp::new("leftovers");
         let a = t.0.join("a");
         fs::write(&a, b"keep").unwrap();
-        let stale = temp_path(&t.0);
+        let stale = temp_path(&t.0, None);
         fs::write(&stale, b"half").unwrap();
         assert!(is_temp_name(stale.file_name().unwrap()));
         assert!(!crate::names::is_config_name(stale.file_name().unwrap()));
