@@ -122,7 +122,18 @@ fn repair_under(
                 path: active.clone(),
             });
         }
-        let (outcome, file) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
+        // A list is repaired in place, a single config converted to a list
+        // (the file that holds the chain then).
+        let (outcome, file) = match Kind::of(active) {
+            Kind::List => {
+                let real = writable(&listing, active)?;
+                let o = replace(&real, &base, opts.deadline, |b| {
+                    plan::repaired(Kind::List, b, desired)
+                })?;
+                (o, active.clone())
+            }
+            Kind::Single => convert(conf_dir, &listing, active, &base, desired, opts)?,
+        };
         // Superseded: someone wrote meanwhile, so look again.
         if let Replacement::Written = outcome {
             return Ok(RepairReport {
@@ -137,29 +148,6 @@ fn repair_under(
         path: conf_dir.to_path_buf(),
         attempts: MAX_ATTEMPTS,
     })
-}
-
-/// Writes the repair of `active` from `base`: a list in place, a single
-/// config converted to a list. Returns how it ended and the file that holds
-/// the chain.
-fn write_repair(
-    conf_dir: &Path,
-    listing: &Listing,
-    active: &Path,
-    base: &[u8],
-    desired: &Entry,
-    opts: &RepairOptions,
-) -> Result<(Replacement, PathBuf), ChainError> {
-    match Kind::of(active) {
-        Kind::List => {
-            let real = writable(listing, active)?;
-            let o = replace(&real, base, opts.deadline, |b| {
-                plan::repaired(Kind::List, b, desired)
-            })?;
-            Ok((o, active.to_path_buf()))
-        }
-        Kind::Single => convert(conf_dir, listing, active, base, desired, opts),
-    }
 }
 
 /// Removes every linkerd-cni entry from every config file in `conf_dir`
