@@ -130,8 +130,10 @@ pub trait RepairLimit {
     fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool;
 
     /// When a repair held back by [`RepairLimit::allow`] is allowed again,
-    /// if that is known.
-    fn next_allowed(&self, file: &Path, digest: &str, now: Instant) -> Option<Instant>;
+    /// if that is known (by default it is not).
+    fn next_allowed(&self, _file: &Path, _digest: &str, _now: Instant) -> Option<Instant> {
+        None
+    }
 
     /// Records a repair of `file` from content with `digest`, made now;
     /// called while the conf-dir lock is still held. Returns a warning when
@@ -147,10 +149,6 @@ pub struct NoLimit;
 impl RepairLimit for NoLimit {
     fn allow(&self, _: &Path, _: &str, _: Instant) -> bool {
         true
-    }
-
-    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
-        None
     }
 
     fn record(&mut self, _: &Path, _: &str, _: Instant) -> Option<String> {
@@ -616,7 +614,16 @@ impl Run<'_> {
         if d.state != OwnedState::Current && !self.sync(&d, key.as_ref())? {
             return Ok(());
         }
-        self.take_inline_entry_out();
+        // Our file holds linkerd-cni: inline mode's entry leaves the
+        // primary's file (it only matters to runtimes that load every file).
+        let ctx = self.ctx;
+        match inline::remove_entries(&ctx.conf_dir, &ctx.step()) {
+            Ok(files) => self
+                .report
+                .actions
+                .extend(files.into_iter().map(|file| Action::EntryTakenOut { file })),
+            Err(e) => self.failed(&ctx.conf_dir, e),
+        }
         Ok(())
     }
 
@@ -675,22 +682,6 @@ impl Run<'_> {
             other => {
                 self.report.waiting = Some(format!("owned mode: {other}"));
                 Ok(false)
-            }
-        }
-    }
-
-    /// Our file holds linkerd-cni: inline mode's entry leaves the primary's
-    /// file (it only matters to runtimes that load every file).
-    fn take_inline_entry_out(&mut self) {
-        let ctx = self.ctx;
-        match inline::remove_entries(&ctx.conf_dir, &ctx.step()) {
-            Ok(files) => self
-                .report
-                .actions
-                .extend(files.into_iter().map(|file| Action::EntryTakenOut { file })),
-            Err(e) => {
-                let dir = ctx.conf_dir.clone();
-                self.failed(&dir, e);
             }
         }
     }
