@@ -713,8 +713,6 @@ pub struct Health {
     pub inline: Diagnosis,
     /// The owned layout's view, in owned mode.
     pub owned: Option<OwnedDiagnosis>,
-    /// The file the runtime loads (ours or the primary's), if any.
-    pub active: Option<PathBuf>,
     chained: bool,
     healthy: bool,
 }
@@ -827,7 +825,6 @@ pub fn health(ctx: &Context) -> Result<Health, ChainError> {
     Ok(Health {
         mode: ctx.mode.clone(),
         layout,
-        active: runtime_active,
         inline,
         owned,
         chained,

@@ -314,8 +314,6 @@ pub struct OwnedDiagnosis {
     pub state: OwnedState,
     /// Our files on disk, in load order (the current one and stale ones).
     pub owned: Vec<PathBuf>,
-    /// Files of ours another agent renamed away.
-    pub renamed: Vec<PathBuf>,
     /// Whether the primary's file still holds a linkerd-cni entry (inline
     /// mode's, until a switch removes it).
     pub inline_entry: bool,
@@ -411,7 +409,6 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         ours: None,
         state: OwnedState::NoPrimary,
         owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
-        renamed: listing.renamed.clone(),
         inline_entry: false,
         marker: None,
         expected: None,
@@ -433,7 +430,7 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     d.inline_entry = kind == Kind::List
         && plan::mentions(&bytes, PLUGIN_TYPE)
         && plan::without_entries(&bytes).is_some();
-    if let Some(r) = d.renamed.first() {
+    if let Some(r) = listing.renamed.first() {
         d.state = OwnedState::Fallback {
             reason: format!(
                 "another agent renamed our file to {} (Cilium with cni.exclusive=true does this): \
