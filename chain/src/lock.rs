@@ -175,7 +175,17 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)
-        .map_err(|e| lock_file_refused(path, e))?;
+        .map_err(|e| match e.raw_os_error() {
+            // A symlink in its place (`ELOOP` from `O_NOFOLLOW`).
+            Some(code) if code == nix::errno::Errno::ELOOP as i32 => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is a symlink, which is never followed; remove it (linkerd-cni creates its own)",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
     let meta = f.metadata()?;
     if !meta.is_file() || meta.uid() != 0 {
         return Err(io::Error::new(
@@ -196,21 +206,6 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         );
     }
     Ok(f)
-}
-
-/// A symlink in the lock file's place (`ELOOP` from `O_NOFOLLOW`).
-fn lock_file_refused(path: &Path, e: io::Error) -> io::Error {
-    if e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
-        io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{} is a symlink, which is never followed; remove it (linkerd-cni creates its own)",
-                path.display()
-            ),
-        )
-    } else {
-        e
-    }
 }
 
 /// Whether `path` still names the open `file`.
