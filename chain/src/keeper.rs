@@ -594,16 +594,13 @@ impl Run<'_> {
             }
             _ => {}
         }
-        let key = match (&d.ours, &d.marker) {
-            (Some(o), Some(m)) => Some((o.clone(), m.sha256.clone())),
-            _ => None,
-        };
         // Our file removed again and again with the primary's chain the
-        // same: an agent that deletes foreign configs. Inline repair rather
-        // than a fight.
+        // same (repairs of our file are keyed by the marker's digest): an
+        // agent that deletes foreign configs. Inline repair rather than a
+        // fight.
         if d.state == OwnedState::Missing
-            && let Some((ours, digest)) = &key
-            && !self.limit.allow(ours, digest, Instant::now())
+            && let (Some(ours), Some(m)) = (&d.ours, &d.marker)
+            && !self.limit.allow(ours, &m.sha256, Instant::now())
         {
             return self.fall_back(format!(
                 "{} keeps being removed by another agent (Cilium with cni.exclusive=true does this); \
@@ -611,7 +608,7 @@ impl Run<'_> {
                 ours.display()
             ));
         }
-        if d.state != OwnedState::Current && !self.sync(&d, key.as_ref())? {
+        if d.state != OwnedState::Current && !self.sync(&d)? {
             return Ok(());
         }
         // Our file holds linkerd-cni: inline mode's entry leaves the
@@ -629,11 +626,7 @@ impl Run<'_> {
 
     /// Writes our file; whether it is current afterwards (`Ok(false)` also
     /// when the keeper fell back to inline repair).
-    fn sync(
-        &mut self,
-        d: &OwnedDiagnosis,
-        key: Option<&(PathBuf, String)>,
-    ) -> Result<bool, ChainError> {
+    fn sync(&mut self, d: &OwnedDiagnosis) -> Result<bool, ChainError> {
         let ctx = self.ctx;
         let ours = d.ours.clone().unwrap_or_else(|| ctx.conf_dir.clone());
         let now = Instant::now();
@@ -657,8 +650,8 @@ impl Run<'_> {
         };
         self.report.actions.extend(r.actions);
         if r.created
-            && let Some((ours, digest)) = key
-            && let Some(w) = self.limit.record(ours, digest, now)
+            && let (Some(ours), Some(m)) = (&d.ours, &d.marker)
+            && let Some(w) = self.limit.record(ours, &m.sha256, now)
         {
             self.report.fights.push(w);
         }
