@@ -702,7 +702,7 @@ fn remove_stale<'a>(
 /// ours is fsynced, for recovery to put back if a crash loses ours. Where
 /// nothing is displaced (a first copy, no `RENAME_EXCHANGE`), a crash that
 /// loses ours leaves a lost file, which recovery removes for the next
-/// round to write again ([`marker::classify`]).
+/// round to write again ([`marker::list`]).
 fn put(
     conf_dir: &Path,
     path: &Path,
