@@ -51,19 +51,13 @@ impl Entry {
         }
     }
 
-    /// [`Entry::new`] for any JSON value.
-    pub fn from_value(value: Value, origin: &str) -> Result<Entry, ChainError> {
-        match value {
-            Value::Object(m) => Entry::new(m, origin),
-            _ => Err(invalid(origin, EntryProblem::NotAnObject)),
-        }
-    }
-
     /// Parses an entry from JSON text (the entry file, `--entry FILE`).
     pub fn parse(bytes: &[u8], origin: &str) -> Result<Entry, ChainError> {
-        let value = serde_json::from_slice::<Value>(bytes)
-            .map_err(|e| invalid(origin, EntryProblem::Json(e)))?;
-        Entry::from_value(value, origin)
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(m)) => Entry::new(m, origin),
+            Ok(_) => Err(invalid(origin, EntryProblem::NotAnObject)),
+            Err(e) => Err(invalid(origin, EntryProblem::Json(e))),
+        }
     }
 
     /// A copy with `key` set to `value`, checked again (so `"type"` cannot
@@ -163,13 +157,8 @@ pub fn persist_entry(conf_dir: &Path, entry: &Entry) -> Result<Option<Replaced>,
         .map_err(|e| ChainError::io("serialize", &path, io::Error::other(e)))?;
     text.push('\n');
     let like = fs::metadata(&path).ok();
-    let tmp = write::write_temp(conf_dir, text.as_bytes(), like.as_ref())
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
-    if let Err(e) = fs::rename(&tmp, &path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(ChainError::io("rename a temp file to", path, e));
-    }
-    write::fsync_dir(conf_dir).map_err(|e| ChainError::io("fsync", conf_dir, e))?;
+    let (tmp, _) = write::write_temp(conf_dir, None, text.as_bytes(), like.as_ref())?;
+    write::rename_over(&tmp, &path)?;
     Ok(Some(replaced))
 }
 

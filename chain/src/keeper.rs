@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use crate::fight::content_sha256;
 use crate::inline::{self, Diagnosis};
 use crate::owned::{self, ChainMode, Marker, OwnedDiagnosis, OwnedState};
+use crate::scan::Listing;
 use crate::{ChainError, ChainState, Entry, RepairOptions};
 
 /// The mode to keep, and why it was chosen (said by `chain status` and the
@@ -104,6 +105,12 @@ impl Context {
         }
     }
 
+    /// The conf dir as this context's repairs see it (symlinks resolved
+    /// under its `host_root`), for a diagnosis.
+    fn listing(&self) -> Result<Listing, ChainError> {
+        owned::list(&self.conf_dir, &self.opts)
+    }
+
     /// The options of one step: its lock wait and its work end at the
     /// deadline.
     fn step(&self) -> RepairOptions {
@@ -123,8 +130,10 @@ pub trait RepairLimit {
     fn allow(&self, file: &Path, digest: &str, now: Instant) -> bool;
 
     /// When a repair held back by [`RepairLimit::allow`] is allowed again,
-    /// if that is known.
-    fn next_allowed(&self, file: &Path, digest: &str, now: Instant) -> Option<Instant>;
+    /// if that is known (by default it is not).
+    fn next_allowed(&self, _file: &Path, _digest: &str, _now: Instant) -> Option<Instant> {
+        None
+    }
 
     /// Records a repair of `file` from content with `digest`, made now;
     /// called while the conf-dir lock is still held. Returns a warning when
@@ -140,10 +149,6 @@ pub struct NoLimit;
 impl RepairLimit for NoLimit {
     fn allow(&self, _: &Path, _: &str, _: Instant) -> bool {
         true
-    }
-
-    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
-        None
     }
 
     fn record(&mut self, _: &Path, _: &str, _: Instant) -> Option<String> {
@@ -408,7 +413,7 @@ pub fn keep(ctx: &Context, limit: &mut dyn RepairLimit) -> Result<Report, ChainE
     let owned_mode = ctx.mode.mode == ChainMode::Owned;
     // The owned view also tells whether the chain the ADD ran is stale.
     let d = (owned_mode || ctx.ran.is_some())
-        .then(|| owned::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts))
+        .then(|| Ok(owned::diagnose_listing(&ctx.listing()?, &ctx.desired)))
         .transpose()?;
     if let (Some(ran), Some(d)) = (&ctx.ran, &d) {
         run.report.stale = d.stale(ran);
@@ -466,7 +471,7 @@ impl Run<'_> {
     /// files out, once the primary's file holds it.
     fn inline(&mut self) -> Result<(), ChainError> {
         let ctx = self.ctx;
-        let diag = inline::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+        let diag = inline::diagnose_listing(&ctx.listing()?, &ctx.desired).0;
         let chained = if diag.is_healthy() {
             true
         } else if let (Some(why), true, Some(active)) =
@@ -492,7 +497,7 @@ impl Run<'_> {
         }
         // Our own file is what the runtime loads until the primary's holds
         // linkerd-cni: it goes only then.
-        let now = inline::diagnose_with(&ctx.conf_dir, &ctx.desired, &ctx.opts)?;
+        let now = inline::diagnose_listing(&ctx.listing()?, &ctx.desired).0;
         if now.state != ChainState::Healthy {
             self.report.chained_in = diag.owned.first().cloned();
             return Ok(());
@@ -589,16 +594,13 @@ impl Run<'_> {
             }
             _ => {}
         }
-        let key = match (&d.ours, &d.marker) {
-            (Some(o), Some(m)) => Some((o.clone(), m.sha256.clone())),
-            _ => None,
-        };
         // Our file removed again and again with the primary's chain the
-        // same: an agent that deletes foreign configs. Inline repair rather
-        // than a fight.
+        // same (repairs of our file are keyed by the marker's digest): an
+        // agent that deletes foreign configs. Inline repair rather than a
+        // fight.
         if d.state == OwnedState::Missing
-            && let Some((ours, digest)) = &key
-            && !self.limit.allow(ours, digest, Instant::now())
+            && let (Some(ours), Some(m)) = (&d.ours, &d.marker)
+            && !self.limit.allow(ours, &m.sha256, Instant::now())
         {
             return self.fall_back(format!(
                 "{} keeps being removed by another agent (Cilium with cni.exclusive=true does this); \
@@ -606,20 +608,25 @@ impl Run<'_> {
                 ours.display()
             ));
         }
-        if d.state != OwnedState::Current && !self.sync(&d, key.as_ref())? {
+        if d.state != OwnedState::Current && !self.sync(&d)? {
             return Ok(());
         }
-        self.take_inline_entry_out();
+        // Our file holds linkerd-cni: inline mode's entry leaves the
+        // primary's file (it only matters to runtimes that load every file).
+        let ctx = self.ctx;
+        match inline::remove_entries(&ctx.conf_dir, &ctx.step()) {
+            Ok(files) => self
+                .report
+                .actions
+                .extend(files.into_iter().map(|file| Action::EntryTakenOut { file })),
+            Err(e) => self.failed(&ctx.conf_dir, e),
+        }
         Ok(())
     }
 
     /// Writes our file; whether it is current afterwards (`Ok(false)` also
     /// when the keeper fell back to inline repair).
-    fn sync(
-        &mut self,
-        d: &OwnedDiagnosis,
-        key: Option<&(PathBuf, String)>,
-    ) -> Result<bool, ChainError> {
+    fn sync(&mut self, d: &OwnedDiagnosis) -> Result<bool, ChainError> {
         let ctx = self.ctx;
         let ours = d.ours.clone().unwrap_or_else(|| ctx.conf_dir.clone());
         let now = Instant::now();
@@ -643,8 +650,8 @@ impl Run<'_> {
         };
         self.report.actions.extend(r.actions);
         if r.created
-            && let Some((ours, digest)) = key
-            && let Some(w) = self.limit.record(ours, digest, now)
+            && let (Some(ours), Some(m)) = (&d.ours, &d.marker)
+            && let Some(w) = self.limit.record(ours, &m.sha256, now)
         {
             self.report.fights.push(w);
         }
@@ -668,22 +675,6 @@ impl Run<'_> {
             other => {
                 self.report.waiting = Some(format!("owned mode: {other}"));
                 Ok(false)
-            }
-        }
-    }
-
-    /// Our file holds linkerd-cni: inline mode's entry leaves the primary's
-    /// file (it only matters to runtimes that load every file).
-    fn take_inline_entry_out(&mut self) {
-        let ctx = self.ctx;
-        match inline::remove_entries(&ctx.conf_dir, &ctx.step()) {
-            Ok(files) => self
-                .report
-                .actions
-                .extend(files.into_iter().map(|file| Action::EntryTakenOut { file })),
-            Err(e) => {
-                let dir = ctx.conf_dir.clone();
-                self.failed(&dir, e);
             }
         }
     }
@@ -715,8 +706,6 @@ pub struct Health {
     pub inline: Diagnosis,
     /// The owned layout's view, in owned mode.
     pub owned: Option<OwnedDiagnosis>,
-    /// The file the runtime loads (ours or the primary's), if any.
-    pub active: Option<PathBuf>,
     chained: bool,
     healthy: bool,
 }
@@ -779,7 +768,7 @@ impl fmt::Display for Health {
 /// Judges the conf dir in the context's mode (read-only: no lock, no
 /// write).
 pub fn health(ctx: &Context) -> Result<Health, ChainError> {
-    let mut listing = owned::list(&ctx.conf_dir, &ctx.opts)?;
+    let mut listing = ctx.listing()?;
     if !listing.leftovers.is_empty() {
         // A repair's temp files exist until its content is on disk, after
         // the runtime already loads it: while a writer holds the lock they
@@ -829,7 +818,6 @@ pub fn health(ctx: &Context) -> Result<Health, ChainError> {
     Ok(Health {
         mode: ctx.mode.clone(),
         layout,
-        active: runtime_active,
         inline,
         owned,
         chained,

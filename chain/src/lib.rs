@@ -60,7 +60,7 @@ pub use keeper::{
     Action, Context, Health, HeldBack, HoldCause, Layout, ModeChoice, NoLimit, RepairLimit, Report,
     Retired, health, keep, unchain,
 };
-pub use lock::{DirLock, LOCK_FILE, lock_dir, remove_lock_file};
+pub use lock::{DirLock, LOCK_FILE, flock_until, lock_dir, remove_lock_file};
 pub use names::{CONFIG_EXTENSIONS, is_config_name};
 pub use options::RepairOptions;
 pub use scan::{MAX_CONFIG_SIZE, open_regular, read_file};

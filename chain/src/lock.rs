@@ -80,7 +80,7 @@ pub fn lock_dir(
     let path = dir.join(LOCK_FILE);
     let file = loop {
         let file = open_lock_file(&path).map_err(|e| ChainError::io("open the lock", &path, e))?;
-        if !poll(&file, end).map_err(|e| ChainError::io("lock", &path, e))? {
+        if !flock_until(&file, true, end).map_err(|e| ChainError::io("lock", &path, e))? {
             return Err(ChainError::LockTimeout {
                 dir: dir.to_path_buf(),
                 waited: start.elapsed(),
@@ -93,7 +93,7 @@ pub fn lock_dir(
         }
     };
     let old_end = end.min(Instant::now() + OLD_LOCK_WAIT);
-    let old = match poll(&dir_file, old_end) {
+    let old = match flock_until(&dir_file, true, old_end) {
         Ok(true) => Some(dir_file),
         Ok(false) => {
             if !OLD_LOCK_SAID.swap(true, Ordering::Relaxed) {
@@ -136,13 +136,20 @@ pub fn remove_lock_file(dir: &Path, timeout: Duration) -> Result<bool, ChainErro
     }
 }
 
-/// Polls for an exclusive lock on `file` until `end`: whether it got it.
-/// Polling rather than a blocking flock: std has no flock with a timeout,
-/// and a signal-based one would disturb the host process (the installer).
-fn poll(file: &File, end: Instant) -> io::Result<bool> {
+/// Polls for `file`'s `flock` (exclusive or shared) until `end`: whether
+/// it got it; released when the file is closed. Polling rather than a
+/// blocking flock: std has no flock with a timeout, and a signal-based one
+/// would disturb the host process (the installer). Also the state crate's,
+/// for the state dir's files.
+pub fn flock_until(file: &File, exclusive: bool, end: Instant) -> io::Result<bool> {
     let mut pause = Duration::from_millis(1);
     loop {
-        match file.try_lock() {
+        let got = if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
+        match got {
             Ok(()) => return Ok(true),
             Err(TryLockError::WouldBlock) => {}
             Err(TryLockError::Error(e)) => return Err(e),
@@ -168,7 +175,17 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
         .open(path)
-        .map_err(|e| lock_file_refused(path, e))?;
+        .map_err(|e| match e.raw_os_error() {
+            // A symlink in its place (`ELOOP` from `O_NOFOLLOW`).
+            Some(code) if code == nix::errno::Errno::ELOOP as i32 => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is a symlink, which is never followed; remove it (linkerd-cni creates its own)",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
     let meta = f.metadata()?;
     if !meta.is_file() || meta.uid() != 0 {
         return Err(io::Error::new(
@@ -189,21 +206,6 @@ fn open_lock_file(path: &Path) -> io::Result<File> {
         );
     }
     Ok(f)
-}
-
-/// A symlink in the lock file's place (`ELOOP` from `O_NOFOLLOW`).
-fn lock_file_refused(path: &Path, e: io::Error) -> io::Error {
-    if e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
-        io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{} is a symlink, which is never followed; remove it (linkerd-cni creates its own)",
-                path.display()
-            ),
-        )
-    } else {
-        e
-    }
 }
 
 /// Whether `path` still names the open `file`.

@@ -47,7 +47,7 @@ fn recover(
     for p in &listing.leftovers {
         let name = p.file_name().unwrap_or_default();
         let note = match Intent::of(name) {
-            // A copy of ours a crash lost (owned mode's `classify`): removed,
+            // A copy of ours a crash lost (owned mode's `list`): removed,
             // unless a swap's recovery just put the copy it displaced back.
             None if !write::is_temp_name(name)
                 && !scan::read_file(p).is_ok_and(|b| write::lost(&b)) =>

@@ -40,20 +40,20 @@ pub(crate) struct Listing {
     pub configs: Vec<PathBuf>,
     /// Our temp files (from a repair that was killed, or one in progress),
     /// in the conf dir and in every directory a symlinked config leads to:
-    /// wherever a repair may have written one. [`super::owned::classify`]
+    /// wherever a repair may have written one. [`super::owned::list`]
     /// adds our copies a crash lost.
     pub leftovers: Vec<PathBuf>,
     /// The symlinks among `configs`, resolved.
     pub links: Vec<Link>,
     /// Configs named like owned mode's files, in load order: not among
-    /// `configs` until [`super::owned::classify`] has read their marker.
+    /// `configs` until [`super::owned::list`] has read their marker.
     pub candidates: Vec<PathBuf>,
     /// Owned mode's files, recognised by the marker inside, in load order,
     /// with their content as read: never a primary, so not among `configs`.
-    /// Filled by [`super::owned::classify`].
+    /// Filled by [`super::owned::list`].
     pub owned: Vec<OwnedFile>,
     /// Configs named like ours that could not be read, with why: whether
-    /// they are ours cannot be told (filled by [`super::owned::classify`]).
+    /// they are ours cannot be told (filled by [`super::owned::list`]).
     pub unreadable: Vec<(PathBuf, String)>,
     /// Names that are no config but look like one of our files renamed by
     /// another agent (confirmed by the marker in [`super::owned`]).

@@ -1159,7 +1159,7 @@ fn displaced_content_rewritten_since_and_our_own_temp_files_are_removed() {
     .path_in(d.path());
     fs::write(&ours, "ours").unwrap();
     // And a plain temp file.
-    fs::write(write::temp_path(d.path()), "half").unwrap();
+    fs::write(write::temp_path(d.path(), None), "half").unwrap();
     let r = repair(d.path(), &desired(), &opts()).unwrap();
     assert!(recovered(&r).contains("removed 3 leftover"), "{r:?}");
     let text = only_config_is(&d, "10-calico.conflist");
@@ -1405,7 +1405,7 @@ fn leftovers_where_symlinks_lead_are_cleaned() {
     fs::create_dir(d.path().join("real")).unwrap();
     fs::write(d.path().join("real/calico.conflist"), CALICO).unwrap();
     symlink("real/calico.conflist", d.path().join("10-calico.conflist")).unwrap();
-    let inside = write::temp_path(&d.path().join("real"));
+    let inside = write::temp_path(&d.path().join("real"), None);
     fs::write(&inside, "half").unwrap();
     // Left outside by an older version that wrote there: ours by name.
     let elsewhere = TempDir::new("link-leftovers-out");
@@ -1415,7 +1415,7 @@ fn leftovers_where_symlinks_lead_are_cleaned() {
         d.path().join("20-other.conflist"),
     )
     .unwrap();
-    let outside = write::temp_path(elsewhere.path());
+    let outside = write::temp_path(elsewhere.path(), None);
     fs::write(&outside, "half").unwrap();
     let diag = diagnose(d.path(), &desired()).unwrap();
     let mut want = vec![inside.clone(), outside.clone()];

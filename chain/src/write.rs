@@ -58,13 +58,10 @@ pub fn is_temp_name(name: &std::ffi::OsStr) -> bool {
     name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
 }
 
-/// A temp file name unique to this process and call.
-pub(crate) fn temp_path(dir: &Path) -> PathBuf {
-    tagged_temp_path(dir, "")
-}
-
-/// [`temp_path`] carrying an [`Intent`]'s tag right after the prefix.
-fn tagged_temp_path(dir: &Path, tag: &str) -> PathBuf {
+/// A temp file name unique to this process and call, carrying `intent`'s
+/// tag right after the prefix.
+pub(crate) fn temp_path(dir: &Path, intent: Option<&Intent>) -> PathBuf {
+    let tag = intent.map(Intent::tag).unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -173,7 +170,7 @@ impl Intent {
 
     /// A fresh temp path in `dir` carrying this intent.
     pub(crate) fn path_in(&self, dir: &Path) -> PathBuf {
-        tagged_temp_path(dir, &self.tag())
+        temp_path(dir, Some(self))
     }
 }
 
@@ -207,7 +204,7 @@ fn create_temp(
 ) -> io::Result<(PathBuf, File)> {
     let mut attempts = 0;
     let (path, mut file) = loop {
-        let path = intent.map_or_else(|| temp_path(dir), |i| i.path_in(dir));
+        let path = temp_path(dir, intent);
         match OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -249,38 +246,20 @@ fn create_temp(
     Ok((path, file))
 }
 
-/// Writes `content` to a new temp file in `dir`, with `like`'s mode and
-/// owner (or 0644 and ours), fsynced. Returns its path; on error nothing is
-/// left behind.
+/// Writes `content` to a new temp file in `dir`, carrying `intent` in its
+/// name when given (see [`create_temp`] for when it is fsynced), with
+/// `like`'s mode and owner (or 0644 and ours). Returns its path and the
+/// open file; on error nothing is left behind.
 pub(crate) fn write_temp(
-    dir: &Path,
-    content: &[u8],
-    like: Option<&Metadata>,
-) -> io::Result<PathBuf> {
-    temp_with(dir, None, content, like).map(|(path, _)| path)
-}
-
-/// [`write_temp`] without the fsync, its name carrying `intent`, for an
-/// exchange: the caller fsyncs the returned file once it is in place,
-/// before it removes the version it displaced (see the module's docs).
-pub(crate) fn stage_temp_for(
-    dir: &Path,
-    intent: &Intent,
-    content: &[u8],
-    like: Option<&Metadata>,
-) -> io::Result<(PathBuf, File)> {
-    temp_with(dir, Some(intent), content, like)
-}
-
-fn temp_with(
     dir: &Path,
     intent: Option<&Intent>,
     content: &[u8],
     like: Option<&Metadata>,
-) -> io::Result<(PathBuf, File)> {
+) -> Result<(PathBuf, File), ChainError> {
     let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
     let owner = like.map(|m| (m.uid(), m.gid()));
     create_temp(dir, intent, mode, owner, |f| f.write_all(content))
+        .map_err(|e| ChainError::io("write a temp file in", dir, e))
 }
 
 /// Replaces `target` with what `fill` writes, atomically, with exactly
@@ -294,10 +273,17 @@ pub fn replace_with(
     let dir = parent(target);
     let (temp, _) = create_temp(dir, None, mode, None, fill)
         .map_err(|e| ChainError::io("write a temp file for", target, e))?;
-    if let Err(e) = fs::rename(&temp, target) {
-        let _ = fs::remove_file(&temp);
+    rename_over(&temp, target)
+}
+
+/// Renames the temp file `temp`, whose content is on disk, over `target`,
+/// and makes that durable; on error the temp file is removed.
+pub(crate) fn rename_over(temp: &Path, target: &Path) -> Result<(), ChainError> {
+    if let Err(e) = fs::rename(temp, target) {
+        let _ = fs::remove_file(temp);
         return Err(ChainError::io("rename a temp file onto", target, e));
     }
+    let dir = parent(target);
     fsync_dir(dir).map_err(|e| ChainError::io("fsync", dir, e))
 }
 
@@ -446,8 +432,8 @@ mod tests {
         fs::write(&orig, "{}").unwrap();
         fs::set_permissions(&orig, Permissions::from_mode(0o600)).unwrap();
         let like = fs::metadata(&orig).unwrap();
-        let a = write_temp(&dir, b"one", Some(&like)).unwrap();
-        let b = write_temp(&dir, b"two", Some(&like)).unwrap();
+        let (a, _) = write_temp(&dir, None, b"one", Some(&like)).unwrap();
+        let (b, _) = write_temp(&dir, None, b"two", Some(&like)).unwrap();
         assert_ne!(a, b);
         assert_eq!(fs::metadata(&a).unwrap().mode() & 0o7777, 0o600);
         assert!(!crate::names::is_config_name(a.file_name().unwrap()));
@@ -544,7 +530,7 @@ mod tests {
         let t = Tmp::new("leftovers");
         let a = t.0.join("a");
         fs::write(&a, b"keep").unwrap();
-        let stale = temp_path(&t.0);
+        let stale = temp_path(&t.0, None);
         fs::write(&stale, b"half").unwrap();
         assert!(is_temp_name(stale.file_name().unwrap()));
         assert!(!crate::names::is_config_name(stale.file_name().unwrap()));

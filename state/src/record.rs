@@ -11,7 +11,7 @@
 //! each other's across a rolling update. A record of a newer version is
 //! none: its writer's format is not this reader's.
 
-use std::fs::{DirBuilder, File, TryLockError};
+use std::fs::{DirBuilder, File};
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -124,27 +124,13 @@ fn lock(dir: &Path, wait: Duration) -> Result<File, String> {
 /// released when the file is closed. The one way every state file is
 /// locked.
 pub fn flock_within(file: &File, exclusive: bool, wait: Duration) -> io::Result<()> {
-    let end = Instant::now() + wait;
-    loop {
-        let r = if exclusive {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        };
-        match r {
-            Ok(()) => return Ok(()),
-            Err(TryLockError::WouldBlock) if Instant::now() < end => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("stayed locked for {wait:?}"),
-                ));
-            }
-            Err(TryLockError::Error(e)) => return Err(e),
-        }
+    if linkerd_cni_chain::flock_until(file, exclusive, Instant::now() + wait)? {
+        return Ok(());
     }
+    Err(io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("stayed locked for {wait:?}"),
+    ))
 }
 
 /// Reads record `R` from `dir`; a missing or unreadable one reads as

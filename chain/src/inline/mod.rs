@@ -12,7 +12,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::names::{Kind, file_name};
-use crate::{ChainError, ChainState, Entry, PLUGIN_TYPE, RepairOptions, owned, plan, scan};
+#[cfg(test)]
+use crate::{ChainError, RepairOptions, owned};
+use crate::{ChainState, Entry, PLUGIN_TYPE, plan, scan};
 
 #[cfg(test)]
 pub(crate) use repair::{RepairReport, repair, testing};
@@ -164,6 +166,7 @@ pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<Diagnosis, Ch
 /// The diagnosis as a repair with `opts` would see the conf dir: symlinks
 /// resolved under `opts.host_root`, and a write outside the conf dir
 /// refused unless `opts.write_outside_conf_dir`.
+#[cfg(test)]
 pub(crate) fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,

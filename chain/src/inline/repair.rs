@@ -122,7 +122,18 @@ fn repair_under(
                 path: active.clone(),
             });
         }
-        let (outcome, file) = write_repair(conf_dir, &listing, active, &base, desired, opts)?;
+        // A list is repaired in place, a single config converted to a list
+        // (the file that holds the chain then).
+        let (outcome, file) = match Kind::of(active) {
+            Kind::List => {
+                let real = writable(&listing, active)?;
+                let o = replace(&real, &base, opts.deadline, |b| {
+                    plan::repaired(Kind::List, b, desired)
+                })?;
+                (o, active.clone())
+            }
+            Kind::Single => convert(conf_dir, &listing, active, &base, desired, opts)?,
+        };
         // Superseded: someone wrote meanwhile, so look again.
         if let Replacement::Written = outcome {
             return Ok(RepairReport {
@@ -137,29 +148,6 @@ fn repair_under(
         path: conf_dir.to_path_buf(),
         attempts: MAX_ATTEMPTS,
     })
-}
-
-/// Writes the repair of `active` from `base`: a list in place, a single
-/// config converted to a list. Returns how it ended and the file that holds
-/// the chain.
-fn write_repair(
-    conf_dir: &Path,
-    listing: &Listing,
-    active: &Path,
-    base: &[u8],
-    desired: &Entry,
-    opts: &RepairOptions,
-) -> Result<(Replacement, PathBuf), ChainError> {
-    match Kind::of(active) {
-        Kind::List => {
-            let real = writable(listing, active)?;
-            let o = replace(&real, base, opts.deadline, |b| {
-                plan::repaired(Kind::List, b, desired)
-            })?;
-            Ok((o, active.to_path_buf()))
-        }
-        Kind::Single => convert(conf_dir, listing, active, base, desired, opts),
-    }
 }
 
 /// Removes every linkerd-cni entry from every config file in `conf_dir`
@@ -315,11 +303,6 @@ struct Swap<'a, F> {
 }
 
 impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
-    fn io_err(action: &'static str, p: &Path) -> impl FnOnce(io::Error) -> ChainError {
-        let p = p.to_path_buf();
-        move |e| ChainError::io(action, p, e)
-    }
-
     /// Puts `candidate` at a temp name whose intent says what it replaces,
     /// unless the target changed already (then nothing needs undoing yet).
     fn stage(
@@ -332,7 +315,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
             Candidate::New(bytes) => bytes,
             Candidate::Restore(t, bytes) => {
                 let path = mark_restore(&t, self.target, expected, bytes.as_deref())
-                    .map_err(Self::io_err("rename a temp file in", self.dir))?;
+                    .map_err(|e| ChainError::io("rename a temp file in", self.dir, e))?;
                 let bytes = bytes.unwrap_or_default();
                 return Ok(Staged::Held(Held {
                     path,
@@ -355,8 +338,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         // Not fsynced yet: the runtime runs the primary's chain alone
         // until our repair is visible, so the disk waits until after the
         // exchange (see `judge_displaced`).
-        let (t, file) = write::stage_temp_for(self.dir, &intent, &bytes, Some(self.meta))
-            .map_err(Self::io_err("write a temp file in", self.dir))?;
+        let (t, file) = write::write_temp(self.dir, Some(&intent), &bytes, Some(self.meta))?;
         // A last look right before the swap: a change seen here costs
         // nobody anything.
         let now = scan::read_file(self.real).ok();
@@ -405,11 +387,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
                     let _ = fs::remove_file(&held.path);
                     return Ok(self.again(now));
                 }
-                if let Err(e) = fs::rename(&held.path, self.real) {
-                    let _ = fs::remove_file(&held.path);
-                    return Err(ChainError::io("rename a temp file to", self.real, e));
-                }
-                write::fsync_dir(self.dir).map_err(Self::io_err("fsync", self.dir))?;
+                write::rename_over(&held.path, self.real)?;
                 return Ok(Step::Done(Replacement::Written));
             }
             Err(e) => {
@@ -430,7 +408,7 @@ impl<F: Fn(&[u8]) -> Option<Vec<u8>>> Swap<'_, F> {
         let displaced = scan::read_file(&held.path).ok();
         if displaced.as_deref() == Some(expected) {
             write::settle(held.ours.as_ref(), &held.path, self.dir)
-                .map_err(Self::io_err("fsync", self.real))?;
+                .map_err(|e| ChainError::io("fsync", self.real, e))?;
             if held.ours.is_some() {
                 return Ok(Step::Done(Replacement::Written));
             }
@@ -584,8 +562,7 @@ fn place_list(
         reason,
     })?;
     let meta = fs::metadata(&real).map_err(|e| ChainError::io("inspect", &real, e))?;
-    let tmp = write::write_temp(conf_dir, content, Some(&meta))
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let (tmp, _) = write::write_temp(conf_dir, None, content, Some(&meta))?;
     let placed = match old_dst {
         None => write::rename_noreplace(&tmp, dst).map(|()| true),
         Some(old) => match write::exchange(&tmp, dst) {

@@ -52,12 +52,6 @@ impl Marker {
         })
     }
 
-    /// Whether both record a copy of the same file's same bytes (the
-    /// meaning follows from those).
-    pub fn copies_the_same(&self, other: &Marker) -> bool {
-        self.file == other.file && self.sha256 == other.sha256
-    }
-
     pub(crate) fn to_value(&self) -> Value {
         let mut v = json!({"file": self.file, "sha256": self.sha256});
         if let (Some(meaning), Value::Object(m)) = (&self.meaning, &mut v) {
@@ -102,13 +96,15 @@ fn verified_chain(bytes: &[u8], marker: &Marker, plugins: usize) -> Option<Optio
     (sha256::hex(chain.as_bytes()) == marker.sha256).then(|| Some(chain.into_bytes()))
 }
 
-/// Sorts out the listing's candidates (configs named like ours): ours when
-/// the marker verifies, a config like any other when not, a leftover when
-/// a crash lost its content ([`write::lost`]); one that cannot
-/// be read stays a config (the runtime sees it) and is also listed as
-/// unreadable, so that owned mode never takes it for a primary. Also keeps
-/// only those renamed-looking names that hold a marker.
-pub(crate) fn classify(listing: &mut Listing) {
+/// The conf dir as every layout sees it: the listing with its candidates
+/// (configs named like ours) sorted out: ours when the marker verifies, a
+/// config like any other when not, a leftover when a crash lost its
+/// content ([`write::lost`]); one that cannot be read stays a config (the
+/// runtime sees it) and is also listed as unreadable, so that owned mode
+/// never takes it for a primary. Also keeps only those renamed-looking
+/// names that hold a marker.
+pub(crate) fn list(conf_dir: &Path, opts: &RepairOptions) -> Result<Listing, ChainError> {
+    let mut listing = scan::list(conf_dir, opts)?;
     let mut others = false;
     for c in std::mem::take(&mut listing.candidates) {
         match listing.read(&c).map(|b| (write::lost(&b), ours_in(&c, &b))) {
@@ -141,11 +137,5 @@ pub(crate) fn classify(listing: &mut Listing) {
             .ok()
             .is_some_and(|b| ours_in(p, &b).is_some())
     });
-}
-
-/// The conf dir as every layout sees it (see [`classify`]).
-pub(crate) fn list(conf_dir: &Path, opts: &RepairOptions) -> Result<Listing, ChainError> {
-    let mut listing = scan::list(conf_dir, opts)?;
-    classify(&mut listing);
     Ok(listing)
 }

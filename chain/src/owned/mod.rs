@@ -314,8 +314,6 @@ pub struct OwnedDiagnosis {
     pub state: OwnedState,
     /// Our files on disk, in load order (the current one and stale ones).
     pub owned: Vec<PathBuf>,
-    /// Files of ours another agent renamed away.
-    pub renamed: Vec<PathBuf>,
     /// Whether the primary's file still holds a linkerd-cni entry (inline
     /// mode's, until a switch removes it).
     pub inline_entry: bool,
@@ -411,7 +409,6 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
         ours: None,
         state: OwnedState::NoPrimary,
         owned: listing.owned.iter().map(|o| o.path.clone()).collect(),
-        renamed: listing.renamed.clone(),
         inline_entry: false,
         marker: None,
         expected: None,
@@ -433,7 +430,7 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     d.inline_entry = kind == Kind::List
         && plan::mentions(&bytes, PLUGIN_TYPE)
         && plan::without_entries(&bytes).is_some();
-    if let Some(r) = d.renamed.first() {
+    if let Some(r) = listing.renamed.first() {
         d.state = OwnedState::Fallback {
             reason: format!(
                 "another agent renamed our file to {} (Cilium with cni.exclusive=true does this): \
@@ -447,8 +444,10 @@ pub(crate) fn diagnose_listing(listing: &Listing, desired: &Entry) -> OwnedDiagn
     let have = listing.owned.iter().find(|o| o.path == ours);
     let chain = primary_chain(kind, &bytes);
     let marker = marker_of(have, &primary, &chain);
+    // Our copy of the same file's same bytes (the meaning follows from
+    // those), with the desired entry.
     if let Some(o) = have
-        && Marker::of(&o.entry).is_some_and(|m| m.copies_the_same(&marker))
+        && Marker::of(&o.entry).is_some_and(|m| m.file == marker.file && m.sha256 == marker.sha256)
         && same_entry(&o.entry, desired)
     {
         // The primary's content is the one copied (and checked) then.
@@ -539,6 +538,7 @@ pub(crate) fn diagnose(conf_dir: &Path, desired: &Entry) -> Result<OwnedDiagnosi
 /// Read-only diagnosis in owned mode (no lock, no write), as a sync with
 /// `opts` sees the conf dir (a symlinked primary resolved under
 /// `opts.host_root`).
+#[cfg(test)]
 pub(crate) fn diagnose_with(
     conf_dir: &Path,
     desired: &Entry,
@@ -552,8 +552,6 @@ pub(crate) fn diagnose_with(
 pub(crate) struct SyncReport {
     /// What changed in the conf dir, in order, as the keeper reports it.
     pub actions: Vec<Action>,
-    /// Whether anything in the conf dir changed (more than leftovers).
-    pub changed: bool,
     /// Our file was written where none was (for fight detection).
     pub created: bool,
     /// The state after the sync.
@@ -566,7 +564,6 @@ pub(crate) struct SyncReport {
 impl SyncReport {
     fn new(actions: Vec<Action>, after: OwnedState, withheld: Option<PathBuf>) -> SyncReport {
         SyncReport {
-            changed: changed(&actions),
             created: actions
                 .iter()
                 .any(|a| matches!(a, Action::Copied { created: true, .. })),
@@ -705,7 +702,7 @@ fn remove_stale<'a>(
 /// ours is fsynced, for recovery to put back if a crash loses ours. Where
 /// nothing is displaced (a first copy, no `RENAME_EXCHANGE`), a crash that
 /// loses ours leaves a lost file, which recovery removes for the next
-/// round to write again ([`marker::classify`]).
+/// round to write again ([`marker::list`]).
 fn put(
     conf_dir: &Path,
     path: &Path,
@@ -719,8 +716,7 @@ fn put(
         expected: write::digest(old.as_deref().unwrap_or_default()),
         put: Some(write::digest(content)),
     };
-    let (tmp, file) = write::stage_temp_for(conf_dir, &intent, content, like)
-        .map_err(|e| ChainError::io("write a temp file in", conf_dir, e))?;
+    let (tmp, file) = write::write_temp(conf_dir, Some(&intent), content, like)?;
     let placed = match old {
         Some(_) => match write::exchange(&tmp, path) {
             // Gone since, or no exchange here: nothing to keep.

@@ -22,6 +22,14 @@ const CALICO: &str = r#"{
 }
 "#;
 
+impl SyncReport {
+    /// Whether the sync changed anything in the conf dir (more than
+    /// leftovers).
+    fn changed(&self) -> bool {
+        changed(&self.actions)
+    }
+}
+
 fn owned_desired() -> Entry {
     desired().with(MODE_KEY, "owned").unwrap()
 }
@@ -98,7 +106,7 @@ fn the_copy_keeps_the_primary_and_puts_us_last_and_our_file_becomes_active() {
     let diag = diagnose(d.path(), &want).unwrap();
     assert_eq!(diag.state, OwnedState::Missing);
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(r.changed && r.created, "{r:?}");
+    assert!(r.changed() && r.created, "{r:?}");
     assert_eq!(r.after, OwnedState::Current);
     assert_eq!(
         d.names(),
@@ -148,7 +156,7 @@ fn the_copy_keeps_the_primary_and_puts_us_last_and_our_file_becomes_active() {
     // Current: nothing written again.
     let ino = fs::metadata(d.path().join("10-calico-linkerd-cni.conflist")).unwrap();
     let again = sync(d.path(), &want, &opts()).unwrap();
-    assert!(!again.changed, "{again:?}");
+    assert!(!again.changed(), "{again:?}");
     let ino2 = fs::metadata(d.path().join("10-calico-linkerd-cni.conflist")).unwrap();
     use std::os::unix::fs::MetadataExt;
     assert_eq!(ino.ino(), ino2.ino());
@@ -209,7 +217,7 @@ fn a_change_of_the_primary_makes_the_copy_stale_and_sync_follows() {
     let why = diag.stale(&ran).expect("stale");
     assert!(why.contains("changed"), "{why}");
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(r.changed && !r.created);
+    assert!(r.changed() && !r.created);
     let v = json(&d.read("10-calico-linkerd-cni.conflist"));
     assert_eq!(v["plugins"][0]["mtu"], 1450);
     assert!(diagnose(d.path(), &want).unwrap().is_current());
@@ -274,7 +282,7 @@ fn the_primary_gone_takes_our_file_with_it() {
     assert!(!diag.is_current());
     assert!(diag.stale(&ran).unwrap().contains("gone"));
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(r.changed, "{r:?}");
+    assert!(r.changed(), "{r:?}");
     assert!(d.names().is_empty(), "{:?}", d.names());
 }
 
@@ -320,7 +328,7 @@ fn a_meta_plugin_is_never_shadowed() {
     }
     assert!(diag.to_string().contains("inline"), "{diag}");
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(!r.changed);
+    assert!(!r.changed());
     assert_eq!(d.names(), ["00-multus.conf", "10-calico.conflist"]);
     // A delegating config of another type, too.
     let genie =
@@ -350,7 +358,7 @@ fn our_own_entry_with_a_meta_key_is_no_meta_plugin() {
         let diag = diagnose(d.path(), &want).unwrap();
         assert_eq!(diag.state, OwnedState::Missing, "{key}: {diag}");
         let r = sync(d.path(), &want, &opts()).unwrap();
-        assert!(r.changed, "{key}");
+        assert!(r.changed(), "{key}");
         assert_eq!(
             d.names(),
             ["10-calico-linkerd-cni.conflist", "10-calico.conflist"],
@@ -391,7 +399,7 @@ fn an_invalid_primary_is_left_alone_and_so_is_our_file() {
         "{diag:?}"
     );
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(!r.changed);
+    assert!(!r.changed());
     assert_eq!(d.read("10-calico-linkerd-cni.conflist"), before);
 }
 
@@ -414,7 +422,7 @@ fn our_file_renamed_away_by_another_agent_means_falling_back_to_inline() {
         s => panic!("{s:?}"),
     }
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(!r.changed, "no fight: {r:?}");
+    assert!(!r.changed(), "no fight: {r:?}");
 }
 
 #[test]
@@ -499,7 +507,7 @@ fn sync_does_not_write_without_the_required_file() {
         ..opts()
     };
     let r = sync(d.path(), &owned_desired(), &o).unwrap();
-    assert!(!r.changed, "{r:?}");
+    assert!(!r.changed(), "{r:?}");
     assert_eq!(d.names(), ["10-calico.conflist"]);
 }
 
@@ -517,7 +525,7 @@ fn an_entry_rebuilt_from_stdin_finds_the_copy_current() {
     let from_stdin = owned_desired();
     assert!(diagnose(d.path(), &from_stdin).unwrap().is_current());
     let r = sync(d.path(), &from_stdin, &opts()).unwrap();
-    assert!(!r.changed, "{r:?}");
+    assert!(!r.changed(), "{r:?}");
     // A real change of the entry is still one.
     let other = from_stdin.with("log_level", "debug").unwrap();
     assert!(!diagnose(d.path(), &other).unwrap().is_current());
@@ -569,7 +577,7 @@ fn a_file_with_a_forged_marker_is_not_ours_and_never_removed() {
     assert!(forged.contains("owned_copy_of"), "the fixture changed");
     d.write("20-x-linkerd-cni.conflist", &forged);
     let r = sync(d.path(), &owned_desired(), &opts()).unwrap();
-    assert!(r.changed, "{r:?}");
+    assert!(r.changed(), "{r:?}");
     assert_eq!(d.read("20-x-linkerd-cni.conflist"), forged);
     let listing = list(d.path(), &RepairOptions::default()).unwrap();
     assert_eq!(
@@ -601,7 +609,7 @@ fn a_file_of_ours_that_cannot_be_read_is_never_taken_for_the_primary() {
         s => panic!("{s:?}"),
     }
     let r = sync(d.path(), &owned_desired(), &opts()).unwrap();
-    assert!(!r.changed, "{r:?}");
+    assert!(!r.changed(), "{r:?}");
     assert_eq!(
         d.names(),
         ["05-x-linkerd-cni.conflist", "10-calico.conflist"]
@@ -645,7 +653,7 @@ fn the_copy_is_in_place_before_the_disk_is_waited_for() {
     d.write("10-calico.conflist", &CALICO.replace("1440", "1450"));
     write::order::take();
     let r = sync(d.path(), &want, &opts()).unwrap();
-    assert!(r.changed && !r.created, "{r:?}");
+    assert!(r.changed() && !r.created, "{r:?}");
     // The runtime loads the new copy from the exchange on; it reaches the
     // disk before the copy it displaced is removed.
     assert_eq!(
@@ -700,7 +708,7 @@ fn a_first_copy_a_crash_lost_is_written_again() {
         assert_eq!(diag.primary, Some(d.join("10-calico.conflist")));
         assert_eq!(diag.state, OwnedState::Outdated);
         let r = sync(d.path(), &want, &opts()).unwrap();
-        assert!(r.changed && r.created, "{r:?}");
+        assert!(r.changed() && r.created, "{r:?}");
         assert!(diagnose(d.path(), &want).unwrap().is_current());
         assert_eq!(d.names(), [OURS, "10-calico.conflist"]);
     }
