@@ -101,10 +101,6 @@ impl RepairLimit for PersistedFights {
         self.history().allow(file, digest, now)
     }
 
-    fn next_allowed(&self, _: &Path, _: &str, _: Instant) -> Option<Instant> {
-        None
-    }
-
     /// An update of the saved history (read again, under the state dir's
     /// lock). A history that cannot be saved is kept in memory for this
     /// process.
