@@ -49,11 +49,23 @@ const NFTA_GEN_ID: u16 = 1;
 const RECV_BUF: usize = 64 << 10;
 
 /// Netlink messages being built into one buffer (a request or a batch).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Writer {
     buf: Vec<u8>,
     msg_start: usize,
     seq: u32,
+}
+
+impl Default for Writer {
+    /// Room for a whole batch or rule from the start: a buffer grown
+    /// attribute by attribute showed in every ADD's instruction count.
+    fn default() -> Writer {
+        Writer {
+            buf: Vec::with_capacity(4096),
+            msg_start: 0,
+            seq: 0,
+        }
+    }
 }
 
 impl Writer {
@@ -98,10 +110,19 @@ impl Writer {
     }
 
     pub fn put(&mut self, ty: u16, data: &[u8]) {
-        let len = 4 + data.len();
+        self.put_parts(ty, &[data]);
+    }
+
+    /// One attribute holding `parts` back to back, written in place: a
+    /// string and its NUL need no joined copy (every rule names several
+    /// expressions, and an ADD encodes every rule).
+    fn put_parts(&mut self, ty: u16, parts: &[&[u8]]) {
+        let len = 4 + parts.iter().map(|p| p.len()).sum::<usize>();
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(data);
+        for p in parts {
+            self.buf.extend_from_slice(p);
+        }
         self.buf.resize(self.buf.len().next_multiple_of(4), 0);
     }
 
@@ -121,7 +142,7 @@ impl Writer {
 
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
-        self.put(ty, &[s.as_bytes(), &[0]].concat());
+        self.put_parts(ty, &[s.as_bytes(), &[0]]);
     }
 
     /// Opens a nested attribute; close it with [`Writer::nest_end`].
