@@ -14,7 +14,7 @@ use linkerd_cni_chain::owned::ChainMode;
 use linkerd_cni_chain::{
     self as chain, Context, FightHistory, Layout, ModeChoice, RepairOptions, Report, write,
 };
-use linkerd_cni_state::heartbeat;
+use linkerd_cni_state::{heartbeat, record};
 use tracing::Level;
 
 use crate::binaries::{self, Binary, PLUGIN_BINARY};
@@ -396,7 +396,7 @@ impl Installer {
             plugin_denied: self.plugin_denied.clone(),
             ..heartbeat::Beat::now(self.cfg.resync)
         };
-        match heartbeat::write(&dir, &beat) {
+        match record::write(&dir, &beat) {
             Ok(()) => self.notes.clear("heartbeat", || {
                 format!("the heartbeat in {} is written again", dir.display())
             }),
@@ -633,7 +633,7 @@ impl Installer {
         // The heartbeat before the kubeconfig: while it is fresh, an ADD
         // that finds no kubeconfig is sent back to wait for one.
         let state_dir = self.state_dir();
-        let beat = heartbeat::path(&state_dir);
+        let beat = record::path::<heartbeat::Beat>(&state_dir);
         if let Err(e) = removed(&beat, heartbeat::remove(&state_dir)) {
             tracing::error!("{e}");
         }

@@ -148,7 +148,7 @@ fn a_fifo_counter_file_holds_up_neither_the_loop_nor_status() {
     node.wait_healthy(LIMIT)
         .unwrap_or_else(|e| panic!("{e}\n{}", inst.log()));
     // The heartbeat is written after the counters are read.
-    let beat = linkerd_cni_state::heartbeat::path(&state);
+    let beat = linkerd_cni_state::record::path::<linkerd_cni_state::heartbeat::Beat>(&state);
     assert!(
         wait_until(LIMIT, || beat.exists()),
         "no heartbeat\n{}",

@@ -121,7 +121,9 @@ pub fn chain_on_add(
             // ADD chains us again after it: the kubeconfig, or with
             // `kubernetes.agent-only` (no kubeconfig) the heartbeat.
             requires: if config.agent_only {
-                Some(linkerd_cni_state::heartbeat::path(&config.state_dir))
+                Some(linkerd_cni_state::record::path::<
+                    linkerd_cni_state::heartbeat::Beat,
+                >(&config.state_dir))
             } else {
                 config.kubeconfig.clone()
             },

@@ -247,7 +247,7 @@ fn agent_only_waits_for_the_agent_while_the_daemonset_lives_then_passes_through(
         pod::decide(&inv, &config)
     };
 
-    heartbeat::write(
+    linkerd_cni_state::record::write(
         &state_dir(&c),
         &Beat::now(std::time::Duration::from_secs(10)),
     )

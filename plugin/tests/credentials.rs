@@ -47,7 +47,7 @@ fn beat(c: &Cluster, age: Duration) {
     b.at =
         b.at.checked_sub(age)
             .expect("the machine has been up that long");
-    heartbeat::write(&state_dir(c), &b).unwrap();
+    linkerd_cni_state::record::write(&state_dir(c), &b).unwrap();
 }
 
 fn decide(c: &Cluster, extra: Value) -> Result<Plan, Stop> {
@@ -154,7 +154,7 @@ fn lasting_403_the_installer_found_passes_the_pod_through() {
     let denied = |c: &Cluster| {
         let mut b = Beat::now(RESYNC);
         b.plugin_denied = Some("the API server says linkerd-cni-plugin may not get pods".into());
-        heartbeat::write(&state_dir(c), &b).unwrap();
+        linkerd_cni_state::record::write(&state_dir(c), &b).unwrap();
     };
     let c = cluster();
     denied(&c);
@@ -194,7 +194,7 @@ fn lasting_rejection_without_an_installer_passes_the_pod_through() {
             |c| {
                 let mut b = Beat::now(RESYNC);
                 b.boot_id = "00000000-0000-4000-8000-000000000000".into();
-                heartbeat::write(&state_dir(c), &b).unwrap();
+                linkerd_cni_state::record::write(&state_dir(c), &b).unwrap();
             },
             json!({}),
             "before this boot",
@@ -274,7 +274,7 @@ fn a_heartbeat_with_an_absurd_resync_is_no_heartbeat() {
         b.boot_id,
         b.at.as_secs_f64()
     );
-    let p = heartbeat::path(&state_dir(&c));
+    let p = linkerd_cni_state::record::path::<heartbeat::Beat>(&state_dir(&c));
     std::fs::write(&p, text).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
     c.api.set_mode(Mode::Unauthorized);
@@ -302,8 +302,10 @@ fn a_heartbeat_that_is_not_roots_own_claims_nothing() {
         let c = cluster();
         let mut b = Beat::now(RESYNC);
         b.plugin_denied = Some("the API server says linkerd-cni-plugin may not get pods".into());
-        heartbeat::write(&state_dir(&c), &b).unwrap();
-        set_up(&heartbeat::path(&state_dir(&c)));
+        linkerd_cni_state::record::write(&state_dir(&c), &b).unwrap();
+        set_up(&linkerd_cni_state::record::path::<heartbeat::Beat>(
+            &state_dir(&c),
+        ));
         c.api.set_mode(Mode::Forbidden);
         let why = passed(decide(&c, json!({})));
         assert!(why.contains(case), "{case}: {why}");

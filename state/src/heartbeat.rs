@@ -218,20 +218,10 @@ impl Record for Beat {
     }
 }
 
-/// The heartbeat file in `state_dir`.
-pub fn path(state_dir: &Path) -> PathBuf {
-    record::path::<Beat>(state_dir)
-}
-
-/// Writes `beat` into `state_dir` (created if missing), atomically.
-pub fn write(state_dir: &Path, beat: &Beat) -> Result<(), ChainError> {
-    record::write(state_dir, beat)
-}
-
 /// Removes the heartbeat (an uninstall): the plugin then takes the
 /// installer for gone at once. Whether there was one.
 pub fn remove(state_dir: &Path) -> Result<bool, ChainError> {
-    let p = path(state_dir);
+    let p = record::path::<Beat>(state_dir);
     match fs::remove_file(&p) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -282,7 +272,7 @@ pub enum Gone {
 /// Reads the heartbeat in `state_dir`; `limit` overrides the beat's own
 /// default limit ([`Beat::default_limit`]).
 pub fn liveness(state_dir: &Path, limit: Option<Duration>) -> Liveness {
-    let path = path(state_dir);
+    let path = record::path::<Beat>(state_dir);
     let beat = match record::read::<Beat>(state_dir) {
         Ok(b) => b,
         Err(ReadError::Absent) => return Liveness::Gone(Gone::Absent(path)),
@@ -339,7 +329,7 @@ mod tests {
             liveness(dir.path(), None),
             Liveness::Gone(Gone::Absent(_))
         ));
-        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        record::write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
         match liveness(dir.path(), None) {
             Liveness::Alive { limit, .. } => assert_eq!(limit, Duration::from_secs(60)),
             other => panic!("{other:?}"),
@@ -347,7 +337,7 @@ mod tests {
         // The configured limit wins over the beat's own.
         let mut old = Beat::now(Duration::from_secs(10));
         old.at = old.at.saturating_sub(Duration::from_secs(5));
-        write(dir.path(), &old).unwrap();
+        record::write(dir.path(), &old).unwrap();
         assert!(matches!(
             liveness(dir.path(), Some(Duration::from_secs(2))),
             Liveness::Gone(Gone::Stale { .. })
@@ -362,14 +352,14 @@ mod tests {
         let dir = TempDir::new("heartbeat-denied");
         let mut b = Beat::now(Duration::from_secs(10));
         b.plugin_denied = Some("get pods: denied".into());
-        write(dir.path(), &b).unwrap();
+        record::write(dir.path(), &b).unwrap();
         match liveness(dir.path(), None) {
             Liveness::Alive { plugin_denied, .. } => {
                 assert_eq!(plugin_denied.as_deref(), Some("get pods: denied"))
             }
             other => panic!("{other:?}"),
         }
-        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        record::write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
         assert!(matches!(
             liveness(dir.path(), None),
             Liveness::Alive {
@@ -384,7 +374,7 @@ mod tests {
         let dir = TempDir::new("heartbeat");
         let mut other = Beat::now(Duration::from_secs(10));
         other.boot_id = "00000000-0000-0000-0000-000000000000".into();
-        write(dir.path(), &other).unwrap();
+        record::write(dir.path(), &other).unwrap();
         if !boot_id().is_empty() {
             assert!(matches!(
                 liveness(dir.path(), None),
@@ -393,7 +383,7 @@ mod tests {
         }
         let mut ahead = Beat::now(Duration::from_secs(10));
         ahead.at += Duration::from_secs(3600);
-        write(dir.path(), &ahead).unwrap();
+        record::write(dir.path(), &ahead).unwrap();
         assert!(matches!(
             liveness(dir.path(), None),
             Liveness::Gone(Gone::OtherBoot(_))
@@ -452,7 +442,7 @@ mod tests {
             b"not json",
             b"{\"boot_id\":\"x\",\"boot_time_seconds\":-1,\"resync_seconds\":10}",
         ] {
-            fs::write(path(dir.path()), junk).unwrap();
+            fs::write(record::path::<Beat>(dir.path()), junk).unwrap();
             assert!(
                 matches!(
                     liveness(dir.path(), None),
@@ -484,7 +474,7 @@ mod tests {
                 "{{\"boot_id\":\"{}\",\"boot_time_seconds\":{now},\"resync_seconds\":{resync}}}",
                 boot_id()
             );
-            write_root_file(&path(dir.path()), &text);
+            write_root_file(&record::path::<Beat>(dir.path()), &text);
             match liveness(dir.path(), None) {
                 Liveness::Alive { .. } if ok => {}
                 Liveness::Gone(Gone::Unreadable { why, .. }) if !ok => {
@@ -498,7 +488,7 @@ mod tests {
             "{{\"boot_id\":\"{}\",\"boot_time_seconds\":{now},\"resync_seconds\":10,\"{DENIED_KEY}\":\"{long}\"}}",
             boot_id()
         );
-        write_root_file(&path(dir.path()), &text);
+        write_root_file(&record::path::<Beat>(dir.path()), &text);
         assert!(matches!(
             liveness(dir.path(), None),
             Liveness::Gone(Gone::Unreadable { .. })
@@ -515,8 +505,8 @@ mod tests {
         let dir = TempDir::new("heartbeat-owner");
         let mut b = Beat::now(Duration::from_secs(10));
         b.plugin_denied = Some("get pods: denied".into());
-        write(dir.path(), &b).unwrap();
-        let p = path(dir.path());
+        record::write(dir.path(), &b).unwrap();
+        let p = record::path::<Beat>(dir.path());
         assert!(matches!(
             liveness(dir.path(), None),
             Liveness::Alive {
@@ -540,7 +530,7 @@ mod tests {
         assert!(not_trusted(dir.path()).contains("symlink"));
         // The next beat replaces the link, never writing through it.
         let before = fs::read(&moved).unwrap();
-        write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
+        record::write(dir.path(), &Beat::now(Duration::from_secs(10))).unwrap();
         assert_eq!(fs::read(&moved).unwrap(), before);
         assert!(matches!(liveness(dir.path(), None), Liveness::Alive { .. }));
     }

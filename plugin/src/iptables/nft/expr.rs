@@ -64,7 +64,7 @@ fn expr(w: &mut Writer, name: &str, data: impl FnOnce(&mut Writer)) {
 /// `struct nft_data` holding a value.
 fn put_value(w: &mut Writer, ty: u16, v: &[u8]) {
     let n = w.nest(ty);
-    w.put(NFTA_DATA_VALUE, v);
+    w.put(NFTA_DATA_VALUE, &[v]);
     w.nest_end(n);
 }
 
@@ -73,7 +73,7 @@ fn xt(w: &mut Writer, kind: &str, name: &str, rev: u32, info: &[u8]) {
     expr(w, kind, |w| {
         w.put_str(1, name);
         w.put_u32(2, rev);
-        w.put(3, info);
+        w.put(3, &[info]);
     });
 }
 

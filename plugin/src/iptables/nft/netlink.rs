@@ -109,14 +109,10 @@ impl Writer {
         self.end();
     }
 
-    pub fn put(&mut self, ty: u16, data: &[u8]) {
-        self.put_parts(ty, &[data]);
-    }
-
     /// One attribute holding `parts` back to back, written in place: a
     /// string and its NUL need no joined copy (every rule names several
     /// expressions, and an ADD encodes every rule).
-    fn put_parts(&mut self, ty: u16, parts: &[&[u8]]) {
+    pub fn put(&mut self, ty: u16, parts: &[&[u8]]) {
         let len = 4 + parts.iter().map(|p| p.len()).sum::<usize>();
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
@@ -128,21 +124,21 @@ impl Writer {
 
     /// A big-endian u32, as nf_tables takes its numbers.
     pub fn put_u32(&mut self, ty: u16, v: u32) {
-        self.put(ty, &v.to_be_bytes());
+        self.put(ty, &[&v.to_be_bytes()]);
     }
 
     pub fn put_u64(&mut self, ty: u16, v: u64) {
-        self.put(ty, &v.to_be_bytes());
+        self.put(ty, &[&v.to_be_bytes()]);
     }
 
     /// A nested attribute whose content is already encoded.
     pub fn put_nested(&mut self, ty: u16, encoded: &[u8]) {
-        self.put(ty | NLA_F_NESTED, encoded);
+        self.put(ty | NLA_F_NESTED, &[encoded]);
     }
 
     /// A NUL-terminated string.
     pub fn put_str(&mut self, ty: u16, s: &str) {
-        self.put_parts(ty, &[s.as_bytes(), &[0]]);
+        self.put(ty, &[s.as_bytes(), &[0]]);
     }
 
     /// Opens a nested attribute; close it with [`Writer::nest_end`].
